@@ -1,0 +1,105 @@
+//! A PTY pair whose master side is read and written without blocking the async executor.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::pty::{Winsize, openpty};
+use nix::sys::termios::{self, LocalFlags, SetArg};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+
+/// Terminal size every session gets: wide enough that tables are not folded for an agent.
+pub const COLS: u16 = 200;
+pub const ROWS: u16 = 50;
+
+/// Open a PTY with echo off. Returns the async master and the slave to give the child.
+pub fn open() -> io::Result<(PtyMaster, OwnedFd)> {
+    let ws = Winsize {
+        ws_row: ROWS,
+        ws_col: COLS,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pair = openpty(Some(&ws), None).map_err(io::Error::from)?;
+    // Echo off before the child starts: the one line we type per evaluation must not come
+    // back as output.
+    let mut t = termios::tcgetattr(&pair.slave).map_err(io::Error::from)?;
+    t.local_flags.remove(LocalFlags::ECHO | LocalFlags::ECHONL);
+    termios::tcsetattr(&pair.slave, SetArg::TCSANOW, &t).map_err(io::Error::from)?;
+    let flags = fcntl(&pair.master, FcntlArg::F_GETFL).map_err(io::Error::from)?;
+    let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    fcntl(&pair.master, FcntlArg::F_SETFL(flags)).map_err(io::Error::from)?;
+    nix::fcntl::fcntl(
+        &pair.master,
+        FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .map_err(io::Error::from)?;
+    // SAFETY: the OwnedFd is moved into the AsyncFd, which owns it until dropped; nothing
+    // else closes or replaces it.
+    let master = unsafe {
+        AsyncFd::register_with_interest(pair.master, Interest::READABLE | Interest::WRITABLE)?
+    };
+    Ok((PtyMaster { fd: master }, pair.slave))
+}
+
+pub struct PtyMaster {
+    fd: AsyncFd<OwnedFd>,
+}
+
+/// What one read produced.
+pub enum ReadOutcome {
+    Data(usize),
+    /// Every slave descriptor is closed: the process tree is gone.
+    Closed,
+}
+
+impl PtyMaster {
+    /// Read what is available, waiting until something is.
+    pub async fn read(&self, buf: &mut [u8]) -> io::Result<ReadOutcome> {
+        loop {
+            let mut guard = self.fd.readable().await?;
+            let res = guard.try_io(|inner| {
+                let n = nix::unistd::read(inner.get_ref(), buf).map_err(io::Error::from)?;
+                Ok(n)
+            });
+            match res {
+                Ok(Ok(0)) => return Ok(ReadOutcome::Closed),
+                Ok(Ok(n)) => return Ok(ReadOutcome::Data(n)),
+                // Linux reports EIO on the master once the last slave fd is closed.
+                Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => {
+                    return Ok(ReadOutcome::Closed);
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    /// Write all of `data`, waiting for room when the terminal's input buffer is full.
+    pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
+        while !data.is_empty() {
+            let mut guard = self.fd.writable().await?;
+            match guard
+                .try_io(|inner| nix::unistd::write(inner.get_ref(), data).map_err(io::Error::from))
+            {
+                Ok(Ok(n)) => data = &data[n..],
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            }
+        }
+        Ok(())
+    }
+
+    pub fn raw_fd(&self) -> i32 {
+        self.fd.get_ref().as_raw_fd()
+    }
+
+    /// The terminal's foreground process group, as the kernel sees it.
+    pub fn foreground_pgrp(&self) -> Option<i32> {
+        let mut pgrp: libc::pid_t = 0;
+        // SAFETY: TIOCGPGRP writes one pid_t.
+        let rc = unsafe { libc::ioctl(self.raw_fd(), libc::TIOCGPGRP, &mut pgrp) };
+        (rc == 0 && pgrp > 0).then_some(pgrp)
+    }
+}

@@ -1,0 +1,208 @@
+//! The shape of one `prompts/<language>.toml` file.
+//!
+//! A language is data: how to find its interpreter, how `run-code` runs a program of it, and
+//! (for session languages) how its REPL is started, bootstrapped, typed to and split.
+//! Placeholders in command templates are expanded by [`expand`].
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LangSpec {
+    /// Canonical id, as `run-code`'s `languageId` and `session_start`'s `language` take it.
+    pub id: String,
+    /// Human name for tables.
+    pub name: String,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// Candidate executables; the first found on PATH is the language's `{exe}`.
+    pub programs: Vec<String>,
+    /// How to read the installed version.
+    #[serde(default)]
+    pub version: Option<VersionSpec>,
+    /// Optional: ask the program for the real executable (resolves shims and proxies such as
+    /// pyenv or rustup, which misbehave or are slow in the clean environment children get).
+    #[serde(default)]
+    pub resolve: Option<ResolveSpec>,
+    /// Environment for every child of this language (run and session). Values may use
+    /// `{cache}` (a per-language cache directory that lives as long as the server).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Executables that must also be on PATH for the language to count as installed
+    /// (for example the linker a compiler needs).
+    #[serde(default)]
+    pub requires: Vec<String>,
+    pub run: RunSpec,
+    #[serde(default)]
+    pub session: Option<SessionSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VersionSpec {
+    /// Arguments to `{exe}`; stdout and stderr are both searched.
+    pub args: Vec<String>,
+    /// First capture group is the version.
+    pub regex: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveSpec {
+    pub args: Vec<String>,
+    /// Turns the program's first output line into a path; `{out}` is that line.
+    #[serde(default = "default_resolve_template")]
+    pub path: String,
+}
+
+fn default_resolve_template() -> String {
+    "{out}".to_string()
+}
+
+/// How `run-code` runs one program.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    /// File name the code is written to, inside the run's private directory.
+    pub file: String,
+    /// Optional compile step, run in the same directory; its failure is a compile error.
+    #[serde(default)]
+    pub compile: Option<Vec<String>>,
+    /// The program's command line. `{args}` as a whole element expands to the caller's args.
+    pub command: Vec<String>,
+    /// Extra environment for the run.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// How a persistent REPL of this language is driven behind a PTY.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSpec {
+    /// Command line. `{bootstrap}` is the path of the written bootstrap file.
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// File name of the bootstrap inside the session's control directory.
+    pub bootstrap_file: String,
+    /// Bootstrap source. Placeholders: `{nonce}`, `{ctl}` (control directory), `{work}`.
+    pub bootstrap: String,
+    /// Lines typed once after start, before the first evaluation (each gets a newline).
+    #[serde(default)]
+    pub init: Vec<String>,
+    /// The prompt the bootstrap installs; must contain `{nonce}`. Removed from output.
+    pub prompt: String,
+    /// Continuation prompt, if the REPL has one; must contain `{nonce}`. Seeing it means
+    /// the typed line was incomplete.
+    #[serde(default)]
+    pub continuation: Option<String>,
+    /// File the code of evaluation `{n}` is written to, in the control directory.
+    pub cell_file: String,
+    /// Optional transformation of the code before it is written (`{code}` is the code).
+    /// Used by REPLs whose loader wants a wrapper around the code.
+    #[serde(default)]
+    pub cell_template: Option<String>,
+    /// The one short line typed per evaluation. Placeholders: `{n}`, `{cell}` (path).
+    pub eval: String,
+    /// Bytes written to interrupt (default Ctrl-C).
+    #[serde(default = "default_interrupt")]
+    pub interrupt: String,
+    /// Fallback when the end marker carries no status (`?`): output matching this regex
+    /// is an error. The first capture group, if any, is the error type.
+    #[serde(default)]
+    pub error_pattern: Option<String>,
+    /// Milliseconds to wait for the REPL to come back after an interrupt before it is
+    /// killed and restarted.
+    #[serde(default = "default_interrupt_grace_ms")]
+    pub interrupt_grace_ms: u64,
+    /// Milliseconds the REPL may take to start and answer its first (empty) evaluation.
+    #[serde(default = "default_start_timeout_ms")]
+    pub start_timeout_ms: u64,
+}
+
+fn default_interrupt() -> String {
+    "\u{3}".to_string()
+}
+fn default_interrupt_grace_ms() -> u64 {
+    2000
+}
+fn default_start_timeout_ms() -> u64 {
+    30_000
+}
+
+/// Expand `{name}` placeholders from `vars`. Unknown placeholders are left as they are, so
+/// languages whose syntax uses braces (`{}` in C, `${x}` in shell) need no escaping.
+pub fn expand(template: &str, vars: &[(&str, &str)]) -> String {
+    let mut out = String::with_capacity(template.len() + 32);
+    let mut rest = template;
+    while let Some(start) = rest.find('{') {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 1..];
+        let matched = after.find('}').and_then(|end| {
+            let key = &after[..end];
+            vars.iter().find(|(k, _)| *k == key).map(|(_, v)| (end, *v))
+        });
+        match matched {
+            Some((end, value)) => {
+                out.push_str(value);
+                rest = &after[end + 1..];
+            }
+            None => {
+                out.push('{');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Expand a command template; an element that is exactly `{args}` becomes the caller's args.
+pub fn expand_command(template: &[String], vars: &[(&str, &str)], args: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(template.len() + args.len());
+    for part in template {
+        if part == "{args}" {
+            out.extend(args.iter().cloned());
+        } else {
+            out.push(expand(part, vars));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expand_known_and_unknown() {
+        let v = [("exe", "/usr/bin/python3"), ("file", "main.py")];
+        assert_eq!(expand("{exe} -u {file}", &v), "/usr/bin/python3 -u main.py");
+        assert_eq!(
+            expand("int main(){ return 0; }", &v),
+            "int main(){ return 0; }"
+        );
+        assert_eq!(
+            expand("${x} {nope} {exe}", &v),
+            "${x} {nope} /usr/bin/python3"
+        );
+        assert_eq!(expand("{", &v), "{");
+        assert_eq!(expand("}{exe", &v), "}{exe");
+    }
+
+    #[test]
+    fn expand_args_element() {
+        let t: Vec<String> = ["{exe}", "{file}", "{args}"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let out = expand_command(
+            &t,
+            &[("exe", "x"), ("file", "f")],
+            &["a b".into(), "c".into()],
+        );
+        assert_eq!(out, vec!["x", "f", "a b", "c"]);
+    }
+}

@@ -1,0 +1,10 @@
+//! replbox: an MCP server for persistent interpreter sessions and one-shot code runs.
+
+pub mod app;
+pub mod config;
+pub mod exec;
+pub mod lang;
+pub mod mcp;
+pub mod output;
+pub mod run;
+pub mod workspace;

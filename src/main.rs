@@ -1,0 +1,259 @@
+//! Command line: `serve` (MCP over stdio), `run`, `languages`, and the hidden `__exec`
+//! helper every child runs under.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use replbox::app::App;
+use replbox::config::Config;
+use replbox::exec::helper::{self, HelperArgs};
+use replbox::mcp::ReplboxServer;
+use replbox::run::RunRequest;
+use rmcp::ServiceExt;
+
+#[derive(Parser)]
+#[command(
+    name = "replbox",
+    version,
+    about = "MCP server for persistent interpreter sessions and one-shot code runs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve MCP over stdio (the default when no command is given).
+    Serve {
+        #[command(flatten)]
+        config: Config,
+    },
+    /// Run a program once and print its result, exiting with the program's status.
+    Run {
+        /// Language id or alias.
+        language: String,
+        /// The code (or use -f).
+        code: Option<String>,
+        /// Read the code from this file ("-" for stdin).
+        #[arg(short = 'f', long = "file", conflicts_with = "code")]
+        file: Option<PathBuf>,
+        /// Text for the program's standard input.
+        #[arg(long)]
+        stdin: Option<String>,
+        /// Timeout in milliseconds.
+        #[arg(long)]
+        timeout_ms: Option<u64>,
+        /// Arguments for the program (after --).
+        #[arg(last = true)]
+        args: Vec<String>,
+        #[command(flatten)]
+        config: Config,
+    },
+    /// List the languages this host can run, with their versions.
+    Languages {
+        #[command(flatten)]
+        config: Config,
+    },
+}
+
+fn main() -> ExitCode {
+    // The helper runs before anything else: no runtime, no logging, just supervise and exec.
+    let mut args = std::env::args_os();
+    if args.nth(1).is_some_and(|a| a == helper::SUBCOMMAND) {
+        match HelperArgs::parse(args) {
+            Ok(a) => helper::run(a),
+            Err(e) => {
+                eprintln!("replbox __exec: {e}");
+                return ExitCode::from(127);
+            }
+        }
+    }
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("replbox: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let command = cli.command.unwrap_or(Command::Serve {
+        config: Config::default(),
+    });
+    let outcome = runtime.block_on(async move {
+        match command {
+            Command::Serve { config } => serve(config).await,
+            Command::Run {
+                language,
+                code,
+                file,
+                stdin,
+                timeout_ms,
+                args,
+                config,
+            } => run(config, language, code, file, stdin, timeout_ms, args).await,
+            Command::Languages { config } => languages(config).await,
+        }
+    });
+    // Do not wait for stray blocking tasks (a stdin read) at exit.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    match outcome {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("replbox: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging() {
+    // stdout is the protocol channel: logs go to stderr only.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("REPLBOX_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_env_filter(filter)
+        .init();
+}
+
+async fn serve(config: Config) -> anyhow::Result<ExitCode> {
+    let app = App::new(config)?;
+    let server = ReplboxServer::new(app.clone());
+    let service = server.serve(rmcp::transport::stdio_pipes()).await?;
+    tracing::info!("serving MCP on stdio");
+    // Detection spawns interpreters; start it after the handshake so it does not slow it.
+    app.registry.detect_all_in_background();
+    let ct = service.cancellation_token();
+    tokio::spawn(async move {
+        wait_for_termination().await;
+        ct.cancel();
+    });
+    let reason = service.waiting().await;
+    tracing::info!(?reason, "MCP service ended");
+    app.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn wait_for_termination() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+async fn run(
+    config: Config,
+    language: String,
+    code: Option<String>,
+    file: Option<PathBuf>,
+    stdin: Option<String>,
+    timeout_ms: Option<u64>,
+    args: Vec<String>,
+) -> anyhow::Result<ExitCode> {
+    let code = match (code, file) {
+        (Some(c), _) => c,
+        (None, Some(f)) if f.as_os_str() == "-" => std::io::read_to_string(std::io::stdin())?,
+        (None, Some(f)) => std::fs::read_to_string(&f)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", f.display()))?,
+        (None, None) => anyhow::bail!("give the code as an argument or with -f FILE"),
+    };
+    let app = App::new(config)?;
+    let lang = app.registry.get(&language).map_err(|e| {
+        anyhow::anyhow!(
+            "{}; available: {}",
+            match e {
+                replbox::lang::LookupError::Unknown(n) => format!("unknown language {n:?}"),
+                replbox::lang::LookupError::NotInstalled { id, reason } =>
+                    format!("{id} is not installed ({reason})"),
+            },
+            app.registry.available_names().join(", ")
+        )
+    })?;
+    let req = RunRequest {
+        code,
+        stdin,
+        args,
+        env: Default::default(),
+        timeout: app.config.timeout(timeout_ms),
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        wait_for_termination().await;
+        c2.cancel();
+    });
+    let report = app.runner.run(&lang, req, &cancel).await;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(report.stdout.as_bytes());
+    let _ = out.flush();
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(report.stderr.as_bytes());
+    if !report.success() {
+        let text = report.text();
+        let trailer = text.rsplit('\n').next().unwrap_or_default();
+        if !report.stderr.is_empty() && !report.stderr.ends_with('\n') {
+            let _ = err.write_all(b"\n");
+        }
+        let _ = writeln!(err, "{trailer}");
+    }
+    Ok(exit_code_for(&report))
+}
+
+/// The process exit status mirroring the program's (128+N for a signal, 124 on timeout).
+fn exit_code_for(report: &replbox::run::RunReport) -> ExitCode {
+    if report.timed_out {
+        return ExitCode::from(124);
+    }
+    if let Some(code) = report.exit_code {
+        return ExitCode::from((code & 0xff) as u8);
+    }
+    if let Some(sig) = &report.signal {
+        let n = nix::sys::signal::Signal::iterator()
+            .find(|s| s.as_str() == sig)
+            .map(|s| s as i32)
+            .unwrap_or(1);
+        return ExitCode::from((128 + n) as u8);
+    }
+    ExitCode::from(125)
+}
+
+async fn languages(config: Config) -> anyhow::Result<ExitCode> {
+    let app = App::new(config)?;
+    app.registry.detect_all().await;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{:<12} {:<10} {:<8} {:<16} {:<28} EXECUTABLE",
+        "ID", "STATUS", "SESSION", "VERSION", "ALIASES"
+    )?;
+    for lang in app.registry.all() {
+        let (status, version, exe) = match (&lang.program, lang.detected()) {
+            (Ok(_), Some(d)) => ("installed", d.version.clone(), d.exe.display().to_string()),
+            (Ok(p), None) => ("installed", "?".into(), p.display().to_string()),
+            (Err(why), _) => ("missing", "-".into(), why.clone()),
+        };
+        writeln!(
+            out,
+            "{:<12} {:<10} {:<8} {:<16} {:<28} {}",
+            lang.id(),
+            status,
+            if lang.has_session() { "yes" } else { "-" },
+            version,
+            lang.spec.aliases.join(","),
+            exe
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,408 @@
+//! `run-code`: one program, in a fresh private directory, with a clean environment, a
+//! deadline that kills the whole tree, and bounded, separate stdout and stderr.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::exec::{self, SpawnSpec, Stdio3, env as cenv};
+use crate::lang::{Language, expand, expand_command};
+use crate::output::HeadTail;
+use crate::workspace::Workspace;
+
+/// What the caller asked for.
+#[derive(Debug, Clone, Default)]
+pub struct RunRequest {
+    pub code: String,
+    pub stdin: Option<String>,
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub timeout: Duration,
+}
+
+/// Which step a result comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Compile,
+    Run,
+}
+
+/// The result of one `run-code` call (also its `structuredContent`).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct RunReport {
+    /// Canonical id of the language that ran.
+    pub language: String,
+    /// Standard output (head and tail kept when over the cap, with a line saying how many
+    /// bytes were left out).
+    pub stdout: String,
+    pub stderr: String,
+    /// Exit code, when the program exited (null when it was killed by a signal).
+    pub exit_code: Option<i32>,
+    /// Name of the signal that ended the program (for example SIGKILL after a timeout).
+    pub signal: Option<String>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    /// True when stdout or stderr was cut to the cap.
+    pub truncated: bool,
+    /// `compile` when a compiled language failed to build (exit_code is the compiler's),
+    /// else `run`.
+    pub phase: Phase,
+    /// Set when the program could not be started at all, or the call was cancelled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl RunReport {
+    /// The program ran and exited 0.
+    pub fn success(&self) -> bool {
+        self.exit_code == Some(0)
+            && !self.timed_out
+            && self.error.is_none()
+            && self.phase == Phase::Run
+    }
+
+    /// The text content: exactly stdout on a clean success (as mcp-server-code-runner
+    /// returns it), else stdout, stderr and a trailer saying how it ended.
+    pub fn text(&self) -> String {
+        if self.success() && self.stderr.is_empty() {
+            return self.stdout.clone();
+        }
+        let mut t = self.stdout.clone();
+        if !self.stderr.is_empty() {
+            end_line(&mut t);
+            t.push_str("[stderr]\n");
+            t.push_str(&self.stderr);
+        }
+        end_line(&mut t);
+        t.push_str(&self.trailer());
+        t
+    }
+
+    fn trailer(&self) -> String {
+        let during = if self.phase == Phase::Compile {
+            " while compiling"
+        } else {
+            ""
+        };
+        if self.timed_out {
+            return format!("[timed out after {} ms{during}]", self.duration_ms);
+        }
+        if let Some(e) = &self.error {
+            return format!("[{e}]");
+        }
+        let how = match (&self.exit_code, &self.signal) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(s)) => format!("killed by {s}"),
+            (None, None) => "ended".to_string(),
+        };
+        if self.phase == Phase::Compile {
+            format!("[compile error: {how}]")
+        } else {
+            format!("[{how}]")
+        }
+    }
+}
+
+fn end_line(t: &mut String) {
+    if !t.is_empty() && !t.ends_with('\n') {
+        t.push('\n');
+    }
+}
+
+/// Runs programs. Cheap to clone; every call is independent.
+#[derive(Clone)]
+pub struct Runner {
+    pub config: Arc<Config>,
+    pub workspace: Arc<Workspace>,
+}
+
+struct Step {
+    status: Option<std::process::ExitStatus>,
+    stdout: HeadTail,
+    stderr: HeadTail,
+    timed_out: bool,
+    cancelled: bool,
+    spawn_error: Option<String>,
+}
+
+impl Runner {
+    pub async fn run(
+        &self,
+        lang: &Language,
+        req: RunRequest,
+        cancel: &CancellationToken,
+    ) -> RunReport {
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::from_std(started + req.timeout);
+        let mut report = RunReport {
+            language: lang.id().to_string(),
+            stdout: String::new(),
+            stderr: String::new(),
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            duration_ms: 0,
+            truncated: false,
+            phase: Phase::Run,
+            error: None,
+        };
+        let fail = |mut r: RunReport, msg: String| {
+            r.error = Some(msg);
+            r.duration_ms = started.elapsed().as_millis() as u64;
+            r
+        };
+        let Some(detected) = lang.detect().await else {
+            return fail(report, format!("{} is not installed", lang.id()));
+        };
+        let dir = match self.workspace.new_run_dir() {
+            Ok(d) => d,
+            Err(e) => return fail(report, format!("cannot create a working directory: {e}")),
+        };
+        let spec = &lang.spec.run;
+        if let Err(e) = std::fs::write(dir.path().join(&spec.file), &req.code) {
+            return fail(report, format!("cannot write the program: {e}"));
+        }
+        let exe = detected.exe.display().to_string();
+        let cache = self.workspace.cache_dir(lang.id()).display().to_string();
+        let dir_s = dir.path().display().to_string();
+        let vars = [
+            ("exe", exe.as_str()),
+            ("file", spec.file.as_str()),
+            ("dir", dir_s.as_str()),
+            ("cache", cache.as_str()),
+        ];
+        let env = self.child_env(lang, &detected.exe, dir.path(), &vars, &req.env);
+
+        if let Some(compile) = &spec.compile {
+            let argv = expand_command(compile, &vars, &[]);
+            let step = self
+                .step(argv, env.clone(), dir.path(), None, deadline, cancel)
+                .await;
+            let ok = step.status.is_some_and(|s| s.success()) && !step.timed_out;
+            if !ok || step.cancelled || step.spawn_error.is_some() {
+                report.phase = Phase::Compile;
+                Self::fill(&mut report, step);
+                report.duration_ms = started.elapsed().as_millis() as u64;
+                return report;
+            }
+        }
+        let argv = expand_command(&spec.command, &vars, &req.args);
+        let stdin = req.stdin.map(String::into_bytes);
+        let step = self
+            .step(argv, env, dir.path(), stdin, deadline, cancel)
+            .await;
+        Self::fill(&mut report, step);
+        report.duration_ms = started.elapsed().as_millis() as u64;
+        drop(dir);
+        report
+    }
+
+    fn fill(report: &mut RunReport, step: Step) {
+        let (stdout, o1) = step.stdout.finish();
+        let (stderr, o2) = step.stderr.finish();
+        report.stdout = stdout;
+        report.stderr = stderr;
+        report.truncated = o1 > 0 || o2 > 0;
+        report.timed_out = step.timed_out;
+        if let Some(status) = &step.status {
+            let (code, sig) = exec::describe_status(status);
+            report.exit_code = code;
+            report.signal = sig;
+        }
+        if step.timed_out {
+            // The tree was killed; whatever status the helper mirrored, it was our SIGKILL.
+            report.exit_code = None;
+            report.signal = Some("SIGKILL".into());
+        }
+        if let Some(e) = step.spawn_error {
+            report.error = Some(e);
+        } else if step.cancelled {
+            report.error = Some("cancelled by the client".into());
+        }
+    }
+
+    /// The environment of a child: the allowlist, the language's settings, then the caller's.
+    fn child_env(
+        &self,
+        lang: &Language,
+        exe: &Path,
+        home: &Path,
+        vars: &[(&str, &str)],
+        caller: &BTreeMap<String, String>,
+    ) -> Vec<(String, String)> {
+        let mut env = cenv::base_env(home, "dumb");
+        // The interpreter's own directory first, so `python3`/`pip` in a subprocess match it.
+        if let Some(bin) = exe.parent() {
+            let path = format!("{}:{}", bin.display(), cenv::server_path());
+            cenv::set(&mut env, "PATH", path);
+        }
+        cenv::set(&mut env, "TMPDIR", home.display().to_string());
+        for (k, v) in lang.spec.env.iter().chain(lang.spec.run.env.iter()) {
+            cenv::set(&mut env, k, expand(v, vars));
+        }
+        for (k, v) in caller {
+            cenv::set(&mut env, k, v.clone());
+        }
+        env
+    }
+
+    async fn step(
+        &self,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: &Path,
+        stdin: Option<Vec<u8>>,
+        deadline: tokio::time::Instant,
+        cancel: &CancellationToken,
+    ) -> Step {
+        let cap = self.config.output_cap;
+        let mut step = Step {
+            status: None,
+            stdout: HeadTail::new(cap),
+            stderr: HeadTail::new(cap),
+            timed_out: false,
+            cancelled: false,
+            spawn_error: None,
+        };
+        let program = argv.first().cloned().unwrap_or_default();
+        let mut proc = match exec::spawn(SpawnSpec {
+            argv,
+            env,
+            cwd: cwd.to_path_buf(),
+            stdio: Stdio3::Pipes {
+                stdin: stdin.is_some(),
+            },
+        }) {
+            Ok(p) => p,
+            Err(e) => {
+                step.spawn_error = Some(format!("failed to start {program}: {e}"));
+                return step;
+            }
+        };
+        if let (Some(data), Some(mut pipe)) = (stdin, proc.child.stdin.take()) {
+            tokio::spawn(async move {
+                // A program that does not read its input is not an error.
+                let _ = pipe.write_all(&data).await;
+                let _ = pipe.shutdown().await;
+            });
+        }
+        let out_task = proc
+            .child
+            .stdout
+            .take()
+            .map(|p| tokio::spawn(capture(p, cap)));
+        let err_task = proc
+            .child
+            .stderr
+            .take()
+            .map(|p| tokio::spawn(capture(p, cap)));
+
+        tokio::select! {
+            status = proc.child.wait() => { step.status = status.ok(); }
+            _ = tokio::time::sleep_until(deadline) => {
+                step.timed_out = true;
+                step.status = proc.kill_tree().await;
+            }
+            _ = cancel.cancelled() => {
+                step.cancelled = true;
+                step.status = proc.kill_tree().await;
+            }
+        }
+        // The helper has killed the tree, so the pipes close; bound the wait anyway in case
+        // something outside the tree holds them.
+        for (task, slot) in [(out_task, &mut step.stdout), (err_task, &mut step.stderr)] {
+            if let Some(task) = task {
+                match tokio::time::timeout(Duration::from_secs(2), task).await {
+                    Ok(Ok(buf)) => *slot = buf,
+                    _ => slot.push(b"\n[output stream did not close; capture stopped]\n"),
+                }
+            }
+        }
+        step
+    }
+}
+
+/// Read a pipe to its end, keeping head and tail.
+async fn capture(mut pipe: impl AsyncRead + Unpin, cap: usize) -> HeadTail {
+    let mut buf = HeadTail::new(cap);
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        match pipe.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.push(&chunk[..n]),
+        }
+    }
+    buf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> RunReport {
+        RunReport {
+            language: "python".into(),
+            stdout: "out\n".into(),
+            stderr: String::new(),
+            exit_code: Some(0),
+            signal: None,
+            timed_out: false,
+            duration_ms: 12,
+            truncated: false,
+            phase: Phase::Run,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn clean_success_is_exactly_stdout() {
+        assert_eq!(report().text(), "out\n");
+        let mut r = report();
+        r.stdout = "no newline".into();
+        assert_eq!(r.text(), "no newline");
+    }
+
+    #[test]
+    fn stderr_and_exit_code_are_kept() {
+        let mut r = report();
+        r.stderr = "warn".into();
+        assert!(r.success());
+        assert_eq!(r.text(), "out\n[stderr]\nwarn\n[exit code 0]");
+        r.exit_code = Some(3);
+        r.stdout = "partial".into();
+        r.stderr.clear();
+        assert!(!r.success());
+        assert_eq!(r.text(), "partial\n[exit code 3]");
+    }
+
+    #[test]
+    fn trailers() {
+        let mut r = report();
+        r.timed_out = true;
+        r.exit_code = None;
+        r.signal = Some("SIGKILL".into());
+        r.duration_ms = 2003;
+        assert!(r.text().ends_with("[timed out after 2003 ms]"));
+        let mut r = report();
+        r.phase = Phase::Compile;
+        r.exit_code = Some(1);
+        r.stdout.clear();
+        r.stderr = "main.c:1: error".into();
+        assert_eq!(
+            r.text(),
+            "[stderr]\nmain.c:1: error\n[compile error: exit code 1]"
+        );
+        let mut r = report();
+        r.exit_code = None;
+        r.signal = Some("SIGSEGV".into());
+        assert!(r.text().ends_with("[killed by SIGSEGV]"));
+    }
+}
