@@ -1,0 +1,203 @@
+//! Test harness: the built `replbox` binary driven through rmcp's MCP client over stdio.
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::TokioChildProcess;
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::{Value, json};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_replbox");
+
+/// Records what the server sends besides responses.
+#[derive(Clone, Default)]
+pub struct Recorder {
+    pub progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+}
+
+impl ClientHandler for Recorder {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _ctx: NotificationContext<RoleClient>,
+    ) {
+        if let Ok(mut p) = self.progress.lock() {
+            p.push(params);
+        }
+    }
+}
+
+pub struct TestServer {
+    pub client: RunningService<RoleClient, Recorder>,
+    pub pid: u32,
+    pub recorder: Recorder,
+}
+
+/// What a tool call returned.
+#[derive(Debug, Clone)]
+pub struct Out {
+    pub text: String,
+    pub structured: Value,
+    pub is_error: bool,
+    /// (mime type, base64 data) of image contents.
+    pub images: Vec<(String, String)>,
+}
+
+impl Out {
+    pub fn s(&self, key: &str) -> &str {
+        self.structured[key].as_str().unwrap_or_else(|| {
+            panic!(
+                "structured field {key} is not a string: {}",
+                self.structured
+            )
+        })
+    }
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        Self::start_with(&[], &[]).await
+    }
+
+    pub async fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut cmd = tokio::process::Command::new(BIN);
+        cmd.arg("serve").args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.stderr(std::process::Stdio::inherit());
+        let transport = TokioChildProcess::new(cmd).expect("spawn replbox");
+        let pid = transport.id().expect("server pid");
+        let recorder = Recorder::default();
+        let client = recorder
+            .clone()
+            .serve(transport)
+            .await
+            .expect("MCP handshake with replbox");
+        Self {
+            client,
+            pid,
+            recorder,
+        }
+    }
+
+    pub async fn call(&self, tool: &str, args: Value) -> Out {
+        let obj = args.as_object().cloned().expect("arguments are an object");
+        let r = self
+            .client
+            .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(obj))
+            .await
+            .unwrap_or_else(|e| panic!("{tool} call failed at the protocol level: {e}"));
+        let mut text = String::new();
+        let mut images = Vec::new();
+        for c in &r.content {
+            if let Some(t) = c.as_text() {
+                text.push_str(&t.text);
+            } else if let Some(i) = c.as_image() {
+                images.push((i.mime_type.clone(), i.data.clone()));
+            }
+        }
+        Out {
+            text,
+            structured: r.structured_content.clone().unwrap_or(Value::Null),
+            is_error: r.is_error.unwrap_or(false),
+            images,
+        }
+    }
+
+    pub async fn run(&self, lang: &str, code: &str) -> Out {
+        self.call("run-code", json!({"languageId": lang, "code": code}))
+            .await
+    }
+
+    /// Live descendants of the server process.
+    pub fn descendants(&self) -> Vec<i32> {
+        descendants(self.pid as i32)
+    }
+
+    /// Wait until the server has no descendants left (bounded), returning those that remain.
+    pub async fn wait_no_descendants(&self, within: Duration) -> Vec<i32> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let d = self.descendants();
+            if d.is_empty() || tokio::time::Instant::now() > deadline {
+                return d;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn stop(self) {
+        let _ = self.client.cancel().await;
+    }
+}
+
+/// Parent pid and state of a process, from /proc.
+pub fn ppid_state(pid: i32) -> Option<(i32, char)> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
+    let mut it = rest.split_whitespace();
+    let state = it.next()?.chars().next()?;
+    let ppid = it.next()?.parse().ok()?;
+    Some((ppid, state))
+}
+
+pub fn descendants(root: i32) -> Vec<i32> {
+    let mut table = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok())
+            && let Some((ppid, state)) = ppid_state(pid)
+            && state != 'Z'
+        {
+            table.push((pid, ppid));
+        }
+    }
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for &(pid, ppid) in &table {
+            if ppid == p {
+                out.push(pid);
+                frontier.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// Whether an executable is on PATH.
+pub fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+        .unwrap_or(false)
+}
+
+/// The languages of the design card: in CI (REPLBOX_REQUIRE_ALL=1) a missing one fails.
+pub fn require(language: &str, program: &str) -> bool {
+    if on_path(program) {
+        return true;
+    }
+    if std::env::var("REPLBOX_REQUIRE_ALL").is_ok_and(|v| v == "1") {
+        panic!("{language} ({program}) is not installed, and REPLBOX_REQUIRE_ALL=1 requires it");
+    }
+    eprintln!("SKIP: {language} tests skipped: {program} is not on PATH");
+    false
+}
+
+/// A random token for canaries.
+pub fn token() -> String {
+    format!("canary-{}", uuid_like())
+}
+
+fn uuid_like() -> String {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let n = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{:x}{:x}", n, std::process::id())
+}
