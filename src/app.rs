@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::lang::Registry;
 use crate::run::Runner;
+use crate::session::SessionManager;
 use crate::workspace::Workspace;
 
 pub struct App {
@@ -12,6 +13,7 @@ pub struct App {
     pub registry: Arc<Registry>,
     pub workspace: Arc<Workspace>,
     pub runner: Runner,
+    pub sessions: Arc<SessionManager>,
 }
 
 impl App {
@@ -23,14 +25,22 @@ impl App {
             config: config.clone(),
             workspace: workspace.clone(),
         };
+        let sessions = Arc::new(SessionManager::new(
+            config.clone(),
+            registry.clone(),
+            workspace.clone(),
+        ));
         Ok(Arc::new(Self {
             config,
             registry,
             workspace,
             runner,
+            sessions,
         }))
     }
 
     /// Stop everything the server started.
-    pub async fn shutdown(&self) {}
+    pub async fn shutdown(&self) {
+        self.sessions.shutdown().await;
+    }
 }

@@ -7,4 +7,5 @@ pub mod lang;
 pub mod mcp;
 pub mod output;
 pub mod run;
+pub mod session;
 pub mod workspace;

@@ -17,7 +17,8 @@ use serde_json::Value;
 use crate::app::App;
 use crate::lang::LookupError;
 use crate::run::{RunReport, RunRequest};
-use params::RunCodeParams;
+use crate::session::{CloseReport, EvalReport, ListReport, StartReport, StartRequest};
+use params::{RunCodeParams, SessionEvalParams, SessionIdParams, SessionStartParams};
 
 /// One MCP connection's handler. Cheap to clone; all state lives in [`App`].
 #[derive(Clone)]
@@ -110,6 +111,110 @@ calls; use session_start/session_eval to keep state.",
         let report = self.app.runner.run(&lang, req, &ctx.ct).await;
         result(report.text(), &report, !report.success())
     }
+
+    /// Start a persistent interpreter session.
+    #[tool(
+        name = "session_start",
+        description = "Start a persistent interpreter session (python, javascript/node, ruby, haskell/ghci, \
+shellscript/bash, where installed) in a fresh private directory (or `cwd`). Variables, imports, functions and \
+loaded data stay alive across session_eval calls, so load data once and explore it step by step. \
+Close it with session_close when done; idle sessions are closed after idle_timeout_s.",
+        output_schema = schema_for_output::<StartReport>(),
+        annotations(title = "Start session", read_only_hint = false, destructive_hint = false,
+                    idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn session_start(&self, Parameters(p): Parameters<SessionStartParams>) -> CallToolResult {
+        let req = StartRequest {
+            language: p.language,
+            cwd: p.cwd.map(std::path::PathBuf::from),
+            env: p.env,
+            idle_timeout_s: p.idle_timeout_s,
+        };
+        match self.app.sessions.start(req).await {
+            Ok(r) => {
+                let text = format!(
+                    "session {} started: {} {} (pid {}) in {}",
+                    r.session_id, r.language, r.version, r.pid, r.cwd
+                );
+                result(text, &r, false)
+            }
+            Err(e) => error_result(e),
+        }
+    }
+
+    /// Evaluate code in a session.
+    #[tool(
+        name = "session_eval",
+        description = "Evaluate code in a session, as if typed at its REPL: any number of lines, state kept. \
+Returns what the terminal showed (the value of a trailing expression included) and a status: ok, error \
+(the code raised), timeout (interrupted at timeout_ms; state kept), exited (the interpreter ended) or \
+awaiting_input (the code is reading stdin).",
+        output_schema = schema_for_output::<EvalReport>(),
+        annotations(title = "Evaluate in session", read_only_hint = false, destructive_hint = false,
+                    idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn session_eval(
+        &self,
+        Parameters(p): Parameters<SessionEvalParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let timeout = self.app.config.timeout(p.timeout_ms);
+        match self
+            .app
+            .sessions
+            .eval(&p.session_id, &p.code, timeout, &ctx.ct)
+            .await
+        {
+            Ok(r) => result(r.text(), &r, r.is_error()),
+            Err(e) => error_result(e),
+        }
+    }
+
+    /// Close a session.
+    #[tool(
+        name = "session_close",
+        description = "Close a session: its interpreter and everything it started are killed and its private \
+directory is removed.",
+        output_schema = schema_for_output::<CloseReport>(),
+        annotations(title = "Close session", read_only_hint = false, destructive_hint = true,
+                    idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn session_close(&self, Parameters(p): Parameters<SessionIdParams>) -> CallToolResult {
+        match self.app.sessions.close(&p.session_id).await {
+            Ok(r) => result(format!("session {} closed", r.session_id), &r, false),
+            Err(e) => error_result(e),
+        }
+    }
+
+    /// List open sessions.
+    #[tool(
+        name = "session_list",
+        description = "List the open sessions with their language, pid, directory, idle time and whether \
+an evaluation is running.",
+        output_schema = schema_for_output::<ListReport>(),
+        annotations(title = "List sessions", read_only_hint = true, destructive_hint = false,
+                    idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn session_list(&self) -> CallToolResult {
+        let r = self.app.sessions.list();
+        let mut text = String::new();
+        if r.sessions.is_empty() {
+            text.push_str("no open sessions");
+        }
+        for s in &r.sessions {
+            text.push_str(&format!(
+                "{} {} pid {} evals {} idle {} s{} {}\n",
+                s.session_id,
+                s.language,
+                s.pid,
+                s.evals,
+                s.idle_s,
+                if s.busy { " busy" } else { "" },
+                s.cwd
+            ));
+        }
+        result(text, &r, false)
+    }
 }
 
 impl ReplboxServer {
@@ -128,10 +233,14 @@ impl ReplboxServer {
 
 fn instructions(app: &App) -> String {
     let installed = app.registry.installed_ids().join(", ");
+    let sessions = app.registry.session_ids().join(", ");
     format!(
         "replbox runs code for you.\n\
 - run-code: run a snippet once (fresh process, private directory, nothing kept). Use it for one-off checks. \
 Languages installed here: {installed}.\n\
+- session_start / session_eval / session_close / session_list: a persistent interpreter ({sessions}). Use a \
+session when the work takes several steps that build on each other (load data once, then explore it), or when \
+starting the interpreter each time would be slow.\n\
 Limits: default timeout {} ms (ask for up to {} ms with timeout_ms); output keeps the first and last {} KiB \
 of each stream.",
         app.config.default_timeout_ms,

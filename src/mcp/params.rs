@@ -27,3 +27,39 @@ pub struct RunCodeParams {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
 }
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionStartParams {
+    /// Session language: python, javascript (node), ruby, haskell (ghci) or shellscript (bash),
+    /// where installed. Aliases such as py, js, node, rb, hs, bash work too.
+    pub language: String,
+    /// Run in this existing directory instead of a fresh private one (it is kept at close).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment variables for the interpreter.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Close the session after this many seconds without use (default 1800).
+    #[serde(default)]
+    pub idle_timeout_s: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionEvalParams {
+    pub session_id: String,
+    /// Code to evaluate; any length, any number of lines. The value of a trailing
+    /// expression is shown as the REPL shows it.
+    pub code: String,
+    /// Deadline in milliseconds: the code is interrupted (Ctrl-C) and the session keeps its
+    /// state.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionIdParams {
+    pub session_id: String,
+}

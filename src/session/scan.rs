@@ -1,0 +1,266 @@
+//! Splits an interpreter's PTY stream into user output and the control strings the
+//! bootstrap writes: the prompt, the continuation prompt and the end-of-evaluation marker
+//! `ESC _ rbx;NONCE;e;N;STATUS;PAYLOAD ESC \`. Every control string carries the session's
+//! random nonce, so nothing a program prints by accident can be taken for one; a control
+//! string split across reads is held back until it is complete.
+
+use memchr::memmem;
+
+/// What the scanner found, in stream order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Data(Vec<u8>),
+    Prompt,
+    Continuation,
+    End(EndMarker),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndMarker {
+    pub n: u64,
+    pub status: String,
+    /// Base64 of a JSON object `{type, message}` (may be empty).
+    pub payload: String,
+}
+
+/// A marker body longer than this is not ours (or is broken): pass it through as data.
+const MAX_MARKER: usize = 16 * 1024;
+
+pub struct Scanner {
+    prompt: Vec<u8>,
+    continuation: Option<Vec<u8>>,
+    end_prefix: Vec<u8>,
+    carry: Vec<u8>,
+}
+
+impl Scanner {
+    pub fn new(nonce: &str, prompt: &str, continuation: Option<&str>) -> Self {
+        Self {
+            prompt: prompt.as_bytes().to_vec(),
+            continuation: continuation.map(|c| c.as_bytes().to_vec()),
+            end_prefix: format!("\x1b_rbx;{nonce};e;").into_bytes(),
+            carry: Vec::new(),
+        }
+    }
+
+    /// Feed bytes; returns the events they complete.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<Event> {
+        let mut buf = std::mem::take(&mut self.carry);
+        buf.extend_from_slice(bytes);
+        let mut events = Vec::new();
+        let mut pos = 0;
+        loop {
+            let rest = &buf[pos..];
+            // The earliest control string in what is left.
+            let mut best: Option<(usize, Kind)> = None;
+            let mut consider = |at: Option<usize>, kind: Kind| {
+                if let Some(at) = at
+                    && best.is_none_or(|(b, _)| at < b)
+                {
+                    best = Some((at, kind));
+                }
+            };
+            consider(memmem::find(rest, &self.end_prefix), Kind::End);
+            consider(memmem::find(rest, &self.prompt), Kind::Prompt);
+            if let Some(c) = &self.continuation {
+                consider(memmem::find(rest, c), Kind::Continuation);
+            }
+            let Some((at, kind)) = best else { break };
+            if at > 0 {
+                events.push(Event::Data(rest[..at].to_vec()));
+            }
+            let start = pos + at;
+            match kind {
+                Kind::Prompt => {
+                    events.push(Event::Prompt);
+                    pos = start + self.prompt.len();
+                }
+                Kind::Continuation => {
+                    events.push(Event::Continuation);
+                    pos = start + self.continuation.as_ref().map_or(0, |c| c.len());
+                }
+                Kind::End => {
+                    let body_start = start + self.end_prefix.len();
+                    match memmem::find(&buf[body_start..], b"\x1b\\") {
+                        Some(len) => {
+                            let body = &buf[body_start..body_start + len];
+                            match parse_end(body) {
+                                Some(m) => events.push(Event::End(m)),
+                                None => events
+                                    .push(Event::Data(buf[start..body_start + len + 2].to_vec())),
+                            }
+                            pos = body_start + len + 2;
+                        }
+                        None if buf.len() - body_start > MAX_MARKER => {
+                            // Not a marker after all; release it as output.
+                            events.push(Event::Data(buf[start..body_start].to_vec()));
+                            pos = body_start;
+                        }
+                        None => {
+                            // Incomplete: wait for the rest.
+                            self.carry = buf[start..].to_vec();
+                            return events;
+                        }
+                    }
+                }
+            }
+        }
+        // Hold back a tail that could be the start of a control string.
+        let rest = &buf[pos..];
+        let hold = self.partial_suffix(rest);
+        if rest.len() > hold {
+            events.push(Event::Data(rest[..rest.len() - hold].to_vec()));
+        }
+        self.carry = rest[rest.len() - hold..].to_vec();
+        events
+    }
+
+    /// Bytes held back (an incomplete control string at the end of the stream so far).
+    pub fn pending(&self) -> &[u8] {
+        &self.carry
+    }
+
+    /// Length of the longest suffix of `b` that is a proper prefix of a control string.
+    fn partial_suffix(&self, b: &[u8]) -> usize {
+        let mut best = 0;
+        let pats = [
+            Some(&self.end_prefix),
+            Some(&self.prompt),
+            self.continuation.as_ref(),
+        ];
+        for p in pats.into_iter().flatten() {
+            let max = (p.len() - 1).min(b.len());
+            for len in (best + 1..=max).rev() {
+                if b[b.len() - len..] == p[..len] {
+                    best = len;
+                    break;
+                }
+            }
+        }
+        best
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    End,
+    Prompt,
+    Continuation,
+}
+
+fn parse_end(body: &[u8]) -> Option<EndMarker> {
+    let s = std::str::from_utf8(body).ok()?;
+    let mut parts = s.splitn(3, ';');
+    let n = parts.next()?.parse().ok()?;
+    let status = parts.next()?.to_string();
+    let payload = parts.next().unwrap_or("").to_string();
+    if status.is_empty()
+        || !status
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '?' || c == '_')
+    {
+        return None;
+    }
+    Some(EndMarker { n, status, payload })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: &str = "\x1b_rbx;abc;p\x1b\\";
+
+    fn scanner() -> Scanner {
+        Scanner::new("abc", P, Some("\x1b_rbx;abc;c\x1b\\"))
+    }
+
+    fn collect(s: &mut Scanner, chunks: &[&[u8]]) -> Vec<Event> {
+        let mut out = Vec::new();
+        for c in chunks {
+            out.extend(s.feed(c));
+        }
+        // merge adjacent data for easy comparison
+        let mut merged: Vec<Event> = Vec::new();
+        for e in out {
+            match (merged.last_mut(), e) {
+                (Some(Event::Data(a)), Event::Data(b)) => a.extend(b),
+                (_, e) => merged.push(e),
+            }
+        }
+        merged
+    }
+
+    #[test]
+    fn splits_output_marker_and_prompt() {
+        let mut s = scanner();
+        let ev = collect(
+            &mut s,
+            &[b"2\r\n\x1b_rbx;abc;e;7;error;eyJ9\x1b\\\x1b_rbx;abc;p\x1b\\"],
+        );
+        assert_eq!(
+            ev,
+            vec![
+                Event::Data(b"2\r\n".to_vec()),
+                Event::End(EndMarker {
+                    n: 7,
+                    status: "error".into(),
+                    payload: "eyJ9".into()
+                }),
+                Event::Prompt
+            ]
+        );
+    }
+
+    #[test]
+    fn byte_by_byte_gives_the_same_events() {
+        let stream = b"hi\x1b_rbx;abc;p\x1b\\there\x1b_rbx;abc;e;12;ok;\x1b\\tail";
+        let whole = collect(&mut scanner(), &[stream]);
+        let chunks: Vec<&[u8]> = stream.chunks(1).collect();
+        let split = collect(&mut scanner(), &chunks);
+        assert_eq!(whole, split);
+        assert_eq!(
+            whole,
+            vec![
+                Event::Data(b"hi".to_vec()),
+                Event::Prompt,
+                Event::Data(b"there".to_vec()),
+                Event::End(EndMarker {
+                    n: 12,
+                    status: "ok".into(),
+                    payload: String::new()
+                }),
+                Event::Data(b"tail".to_vec()),
+            ]
+        );
+    }
+
+    #[test]
+    fn lookalikes_are_output() {
+        let mut s = scanner();
+        // another nonce, a plain REPL prompt, a partial prefix followed by other text
+        let text: &[u8] = b">>> \x1b_rbx;xyz;e;1;ok;\x1b\\ \x1b_rbx;ab!";
+        let ev = collect(&mut s, &[text, b" more"]);
+        let mut expected = text.to_vec();
+        expected.extend_from_slice(b" more");
+        assert_eq!(ev, vec![Event::Data(expected)]);
+    }
+
+    #[test]
+    fn continuation_is_reported() {
+        let mut s = scanner();
+        let ev = collect(&mut s, &[b"\x1b_rbx;abc;c\x1b\\"]);
+        assert_eq!(ev, vec![Event::Continuation]);
+    }
+
+    #[test]
+    fn malformed_marker_is_output() {
+        let mut s = scanner();
+        let ev = collect(&mut s, &[b"\x1b_rbx;abc;e;notanumber;ok;\x1b\\x"]);
+        assert_eq!(
+            ev,
+            vec![Event::Data(
+                b"\x1b_rbx;abc;e;notanumber;ok;\x1b\\x".to_vec()
+            )]
+        );
+    }
+}
