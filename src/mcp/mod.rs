@@ -17,13 +17,15 @@ use serde_json::Value;
 use crate::app::App;
 use crate::lang::LookupError;
 use crate::run::{RunReport, RunRequest};
-use crate::session::{CloseReport, EvalReport, ListReport, StartReport, StartRequest};
+use crate::session::{Caller, CloseReport, EvalReport, ListReport, StartReport, StartRequest};
 use params::{RunCodeParams, SessionEvalParams, SessionIdParams, SessionStartParams};
 
 /// One MCP connection's handler. Cheap to clone; all state lives in [`App`].
 #[derive(Clone)]
 pub struct ReplboxServer {
     app: Arc<App>,
+    /// The principal of this connection (sessions belong to it).
+    caller: Caller,
     tool_router: ToolRouter<Self>,
     instructions: Arc<String>,
 }
@@ -47,7 +49,13 @@ pub fn error_result(message: impl Into<String>) -> CallToolResult {
 
 #[tool_router]
 impl ReplboxServer {
+    /// A handler for a connection of the local principal (stdio).
     pub fn new(app: Arc<App>) -> Self {
+        Self::for_caller(app, Caller::local())
+    }
+
+    /// A handler whose sessions belong to `caller`.
+    pub fn for_caller(app: Arc<App>, caller: Caller) -> Self {
         let mut tool_router = Self::tool_router();
         // The schema advertises the language ids installed on this host.
         let names = app.registry.available_names();
@@ -63,6 +71,7 @@ impl ReplboxServer {
         let instructions = Arc::new(instructions(&app));
         Self {
             app,
+            caller,
             tool_router,
             instructions,
         }
@@ -130,7 +139,7 @@ Close it with session_close when done; idle sessions are closed after idle_timeo
             env: p.env,
             idle_timeout_s: p.idle_timeout_s,
         };
-        match self.app.sessions.start(req).await {
+        match self.app.sessions.start(&self.caller, req).await {
             Ok(r) => {
                 let text = format!(
                     "session {} started: {} {} (pid {}) in {}",
@@ -162,7 +171,7 @@ awaiting_input (the code is reading stdin).",
         match self
             .app
             .sessions
-            .eval(&p.session_id, &p.code, timeout, &ctx.ct)
+            .eval(&self.caller, &p.session_id, &p.code, timeout, &ctx.ct)
             .await
         {
             Ok(r) => result(r.text(), &r, r.is_error()),
@@ -180,7 +189,7 @@ directory is removed.",
                     idempotent_hint = true, open_world_hint = false)
     )]
     async fn session_close(&self, Parameters(p): Parameters<SessionIdParams>) -> CallToolResult {
-        match self.app.sessions.close(&p.session_id).await {
+        match self.app.sessions.close(&self.caller, &p.session_id).await {
             Ok(r) => result(format!("session {} closed", r.session_id), &r, false),
             Err(e) => error_result(e),
         }
@@ -196,7 +205,7 @@ an evaluation is running.",
                     idempotent_hint = true, open_world_hint = false)
     )]
     async fn session_list(&self) -> CallToolResult {
-        let r = self.app.sessions.list();
+        let r = self.app.sessions.list(&self.caller);
         let mut text = String::new();
         if r.sessions.is_empty() {
             text.push_str("no open sessions");

@@ -164,6 +164,22 @@ pub struct ListReport {
     pub sessions: Vec<SessionInfo>,
 }
 
+/// Who is calling: sessions belong to the principal that started them. Over stdio there is
+/// one principal; over HTTP each token is one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Caller {
+    pub principal: String,
+}
+
+impl Caller {
+    /// The single principal of a stdio connection (and of in-process callers).
+    pub fn local() -> Self {
+        Self {
+            principal: "local".into(),
+        }
+    }
+}
+
 /// What the caller asked `session_start` for.
 #[derive(Debug, Clone, Default)]
 pub struct StartRequest {
@@ -190,6 +206,7 @@ enum Gone {
 
 pub struct Session {
     pub id: String,
+    pub owner: Caller,
     pub lang: Arc<Language>,
     pub version: String,
     pub cwd: PathBuf,
@@ -253,7 +270,7 @@ pub struct SessionManager {
     workspace: Arc<Workspace>,
     sessions: DashMap<String, Arc<Session>>,
     /// Sessions that ended, so a later call can say how (bounded).
-    ended: DashMap<String, Gone>,
+    ended: DashMap<String, (Caller, Gone)>,
 }
 
 impl SessionManager {
@@ -272,7 +289,7 @@ impl SessionManager {
     }
 
     /// Start a session; errors are messages for the agent.
-    pub async fn start(&self, req: StartRequest) -> Result<StartReport, String> {
+    pub async fn start(&self, caller: &Caller, req: StartRequest) -> Result<StartReport, String> {
         let lang = self.registry.get(&req.language).map_err(|e| match e {
             crate::lang::LookupError::Unknown(n) => format!(
                 "unknown language {n:?}. Session languages on this host: {}",
@@ -372,6 +389,7 @@ impl SessionManager {
         let now = SystemTime::now();
         let session = Arc::new(Session {
             id: id.clone(),
+            owner: caller.clone(),
             lang: lang.clone(),
             version: detected.version.clone(),
             cwd: cwd.clone(),
@@ -396,33 +414,43 @@ impl SessionManager {
         })
     }
 
-    fn lookup(&self, id: &str) -> Result<Arc<Session>, String> {
+    /// Find a session of this caller. Another principal's session is "no session", so
+    /// its existence is not revealed.
+    fn lookup(&self, caller: &Caller, id: &str) -> Result<Arc<Session>, String> {
+        let unknown = || {
+            format!(
+                "no session {id:?}. Start one with session_start, or see session_list for the open ones."
+            )
+        };
         if let Some(s) = self.sessions.get(id) {
+            if s.owner != *caller {
+                return Err(unknown());
+            }
             return Ok(s.clone());
         }
         Err(match self.ended.get(id).map(|g| g.clone()) {
-            Some(Gone::Closed) => {
+            Some((owner, _)) if owner != *caller => unknown(),
+            Some((_, Gone::Closed)) => {
                 format!("session {id} was closed. Start a new one with session_start.")
             }
-            Some(Gone::Exited { code, signal }) => format!(
+            Some((_, Gone::Exited { code, signal })) => format!(
                 "session {id} ended: its interpreter exited ({}). Start a new one with session_start.",
                 describe_exit(code, signal.as_deref())
             ),
-            None => format!(
-                "no session {id:?}. Start one with session_start, or see session_list for the open ones."
-            ),
+            None => unknown(),
         })
     }
 
     /// Evaluate code in a session.
     pub async fn eval(
         &self,
+        caller: &Caller,
         id: &str,
         code: &str,
         timeout: Duration,
         cancel: &CancellationToken,
     ) -> Result<EvalReport, String> {
-        let session = self.lookup(id)?;
+        let session = self.lookup(caller, id)?;
         let mut guard = match session.interp.try_lock() {
             Ok(g) => g,
             Err(_) => {
@@ -551,24 +579,25 @@ impl SessionManager {
             *g = Some(how.clone());
         }
         self.sessions.remove(&session.id);
-        self.remember(&session.id, how);
+        self.remember(session, how);
     }
 
-    fn remember(&self, id: &str, how: Gone) {
+    fn remember(&self, session: &Session, how: Gone) {
         // Bounded memory of ended sessions.
         if self.ended.len() >= 4096
             && let Some(k) = self.ended.iter().next().map(|e| e.key().clone())
         {
             self.ended.remove(&k);
         }
-        self.ended.insert(id.to_string(), how);
+        self.ended
+            .insert(session.id.clone(), (session.owner.clone(), how));
     }
 
     /// Close a session: kill its interpreter's tree and remove its directory.
-    pub async fn close(&self, id: &str) -> Result<CloseReport, String> {
-        let session = self.lookup(id)?;
+    pub async fn close(&self, caller: &Caller, id: &str) -> Result<CloseReport, String> {
+        let session = self.lookup(caller, id)?;
         self.sessions.remove(id);
-        self.remember(id, Gone::Closed);
+        self.remember(&session, Gone::Closed);
         // An evaluation in flight holds the lock; killing the tree makes it return.
         let exit_code = close_session(&session).await;
         Ok(CloseReport {
@@ -578,8 +607,14 @@ impl SessionManager {
         })
     }
 
-    pub fn list(&self) -> ListReport {
-        let mut sessions: Vec<SessionInfo> = self.sessions.iter().map(|s| s.info()).collect();
+    /// The caller's open sessions.
+    pub fn list(&self, caller: &Caller) -> ListReport {
+        let mut sessions: Vec<SessionInfo> = self
+            .sessions
+            .iter()
+            .filter(|s| s.owner == *caller)
+            .map(|s| s.info())
+            .collect();
         sessions.sort_by_key(|s| s.created_at);
         ListReport { sessions }
     }
