@@ -30,6 +30,7 @@ impl App {
             registry.clone(),
             workspace.clone(),
         ));
+        sessions.spawn_reaper();
         Ok(Arc::new(Self {
             config,
             registry,

@@ -25,6 +25,23 @@ pub struct Config {
     /// Where private working directories are created (default: the system temp dir).
     #[arg(long, env = "REPLBOX_WORK_DIR", value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
+
+    /// Close a session after this many seconds without use (a session may ask for a
+    /// different value with `idle_timeout_s`, up to --max-idle-timeout-s).
+    #[arg(long, env = "REPLBOX_IDLE_TIMEOUT_S", default_value_t = 1800)]
+    pub idle_timeout_s: u64,
+
+    /// Largest `idle_timeout_s` a session may ask for.
+    #[arg(long, env = "REPLBOX_MAX_IDLE_TIMEOUT_S", default_value_t = 86_400)]
+    pub max_idle_timeout_s: u64,
+
+    /// Most sessions open at once (all callers together).
+    #[arg(long, env = "REPLBOX_MAX_SESSIONS", default_value_t = 32)]
+    pub max_sessions: usize,
+
+    /// At the session limit, close the idlest session to make room instead of refusing.
+    #[arg(long, env = "REPLBOX_EVICT_IDLE")]
+    pub evict_idle: bool,
 }
 
 impl Default for Config {
@@ -35,6 +52,10 @@ impl Default for Config {
             max_timeout_ms: 600_000,
             output_cap: 64 * 1024,
             work_dir: None,
+            idle_timeout_s: 1800,
+            max_idle_timeout_s: 86_400,
+            max_sessions: 32,
+            evict_idle: false,
         }
     }
 }
@@ -46,5 +67,15 @@ impl Config {
             .unwrap_or(self.default_timeout_ms)
             .clamp(1, self.max_timeout_ms.max(1));
         Duration::from_millis(ms)
+    }
+}
+
+impl Config {
+    /// The idle timeout for a session that asked for `requested` seconds.
+    pub fn idle_timeout(&self, requested: Option<u64>) -> Duration {
+        let s = requested
+            .unwrap_or(self.idle_timeout_s)
+            .clamp(1, self.max_idle_timeout_s.max(1));
+        Duration::from_secs(s)
     }
 }

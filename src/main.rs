@@ -194,7 +194,7 @@ async fn run(
         wait_for_termination().await;
         c2.cancel();
     });
-    let report = app.runner.run(&lang, req, &cancel).await;
+    let report = app.runner.run(&lang, req, &cancel, None).await;
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(report.stdout.as_bytes());
     let _ = out.flush();

@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::exec::{self, SpawnSpec, Stdio3, env as cenv};
 use crate::lang::{Language, expand, expand_command};
 use crate::output::HeadTail;
+use crate::session::interp::Progress;
 use crate::workspace::Workspace;
 
 /// What the caller asked for.
@@ -139,6 +140,7 @@ impl Runner {
         lang: &Language,
         req: RunRequest,
         cancel: &CancellationToken,
+        progress: Option<&Progress>,
     ) -> RunReport {
         let started = Instant::now();
         let deadline = tokio::time::Instant::from_std(started + req.timeout);
@@ -184,7 +186,15 @@ impl Runner {
         if let Some(compile) = &spec.compile {
             let argv = expand_command(compile, &vars, &[]);
             let step = self
-                .step(argv, env.clone(), dir.path(), None, deadline, cancel)
+                .step(
+                    argv,
+                    env.clone(),
+                    dir.path(),
+                    None,
+                    deadline,
+                    cancel,
+                    progress,
+                )
                 .await;
             let ok = step.status.is_some_and(|s| s.success()) && !step.timed_out;
             if !ok || step.cancelled || step.spawn_error.is_some() {
@@ -197,7 +207,7 @@ impl Runner {
         let argv = expand_command(&spec.command, &vars, &req.args);
         let stdin = req.stdin.map(String::into_bytes);
         let step = self
-            .step(argv, env, dir.path(), stdin, deadline, cancel)
+            .step(argv, env, dir.path(), stdin, deadline, cancel, progress)
             .await;
         Self::fill(&mut report, step);
         report.duration_ms = started.elapsed().as_millis() as u64;
@@ -262,6 +272,7 @@ impl Runner {
         stdin: Option<Vec<u8>>,
         deadline: tokio::time::Instant,
         cancel: &CancellationToken,
+        progress: Option<&Progress>,
     ) -> Step {
         let cap = self.config.output_cap;
         let mut step = Step {
@@ -294,26 +305,41 @@ impl Runner {
                 let _ = pipe.shutdown().await;
             });
         }
+        // The last bytes written to either stream, for progress messages.
+        let recent = Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
         let out_task = proc
             .child
             .stdout
             .take()
-            .map(|p| tokio::spawn(capture(p, cap)));
+            .map(|p| tokio::spawn(capture(p, cap, recent.clone())));
         let err_task = proc
             .child
             .stderr
             .take()
-            .map(|p| tokio::spawn(capture(p, cap)));
+            .map(|p| tokio::spawn(capture(p, cap, recent.clone())));
 
-        tokio::select! {
-            status = proc.child.wait() => { step.status = status.ok(); }
-            _ = tokio::time::sleep_until(deadline) => {
-                step.timed_out = true;
-                step.status = proc.kill_tree().await;
-            }
-            _ = cancel.cancelled() => {
-                step.cancelled = true;
-                step.status = proc.kill_tree().await;
+        let every = Duration::from_millis(500);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                status = proc.child.wait() => { step.status = status.ok(); break; }
+                _ = tokio::time::sleep_until(deadline) => {
+                    step.timed_out = true;
+                    step.status = proc.kill_tree().await;
+                    break;
+                }
+                _ = cancel.cancelled() => {
+                    step.cancelled = true;
+                    step.status = proc.kill_tree().await;
+                    break;
+                }
+                _ = tick.tick(), if progress.is_some() => {
+                    if let Some(report) = progress {
+                        let bytes = recent.lock().map(|b| b.clone()).unwrap_or_default();
+                        report(last_line(&bytes));
+                    }
+                }
             }
         }
         // The helper has killed the tree, so the pipes close; bound the wait anyway in case
@@ -330,17 +356,41 @@ impl Runner {
     }
 }
 
-/// Read a pipe to its end, keeping head and tail.
-async fn capture(mut pipe: impl AsyncRead + Unpin, cap: usize) -> HeadTail {
+/// Read a pipe to its end, keeping head and tail, and the most recent bytes in `recent`.
+async fn capture(
+    mut pipe: impl AsyncRead + Unpin,
+    cap: usize,
+    recent: Arc<std::sync::Mutex<Vec<u8>>>,
+) -> HeadTail {
+    const RECENT: usize = 512;
     let mut buf = HeadTail::new(cap);
     let mut chunk = vec![0u8; 64 * 1024];
     loop {
         match pipe.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => buf.push(&chunk[..n]),
+            Ok(n) => {
+                buf.push(&chunk[..n]);
+                if let Ok(mut r) = recent.lock() {
+                    r.extend_from_slice(&chunk[n.saturating_sub(RECENT)..n]);
+                    let excess = r.len().saturating_sub(RECENT);
+                    r.drain(..excess);
+                }
+            }
         }
     }
     buf
+}
+
+/// The last non-empty line of some output, as a person would read it.
+fn last_line(bytes: &[u8]) -> String {
+    let text = crate::output::render_all(bytes, 4096).text;
+    text.trim_end()
+        .rsplit('\n')
+        .next()
+        .unwrap_or("")
+        .chars()
+        .take(200)
+        .collect()
 }
 
 #[cfg(test)]

@@ -43,6 +43,12 @@ pub fn open() -> io::Result<(PtyMaster, OwnedFd)> {
     Ok((PtyMaster { fd: master }, pair.slave))
 }
 
+/// Device number of a terminal descriptor.
+pub fn rdev(fd: &OwnedFd) -> io::Result<u64> {
+    let st = nix::sys::stat::fstat(fd).map_err(io::Error::from)?;
+    Ok(st.st_rdev)
+}
+
 pub struct PtyMaster {
     fd: AsyncFd<OwnedFd>,
 }
@@ -93,6 +99,28 @@ impl PtyMaster {
 
     pub fn raw_fd(&self) -> i32 {
         self.fd.get_ref().as_raw_fd()
+    }
+
+    /// Whether a program switched the terminal out of canonical (line) mode, as line
+    /// editors and key readers do while they wait for input.
+    pub fn is_raw(&self) -> bool {
+        use std::os::fd::BorrowedFd;
+        // SAFETY: the descriptor is owned by self.fd and outlives this borrow.
+        let fd = unsafe { BorrowedFd::borrow_raw(self.raw_fd()) };
+        termios::tcgetattr(fd)
+            .map(|t| !t.local_flags.contains(LocalFlags::ICANON))
+            .unwrap_or(false)
+    }
+
+    /// Whether the terminal turns the interrupt character into SIGINT (ISIG). Programs
+    /// that read keys one by one switch it off.
+    pub fn signals_enabled(&self) -> bool {
+        use std::os::fd::BorrowedFd;
+        // SAFETY: the descriptor is owned by self.fd and outlives this borrow.
+        let fd = unsafe { BorrowedFd::borrow_raw(self.raw_fd()) };
+        termios::tcgetattr(fd)
+            .map(|t| t.local_flags.contains(LocalFlags::ISIG))
+            .unwrap_or(true)
     }
 
     /// The terminal's foreground process group, as the kernel sees it.

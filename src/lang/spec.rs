@@ -120,6 +120,32 @@ pub struct SessionSpec {
     /// Milliseconds the REPL may take to start and answer its first (empty) evaluation.
     #[serde(default = "default_start_timeout_ms")]
     pub start_timeout_ms: u64,
+    /// Which process states under /proc mean "blocked reading the terminal" for this REPL:
+    /// `read` (read(2) on the terminal), `poll` and `select` (the terminal in the descriptor
+    /// set), `epoll` (the terminal registered for input), `raw` (the terminal switched out of
+    /// canonical mode, as line editors do while they read). Default: all of them.
+    #[serde(default = "default_input_wait")]
+    pub input_wait: Vec<InputWait>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InputWait {
+    Read,
+    Poll,
+    Select,
+    Epoll,
+    Raw,
+}
+
+fn default_input_wait() -> Vec<InputWait> {
+    vec![
+        InputWait::Read,
+        InputWait::Poll,
+        InputWait::Select,
+        InputWait::Epoll,
+        InputWait::Raw,
+    ]
 }
 
 fn default_interrupt() -> String {

@@ -8,7 +8,10 @@ use std::sync::Arc;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::schema_for_output;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig,
+};
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use serde::Serialize;
@@ -17,8 +20,13 @@ use serde_json::Value;
 use crate::app::App;
 use crate::lang::LookupError;
 use crate::run::{RunReport, RunRequest};
-use crate::session::{Caller, CloseReport, EvalReport, ListReport, StartReport, StartRequest};
-use params::{RunCodeParams, SessionEvalParams, SessionIdParams, SessionStartParams};
+use crate::session::interp::Progress;
+use crate::session::{
+    Caller, CloseReport, EvalReport, InterruptReport, ListReport, StartReport, StartRequest,
+};
+use params::{
+    RunCodeParams, SessionEvalParams, SessionIdParams, SessionInputParams, SessionStartParams,
+};
 
 /// One MCP connection's handler. Cheap to clone; all state lives in [`App`].
 #[derive(Clone)]
@@ -40,6 +48,39 @@ fn result<T: Serialize>(text: String, structured: &T, is_error: bool) -> CallToo
     };
     r.content = vec![ContentBlock::text(text)];
     r
+}
+
+/// When the request carries a progress token, a reporter that forwards the latest output
+/// line as a progress notification (in order, through one task).
+fn progress_reporter(
+    ctx: &RequestContext<RoleServer>,
+    timeout: std::time::Duration,
+) -> Option<Box<Progress>> {
+    let token = ctx.meta.get_progress_token()?;
+    let peer = ctx.peer.clone();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<ProgressNotificationParam>();
+    tokio::spawn(async move {
+        while let Some(p) = rx.recv().await {
+            if peer.notify_progress(p).await.is_err() {
+                break;
+            }
+        }
+    });
+    let started = std::time::Instant::now();
+    let total = timeout.as_secs_f64();
+    Some(Box::new(move |line: String| {
+        let elapsed = started.elapsed().as_secs_f64();
+        let message = if line.trim().is_empty() {
+            format!("running for {elapsed:.0} s")
+        } else {
+            line
+        };
+        let _ = tx.send(
+            ProgressNotificationParam::new(token.clone(), elapsed)
+                .with_total(total)
+                .with_message(message),
+        );
+    }))
 }
 
 /// A failure the agent should read: `isError` with a message saying what to do.
@@ -110,14 +151,20 @@ calls; use session_start/session_eval to keep state.",
                 return error_result(msg);
             }
         }
+        let timeout = self.app.config.timeout(p.timeout_ms);
         let req = RunRequest {
             code: p.code,
             stdin: p.stdin,
             args: p.args,
             env: p.env,
-            timeout: self.app.config.timeout(p.timeout_ms),
+            timeout,
         };
-        let report = self.app.runner.run(&lang, req, &ctx.ct).await;
+        let progress = progress_reporter(&ctx, timeout);
+        let report = self
+            .app
+            .runner
+            .run(&lang, req, &ctx.ct, progress.as_deref())
+            .await;
         result(report.text(), &report, !report.success())
     }
 
@@ -168,13 +215,91 @@ awaiting_input (the code is reading stdin).",
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
         let timeout = self.app.config.timeout(p.timeout_ms);
+        let progress = progress_reporter(&ctx, timeout);
         match self
             .app
             .sessions
-            .eval(&self.caller, &p.session_id, &p.code, timeout, &ctx.ct)
+            .eval(
+                &self.caller,
+                &p.session_id,
+                &p.code,
+                timeout,
+                &ctx.ct,
+                progress.as_deref(),
+            )
             .await
         {
             Ok(r) => result(r.text(), &r, r.is_error()),
+            Err(e) => error_result(e),
+        }
+    }
+
+    /// Answer a program waiting for input.
+    #[tool(
+        name = "session_input",
+        description = "Answer a program that is waiting for input (session_eval returned status \
+awaiting_input): `text` is typed followed by Enter, and the same evaluation continues. Returns the same \
+shape as session_eval, with the output printed after the answer.",
+        output_schema = schema_for_output::<EvalReport>(),
+        annotations(title = "Answer input", read_only_hint = false, destructive_hint = false,
+                    idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn session_input(
+        &self,
+        Parameters(p): Parameters<SessionInputParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let timeout = self.app.config.timeout(p.timeout_ms);
+        let progress = progress_reporter(&ctx, timeout);
+        match self
+            .app
+            .sessions
+            .input(
+                &self.caller,
+                &p.session_id,
+                &p.text,
+                timeout,
+                &ctx.ct,
+                progress.as_deref(),
+            )
+            .await
+        {
+            Ok(r) => result(r.text(), &r, r.is_error()),
+            Err(e) => error_result(e),
+        }
+    }
+
+    /// Interrupt a session's evaluation.
+    #[tool(
+        name = "session_interrupt",
+        description = "Interrupt (Ctrl-C) the evaluation of a session that is waiting for input or running \
+in another call. The session keeps its state.",
+        output_schema = schema_for_output::<InterruptReport>(),
+        annotations(title = "Interrupt session", read_only_hint = false, destructive_hint = false,
+                    idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn session_interrupt(
+        &self,
+        Parameters(p): Parameters<SessionIdParams>,
+    ) -> CallToolResult {
+        match self
+            .app
+            .sessions
+            .interrupt(&self.caller, &p.session_id)
+            .await
+        {
+            Ok(r) => {
+                let text = match (&r.result, r.interrupted) {
+                    (Some(res), _) => res.text(),
+                    (None, true) => format!(
+                        "interrupted evaluation {} of session {}",
+                        r.eval_id.unwrap_or_default(),
+                        r.session_id
+                    ),
+                    (None, false) => format!("session {} has nothing to interrupt", r.session_id),
+                };
+                result(text, &r, false)
+            }
             Err(e) => error_result(e),
         }
     }
@@ -249,9 +374,11 @@ fn instructions(app: &App) -> String {
 Languages installed here: {installed}.\n\
 - session_start / session_eval / session_close / session_list: a persistent interpreter ({sessions}). Use a \
 session when the work takes several steps that build on each other (load data once, then explore it), or when \
-starting the interpreter each time would be slow.\n\
+starting the interpreter each time would be slow. If code waits for input, session_eval says awaiting_input: \
+answer with session_input or stop it with session_interrupt. Idle sessions are closed after {} s.\n\
 Limits: default timeout {} ms (ask for up to {} ms with timeout_ms); output keeps the first and last {} KiB \
 of each stream.",
+        app.config.idle_timeout_s,
         app.config.default_timeout_ms,
         app.config.max_timeout_ms,
         app.config.output_cap / 1024,

@@ -63,3 +63,15 @@ pub struct SessionEvalParams {
 pub struct SessionIdParams {
     pub session_id: String,
 }
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionInputParams {
+    pub session_id: String,
+    /// The answer typed to the program (Enter is added when missing; several lines answer
+    /// several reads).
+    pub text: String,
+    /// Deadline in milliseconds for the continued evaluation.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}

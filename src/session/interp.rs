@@ -15,8 +15,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::scan::{EndMarker, Event, Scanner};
+use super::stdin_wait;
 use crate::exec::pty::{self, PtyMaster, ReadOutcome};
 use crate::exec::{self, Proc, SpawnSpec, Stdio3};
+use crate::lang::spec::InputWait;
 use crate::lang::{SessionSpec, expand};
 use crate::output::{Rendered, Renderer};
 
@@ -116,7 +118,17 @@ pub enum Ending {
     Incomplete,
     /// The evaluation could not be started.
     Failed(String),
+    /// The code is blocked reading the terminal; the evaluation is paused.
+    AwaitingInput,
 }
+
+/// Receives the latest output line of a running evaluation, about twice a second.
+pub type Progress = dyn Fn(String) + Send + Sync;
+
+/// How often a running evaluation checks whether it is blocked reading the terminal.
+const INPUT_POLL: Duration = Duration::from_millis(200);
+/// How often progress is reported.
+const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 pub struct Outcome {
     pub ending: Ending,
@@ -136,6 +148,10 @@ pub struct Interp {
     /// that user evaluation N is `<cell N>` in tracebacks.
     next_sync: u64,
     launch: Arc<Launch>,
+    /// Device number of the PTY (to recognise a process reading it).
+    tty: u64,
+    /// Evaluation paused waiting for input.
+    paused: Option<u64>,
 }
 
 const SYNC_BASE: u64 = 1 << 40;
@@ -150,6 +166,7 @@ impl Interp {
     /// Start the interpreter and wait until it has answered an empty evaluation.
     pub async fn start(launch: Arc<Launch>, timeout: Duration) -> Result<Self, String> {
         let (master, slave) = pty::open().map_err(|e| format!("cannot open a terminal: {e}"))?;
+        let tty = pty::rdev(&slave).map_err(|e| format!("cannot inspect the terminal: {e}"))?;
         let proc = exec::spawn(SpawnSpec {
             argv: launch.argv.clone(),
             env: launch.env.clone(),
@@ -190,6 +207,8 @@ impl Interp {
             pid: helper_pid,
             next_sync: SYNC_BASE,
             launch,
+            tty,
+            paused: None,
         };
         for line in &me.launch.spec.init {
             let line = expand(
@@ -243,13 +262,26 @@ impl Interp {
         Box::pin(self.eval(self.next_sync, "", deadline, cancel)).await
     }
 
-    /// Run evaluation number `n`. The deadline interrupts; `cancel` interrupts too.
+    /// Run evaluation number `n`. The deadline interrupts; `cancel` interrupts too. If the
+    /// code blocks reading the terminal the evaluation pauses (`Ending::AwaitingInput`) and
+    /// is continued with [`resume`](Self::resume).
     pub async fn eval(
         &mut self,
         n: u64,
         code: &str,
         deadline: Instant,
         cancel: &CancellationToken,
+    ) -> Outcome {
+        self.eval_with(n, code, deadline, cancel, None).await
+    }
+
+    pub async fn eval_with(
+        &mut self,
+        n: u64,
+        code: &str,
+        deadline: Instant,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
     ) -> Outcome {
         let spec = &self.launch.spec;
         let n_s = n.to_string();
@@ -276,23 +308,81 @@ impl Interp {
             )
         };
         let line = expand(&spec.eval, &[("n", &n_s), ("cell", &path_str(&cell))]);
-        let typed = self.type_line(&line).await;
-        let ending = match typed {
+        let ending = match self.type_line(&line).await {
             Err(_) => self.wait_exit().await,
-            Ok(()) => self.wait(n, deadline, cancel).await,
+            Ok(()) => self.wait(n, deadline, cancel, progress).await,
         };
-        let _ = std::fs::remove_file(&cell);
-        let mut output = {
-            let mut st = self.shared.lock();
-            st.current = None;
-            std::mem::replace(&mut st.out, Renderer::new(0)).finish()
-        };
+        let mut output = self.end_part(n, &ending);
         let bg = background.finish();
         if !bg.text.is_empty() {
             output.text = format!("{}{}", bg.text, output.text);
             output.omitted += bg.omitted;
         }
         Outcome { ending, output }
+    }
+
+    /// Continue an evaluation paused waiting for input: type `text` (a newline is added
+    /// when missing) and wait as for an evaluation.
+    pub async fn resume(
+        &mut self,
+        text: &str,
+        deadline: Instant,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+    ) -> Outcome {
+        let Some(n) = self.paused.take() else {
+            return self.fail_now("no evaluation is waiting for input".into());
+        };
+        let mut bytes = text.as_bytes().to_vec();
+        if !bytes.ends_with(b"\n") {
+            bytes.push(b'\n');
+        }
+        let ending = match self.master.write_all(&bytes).await {
+            Err(_) => self.wait_exit().await,
+            Ok(()) => self.wait(n, deadline, cancel, progress).await,
+        };
+        let output = self.end_part(n, &ending);
+        Outcome { ending, output }
+    }
+
+    /// Interrupt an evaluation paused waiting for input.
+    pub async fn interrupt_paused(&mut self) -> Outcome {
+        let Some(n) = self.paused.take() else {
+            return self.fail_now("no evaluation is waiting for input".into());
+        };
+        let ending = match self.interrupt_and_recover(n).await {
+            Recovery::Back(_) => Ending::Cancelled,
+            Recovery::Exited(st) => Ending::Exited(st),
+            Recovery::Restarted(reason) => Ending::Restarted { reason },
+        };
+        let output = self.end_part(n, &ending);
+        Outcome { ending, output }
+    }
+
+    /// The evaluation number waiting for input, if any.
+    pub fn paused(&self) -> Option<u64> {
+        self.paused
+    }
+
+    /// Collect the output of this part of evaluation `n`; unless it paused for input, the
+    /// evaluation is over.
+    fn end_part(&mut self, n: u64, ending: &Ending) -> Rendered {
+        let mut st = self.shared.lock();
+        let part = std::mem::replace(&mut st.out, Renderer::new(self.launch.output_cap));
+        if matches!(ending, Ending::AwaitingInput) {
+            drop(st);
+            self.paused = Some(n);
+        } else {
+            st.current = None;
+            drop(st);
+            let n_s = n.to_string();
+            let cell = self
+                .launch
+                .ctl
+                .join(expand(&self.launch.spec.cell_file, &[("n", &n_s)]));
+            let _ = std::fs::remove_file(cell);
+        }
+        part.finish()
     }
 
     fn fail_now(&self, reason: String) -> Outcome {
@@ -302,9 +392,21 @@ impl Interp {
         }
     }
 
-    /// Wait for the end marker of evaluation `n`.
-    async fn wait(&mut self, n: u64, deadline: Instant, cancel: &CancellationToken) -> Ending {
+    /// Wait for the end marker of evaluation `n`, interrupting at the deadline, pausing
+    /// when the code blocks reading the terminal, and reporting progress.
+    async fn wait(
+        &mut self,
+        n: u64,
+        deadline: Instant,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+    ) -> Ending {
         let mut rx = self.shared.tick.subscribe();
+        let now = Instant::now();
+        let mut input_poll = tokio::time::interval_at(now + INPUT_POLL, INPUT_POLL);
+        input_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut progress_tick = tokio::time::interval_at(now + PROGRESS_EVERY, PROGRESS_EVERY);
+        progress_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             match self.check(n) {
                 Check::End(end) => return Ending::Done(end),
@@ -319,6 +421,16 @@ impl Interp {
                 changed = rx.changed() => {
                     if changed.is_err() {
                         return self.wait_exit().await;
+                    }
+                }
+                _ = input_poll.tick() => {
+                    if self.waits_for_input() && matches!(self.check(n), Check::Pending | Check::Prompt) {
+                        return Ending::AwaitingInput;
+                    }
+                }
+                _ = progress_tick.tick(), if progress.is_some() => {
+                    if let Some(report) = progress {
+                        report(self.last_line());
                     }
                 }
                 _ = tokio::time::sleep_until(deadline) => {
@@ -346,7 +458,17 @@ impl Interp {
         let grace = Duration::from_millis(self.launch.spec.interrupt_grace_ms);
         let prompts_before = self.shared.lock().prompts;
         let interrupt = self.launch.spec.interrupt.clone();
-        if self.master.write_all(interrupt.as_bytes()).await.is_err() {
+        // A program reading keys in raw mode gets Ctrl-C as data; deliver what the key would
+        // have delivered with the terminal in its normal mode: SIGINT to the foreground group.
+        if interrupt == "\u{3}"
+            && !self.master.signals_enabled()
+            && let Some(pgrp) = self.master.foreground_pgrp()
+        {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pgrp),
+                nix::sys::signal::Signal::SIGINT,
+            );
+        } else if self.master.write_all(interrupt.as_bytes()).await.is_err() {
             return match self.wait_exit().await {
                 Ending::Exited(st) => Recovery::Exited(st),
                 _ => Recovery::Exited(None),
@@ -398,6 +520,13 @@ impl Interp {
                 Err(e) => Recovery::Restarted(e),
             },
         }
+    }
+
+    /// Whether the program is blocked reading the terminal (see `stdin_wait`).
+    fn waits_for_input(&self) -> bool {
+        let signals = &self.launch.spec.input_wait;
+        (signals.contains(&InputWait::Raw) && self.master.is_raw())
+            || stdin_wait::tree_waits_on_tty(self.helper_pid, self.tty, signals)
     }
 
     /// What the stream says about evaluation `n` right now.

@@ -1,0 +1,803 @@
+//! The table of sessions: lifecycle, ownership, limits and the idle reaper.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+use dashmap::DashMap;
+use tokio_util::sync::CancellationToken;
+
+use super::interp::{Ending, Interp, Launch, Outcome, Progress};
+use super::report::{
+    CloseReport, ErrorInfo, EvalReport, EvalStatus, InterruptReport, ListReport, SessionInfo,
+    StartReport, apply_marker,
+};
+use crate::config::Config;
+use crate::exec::env as cenv;
+use crate::lang::{Language, Registry, expand, expand_command};
+use crate::workspace::{PrivateDir, Workspace};
+
+/// Who is calling: sessions belong to the principal that started them. Over stdio there is
+/// one principal; over HTTP each token is one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Caller {
+    pub principal: String,
+}
+
+impl Caller {
+    /// The single principal of a stdio connection (and of in-process callers).
+    pub fn local() -> Self {
+        Self {
+            principal: "local".into(),
+        }
+    }
+}
+
+/// What the caller asked `session_start` for.
+#[derive(Debug, Clone, Default)]
+pub struct StartRequest {
+    pub language: String,
+    pub cwd: Option<PathBuf>,
+    pub env: BTreeMap<String, String>,
+    pub idle_timeout_s: Option<u64>,
+}
+
+struct Busy {
+    eval_id: u64,
+    since: Instant,
+}
+
+struct Awaiting {
+    eval_id: u64,
+    prompt: String,
+}
+
+/// How a session ended, kept so later calls can say so.
+#[derive(Debug, Clone)]
+enum Gone {
+    Closed,
+    Exited {
+        code: Option<i32>,
+        signal: Option<String>,
+    },
+    Reaped {
+        at: SystemTime,
+        idle: Duration,
+    },
+    Evicted {
+        at: SystemTime,
+        idle: Duration,
+    },
+}
+
+impl Gone {
+    fn message(&self, id: &str) -> String {
+        match self {
+            Gone::Closed => format!("session {id} was closed. Start a new one with session_start."),
+            Gone::Exited { code, signal } => format!(
+                "session {id} ended: its interpreter exited ({}). Start a new one with session_start.",
+                describe_exit(*code, signal.as_deref())
+            ),
+            Gone::Reaped { at, idle } => format!(
+                "session {id} was closed for idleness at {} (unix time) after {} s without use. \
+Start a new one with session_start (and pass idle_timeout_s to keep it longer).",
+                unix(*at),
+                idle.as_secs()
+            ),
+            Gone::Evicted { at, idle } => format!(
+                "session {id} was closed at {} (unix time) after {} s without use, to make room \
+under the session limit. Start a new one with session_start.",
+                unix(*at),
+                idle.as_secs()
+            ),
+        }
+    }
+}
+
+pub struct Session {
+    pub id: String,
+    pub owner: Caller,
+    pub lang: Arc<Language>,
+    pub version: String,
+    pub cwd: PathBuf,
+    pub created_at: SystemTime,
+    pub idle_timeout: Duration,
+    /// The session's private directory (work and control), removed when dropped.
+    _dir: PrivateDir,
+    interp: tokio::sync::Mutex<Option<Interp>>,
+    pid: AtomicU64,
+    evals: AtomicU64,
+    last_used: Mutex<(SystemTime, Instant)>,
+    busy: Mutex<Option<Busy>>,
+    gone: Mutex<Option<Gone>>,
+    awaiting: Mutex<Option<Awaiting>>,
+    /// Interrupts the evaluation in flight (session_interrupt from another call).
+    interrupt: Mutex<Option<CancellationToken>>,
+}
+
+/// Lock a std mutex, recovering from poisoning (a panic elsewhere must not wedge sessions).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Session {
+    fn touch(&self) {
+        *lock(&self.last_used) = (SystemTime::now(), Instant::now());
+    }
+
+    fn idle_for(&self) -> Duration {
+        if lock(&self.busy).is_some() {
+            return Duration::ZERO;
+        }
+        lock(&self.last_used).1.elapsed()
+    }
+
+    fn info(&self) -> SessionInfo {
+        let (last_wall, _) = *lock(&self.last_used);
+        let idle = self.idle_for();
+        SessionInfo {
+            session_id: self.id.clone(),
+            language: self.lang.id().to_string(),
+            pid: self.pid.load(Ordering::Relaxed) as u32,
+            cwd: self.cwd.display().to_string(),
+            created_at: unix(self.created_at),
+            last_used_at: unix(last_wall),
+            idle_s: idle.as_secs(),
+            evals: self.evals.load(Ordering::Relaxed),
+            busy: lock(&self.busy).is_some(),
+            awaiting_input: lock(&self.awaiting).is_some(),
+            idle_timeout_s: self.idle_timeout.as_secs(),
+            expires_in_s: self.idle_timeout.saturating_sub(idle).as_secs(),
+        }
+    }
+}
+
+fn unix(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A place under the session limit, held while a session starts.
+struct Slot<'a>(&'a AtomicUsize);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The table of sessions, shared by every MCP connection.
+pub struct SessionManager {
+    config: Arc<Config>,
+    registry: Arc<Registry>,
+    workspace: Arc<Workspace>,
+    sessions: DashMap<String, Arc<Session>>,
+    /// Sessions that ended, so a later call can say how (bounded).
+    ended: DashMap<String, (Caller, Gone)>,
+    /// Sessions being started (they count against the limit).
+    starting: AtomicUsize,
+}
+
+impl SessionManager {
+    pub fn new(config: Arc<Config>, registry: Arc<Registry>, workspace: Arc<Workspace>) -> Self {
+        Self {
+            config,
+            registry,
+            workspace,
+            sessions: DashMap::new(),
+            ended: DashMap::new(),
+            starting: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Close idle sessions in the background for as long as the manager lives.
+    pub fn spawn_reaper(self: &Arc<Self>) {
+        let weak: Weak<Self> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                tick.tick().await;
+                let Some(me) = weak.upgrade() else { return };
+                me.reap_idle().await;
+            }
+        });
+    }
+
+    /// Close every session idle for longer than its idle timeout.
+    pub async fn reap_idle(&self) {
+        let expired: Vec<Arc<Session>> = self
+            .sessions
+            .iter()
+            .filter(|s| s.idle_for() > s.idle_timeout)
+            .map(|s| s.clone())
+            .collect();
+        for s in expired {
+            let idle = s.idle_for();
+            tracing::info!(session = %s.id, idle_s = idle.as_secs(), "closing idle session");
+            self.end(
+                &s,
+                Gone::Reaped {
+                    at: SystemTime::now(),
+                    idle,
+                },
+            )
+            .await;
+        }
+    }
+
+    /// Take a place under the session limit, evicting the idlest session when configured to.
+    async fn admit(&self, caller: &Caller) -> Result<Slot<'_>, String> {
+        loop {
+            let taken = self.starting.fetch_add(1, Ordering::SeqCst);
+            if self.sessions.len() + taken < self.config.max_sessions {
+                return Ok(Slot(&self.starting));
+            }
+            self.starting.fetch_sub(1, Ordering::SeqCst);
+            let idlest = self
+                .sessions
+                .iter()
+                .filter(|s| lock(&s.busy).is_none())
+                .max_by_key(|s| s.idle_for())
+                .map(|s| s.clone());
+            match idlest {
+                Some(victim) if self.config.evict_idle => {
+                    let idle = victim.idle_for();
+                    tracing::info!(session = %victim.id, "evicting the idlest session");
+                    self.end(
+                        &victim,
+                        Gone::Evicted {
+                            at: SystemTime::now(),
+                            idle,
+                        },
+                    )
+                    .await;
+                }
+                _ => return Err(self.limit_message(caller)),
+            }
+        }
+    }
+
+    fn limit_message(&self, caller: &Caller) -> String {
+        let mut mine: Vec<(Duration, String)> = self
+            .sessions
+            .iter()
+            .filter(|s| s.owner == *caller)
+            .map(|s| {
+                (
+                    s.idle_for(),
+                    format!(
+                        "{} ({}, idle {} s)",
+                        s.id,
+                        s.lang.id(),
+                        s.idle_for().as_secs()
+                    ),
+                )
+            })
+            .collect();
+        mine.sort_by(|a, b| b.0.cmp(&a.0));
+        let list: Vec<String> = mine.into_iter().take(3).map(|(_, d)| d).collect();
+        let yours = if list.is_empty() {
+            "none of them are yours".to_string()
+        } else {
+            format!("your idlest: {}", list.join("; "))
+        };
+        format!(
+            "session limit reached: {} sessions are open (the server allows {}). Close one with \
+session_close ({yours}), or wait for idle sessions to be closed.",
+            self.sessions.len(),
+            self.config.max_sessions
+        )
+    }
+
+    /// Start a session; errors are messages for the agent.
+    pub async fn start(&self, caller: &Caller, req: StartRequest) -> Result<StartReport, String> {
+        let _slot = self.admit(caller).await?;
+        let lang = self.registry.get(&req.language).map_err(|e| match e {
+            crate::lang::LookupError::Unknown(n) => format!(
+                "unknown language {n:?}. Session languages on this host: {}",
+                self.registry.session_ids().join(", ")
+            ),
+            crate::lang::LookupError::NotInstalled { id, reason } => format!(
+                "language {id:?} is not installed on this host ({reason}). Session languages: {}",
+                self.registry.session_ids().join(", ")
+            ),
+        })?;
+        let Some(spec) = lang.spec.session.clone() else {
+            return Err(format!(
+                "{} has no REPL driver, so it cannot hold a session; use run-code for it. Session languages: {}",
+                lang.id(),
+                self.registry.session_ids().join(", ")
+            ));
+        };
+        for (k, v) in &req.env {
+            cenv::validate_name(k).and_then(|_| cenv::validate_value(k, v))?;
+        }
+        let cwd = match &req.cwd {
+            Some(dir) => {
+                let meta =
+                    std::fs::metadata(dir).map_err(|e| format!("cwd {}: {e}", dir.display()))?;
+                if !meta.is_dir() {
+                    return Err(format!("cwd {} is not a directory", dir.display()));
+                }
+                Some(
+                    std::fs::canonicalize(dir)
+                        .map_err(|e| format!("cwd {}: {e}", dir.display()))?,
+                )
+            }
+            None => None,
+        };
+        let detected = lang
+            .detect()
+            .await
+            .ok_or_else(|| format!("{} is not installed", lang.id()))?
+            .clone();
+        let id = uuid::Uuid::new_v4().to_string();
+        let dir = self
+            .workspace
+            .new_session_dir(&id)
+            .map_err(|e| format!("cannot create the session directory: {e}"))?;
+        let work = dir.path().join("work");
+        let ctl = dir.path().join("ctl");
+        let cwd = cwd.unwrap_or_else(|| work.clone());
+        let nonce = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
+        let ctl_s = ctl.display().to_string();
+        let work_s = work.display().to_string();
+        let bootstrap = expand(
+            &spec.bootstrap,
+            &[("nonce", &nonce), ("ctl", &ctl_s), ("work", &work_s)],
+        );
+        let boot_path = ctl.join(&spec.bootstrap_file);
+        std::fs::write(&boot_path, bootstrap)
+            .map_err(|e| format!("cannot write the bootstrap: {e}"))?;
+        let exe = detected.exe.display().to_string();
+        let boot_s = boot_path.display().to_string();
+        let cache = self.workspace.cache_dir(lang.id()).display().to_string();
+        let vars = [
+            ("exe", exe.as_str()),
+            ("bootstrap", boot_s.as_str()),
+            ("ctl", ctl_s.as_str()),
+            ("work", work_s.as_str()),
+            ("cache", cache.as_str()),
+            ("nonce", nonce.as_str()),
+        ];
+        let argv = expand_command(&spec.command, &vars, &[]);
+        let mut env = cenv::base_env(&work, "dumb");
+        if let Some(bin) = detected.exe.parent() {
+            cenv::set(
+                &mut env,
+                "PATH",
+                format!("{}:{}", bin.display(), cenv::server_path()),
+            );
+        }
+        cenv::set(&mut env, "TMPDIR", work_s.clone());
+        for (k, v) in lang.spec.env.iter().chain(spec.env.iter()) {
+            cenv::set(&mut env, k, expand(v, &vars));
+        }
+        for (k, v) in &req.env {
+            cenv::set(&mut env, k, v.clone());
+        }
+        let launch = Arc::new(Launch {
+            argv,
+            env,
+            cwd: cwd.clone(),
+            ctl,
+            nonce,
+            spec: spec.clone(),
+            output_cap: self.config.output_cap,
+        });
+        let interp = Interp::start(launch, Duration::from_millis(spec.start_timeout_ms)).await?;
+        let idle_timeout = self.config.idle_timeout(req.idle_timeout_s);
+        let pid = interp.pid;
+        let now = SystemTime::now();
+        let session = Arc::new(Session {
+            id: id.clone(),
+            owner: caller.clone(),
+            lang: lang.clone(),
+            version: detected.version.clone(),
+            cwd: cwd.clone(),
+            created_at: now,
+            idle_timeout,
+            _dir: dir,
+            interp: tokio::sync::Mutex::new(Some(interp)),
+            pid: AtomicU64::new(pid as u64),
+            evals: AtomicU64::new(0),
+            last_used: Mutex::new((now, Instant::now())),
+            busy: Mutex::new(None),
+            gone: Mutex::new(None),
+            awaiting: Mutex::new(None),
+            interrupt: Mutex::new(None),
+        });
+        self.sessions.insert(id.clone(), session);
+        Ok(StartReport {
+            session_id: id,
+            language: lang.id().to_string(),
+            version: detected.version,
+            pid,
+            cwd: cwd.display().to_string(),
+            idle_timeout_s: idle_timeout.as_secs(),
+        })
+    }
+
+    /// Find a session of this caller. Another principal's session is "no session", so
+    /// its existence is not revealed.
+    fn lookup(&self, caller: &Caller, id: &str) -> Result<Arc<Session>, String> {
+        let unknown = || {
+            format!(
+                "no session {id:?}. Start one with session_start, or see session_list for the open ones."
+            )
+        };
+        if let Some(s) = self.sessions.get(id) {
+            if s.owner != *caller {
+                return Err(unknown());
+            }
+            return Ok(s.clone());
+        }
+        match self.ended.get(id).map(|g| g.clone()) {
+            Some((owner, how)) if owner == *caller => Err(how.message(id)),
+            _ => Err(unknown()),
+        }
+    }
+
+    fn busy_message(&self, session: &Session) -> String {
+        let what = lock(&session.busy)
+            .as_ref()
+            .map(|b| {
+                format!(
+                    "evaluation {} (running for {:.1} s)",
+                    b.eval_id,
+                    b.since.elapsed().as_secs_f64()
+                )
+            })
+            .unwrap_or_else(|| "another call".into());
+        format!(
+            "session {} is busy with {what}. Wait for it to finish, stop it with session_interrupt, \
+or use another session.",
+            session.id
+        )
+    }
+
+    /// Evaluate code in a session.
+    pub async fn eval(
+        &self,
+        caller: &Caller,
+        id: &str,
+        code: &str,
+        timeout: Duration,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+    ) -> Result<EvalReport, String> {
+        let session = self.lookup(caller, id)?;
+        if let Some(a) = lock(&session.awaiting).as_ref() {
+            return Err(format!(
+                "session {id} is waiting for input to evaluation {}{}. Answer it with session_input, \
+or stop it with session_interrupt, before evaluating more code.",
+                a.eval_id,
+                if a.prompt.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (it asked: {:?})", a.prompt)
+                }
+            ));
+        }
+        let Ok(mut guard) = session.interp.try_lock() else {
+            return Err(self.busy_message(&session));
+        };
+        if guard.is_none() {
+            return Err(self.gone_message(&session));
+        }
+        let eval_id = session.evals.fetch_add(1, Ordering::Relaxed) + 1;
+        let token = self.begin(&session, eval_id, cancel);
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let outcome = match guard.as_mut() {
+            Some(interp) => {
+                interp
+                    .eval_with(eval_id, code, deadline, &token, progress)
+                    .await
+            }
+            None => return Err(self.gone_message(&session)),
+        };
+        Ok(self.conclude(&session, &mut guard, eval_id, started, outcome))
+    }
+
+    /// Answer an evaluation that is waiting for input.
+    pub async fn input(
+        &self,
+        caller: &Caller,
+        id: &str,
+        text: &str,
+        timeout: Duration,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+    ) -> Result<EvalReport, String> {
+        let session = self.lookup(caller, id)?;
+        if let Some(long) = text.split('\n').find(|l| l.len() > 4000) {
+            return Err(format!(
+                "a line of {} bytes is too long for a terminal (4000 at most); write the data to a \
+file in the session's directory and read it from there instead",
+                long.len()
+            ));
+        }
+        let Ok(mut guard) = session.interp.try_lock() else {
+            return Err(self.busy_message(&session));
+        };
+        let Some(eval_id) = lock(&session.awaiting).as_ref().map(|a| a.eval_id) else {
+            return Err(format!(
+                "session {id} is not waiting for input. Use session_eval to run code."
+            ));
+        };
+        *lock(&session.awaiting) = None;
+        let token = self.begin(&session, eval_id, cancel);
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let outcome = match guard.as_mut() {
+            Some(interp) => interp.resume(text, deadline, &token, progress).await,
+            None => return Err(self.gone_message(&session)),
+        };
+        Ok(self.conclude(&session, &mut guard, eval_id, started, outcome))
+    }
+
+    /// Interrupt the evaluation that is waiting for input, or the one running in another call.
+    pub async fn interrupt(&self, caller: &Caller, id: &str) -> Result<InterruptReport, String> {
+        let session = self.lookup(caller, id)?;
+        let mut report = InterruptReport {
+            session_id: id.to_string(),
+            interrupted: false,
+            eval_id: None,
+            result: None,
+        };
+        match session.interp.try_lock() {
+            Ok(mut guard) => {
+                let Some(eval_id) = lock(&session.awaiting).take().map(|a| a.eval_id) else {
+                    return Ok(report); // nothing running
+                };
+                let token = self.begin(&session, eval_id, &CancellationToken::new());
+                drop(token);
+                let started = Instant::now();
+                let outcome = match guard.as_mut() {
+                    Some(interp) => interp.interrupt_paused().await,
+                    None => return Err(self.gone_message(&session)),
+                };
+                report.interrupted = true;
+                report.eval_id = Some(eval_id);
+                report.result =
+                    Some(self.conclude(&session, &mut guard, eval_id, started, outcome));
+            }
+            Err(_) => {
+                // An evaluation is running in another call: make it interrupt itself.
+                if let Some(t) = lock(&session.interrupt).as_ref() {
+                    t.cancel();
+                    report.interrupted = true;
+                    report.eval_id = lock(&session.busy).as_ref().map(|b| b.eval_id);
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Mark the session busy with `eval_id`; returns the token that interrupts it.
+    fn begin(
+        &self,
+        session: &Session,
+        eval_id: u64,
+        cancel: &CancellationToken,
+    ) -> CancellationToken {
+        let token = cancel.child_token();
+        *lock(&session.interrupt) = Some(token.clone());
+        *lock(&session.busy) = Some(Busy {
+            eval_id,
+            since: Instant::now(),
+        });
+        session.touch();
+        token
+    }
+
+    /// Turn an outcome into the report, and record what it means for the session.
+    fn conclude(
+        &self,
+        session: &Session,
+        guard: &mut Option<Interp>,
+        eval_id: u64,
+        started: Instant,
+        outcome: Outcome,
+    ) -> EvalReport {
+        let mut report = EvalReport {
+            session_id: session.id.clone(),
+            eval_id,
+            status: EvalStatus::Ok,
+            output: outcome.output.text,
+            truncated: outcome.output.omitted > 0,
+            duration_ms: started.elapsed().as_millis() as u64,
+            exit_code: None,
+            signal: None,
+            restarted: None,
+            error: None,
+        };
+        let error_pattern = session
+            .lang
+            .spec
+            .session
+            .as_ref()
+            .and_then(|s| s.error_pattern.clone());
+        match outcome.ending {
+            Ending::Done(marker) => apply_marker(&mut report, &marker, error_pattern.as_deref()),
+            Ending::TimedOut { .. } => report.status = EvalStatus::Timeout,
+            Ending::Cancelled => {
+                report.status = EvalStatus::Error;
+                report.error = Some(ErrorInfo {
+                    kind: "Interrupted".into(),
+                    message: "interrupted on request; the session keeps its state".into(),
+                });
+            }
+            Ending::Restarted { reason } => {
+                report.status = EvalStatus::Timeout;
+                report.restarted = Some(true);
+                tracing::warn!(session = %session.id, %reason, "interpreter restarted");
+            }
+            Ending::Incomplete => {
+                report.status = EvalStatus::Error;
+                report.error = Some(ErrorInfo {
+                    kind: "IncompleteInput".into(),
+                    message: "the REPL expected more input".into(),
+                });
+            }
+            Ending::Failed(reason) => {
+                report.status = EvalStatus::Error;
+                report.error = Some(ErrorInfo {
+                    kind: "ReplboxError".into(),
+                    message: reason,
+                });
+            }
+            Ending::AwaitingInput => {
+                report.status = EvalStatus::AwaitingInput;
+                let prompt = report
+                    .output
+                    .rsplit('\n')
+                    .next()
+                    .unwrap_or("")
+                    .chars()
+                    .take(200)
+                    .collect();
+                *lock(&session.awaiting) = Some(Awaiting { eval_id, prompt });
+            }
+            Ending::Exited(status) => {
+                report.status = EvalStatus::Exited;
+                if let Some(st) = status {
+                    let (code, sig) = crate::exec::describe_status(&st);
+                    report.exit_code = code;
+                    report.signal = sig;
+                }
+                *guard = None;
+                self.mark_gone(
+                    session,
+                    Gone::Exited {
+                        code: report.exit_code,
+                        signal: report.signal.clone(),
+                    },
+                );
+            }
+        }
+        if let Some(i) = guard.as_ref() {
+            session.pid.store(i.pid as u64, Ordering::Relaxed);
+        }
+        *lock(&session.busy) = None;
+        *lock(&session.interrupt) = None;
+        session.touch();
+        report
+    }
+
+    fn gone_message(&self, session: &Session) -> String {
+        lock(&session.gone)
+            .clone()
+            .unwrap_or(Gone::Closed)
+            .message(&session.id)
+    }
+
+    /// Record that a session is gone (the first reason wins) and drop it from the table.
+    fn mark_gone(&self, session: &Session, how: Gone) -> bool {
+        {
+            let mut g = lock(&session.gone);
+            if g.is_some() {
+                return false;
+            }
+            *g = Some(how.clone());
+        }
+        self.sessions.remove(&session.id);
+        // Bounded memory of ended sessions.
+        if self.ended.len() >= 4096
+            && let Some(k) = self.ended.iter().next().map(|e| e.key().clone())
+        {
+            self.ended.remove(&k);
+        }
+        self.ended
+            .insert(session.id.clone(), (session.owner.clone(), how));
+        true
+    }
+
+    /// End a session for `how`: forget it and kill its tree.
+    async fn end(&self, session: &Session, how: Gone) -> Option<i32> {
+        if !self.mark_gone(session, how) {
+            return None;
+        }
+        kill_session(session).await
+    }
+
+    /// Close a session: kill its interpreter's tree and remove its directory.
+    pub async fn close(&self, caller: &Caller, id: &str) -> Result<CloseReport, String> {
+        let session = self.lookup(caller, id)?;
+        let exit_code = self.end(&session, Gone::Closed).await;
+        Ok(CloseReport {
+            session_id: id.to_string(),
+            closed: true,
+            exit_code,
+        })
+    }
+
+    /// The caller's open sessions.
+    pub fn list(&self, caller: &Caller) -> ListReport {
+        let mut sessions: Vec<SessionInfo> = self
+            .sessions
+            .iter()
+            .filter(|s| s.owner == *caller)
+            .map(|s| s.info())
+            .collect();
+        sessions.sort_by_key(|s| s.created_at);
+        ListReport { sessions }
+    }
+
+    /// Close every session (server shutdown).
+    pub async fn shutdown(&self) {
+        let all: Vec<Arc<Session>> = self.sessions.iter().map(|s| s.clone()).collect();
+        let mut tasks = Vec::new();
+        for s in all {
+            if self.mark_gone(&s, Gone::Closed) {
+                tasks.push(tokio::spawn(async move {
+                    kill_session(&s).await;
+                }));
+            }
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Kill a session's interpreter tree, even while an evaluation holds it.
+async fn kill_session(session: &Session) -> Option<i32> {
+    let mut guard = match session.interp.try_lock() {
+        Ok(g) => g,
+        Err(_) => {
+            // The evaluation in flight returns promptly once its tree is gone.
+            let pid = session.pid.load(Ordering::Relaxed) as i32;
+            if let Some(helper) = crate::exec::helper::read_ppid_state(pid).map(|(p, _)| p) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(helper),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            session.interp.lock().await
+        }
+    };
+    let status = match guard.as_mut() {
+        Some(i) => i.kill().await,
+        None => None,
+    };
+    *guard = None;
+    status.and_then(|s| s.code())
+}
+
+fn describe_exit(code: Option<i32>, signal: Option<&str>) -> String {
+    match (code, signal) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("killed by {s}"),
+        _ => "status unknown".into(),
+    }
+}
