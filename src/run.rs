@@ -185,17 +185,8 @@ impl Runner {
 
         if let Some(compile) = &spec.compile {
             let argv = expand_command(compile, &vars, &[]);
-            let step = self
-                .step(
-                    argv,
-                    env.clone(),
-                    dir.path(),
-                    None,
-                    deadline,
-                    cancel,
-                    progress,
-                )
-                .await;
+            let spawn = pipes(argv, env.clone(), dir.path(), false);
+            let step = self.step(spawn, None, deadline, cancel, progress).await;
             let ok = step.status.is_some_and(|s| s.success()) && !step.timed_out;
             if !ok || step.cancelled || step.spawn_error.is_some() {
                 report.phase = Phase::Compile;
@@ -206,9 +197,8 @@ impl Runner {
         }
         let argv = expand_command(&spec.command, &vars, &req.args);
         let stdin = req.stdin.map(String::into_bytes);
-        let step = self
-            .step(argv, env, dir.path(), stdin, deadline, cancel, progress)
-            .await;
+        let spawn = pipes(argv, env, dir.path(), stdin.is_some());
+        let step = self.step(spawn, stdin, deadline, cancel, progress).await;
         Self::fill(&mut report, step);
         report.duration_ms = started.elapsed().as_millis() as u64;
         drop(dir);
@@ -266,9 +256,7 @@ impl Runner {
 
     async fn step(
         &self,
-        argv: Vec<String>,
-        env: Vec<(String, String)>,
-        cwd: &Path,
+        spec: SpawnSpec,
         stdin: Option<Vec<u8>>,
         deadline: tokio::time::Instant,
         cancel: &CancellationToken,
@@ -283,15 +271,8 @@ impl Runner {
             cancelled: false,
             spawn_error: None,
         };
-        let program = argv.first().cloned().unwrap_or_default();
-        let mut proc = match exec::spawn(SpawnSpec {
-            argv,
-            env,
-            cwd: cwd.to_path_buf(),
-            stdio: Stdio3::Pipes {
-                stdin: stdin.is_some(),
-            },
-        }) {
+        let program = spec.argv.first().cloned().unwrap_or_default();
+        let mut proc = match exec::spawn(spec) {
             Ok(p) => p,
             Err(e) => {
                 step.spawn_error = Some(format!("failed to start {program}: {e}"));
@@ -353,6 +334,15 @@ impl Runner {
             }
         }
         step
+    }
+}
+
+fn pipes(argv: Vec<String>, env: Vec<(String, String)>, cwd: &Path, stdin: bool) -> SpawnSpec {
+    SpawnSpec {
+        argv,
+        env,
+        cwd: cwd.to_path_buf(),
+        stdio: Stdio3::Pipes { stdin },
     }
 }
 

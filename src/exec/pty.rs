@@ -4,7 +4,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
-use nix::pty::{Winsize, openpty};
+use nix::pty::Winsize;
 use nix::sys::termios::{self, LocalFlags, SetArg};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -15,32 +15,43 @@ pub const ROWS: u16 = 50;
 
 /// Open a PTY with echo off. Returns the async master and the slave to give the child.
 pub fn open() -> io::Result<(PtyMaster, OwnedFd)> {
+    // Both ends are opened close-on-exec atomically: another child forked at the same moment
+    // must never inherit them (a stray copy of the slave would keep the terminal open after
+    // the session's tree is gone, hiding its end).
+    let master = nix::pty::posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)
+        .map_err(io::Error::from)?;
+    nix::pty::grantpt(&master).map_err(io::Error::from)?;
+    nix::pty::unlockpt(&master).map_err(io::Error::from)?;
+    let name = nix::pty::ptsname_r(&master).map_err(io::Error::from)?;
+    let slave: OwnedFd = nix::fcntl::open(
+        name.as_str(),
+        OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(io::Error::from)?;
     let ws = Winsize {
         ws_row: ROWS,
         ws_col: COLS,
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
-    let pair = openpty(Some(&ws), None).map_err(io::Error::from)?;
+    // SAFETY: TIOCSWINSZ reads one winsize struct.
+    unsafe { libc::ioctl(slave.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
     // Echo off before the child starts: the one line we type per evaluation must not come
     // back as output.
-    let mut t = termios::tcgetattr(&pair.slave).map_err(io::Error::from)?;
+    let mut t = termios::tcgetattr(&slave).map_err(io::Error::from)?;
     t.local_flags.remove(LocalFlags::ECHO | LocalFlags::ECHONL);
-    termios::tcsetattr(&pair.slave, SetArg::TCSANOW, &t).map_err(io::Error::from)?;
-    let flags = fcntl(&pair.master, FcntlArg::F_GETFL).map_err(io::Error::from)?;
-    let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-    fcntl(&pair.master, FcntlArg::F_SETFL(flags)).map_err(io::Error::from)?;
-    nix::fcntl::fcntl(
-        &pair.master,
-        FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    )
-    .map_err(io::Error::from)?;
+    termios::tcsetattr(&slave, SetArg::TCSANOW, &t).map_err(io::Error::from)?;
+    let master: OwnedFd = master.into();
+    let flags = fcntl(&master, FcntlArg::F_GETFL).map_err(io::Error::from)?;
+    let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK;
+    fcntl(&master, FcntlArg::F_SETFL(flags)).map_err(io::Error::from)?;
     // SAFETY: the OwnedFd is moved into the AsyncFd, which owns it until dropped; nothing
     // else closes or replaces it.
     let master = unsafe {
-        AsyncFd::register_with_interest(pair.master, Interest::READABLE | Interest::WRITABLE)?
+        AsyncFd::register_with_interest(master, Interest::READABLE | Interest::WRITABLE)?
     };
-    Ok((PtyMaster { fd: master }, pair.slave))
+    Ok((PtyMaster { fd: master }, slave))
 }
 
 /// Device number of a terminal descriptor.

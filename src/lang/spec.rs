@@ -126,6 +126,11 @@ pub struct SessionSpec {
     /// canonical mode, as line editors do while they read). Default: all of them.
     #[serde(default = "default_input_wait")]
     pub input_wait: Vec<InputWait>,
+    /// The bootstrap writes `ESC _ rbx;{nonce};s;N ESC \` when it starts running cell N.
+    /// Waiting for input is then only judged after it (before it, the REPL itself is
+    /// reading the eval line).
+    #[serde(default)]
+    pub announces_start: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

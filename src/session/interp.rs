@@ -40,6 +40,8 @@ struct StreamState {
     /// Protocol number of the evaluation in flight.
     current: Option<u64>,
     out: Renderer,
+    /// The bootstrap announced that evaluation N began running.
+    started: Option<u64>,
     end: Option<EndMarker>,
     /// Output that arrived between evaluations (shown before the next one's).
     background: Renderer,
@@ -73,6 +75,11 @@ impl Shared {
                 }
                 Event::Prompt => st.prompts += 1,
                 Event::Continuation => st.continuation = true,
+                Event::Started(n) => {
+                    if st.current == Some(n) {
+                        st.started = Some(n);
+                    }
+                }
                 Event::End(m) => {
                     if st.current == Some(m.n) && st.end.is_none() {
                         st.end = Some(m);
@@ -187,6 +194,7 @@ impl Interp {
                 ),
                 current: None,
                 out: Renderer::new(launch.output_cap),
+                started: None,
                 end: None,
                 background: Renderer::new(launch.output_cap / 4),
                 prompts: 0,
@@ -231,10 +239,12 @@ impl Interp {
                 Ok(me)
             }
             other => {
+                tracing::warn!(tree = %describe_tree(helper_pid), "interpreter did not start");
                 me.kill().await;
                 let what = match other {
                     Ending::Exited(Some(st)) => format!("exited ({st})"),
                     Ending::Exited(None) => "exited".to_string(),
+                    Ending::Failed(e) => format!("could not be driven ({e})"),
                     _ => format!("did not answer within {} ms", timeout.as_millis()),
                 };
                 let output = ready.output.text.trim().to_string();
@@ -259,7 +269,7 @@ impl Interp {
     /// An internal empty evaluation (readiness, resynchronisation).
     async fn sync(&mut self, deadline: Instant, cancel: &CancellationToken) -> Outcome {
         self.next_sync += 1;
-        Box::pin(self.eval(self.next_sync, "", deadline, cancel)).await
+        Box::pin(self.run_cell(self.next_sync, "", deadline, cancel, None, false)).await
     }
 
     /// Run evaluation number `n`. The deadline interrupts; `cancel` interrupts too. If the
@@ -283,6 +293,19 @@ impl Interp {
         cancel: &CancellationToken,
         progress: Option<&Progress>,
     ) -> Outcome {
+        self.run_cell(n, code, deadline, cancel, progress, true)
+            .await
+    }
+
+    async fn run_cell(
+        &mut self,
+        n: u64,
+        code: &str,
+        deadline: Instant,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+        detect_input: bool,
+    ) -> Outcome {
         let spec = &self.launch.spec;
         let n_s = n.to_string();
         let cell = self
@@ -299,6 +322,7 @@ impl Interp {
         let background = {
             let mut st = self.shared.lock();
             st.current = Some(n);
+            st.started = None;
             st.end = None;
             st.continuation = false;
             st.out = Renderer::new(self.launch.output_cap);
@@ -310,7 +334,7 @@ impl Interp {
         let line = expand(&spec.eval, &[("n", &n_s), ("cell", &path_str(&cell))]);
         let ending = match self.type_line(&line).await {
             Err(_) => self.wait_exit().await,
-            Ok(()) => self.wait(n, deadline, cancel, progress).await,
+            Ok(()) => self.wait(n, deadline, cancel, progress, detect_input).await,
         };
         let mut output = self.end_part(n, &ending);
         let bg = background.finish();
@@ -339,7 +363,7 @@ impl Interp {
         }
         let ending = match self.master.write_all(&bytes).await {
             Err(_) => self.wait_exit().await,
-            Ok(()) => self.wait(n, deadline, cancel, progress).await,
+            Ok(()) => self.wait(n, deadline, cancel, progress, true).await,
         };
         let output = self.end_part(n, &ending);
         Outcome { ending, output }
@@ -400,6 +424,7 @@ impl Interp {
         deadline: Instant,
         cancel: &CancellationToken,
         progress: Option<&Progress>,
+        detect_input: bool,
     ) -> Ending {
         let mut rx = self.shared.tick.subscribe();
         let now = Instant::now();
@@ -424,7 +449,20 @@ impl Interp {
                     }
                 }
                 _ = input_poll.tick() => {
-                    if self.waits_for_input() && matches!(self.check(n), Check::Pending | Check::Prompt) {
+                    // The helper's own exit is the authority on the tree being gone, whatever
+                    // else may still hold the terminal open.
+                    if let Ok(Some(status)) = self.proc.child.try_wait() {
+                        self.settle().await;
+                        if let Check::End(end) = self.check(n) {
+                            return Ending::Done(end);
+                        }
+                        return Ending::Exited(Some(status));
+                    }
+                    if detect_input
+                        && self.running_user_code(n)
+                        && self.waits_for_input()
+                        && matches!(self.check(n), Check::Pending | Check::Prompt)
+                    {
                         return Ending::AwaitingInput;
                     }
                 }
@@ -522,6 +560,28 @@ impl Interp {
         }
     }
 
+    /// Let the reader deliver what is still buffered: return once nothing new has arrived
+    /// for a moment (bounded).
+    async fn settle(&self) {
+        let mut rx = self.shared.tick.subscribe();
+        let until = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < until {
+            if self.shared.lock().closed {
+                return;
+            }
+            match tokio::time::timeout(Duration::from_millis(30), rx.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return,
+            }
+        }
+    }
+
+    /// Whether the REPL has taken the eval line and is running the cell: until then the REPL
+    /// itself is (rightly) reading the terminal. Without a start marker, assume it has.
+    fn running_user_code(&self, n: u64) -> bool {
+        !self.launch.spec.announces_start || self.shared.lock().started == Some(n)
+    }
+
     /// Whether the program is blocked reading the terminal (see `stdin_wait`).
     fn waits_for_input(&self) -> bool {
         let signals = &self.launch.spec.input_wait;
@@ -617,6 +677,24 @@ async fn read_loop(master: Arc<PtyMaster>, shared: Arc<Shared>) {
 
 fn path_str(p: &Path) -> String {
     p.display().to_string()
+}
+
+/// A one-line description of a process tree (for diagnostics).
+fn describe_tree(root: u32) -> String {
+    let mut out = Vec::new();
+    for pid in std::iter::once(root).chain(stdin_wait::descendants(root)) {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let sys = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+        let state = crate::exec::helper::read_ppid_state(pid as i32)
+            .map(|(_, s)| s)
+            .unwrap_or('?');
+        out.push(format!(
+            "{pid} {} {state} [{}]",
+            comm.trim(),
+            sys.split_whitespace().next().unwrap_or("")
+        ));
+    }
+    out.join("; ")
 }
 
 /// The first child of `pid` (the interpreter under its helper).

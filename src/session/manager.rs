@@ -282,7 +282,7 @@ impl SessionManager {
                 )
             })
             .collect();
-        mine.sort_by(|a, b| b.0.cmp(&a.0));
+        mine.sort_by_key(|m| std::cmp::Reverse(m.0));
         let list: Vec<String> = mine.into_iter().take(3).map(|(_, d)| d).collect();
         let yours = if list.is_empty() {
             "none of them are yours".to_string()

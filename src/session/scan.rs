@@ -1,5 +1,6 @@
 //! Splits an interpreter's PTY stream into user output and the control strings the
-//! bootstrap writes: the prompt, the continuation prompt and the end-of-evaluation marker
+//! bootstrap writes: the prompt, the continuation prompt, the start-of-evaluation marker
+//! `ESC _ rbx;NONCE;s;N ESC \` and the end-of-evaluation marker
 //! `ESC _ rbx;NONCE;e;N;STATUS;PAYLOAD ESC \`. Every control string carries the session's
 //! random nonce, so nothing a program prints by accident can be taken for one; a control
 //! string split across reads is held back until it is complete.
@@ -12,6 +13,8 @@ pub enum Event {
     Data(Vec<u8>),
     Prompt,
     Continuation,
+    /// The bootstrap began running evaluation N.
+    Started(u64),
     End(EndMarker),
 }
 
@@ -30,6 +33,7 @@ pub struct Scanner {
     prompt: Vec<u8>,
     continuation: Option<Vec<u8>>,
     end_prefix: Vec<u8>,
+    start_prefix: Vec<u8>,
     carry: Vec<u8>,
 }
 
@@ -39,6 +43,7 @@ impl Scanner {
             prompt: prompt.as_bytes().to_vec(),
             continuation: continuation.map(|c| c.as_bytes().to_vec()),
             end_prefix: format!("\x1b_rbx;{nonce};e;").into_bytes(),
+            start_prefix: format!("\x1b_rbx;{nonce};s;").into_bytes(),
             carry: Vec::new(),
         }
     }
@@ -61,6 +66,7 @@ impl Scanner {
                 }
             };
             consider(memmem::find(rest, &self.end_prefix), Kind::End);
+            consider(memmem::find(rest, &self.start_prefix), Kind::Start);
             consider(memmem::find(rest, &self.prompt), Kind::Prompt);
             if let Some(c) = &self.continuation {
                 consider(memmem::find(rest, c), Kind::Continuation);
@@ -79,13 +85,26 @@ impl Scanner {
                     events.push(Event::Continuation);
                     pos = start + self.continuation.as_ref().map_or(0, |c| c.len());
                 }
-                Kind::End => {
-                    let body_start = start + self.end_prefix.len();
+                Kind::End | Kind::Start => {
+                    let prefix_len = if matches!(kind, Kind::End) {
+                        self.end_prefix.len()
+                    } else {
+                        self.start_prefix.len()
+                    };
+                    let body_start = start + prefix_len;
                     match memmem::find(&buf[body_start..], b"\x1b\\") {
                         Some(len) => {
                             let body = &buf[body_start..body_start + len];
-                            match parse_end(body) {
-                                Some(m) => events.push(Event::End(m)),
+                            let parsed = if matches!(kind, Kind::End) {
+                                parse_end(body).map(Event::End)
+                            } else {
+                                std::str::from_utf8(body)
+                                    .ok()
+                                    .and_then(|b| b.parse().ok())
+                                    .map(Event::Started)
+                            };
+                            match parsed {
+                                Some(ev) => events.push(ev),
                                 None => events
                                     .push(Event::Data(buf[start..body_start + len + 2].to_vec())),
                             }
@@ -125,6 +144,7 @@ impl Scanner {
         let mut best = 0;
         let pats = [
             Some(&self.end_prefix),
+            Some(&self.start_prefix),
             Some(&self.prompt),
             self.continuation.as_ref(),
         ];
@@ -144,6 +164,7 @@ impl Scanner {
 #[derive(Clone, Copy)]
 enum Kind {
     End,
+    Start,
     Prompt,
     Continuation,
 }
@@ -213,7 +234,8 @@ mod tests {
 
     #[test]
     fn byte_by_byte_gives_the_same_events() {
-        let stream = b"hi\x1b_rbx;abc;p\x1b\\there\x1b_rbx;abc;e;12;ok;\x1b\\tail";
+        let stream =
+            b"hi\x1b_rbx;abc;p\x1b\\th\x1b_rbx;abc;s;12\x1b\\ere\x1b_rbx;abc;e;12;ok;\x1b\\tail";
         let whole = collect(&mut scanner(), &[stream]);
         let chunks: Vec<&[u8]> = stream.chunks(1).collect();
         let split = collect(&mut scanner(), &chunks);
@@ -223,7 +245,9 @@ mod tests {
             vec![
                 Event::Data(b"hi".to_vec()),
                 Event::Prompt,
-                Event::Data(b"there".to_vec()),
+                Event::Data(b"th".to_vec()),
+                Event::Started(12),
+                Event::Data(b"ere".to_vec()),
                 Event::End(EndMarker {
                     n: 12,
                     status: "ok".into(),
