@@ -93,6 +93,38 @@ impl PtyMaster {
         }
     }
 
+    /// Wait until the terminal has output, then run `f` (which should make one non-blocking
+    /// read with [`read_now`](Self::read_now)). Lets the caller hold a lock across the read
+    /// and whatever it does with the bytes.
+    pub async fn on_readable<T>(&self, mut f: impl FnMut(&Self) -> io::Result<T>) -> io::Result<T> {
+        loop {
+            let mut guard = self.fd.readable().await?;
+            match guard.try_io(|_| f(self)) {
+                Ok(res) => return res,
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    /// One non-blocking read (`WouldBlock` when there is nothing to read).
+    pub fn read_now(&self, buf: &mut [u8]) -> io::Result<ReadOutcome> {
+        match nix::unistd::read(self.fd.get_ref(), buf) {
+            Ok(0) => Ok(ReadOutcome::Closed),
+            Ok(n) => Ok(ReadOutcome::Data(n)),
+            // Linux reports EIO on the master once the last slave fd is closed.
+            Err(nix::errno::Errno::EIO) => Ok(ReadOutcome::Closed),
+            Err(e) => Err(io::Error::from(e)),
+        }
+    }
+
+    /// Bytes the program wrote that have not been read yet.
+    pub fn unread(&self) -> usize {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int.
+        let rc = unsafe { libc::ioctl(self.raw_fd(), libc::FIONREAD, &mut n) };
+        if rc == 0 { n.max(0) as usize } else { 0 }
+    }
+
     /// Write all of `data`, waiting for room when the terminal's input buffer is full.
     pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
         while !data.is_empty() {

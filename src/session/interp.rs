@@ -60,9 +60,11 @@ impl Shared {
         // A panic while holding this lock would be a bug in this module; keep serving.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
 
-    fn feed(&self, bytes: &[u8]) {
-        let mut st = self.lock();
+impl StreamState {
+    fn feed(&mut self, bytes: &[u8]) {
+        let st = self;
         let events = st.scanner.feed(bytes);
         for ev in events {
             match ev {
@@ -88,10 +90,10 @@ impl Shared {
                 }
             }
         }
-        drop(st);
-        self.tick.send_modify(|v| *v = v.wrapping_add(1));
     }
+}
 
+impl Shared {
     fn close(&self) {
         let mut st = self.lock();
         let rest = st.scanner.pending().to_vec();
@@ -458,10 +460,8 @@ impl Interp {
                         }
                         return Ending::Exited(Some(status));
                     }
-                    if detect_input
-                        && self.running_user_code(n)
-                        && self.waits_for_input()
-                        && matches!(self.check(n), Check::Pending | Check::Prompt)
+                                        if detect_input && self.running_user_code(n) && self.waits_for_input()
+                        && self.nothing_unread(n)
                     {
                         return Ending::AwaitingInput;
                     }
@@ -494,6 +494,26 @@ impl Interp {
     /// if it does not come back.
     async fn interrupt_and_recover(&mut self, n: u64) -> Recovery {
         let grace = Duration::from_millis(self.launch.spec.interrupt_grace_ms);
+        // Interrupt only user code: until the cell announced its start the REPL may still be
+        // reading or preparing it, and an interrupt then can hit the REPL itself.
+        if self.launch.spec.announces_start {
+            let until = Instant::now() + grace;
+            let mut rx = self.shared.tick.subscribe();
+            loop {
+                {
+                    let st = self.shared.lock();
+                    if st.started == Some(n)
+                        || st.closed
+                        || st.end.as_ref().is_some_and(|e| e.n == n)
+                    {
+                        break;
+                    }
+                }
+                if tokio::time::timeout_at(until, rx.changed()).await.is_err() {
+                    break; // never started: the interrupt below finds out whether it is stuck
+                }
+            }
+        }
         let prompts_before = self.shared.lock().prompts;
         let interrupt = self.launch.spec.interrupt.clone();
         // A program reading keys in raw mode gets Ctrl-C as data; deliver what the key would
@@ -582,11 +602,28 @@ impl Interp {
         !self.launch.spec.announces_start || self.shared.lock().started == Some(n)
     }
 
+    /// After seeing the program wait for input: has everything it wrote before that been
+    /// read, without an end marker for `n`? Otherwise the wait seen was the REPL's own,
+    /// after the evaluation ended.
+    fn nothing_unread(&self, n: u64) -> bool {
+        let st = self.shared.lock();
+        st.end.as_ref().is_none_or(|e| e.n != n) && !st.closed && self.master.unread() == 0
+    }
+
     /// Whether the program is blocked reading the terminal (see `stdin_wait`).
     fn waits_for_input(&self) -> bool {
         let signals = &self.launch.spec.input_wait;
-        (signals.contains(&InputWait::Raw) && self.master.is_raw())
-            || stdin_wait::tree_waits_on_tty(self.helper_pid, self.tty, signals)
+        if signals.contains(&InputWait::Raw) && self.master.is_raw() {
+            tracing::debug!("waiting for input: the terminal is in raw mode");
+            return true;
+        }
+        match stdin_wait::tree_reader(self.helper_pid, self.tty, signals) {
+            Some(how) => {
+                tracing::debug!(%how, "waiting for input");
+                true
+            }
+            None => false,
+        }
     }
 
     /// What the stream says about evaluation `n` right now.
@@ -665,9 +702,23 @@ enum Recovery {
 async fn read_loop(master: Arc<PtyMaster>, shared: Arc<Shared>) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        match master.read(&mut buf).await {
-            Ok(ReadOutcome::Data(n)) => shared.feed(&buf[..n]),
-            Ok(ReadOutcome::Closed) | Err(_) => {
+        // Read and file the bytes under the stream lock, so that whoever holds the lock
+        // sees either the bytes still unread in the terminal or their effect, never neither.
+        let res = master
+            .on_readable(|m| {
+                let mut st = shared.lock();
+                match m.read_now(&mut buf)? {
+                    ReadOutcome::Data(n) => {
+                        st.feed(&buf[..n]);
+                        Ok(true)
+                    }
+                    ReadOutcome::Closed => Ok(false),
+                }
+            })
+            .await;
+        match res {
+            Ok(true) => shared.tick.send_modify(|v| *v = v.wrapping_add(1)),
+            Ok(false) | Err(_) => {
                 shared.close();
                 return;
             }

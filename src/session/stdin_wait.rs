@@ -45,9 +45,28 @@ mod nr {
 /// is blocked waiting for input from the terminal with device number `tty`, judged by the
 /// kinds of wait in `signals`.
 pub fn tree_waits_on_tty(root: u32, tty: u64, signals: &[InputWait]) -> bool {
-    descendants(root)
-        .into_iter()
-        .any(|pid| waits_on_tty(pid, tty, signals))
+    tree_reader(root, tty, signals).is_some()
+}
+
+/// Like [`tree_waits_on_tty`], describing the waiting thread and system call.
+pub fn tree_reader(root: u32, tty: u64, signals: &[InputWait]) -> Option<String> {
+    for pid in descendants(root) {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            if let Ok(line) = std::fs::read_to_string(t.path().join("syscall"))
+                && blocked_on_tty(pid, &line, tty, signals)
+            {
+                return Some(format!(
+                    "pid {pid} thread {} in syscall {}",
+                    t.file_name().to_string_lossy(),
+                    line.split_whitespace().next().unwrap_or("?")
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// Descendants of `pid` through /proc/PID/task/TID/children.
