@@ -172,12 +172,7 @@ async fn run(
     let app = App::new(config)?;
     let lang = app.registry.get(&language).map_err(|e| {
         anyhow::anyhow!(
-            "{}; available: {}",
-            match e {
-                replbox::lang::LookupError::Unknown(n) => format!("unknown language {n:?}"),
-                replbox::lang::LookupError::NotInstalled { id, reason } =>
-                    format!("{id} is not installed ({reason})"),
-            },
+            "{e}; available: {}",
             app.registry.available_names().join(", ")
         )
     })?;
