@@ -1,5 +1,6 @@
 //! Every limit and default in one place, from flags (and their environment variables).
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -67,6 +68,64 @@ impl Config {
             .unwrap_or(self.default_timeout_ms)
             .clamp(1, self.max_timeout_ms.max(1));
         Duration::from_millis(ms)
+    }
+
+    /// The flags that give another replbox process this same configuration (`bench` starts
+    /// `serve` with them, so the server it measures runs with the settings it was given).
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = Vec::new();
+        if let Some(dir) = &self.prompts {
+            args.push("--prompts".into());
+            args.push(dir.into());
+        }
+        for (flag, value) in [
+            ("--default-timeout-ms", self.default_timeout_ms.to_string()),
+            ("--max-timeout-ms", self.max_timeout_ms.to_string()),
+            ("--output-cap", self.output_cap.to_string()),
+        ] {
+            args.push(flag.into());
+            args.push(value.into());
+        }
+        if let Some(dir) = &self.work_dir {
+            args.push("--work-dir".into());
+            args.push(dir.into());
+        }
+        args
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        config: Config,
+    }
+
+    #[test]
+    fn to_args_round_trips() {
+        // Every field set away from its default, so a flag to_args forgets shows up here.
+        let config = Config {
+            prompts: Some("/p/rompts".into()),
+            default_timeout_ms: 1234,
+            max_timeout_ms: 5678,
+            output_cap: 99,
+            work_dir: Some("/w/ork dir".into()),
+        };
+        let argv = std::iter::once(OsString::from("x")).chain(config.to_args());
+        let parsed = Wrapper::try_parse_from(argv).expect("to_args output parses");
+        assert_eq!(format!("{:?}", parsed.config), format!("{config:?}"));
+        let defaults = Wrapper::try_parse_from(
+            std::iter::once(OsString::from("x")).chain(Config::default().to_args()),
+        )
+        .expect("parses");
+        assert_eq!(
+            format!("{:?}", defaults.config),
+            format!("{:?}", Config::default())
+        );
     }
 }
 

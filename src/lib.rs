@@ -1,6 +1,7 @@
 //! replbox: an MCP server for persistent interpreter sessions and one-shot code runs.
 
 pub mod app;
+pub mod bench;
 pub mod config;
 pub mod exec;
 pub mod lang;

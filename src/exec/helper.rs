@@ -247,7 +247,7 @@ fn kill_descendants() {
 }
 
 /// All live descendants of `root`, from /proc.
-fn descendants(root: Pid) -> Vec<Pid> {
+pub fn descendants(root: Pid) -> Vec<Pid> {
     let mut parent_of: Vec<(i32, i32)> = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for entry in dir.flatten() {

@@ -110,6 +110,19 @@ pub enum LookupError {
     NotInstalled { id: String, reason: String },
 }
 
+impl std::fmt::Display for LookupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LookupError::Unknown(name) => write!(f, "unknown language {name:?}"),
+            LookupError::NotInstalled { id, reason } => {
+                write!(f, "{id} is not installed ({reason})")
+            }
+        }
+    }
+}
+
+impl std::error::Error for LookupError {}
+
 /// All languages, keyed by id and alias (lower case).
 #[derive(Debug)]
 pub struct Registry {
