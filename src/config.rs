@@ -25,6 +25,11 @@ pub struct Config {
     /// Where private working directories are created (default: the system temp dir).
     #[arg(long, env = "REPLBOX_WORK_DIR", value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
+
+    /// Open REPL sessions one principal (an HTTP token, or the stdio client) may hold at
+    /// once; 0 means no limit.
+    #[arg(long, env = "REPLBOX_MAX_SESSIONS_PER_PRINCIPAL", default_value_t = 16)]
+    pub max_sessions_per_principal: usize,
 }
 
 impl Default for Config {
@@ -35,6 +40,7 @@ impl Default for Config {
             max_timeout_ms: 600_000,
             output_cap: 64 * 1024,
             work_dir: None,
+            max_sessions_per_principal: 16,
         }
     }
 }

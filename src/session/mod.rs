@@ -271,6 +271,27 @@ pub struct SessionManager {
     sessions: DashMap<String, Arc<Session>>,
     /// Sessions that ended, so a later call can say how (bounded).
     ended: DashMap<String, (Caller, Gone)>,
+    /// Sessions being started, per principal (they count against the limit).
+    starting: Mutex<std::collections::HashMap<Caller, usize>>,
+}
+
+/// A place reserved for a session being started; given back when dropped.
+struct Reservation<'a> {
+    starting: &'a Mutex<std::collections::HashMap<Caller, usize>>,
+    caller: Caller,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.starting.lock()
+            && let Some(n) = m.get_mut(&self.caller)
+        {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.caller);
+            }
+        }
+    }
 }
 
 impl SessionManager {
@@ -281,11 +302,50 @@ impl SessionManager {
             workspace,
             sessions: DashMap::new(),
             ended: DashMap::new(),
+            starting: Mutex::new(Default::default()),
         }
     }
 
     pub fn count(&self) -> usize {
         self.sessions.len()
+    }
+
+    /// Principals that hold at least one open session.
+    pub fn owners(&self) -> usize {
+        let owners: std::collections::HashSet<Caller> =
+            self.sessions.iter().map(|s| s.owner.clone()).collect();
+        owners.len()
+    }
+
+    /// Reserve a place for a new session of `caller` under the per-principal limit.
+    /// Open sessions and sessions still starting both count.
+    fn reserve(&self, caller: &Caller) -> Result<Reservation<'_>, String> {
+        let limit = self.config.max_sessions_per_principal;
+        let mut starting = self
+            .starting
+            .lock()
+            .map_err(|_| "internal error: session table poisoned".to_string())?;
+        let pending = starting.get(caller).copied().unwrap_or(0);
+        if limit > 0 {
+            let open = self.sessions.iter().filter(|s| s.owner == *caller).count();
+            if open + pending >= limit {
+                return Err(format!(
+                    "session limit reached: you already have {open} open session(s){} and the \
+limit per client is {limit} (max_sessions_per_principal). Close one you no longer need with \
+session_close (session_list shows them), or reuse one with session_eval.",
+                    if pending > 0 {
+                        format!(" and {pending} starting")
+                    } else {
+                        String::new()
+                    }
+                ));
+            }
+        }
+        starting.insert(caller.clone(), pending + 1);
+        Ok(Reservation {
+            starting: &self.starting,
+            caller: caller.clone(),
+        })
     }
 
     /// Start a session; errors are messages for the agent.
@@ -310,6 +370,8 @@ impl SessionManager {
         for (k, v) in &req.env {
             cenv::validate_name(k).and_then(|_| cenv::validate_value(k, v))?;
         }
+        // Held until the session is in the table (or the start failed).
+        let _place = self.reserve(caller)?;
         let cwd = match &req.cwd {
             Some(dir) => {
                 let meta =
