@@ -134,7 +134,6 @@ pub async fn serve(
             .with_graceful_shutdown(stop_accepting.clone().cancelled_owned())
             .into_future(),
     );
-    tracing::info!("listening on http://{local}/mcp");
     if authenticated {
         tracing::info!(principals, "bearer-token authentication on");
     } else {
@@ -144,6 +143,7 @@ pub async fn serve(
              shared host"
         );
     }
+    tracing::info!("listening on http://{local}/mcp");
     app.registry.detect_all_in_background();
     let pruner = tokio::spawn(prune_owners(shared.clone()));
 
