@@ -143,6 +143,12 @@ pub async fn serve(
              shared host"
         );
     }
+    if addr.ip().is_unspecified() && cfg.allowed_hosts.is_empty() {
+        tracing::warn!(
+            "listening on every interface, but only loopback Host headers are accepted: give \
+             the names clients use with --allowed-host (or REPLBOX_ALLOWED_HOSTS)"
+        );
+    }
     tracing::info!("listening on http://{local}/mcp");
     app.registry.detect_all_in_background();
     let pruner = tokio::spawn(prune_owners(shared.clone()));
