@@ -1,6 +1,7 @@
 //! The state one server holds, shared by every MCP connection.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::config::Config;
 use crate::lang::Registry;
@@ -14,6 +15,31 @@ pub struct App {
     pub workspace: Arc<Workspace>,
     pub runner: Runner,
     pub sessions: Arc<SessionManager>,
+    /// Tool calls running now, over every connection.
+    pub calls: InFlight,
+}
+
+/// A count of work in progress; [`InFlight::enter`] returns a guard that counts while held.
+#[derive(Default, Clone)]
+pub struct InFlight(Arc<AtomicUsize>);
+
+pub struct InFlightGuard(Arc<AtomicUsize>);
+
+impl InFlight {
+    pub fn enter(&self) -> InFlightGuard {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        InFlightGuard(self.0.clone())
+    }
+
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl App {
@@ -37,6 +63,7 @@ impl App {
             workspace,
             runner,
             sessions,
+            calls: InFlight::default(),
         }))
     }
 

@@ -43,6 +43,11 @@ pub struct Config {
     /// At the session limit, close the idlest session to make room instead of refusing.
     #[arg(long, env = "REPLBOX_EVICT_IDLE")]
     pub evict_idle: bool,
+
+    /// Open REPL sessions one principal (an HTTP token, or the stdio client) may hold at
+    /// once; 0 means no limit.
+    #[arg(long, env = "REPLBOX_MAX_SESSIONS_PER_PRINCIPAL", default_value_t = 16)]
+    pub max_sessions_per_principal: usize,
 }
 
 impl Default for Config {
@@ -57,6 +62,7 @@ impl Default for Config {
             max_idle_timeout_s: 86_400,
             max_sessions: 32,
             evict_idle: false,
+            max_sessions_per_principal: 16,
         }
     }
 }
@@ -82,6 +88,13 @@ impl Config {
             ("--default-timeout-ms", self.default_timeout_ms.to_string()),
             ("--max-timeout-ms", self.max_timeout_ms.to_string()),
             ("--output-cap", self.output_cap.to_string()),
+            ("--idle-timeout-s", self.idle_timeout_s.to_string()),
+            ("--max-idle-timeout-s", self.max_idle_timeout_s.to_string()),
+            ("--max-sessions", self.max_sessions.to_string()),
+            (
+                "--max-sessions-per-principal",
+                self.max_sessions_per_principal.to_string(),
+            ),
         ] {
             args.push(flag.into());
             args.push(value.into());
@@ -89,6 +102,9 @@ impl Config {
         if let Some(dir) = &self.work_dir {
             args.push("--work-dir".into());
             args.push(dir.into());
+        }
+        if self.evict_idle {
+            args.push("--evict-idle".into());
         }
         args
     }
@@ -114,6 +130,11 @@ mod tests {
             max_timeout_ms: 5678,
             output_cap: 99,
             work_dir: Some("/w/ork dir".into()),
+            idle_timeout_s: 11,
+            max_idle_timeout_s: 22,
+            max_sessions: 3,
+            evict_idle: true,
+            max_sessions_per_principal: 4,
         };
         let argv = std::iter::once(OsString::from("x")).chain(config.to_args());
         let parsed = Wrapper::try_parse_from(argv).expect("to_args output parses");
@@ -136,5 +157,81 @@ impl Config {
             .unwrap_or(self.idle_timeout_s)
             .clamp(1, self.max_idle_timeout_s.max(1));
         Duration::from_secs(s)
+    }
+}
+
+/// Settings of `serve` that only the streamable HTTP transport uses.
+#[derive(clap::Args, Debug, Clone)]
+pub struct HttpConfig {
+    /// Serve MCP over streamable HTTP at `http://ADDR/mcp` instead of stdio (e.g.
+    /// 127.0.0.1:8765; port 0 picks a free one, logged at start).
+    #[arg(long = "http", env = "REPLBOX_HTTP", value_name = "ADDR")]
+    pub addr: Option<String>,
+
+    /// A bearer token clients must send (repeatable; each token is its own principal,
+    /// named token-1, token-2, ... in order). REPLBOX_TOKENS takes a comma-separated list.
+    /// Prefer the environment or --tokens-file: arguments are visible to other users.
+    #[arg(
+        long = "token",
+        env = "REPLBOX_TOKENS",
+        value_name = "TOKEN",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub tokens: Vec<String>,
+
+    /// A file of tokens, one a line: `NAME:TOKEN` (NAME is the principal's name in logs)
+    /// or just `TOKEN`; blank lines and lines starting with # are ignored.
+    #[arg(long, env = "REPLBOX_TOKENS_FILE", value_name = "FILE")]
+    pub tokens_file: Option<PathBuf>,
+
+    /// A Host header value to accept, `host` or `host:port` (repeatable). Default: the
+    /// loopback names (localhost, 127.0.0.1, ::1) and the bound IP; `*` accepts any.
+    #[arg(
+        long = "allowed-host",
+        env = "REPLBOX_ALLOWED_HOSTS",
+        value_name = "HOST",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
+
+    /// A browser Origin to accept, e.g. `https://app.example:443` or
+    /// `http://localhost:*` (repeatable). Default: none, so a request carrying any
+    /// Origin header (a browser page) is refused; requests without Origin pass.
+    #[arg(
+        long = "allowed-origin",
+        env = "REPLBOX_ALLOWED_ORIGINS",
+        value_name = "ORIGIN",
+        value_delimiter = ','
+    )]
+    pub allowed_origins: Vec<String>,
+
+    /// On SIGTERM, how long in-flight calls may run before they are cancelled, in ms.
+    #[arg(long, env = "REPLBOX_DRAIN_TIMEOUT_MS", default_value_t = 10_000)]
+    pub drain_timeout_ms: u64,
+
+    /// An MCP HTTP session with no traffic for this long is dropped (its REPL sessions are
+    /// not: they belong to the principal), in seconds. Never less than the longest
+    /// evaluation (max_timeout_ms) plus a minute.
+    #[arg(long, env = "REPLBOX_HTTP_SESSION_IDLE_S", default_value_t = 1800)]
+    pub http_session_idle_s: u64,
+
+    /// Largest request body accepted on /mcp, in bytes.
+    #[arg(long, env = "REPLBOX_HTTP_MAX_BODY", default_value_t = 4 * 1024 * 1024)]
+    pub http_max_body: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            addr: None,
+            tokens: Vec::new(),
+            tokens_file: None,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            drain_timeout_ms: 10_000,
+            http_session_idle_s: 1800,
+            http_max_body: 4 * 1024 * 1024,
+        }
     }
 }

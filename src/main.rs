@@ -1,5 +1,5 @@
-//! Command line: `serve` (MCP over stdio), `run`, `languages`, `bench`, and the hidden
-//! `__exec` helper every child runs under.
+//! Command line: `serve` (MCP over stdio, or streamable HTTP with `--http`), `run`,
+//! `languages`, `bench`, and the hidden `__exec` helper every child runs under.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use replbox::app::App;
 use replbox::bench::{self, BenchArgs};
-use replbox::config::Config;
+use replbox::config::{Config, HttpConfig};
 use replbox::exec::helper::{self, HelperArgs};
 use replbox::mcp::ReplboxServer;
 use replbox::run::RunRequest;
@@ -27,10 +27,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve MCP over stdio (the default when no command is given).
+    /// Serve MCP over stdio (the default when no command is given), or over streamable
+    /// HTTP with --http ADDR.
     Serve {
         #[command(flatten)]
         config: Config,
+        #[command(flatten)]
+        http: HttpConfig,
     },
     /// Run a program once and print its result, exiting with the program's status.
     Run {
@@ -76,7 +79,14 @@ fn main() -> ExitCode {
         }
     }
     let cli = Cli::parse();
-    init_logging();
+    // A network server says where it listens: HTTP mode logs replbox's own info lines.
+    let http_mode =
+        matches!(&cli.command, Some(Command::Serve { http, .. }) if http.addr.is_some());
+    init_logging(if http_mode {
+        "warn,replbox=info"
+    } else {
+        "warn"
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -89,10 +99,14 @@ fn main() -> ExitCode {
     };
     let command = cli.command.unwrap_or(Command::Serve {
         config: Config::default(),
+        http: HttpConfig::default(),
     });
     let outcome = runtime.block_on(async move {
         match command {
-            Command::Serve { config } => serve(config).await,
+            Command::Serve { config, http } => match http.addr.clone() {
+                Some(addr) => serve_http(config, http, addr).await,
+                None => serve(config).await,
+            },
             Command::Run {
                 language,
                 code,
@@ -117,10 +131,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
+fn init_logging(default_filter: &str) {
     // stdout is the protocol channel: logs go to stderr only.
     let filter = tracing_subscriber::EnvFilter::try_from_env("REPLBOX_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
@@ -143,6 +157,12 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     let reason = service.waiting().await;
     tracing::info!(?reason, "MCP service ended");
     app.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve_http(config: Config, http: HttpConfig, addr: String) -> anyhow::Result<ExitCode> {
+    let app = App::new(config)?;
+    replbox::http::serve(app, &http, &addr, wait_for_termination()).await?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -6,14 +6,14 @@ pub mod params;
 use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::tool::schema_for_output;
+use rmcp::handler::server::tool::{ToolCallContext, schema_for_output};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ServerCapabilities,
-    ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ProgressNotificationParam, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
-use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -32,10 +32,29 @@ use params::{
 #[derive(Clone)]
 pub struct ReplboxServer {
     app: Arc<App>,
-    /// The principal of this connection (sessions belong to it).
-    caller: Caller,
+    /// Who the calls come from (sessions belong to them).
+    caller: CallerSource,
     tool_router: ToolRouter<Self>,
     instructions: Arc<String>,
+}
+
+/// Where a handler learns its caller.
+#[derive(Clone)]
+enum CallerSource {
+    /// One principal for the whole connection (stdio).
+    Fixed(Caller),
+    /// Each request carries its own: the HTTP layer authenticates the request and puts
+    /// the [`Caller`] in its extensions, which rmcp hands to the tool with the request's
+    /// `http::request::Parts`.
+    PerRequest,
+}
+
+/// The caller the HTTP layer attached to this request, if any.
+pub fn request_caller(ctx: &RequestContext<RoleServer>) -> Option<Caller> {
+    ctx.extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<Caller>())
+        .cloned()
 }
 
 /// A result with both a text and a structured form.
@@ -97,6 +116,16 @@ impl ReplboxServer {
 
     /// A handler whose sessions belong to `caller`.
     pub fn for_caller(app: Arc<App>, caller: Caller) -> Self {
+        Self::build(app, CallerSource::Fixed(caller))
+    }
+
+    /// A handler for the HTTP transport: every request names its caller (see
+    /// [`request_caller`]); a request that does not is refused.
+    pub fn per_request(app: Arc<App>) -> Self {
+        Self::build(app, CallerSource::PerRequest)
+    }
+
+    fn build(app: Arc<App>, caller: CallerSource) -> Self {
         let mut tool_router = Self::tool_router();
         // The schema advertises the language ids installed on this host.
         let names = app.registry.available_names();
@@ -179,14 +208,22 @@ Close it with session_close when done; idle sessions are closed after idle_timeo
         annotations(title = "Start session", read_only_hint = false, destructive_hint = false,
                     idempotent_hint = false, open_world_hint = false)
     )]
-    async fn session_start(&self, Parameters(p): Parameters<SessionStartParams>) -> CallToolResult {
+    async fn session_start(
+        &self,
+        Parameters(p): Parameters<SessionStartParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let caller = match self.caller(&ctx) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
         let req = StartRequest {
             language: p.language,
             cwd: p.cwd.map(std::path::PathBuf::from),
             env: p.env,
             idle_timeout_s: p.idle_timeout_s,
         };
-        match self.app.sessions.start(&self.caller, req).await {
+        match self.app.sessions.start(&caller, req).await {
             Ok(r) => {
                 let text = format!(
                     "session {} started: {} {} (pid {}) in {}",
@@ -214,13 +251,17 @@ awaiting_input (the code is reading stdin).",
         Parameters(p): Parameters<SessionEvalParams>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
+        let caller = match self.caller(&ctx) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
         let timeout = self.app.config.timeout(p.timeout_ms);
         let progress = progress_reporter(&ctx, timeout);
         match self
             .app
             .sessions
             .eval(
-                &self.caller,
+                &caller,
                 &p.session_id,
                 &p.code,
                 timeout,
@@ -249,13 +290,17 @@ shape as session_eval, with the output printed after the answer.",
         Parameters(p): Parameters<SessionInputParams>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
+        let caller = match self.caller(&ctx) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
         let timeout = self.app.config.timeout(p.timeout_ms);
         let progress = progress_reporter(&ctx, timeout);
         match self
             .app
             .sessions
             .input(
-                &self.caller,
+                &caller,
                 &p.session_id,
                 &p.text,
                 timeout,
@@ -281,13 +326,13 @@ in another call. The session keeps its state.",
     async fn session_interrupt(
         &self,
         Parameters(p): Parameters<SessionIdParams>,
+        ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        match self
-            .app
-            .sessions
-            .interrupt(&self.caller, &p.session_id)
-            .await
-        {
+        let caller = match self.caller(&ctx) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        match self.app.sessions.interrupt(&caller, &p.session_id).await {
             Ok(r) => {
                 let text = match (&r.result, r.interrupted) {
                     (Some(res), _) => res.text(),
@@ -313,8 +358,16 @@ directory is removed.",
         annotations(title = "Close session", read_only_hint = false, destructive_hint = true,
                     idempotent_hint = true, open_world_hint = false)
     )]
-    async fn session_close(&self, Parameters(p): Parameters<SessionIdParams>) -> CallToolResult {
-        match self.app.sessions.close(&self.caller, &p.session_id).await {
+    async fn session_close(
+        &self,
+        Parameters(p): Parameters<SessionIdParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let caller = match self.caller(&ctx) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        match self.app.sessions.close(&caller, &p.session_id).await {
             Ok(r) => result(format!("session {} closed", r.session_id), &r, false),
             Err(e) => error_result(e),
         }
@@ -329,8 +382,12 @@ an evaluation is running.",
         annotations(title = "List sessions", read_only_hint = true, destructive_hint = false,
                     idempotent_hint = true, open_world_hint = false)
     )]
-    async fn session_list(&self) -> CallToolResult {
-        let r = self.app.sessions.list(&self.caller);
+    async fn session_list(&self, ctx: RequestContext<RoleServer>) -> CallToolResult {
+        let caller = match self.caller(&ctx) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        let r = self.app.sessions.list(&caller);
         let mut text = String::new();
         if r.sessions.is_empty() {
             text.push_str("no open sessions");
@@ -352,6 +409,17 @@ an evaluation is running.",
 }
 
 impl ReplboxServer {
+    /// The principal this request comes from.
+    fn caller(&self, ctx: &RequestContext<RoleServer>) -> Result<Caller, CallToolResult> {
+        match &self.caller {
+            CallerSource::Fixed(c) => Ok(c.clone()),
+            CallerSource::PerRequest => request_caller(ctx).ok_or_else(|| {
+                tracing::error!("an HTTP request reached a tool without an authenticated caller");
+                error_result("this request carries no authenticated caller; it was refused")
+            }),
+        }
+    }
+
     fn lookup_message(&self, e: &LookupError) -> String {
         let available = self.app.registry.available_names().join(", ");
         match e {
@@ -387,6 +455,17 @@ of each stream.",
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for ReplboxServer {
+    /// Every tool call, counted while it runs (shutdown drains them; /healthz shows them).
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let _running = self.app.calls.enter();
+        let tcc = ToolCallContext::new(self, request, context);
+        self.tool_router.call(tcc).await
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("replbox", env!("CARGO_PKG_VERSION")))

@@ -1,8 +1,8 @@
 //! The table of sessions: lifecycle, ownership, limits and the idle reaper.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -160,12 +160,24 @@ fn unix(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-/// A place under the session limit, held while a session starts.
-struct Slot<'a>(&'a AtomicUsize);
+/// Sessions being started, per principal: they count against the limits.
+type Starting = Mutex<HashMap<Caller, usize>>;
+
+/// A place under the session limits, held while a session starts.
+struct Slot<'a> {
+    starting: &'a Starting,
+    caller: Caller,
+}
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        let mut m = lock(self.starting);
+        if let Some(n) = m.get_mut(&self.caller) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.caller);
+            }
+        }
     }
 }
 
@@ -177,8 +189,7 @@ pub struct SessionManager {
     sessions: DashMap<String, Arc<Session>>,
     /// Sessions that ended, so a later call can say how (bounded).
     ended: DashMap<String, (Caller, Gone)>,
-    /// Sessions being started (they count against the limit).
-    starting: AtomicUsize,
+    starting: Starting,
 }
 
 impl SessionManager {
@@ -189,12 +200,18 @@ impl SessionManager {
             workspace,
             sessions: DashMap::new(),
             ended: DashMap::new(),
-            starting: AtomicUsize::new(0),
+            starting: Mutex::new(HashMap::new()),
         }
     }
 
     pub fn count(&self) -> usize {
         self.sessions.len()
+    }
+
+    /// Principals that hold at least one open session.
+    pub fn owners(&self) -> usize {
+        let owners: HashSet<Caller> = self.sessions.iter().map(|s| s.owner.clone()).collect();
+        owners.len()
     }
 
     /// Close idle sessions in the background for as long as the manager lives.
@@ -233,14 +250,38 @@ impl SessionManager {
         }
     }
 
-    /// Take a place under the session limit, evicting the idlest session when configured to.
+    /// Take a place under the session limits: the caller's own (per principal), then the
+    /// server's, where the idlest session is evicted when configured to.
     async fn admit(&self, caller: &Caller) -> Result<Slot<'_>, String> {
         loop {
-            let taken = self.starting.fetch_add(1, Ordering::SeqCst);
-            if self.sessions.len() + taken < self.config.max_sessions {
-                return Ok(Slot(&self.starting));
+            {
+                let mut starting = lock(&self.starting);
+                let mine_starting = starting.get(caller).copied().unwrap_or(0);
+                let limit = self.config.max_sessions_per_principal;
+                if limit > 0 {
+                    let mine = self.sessions.iter().filter(|s| s.owner == *caller).count();
+                    if mine + mine_starting >= limit {
+                        return Err(format!(
+                            "session limit reached: you already have {mine} open session(s){} and \
+the limit per client is {limit} (max_sessions_per_principal). Close one you no longer need with \
+session_close (session_list shows them), or reuse one with session_eval.",
+                            if mine_starting > 0 {
+                                format!(" and {mine_starting} starting")
+                            } else {
+                                String::new()
+                            }
+                        ));
+                    }
+                }
+                let all_starting: usize = starting.values().sum();
+                if self.sessions.len() + all_starting < self.config.max_sessions {
+                    *starting.entry(caller.clone()).or_insert(0) += 1;
+                    return Ok(Slot {
+                        starting: &self.starting,
+                        caller: caller.clone(),
+                    });
+                }
             }
-            self.starting.fetch_sub(1, Ordering::SeqCst);
             let idlest = self
                 .sessions
                 .iter()
