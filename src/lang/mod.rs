@@ -24,6 +24,9 @@ pub struct Language {
     /// The first of `programs` found on PATH, or why none was.
     pub program: Result<PathBuf, String>,
     detected: OnceCell<Detected>,
+    /// `session.error_pattern`, compiled on first use (validated, not compiled, at load:
+    /// compiling every pattern of every language made start-up slow).
+    error_pattern: std::sync::OnceLock<Option<regex::Regex>>,
 }
 
 /// What running the program told us: the real executable and the version.
@@ -60,6 +63,17 @@ impl Language {
     /// The detection result if it has already completed.
     pub fn detected(&self) -> Option<&Detected> {
         self.detected.get()
+    }
+
+    /// The session's error pattern, compiled once. `None` when there is none (or, which
+    /// validation at load rules out, it does not compile).
+    pub fn error_pattern(&self) -> Option<&regex::Regex> {
+        self.error_pattern
+            .get_or_init(|| {
+                let p = self.spec.session.as_ref()?.error_pattern.as_deref()?;
+                regex::Regex::new(p).ok()
+            })
+            .as_ref()
     }
 }
 
@@ -174,6 +188,7 @@ impl Registry {
                 origin,
                 program,
                 detected: OnceCell::new(),
+                error_pattern: std::sync::OnceLock::new(),
             }));
         }
         // An id always wins over another language's alias.
@@ -284,7 +299,7 @@ pub fn parse_spec(origin: &str, text: &str) -> anyhow::Result<LangSpec> {
         return Err(bad("run.file", "must be a plain file name"));
     }
     if let Some(v) = &spec.version {
-        regex::Regex::new(&v.regex).map_err(|e| bad("version.regex", &e.to_string()))?;
+        check_regex(&v.regex).map_err(|e| bad("version.regex", &e))?;
     }
     if let Some(s) = &spec.session {
         if s.command.is_empty() {
@@ -314,13 +329,24 @@ pub fn parse_spec(origin: &str, text: &str) -> anyhow::Result<LangSpec> {
             return Err(bad("session.bootstrap_file", "must be a plain file name"));
         }
         if let Some(p) = &s.error_pattern {
-            regex::Regex::new(p).map_err(|e| bad("session.error_pattern", &e.to_string()))?;
+            check_regex(p).map_err(|e| bad("session.error_pattern", &e))?;
         }
         if s.interrupt.is_empty() {
             return Err(bad("session.interrupt", "must not be empty"));
         }
     }
     Ok(spec)
+}
+
+/// Check that a pattern is a valid regular expression without compiling it: parsing is
+/// what finds syntax errors, and it costs a small fraction of building the matcher (which
+/// happens on first use). The parser is the one `regex` itself uses, with its defaults.
+fn check_regex(pattern: &str) -> Result<(), String> {
+    regex_syntax::ParserBuilder::new()
+        .build()
+        .parse(pattern)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
 fn find_program(spec: &LangSpec, path_var: &std::ffi::OsStr) -> Result<PathBuf, String> {
@@ -381,6 +407,37 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("version.regex"), "{e}");
+        // Errors found only when translating (an unknown Unicode class) count too.
+        let e = parse_spec(
+            "u.toml",
+            "id='u'\nname='U'\nprograms=['u']\nversion={args=[], regex='\\p{Nope}'}\n[run]\nfile='a'\ncommand=['u']\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("u.toml: field `version.regex`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn validation_agrees_with_the_regex_crate() {
+        for p in [
+            r"(",
+            r"\p{Nope}",
+            r"a{2,1}",
+            r"[z-a]",
+            r"(?P<n>a)(?P<n>b)",
+            r"x**",
+        ] {
+            assert_eq!(check_regex(p).is_ok(), regex::Regex::new(p).is_ok(), "{p}");
+        }
+        for p in [
+            r"Python (\S+)",
+            r"(?m)^Traceback \(most recent call last\):",
+            r"v?(\d[\w.]*)",
+        ] {
+            assert!(check_regex(p).is_ok(), "{p}");
+        }
     }
 
     #[test]

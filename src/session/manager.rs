@@ -662,14 +662,9 @@ file in the session's directory and read it from there instead",
             restarted: None,
             error: None,
         };
-        let error_pattern = session
-            .lang
-            .spec
-            .session
-            .as_ref()
-            .and_then(|s| s.error_pattern.clone());
+        let error_pattern = session.lang.error_pattern();
         match outcome.ending {
-            Ending::Done(marker) => apply_marker(&mut report, &marker, error_pattern.as_deref()),
+            Ending::Done(marker) => apply_marker(&mut report, &marker, error_pattern),
             Ending::TimedOut { .. } => report.status = EvalStatus::Timeout,
             Ending::Cancelled => {
                 report.status = EvalStatus::Error;

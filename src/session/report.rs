@@ -171,7 +171,7 @@ pub struct InterruptReport {
 pub(super) fn apply_marker(
     report: &mut EvalReport,
     marker: &scan::EndMarker,
-    error_pattern: Option<&str>,
+    error_pattern: Option<&regex::Regex>,
 ) {
     let payload: Option<ErrorInfo> = if marker.payload.is_empty() {
         None
@@ -194,7 +194,7 @@ pub(super) fn apply_marker(
         }
         _ => {
             // `?`: the REPL cannot tell; look at the output.
-            match error_pattern.and_then(|p| regex::Regex::new(p).ok()) {
+            match error_pattern {
                 Some(re) => match re.captures(&report.output) {
                     Some(c) => {
                         if payload.is_none() {
