@@ -1,6 +1,7 @@
 //! `replbox __exec [OPTIONS] -- PROGRAM ARGS…`: the small supervisor every child of the
-//! server runs under. It is the server's own binary, re-executed, single-threaded and
-//! without tokio, and it stays alive as the program's parent:
+//! server runs under. It is the small `replbox-exec` binary (or, without it, the server's
+//! own binary re-executed), single-threaded and without tokio, and it stays alive as the
+//! program's parent:
 //!
 //! * it is a child subreaper, so anything the program double-forks or `setsid`s away is
 //!   re-parented to it and can still be found and killed;

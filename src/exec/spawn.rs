@@ -33,15 +33,31 @@ pub struct SpawnSpec {
 
 static HELPER_EXE: OnceLock<PathBuf> = OnceLock::new();
 
-/// Where the helper binary is: the server's own executable, unless overridden (the library's
-/// unit tests run inside the test binary, which is not replbox).
+/// Where the helper is: `REPLBOX_HELPER` if set (the library's unit tests run inside the
+/// test binary, which is not replbox); else the small `replbox-exec` binary installed
+/// beside the server's executable (same arguments, much cheaper to start: see
+/// `src/bin/replbox-exec.rs`); else the server's own executable, whose `__exec` command
+/// runs the same code.
 pub fn helper_exe() -> &'static Path {
     HELPER_EXE.get_or_init(|| {
         if let Some(p) = std::env::var_os("REPLBOX_HELPER") {
             return PathBuf::from(p);
         }
-        std::env::current_exe().unwrap_or_else(|_| PathBuf::from("replbox"))
+        let me = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("replbox"));
+        match me.parent().map(|dir| dir.join(HELPER_BIN)) {
+            Some(small) if is_executable(&small) => small,
+            _ => me,
+        }
     })
+}
+
+/// File name of the dedicated helper binary.
+pub const HELPER_BIN: &str = "replbox-exec";
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    p.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// Set the helper executable explicitly (before the first spawn).
