@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::config::Config;
 use crate::lang::Registry;
+use crate::pool::Pool;
 use crate::run::Runner;
 use crate::session::SessionManager;
 use crate::workspace::Workspace;
@@ -50,6 +51,7 @@ impl App {
         let runner = Runner {
             config: config.clone(),
             workspace: workspace.clone(),
+            pool: Arc::new(Pool::new(config.pool)),
         };
         let sessions = Arc::new(SessionManager::new(
             config.clone(),
@@ -67,8 +69,16 @@ impl App {
         }))
     }
 
+    /// What a server starts once it answers: interpreter detection, then the warm pools.
+    /// Both spawn processes, so they come after the transport is up rather than before.
+    pub fn start_background(&self) {
+        self.registry.detect_all_in_background();
+        self.runner.fill_pools(&self.registry);
+    }
+
     /// Stop everything the server started.
     pub async fn shutdown(&self) {
+        self.runner.pool.close();
         self.sessions.shutdown().await;
     }
 }

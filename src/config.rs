@@ -48,6 +48,11 @@ pub struct Config {
     /// once; 0 means no limit.
     #[arg(long, env = "REPLBOX_MAX_SESSIONS_PER_PRINCIPAL", default_value_t = 16)]
     pub max_sessions_per_principal: usize,
+
+    /// Interpreters kept started ahead of time for `run-code`, per language that has a
+    /// warm pool (python); each runs one program. 0 disables the pool.
+    #[arg(long, env = "REPLBOX_POOL", default_value_t = 2)]
+    pub pool: usize,
 }
 
 impl Default for Config {
@@ -63,6 +68,7 @@ impl Default for Config {
             max_sessions: 32,
             evict_idle: false,
             max_sessions_per_principal: 16,
+            pool: 2,
         }
     }
 }
@@ -95,6 +101,7 @@ impl Config {
                 "--max-sessions-per-principal",
                 self.max_sessions_per_principal.to_string(),
             ),
+            ("--pool", self.pool.to_string()),
         ] {
             args.push(flag.into());
             args.push(value.into());
@@ -135,6 +142,7 @@ mod tests {
             max_sessions: 3,
             evict_idle: true,
             max_sessions_per_principal: 4,
+            pool: 5,
         };
         let argv = std::iter::once(OsString::from("x")).chain(config.to_args());
         let parsed = Wrapper::try_parse_from(argv).expect("to_args output parses");

@@ -8,6 +8,7 @@ pub mod http;
 pub mod lang;
 pub mod mcp;
 pub mod output;
+pub mod pool;
 pub mod run;
 pub mod session;
 pub mod workspace;

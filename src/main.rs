@@ -147,8 +147,9 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     let server = ReplboxServer::new(app.clone());
     let service = server.serve(rmcp::transport::stdio_pipes()).await?;
     tracing::info!("serving MCP on stdio");
-    // Detection spawns interpreters; start it after the handshake so it does not slow it.
-    app.registry.detect_all_in_background();
+    // Detection and the warm pools spawn interpreters; start them after the handshake so
+    // they do not slow it.
+    app.start_background();
     let ct = service.cancellation_token();
     tokio::spawn(async move {
         wait_for_termination().await;

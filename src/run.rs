@@ -13,8 +13,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::exec::{self, SpawnSpec, Stdio3, env as cenv};
-use crate::lang::{Language, expand, expand_command};
+use crate::lang::{Language, Registry, expand, expand_command};
 use crate::output::HeadTail;
+use crate::pool::{self, Pool, Warm};
 use crate::session::interp::Progress;
 use crate::workspace::Workspace;
 
@@ -123,6 +124,8 @@ fn end_line(t: &mut String) {
 pub struct Runner {
     pub config: Arc<Config>,
     pub workspace: Arc<Workspace>,
+    /// Interpreters started ahead of time for languages with a `[run.pool]`.
+    pub pool: Arc<Pool>,
 }
 
 struct Step {
@@ -134,10 +137,38 @@ struct Step {
     spawn_error: Option<String>,
 }
 
+/// The placeholders of a run's command lines.
+struct Vars {
+    exe: String,
+    file: String,
+    dir: String,
+    cache: String,
+}
+
+impl Vars {
+    fn new(runner: &Runner, lang: &Language, exe: &Path, dir: &Path) -> Self {
+        Self {
+            exe: exe.display().to_string(),
+            file: lang.spec.run.file.clone(),
+            dir: dir.display().to_string(),
+            cache: runner.workspace.cache_dir(lang.id()).display().to_string(),
+        }
+    }
+
+    fn list(&self) -> [(&str, &str); 4] {
+        [
+            ("exe", self.exe.as_str()),
+            ("file", self.file.as_str()),
+            ("dir", self.dir.as_str()),
+            ("cache", self.cache.as_str()),
+        ]
+    }
+}
+
 impl Runner {
     pub async fn run(
         &self,
-        lang: &Language,
+        lang: &Arc<Language>,
         req: RunRequest,
         cancel: &CancellationToken,
         progress: Option<&Progress>,
@@ -164,23 +195,27 @@ impl Runner {
         let Some(detected) = lang.detect().await else {
             return fail(report, format!("{} is not installed", lang.id()));
         };
-        let dir = match self.workspace.new_run_dir() {
-            Ok(d) => d,
-            Err(e) => return fail(report, format!("cannot create a working directory: {e}")),
+        // A pooled interpreter when the pool can honour the request, else a cold start.
+        let warm = if self.poolable(lang, &req) {
+            self.pool.take(lang.id())
+        } else {
+            None
+        };
+        let (dir, warm) = match warm {
+            Some(w) => (w.dir, Some(w.proc)),
+            None => match self.workspace.new_run_dir() {
+                Ok(d) => (d, None),
+                Err(e) => {
+                    return fail(report, format!("cannot create a working directory: {e}"));
+                }
+            },
         };
         let spec = &lang.spec.run;
         if let Err(e) = std::fs::write(dir.path().join(&spec.file), &req.code) {
             return fail(report, format!("cannot write the program: {e}"));
         }
-        let exe = detected.exe.display().to_string();
-        let cache = self.workspace.cache_dir(lang.id()).display().to_string();
-        let dir_s = dir.path().display().to_string();
-        let vars = [
-            ("exe", exe.as_str()),
-            ("file", spec.file.as_str()),
-            ("dir", dir_s.as_str()),
-            ("cache", cache.as_str()),
-        ];
+        let vars = Vars::new(self, lang, &detected.exe, dir.path());
+        let vars = vars.list();
         let env = self.child_env(lang, &detected.exe, dir.path(), &vars, &req.env);
 
         if let Some(compile) = &spec.compile {
@@ -196,13 +231,103 @@ impl Runner {
             }
         }
         let argv = expand_command(&spec.command, &vars, &req.args);
-        let stdin = req.stdin.map(String::into_bytes);
-        let spawn = pipes(argv, env, dir.path(), stdin.is_some());
-        let step = self.step(spawn, stdin, deadline, cancel, progress).await;
+        // stdin is always a pipe, closed after the caller's input (if any): a pooled
+        // interpreter reads its request on that same pipe, and a cold run must see the same.
+        let input = req.stdin.map(String::into_bytes).unwrap_or_default();
+        let step = match warm {
+            Some(proc) => {
+                let mut data = pool::request(&spec.file, req.args.len(), &argv, &env);
+                data.extend_from_slice(&input);
+                self.supervise(proc, Some(data), deadline, cancel, progress)
+                    .await
+            }
+            None => {
+                let spawn = pipes(argv, env, dir.path(), true);
+                self.step(spawn, Some(input), deadline, cancel, progress)
+                    .await
+            }
+        };
         Self::fill(&mut report, step);
         report.duration_ms = started.elapsed().as_millis() as u64;
         drop(dir);
+        // Replace what this run used (or what the pool dropped), now that the run is over.
+        self.refill(lang);
         report
+    }
+
+    /// Whether a pooled interpreter can run this request exactly as a cold start would.
+    fn poolable(&self, lang: &Language, req: &RunRequest) -> bool {
+        let Some(p) = &lang.spec.run.pool else {
+            return false;
+        };
+        self.pool.enabled()
+            && lang.spec.run.compile.is_none()
+            // NUL cannot be passed to a cold start either; let it fail the cold way.
+            && !req.code.contains('\0')
+            && !req.args.iter().any(|a| a.contains('\0'))
+            && !req
+                .env
+                .keys()
+                .any(|k| pool::starts_differently(k, &p.cold_env))
+    }
+
+    /// Start filling the pools of every installed language that has one (`serve` does this
+    /// once it is up; from then on every run refills what it used).
+    pub fn fill_pools(&self, registry: &Registry) {
+        if !self.pool.enabled() {
+            return;
+        }
+        self.pool.activate();
+        for lang in registry.all() {
+            if lang.installed() && lang.spec.run.pool.is_some() {
+                self.refill(lang);
+            }
+        }
+    }
+
+    /// Start as many pooled interpreters of `lang` as it lacks, in the background.
+    pub fn refill(&self, lang: &Arc<Language>) {
+        if lang.spec.run.pool.is_none() {
+            return;
+        }
+        for _ in 0..self.pool.reserve(lang.id()) {
+            let me = self.clone();
+            let lang = lang.clone();
+            tokio::spawn(async move {
+                let warm = me.start_warm(&lang).await;
+                me.pool.started(lang.id(), warm);
+            });
+        }
+    }
+
+    /// Start one pooled interpreter: a fresh run directory, the environment of a run there
+    /// (without any caller's variables), and the language's loader, through `exec::spawn`
+    /// like every other child.
+    async fn start_warm(&self, lang: &Language) -> Result<Warm, String> {
+        let Some(p) = &lang.spec.run.pool else {
+            return Err("the language has no pool".into());
+        };
+        let detected = lang
+            .detect()
+            .await
+            .ok_or_else(|| format!("{} is not installed", lang.id()))?;
+        let dir = self
+            .workspace
+            .new_run_dir()
+            .map_err(|e| format!("cannot create a working directory: {e}"))?;
+        let vars = Vars::new(self, lang, &detected.exe, dir.path());
+        let vars = vars.list();
+        let env = self.child_env(lang, &detected.exe, dir.path(), &vars, &BTreeMap::new());
+        let mut with_loader = vars.to_vec();
+        with_loader.push(("loader", p.loader.as_str()));
+        let argv = expand_command(&p.command, &with_loader, &[]);
+        let proc = exec::spawn(pipes(argv, env, dir.path(), true))
+            .map_err(|e| format!("cannot start {}: {e}", detected.exe.display()))?;
+        Ok(Warm {
+            proc,
+            dir,
+            born: Instant::now(),
+        })
     }
 
     fn fill(report: &mut RunReport, step: Step) {
@@ -262,24 +387,46 @@ impl Runner {
         cancel: &CancellationToken,
         progress: Option<&Progress>,
     ) -> Step {
+        let program = spec.argv.first().cloned().unwrap_or_default();
+        match exec::spawn(spec) {
+            Ok(proc) => {
+                self.supervise(proc, stdin, deadline, cancel, progress)
+                    .await
+            }
+            Err(e) => {
+                let mut step = self.empty_step();
+                step.spawn_error = Some(format!("failed to start {program}: {e}"));
+                step
+            }
+        }
+    }
+
+    fn empty_step(&self) -> Step {
         let cap = self.config.output_cap;
-        let mut step = Step {
+        Step {
             status: None,
             stdout: HeadTail::new(cap),
             stderr: HeadTail::new(cap),
             timed_out: false,
             cancelled: false,
             spawn_error: None,
-        };
-        let program = spec.argv.first().cloned().unwrap_or_default();
-        let mut proc = match exec::spawn(spec) {
-            Ok(p) => p,
-            Err(e) => {
-                step.spawn_error = Some(format!("failed to start {program}: {e}"));
-                return step;
-            }
-        };
-        if let (Some(data), Some(mut pipe)) = (stdin, proc.child.stdin.take()) {
+        }
+    }
+
+    /// Feed `stdin` (then close it), capture both streams, and wait for the end, the
+    /// deadline or a cancel (which kill the tree).
+    async fn supervise(
+        &self,
+        mut proc: exec::Proc,
+        stdin: Option<Vec<u8>>,
+        deadline: tokio::time::Instant,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+    ) -> Step {
+        let cap = self.config.output_cap;
+        let mut step = self.empty_step();
+        if let Some(mut pipe) = proc.child.stdin.take() {
+            let data = stdin.unwrap_or_default();
             tokio::spawn(async move {
                 // A program that does not read its input is not an error.
                 let _ = pipe.write_all(&data).await;

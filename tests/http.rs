@@ -77,6 +77,8 @@ impl HttpServer {
         ] {
             cmd.env_remove(var);
         }
+        // These tests count the server's processes: no warm pool.
+        cmd.env("REPLBOX_POOL", "0");
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -150,7 +150,7 @@ pub async fn serve(
         );
     }
     tracing::info!("listening on http://{local}/mcp");
-    app.registry.detect_all_in_background();
+    app.start_background();
     let pruner = tokio::spawn(prune_owners(shared.clone()));
 
     tokio::select! {

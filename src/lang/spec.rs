@@ -75,6 +75,31 @@ pub struct RunSpec {
     /// Extra environment for the run.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Optional warm pool: interpreters started ahead of time that each run one program
+    /// exactly as `command` would (see `pool::request` for what the loader reads).
+    #[serde(default)]
+    pub pool: Option<PoolSpec>,
+}
+
+/// How to start a pooled interpreter for `run-code`. It is started in its own private
+/// directory with the environment of a run (without the caller's variables), runs
+/// `loader`, reads one request on stdin, and must then behave exactly as a cold
+/// `run.command` of the same program would: same arguments, globals, stdin, environment,
+/// exit status and error output.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSpec {
+    /// Command line; the same placeholders as `run.command` (not `{args}`), plus
+    /// `{loader}`, the loader's source.
+    pub command: Vec<String>,
+    /// The loader's source.
+    pub loader: String,
+    /// Caller variables that change how the interpreter starts (read before the loader
+    /// runs): a run that sets one starts cold. A trailing `*` matches a prefix. Variables
+    /// every interpreter reads at start (LD_*, LC_*, LANG, TZ, HOME, PATH, ...) are always
+    /// cold.
+    #[serde(default)]
+    pub cold_env: Vec<String>,
 }
 
 /// How a persistent REPL of this language is driven behind a PTY.

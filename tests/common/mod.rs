@@ -65,6 +65,9 @@ impl TestServer {
     pub async fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut cmd = tokio::process::Command::new(BIN);
         cmd.arg("serve").args(args);
+        // These tests count the server's processes, so no warm pool unless a test asks for
+        // one (tests/pool.rs covers pooled runs).
+        cmd.env("REPLBOX_POOL", "0");
         for (k, v) in env {
             cmd.env(k, v);
         }
