@@ -210,7 +210,29 @@ print(sys.modules['__main__'].__dict__ is globals(), __annotations__, type(__bui
             ),
         ),
         ("coding cookie", py("# -*- coding: utf-8 -*-\nprint('é')")),
+        (
+            "finalizers at exit",
+            py(
+                "import gc\nclass A:\n    def __del__(self):\n        print('del A')\na = A()\nb = [A()]\nb.append(b)\nprint(gc.isenabled(), 'end')",
+            ),
+        ),
         ("warnings", py("import warnings\nwarnings.warn('careful')")),
+        (
+            "buffered output flushed at exit",
+            py("import os\nout = os.fdopen(1, 'w')\nout.write('buffered, never flushed')"),
+        ),
+        (
+            "finalizers of objects kept in modules loaded at start",
+            py(
+                "import os, sys, weakref\nclass A:\n    def __del__(self):\n        print('del', self.where)\nos.keep = A(); os.keep.where = 'os'\nsys.keep = A(); sys.keep.where = 'sys'\nweakref.finalize(A, print, 'finalize ran')\nprint('end')",
+            ),
+        ),
+        (
+            "pickling what __main__ defines",
+            py(
+                "import pickle\nclass P:\n    pass\nprint(type(pickle.loads(pickle.dumps(P()))).__name__, P.__module__)",
+            ),
+        ),
         (
             "modules loaded at start",
             py(
