@@ -7,10 +7,29 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_replbox");
 
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+        .unwrap_or(false)
+}
+
 #[test]
 fn bench_json_has_every_section_with_its_samples() {
+    // Every section, kept small (and without the peer, which needs the npm registry).
     let out = Command::new(BIN)
-        .args(["bench", "--iterations", "3", "--json"])
+        .args([
+            "bench",
+            "--iterations",
+            "2",
+            "--json",
+            "--idle-sessions",
+            "3",
+            "--soak-evals",
+            "24",
+            "--soak-sessions",
+            "3",
+            "--no-peer",
+        ])
         .output()
         .expect("run replbox bench");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -22,14 +41,42 @@ fn bench_json_has_every_section_with_its_samples() {
     );
     let report: Value = serde_json::from_str(&stdout)
         .unwrap_or_else(|e| panic!("bench --json did not print JSON ({e}):\n{stdout}"));
-    assert_eq!(report["iterations"], 3, "{report:#}");
+    assert_eq!(report["iterations"], 2, "{report:#}");
     let sections = report["sections"].as_array().expect("sections array");
     let names: Vec<&str> = sections.iter().filter_map(|s| s["name"].as_str()).collect();
-    assert_eq!(names, ["run_code", "initialize"], "{report:#}");
+    let mut expected = vec!["initialize"];
+    if on_path("python3") {
+        expected.extend(["run_code:python"]);
+    }
+    if on_path("node") {
+        expected.push("run_code:javascript");
+    }
+    if on_path("python3") {
+        expected.extend(["run_code_cold:python", "session_eval:python"]);
+    }
+    if on_path("node") {
+        expected.push("session_eval:javascript");
+    }
+    if on_path("python3") {
+        expected.extend([
+            "sessions_sleep",
+            "concurrent_run_code",
+            "big_output:run_code",
+            "big_output:session",
+            "idle_memory",
+            "soak",
+        ]);
+    }
+    assert_eq!(names, expected, "{report:#}");
     for s in sections {
-        let name = &s["name"];
+        let name = s["name"].as_str().unwrap_or_default();
         let samples = s["samples_ms"].as_array().expect("samples_ms");
-        assert_eq!(samples.len(), 3, "{name}: {s:#}");
+        let want = match name {
+            "idle_memory" => 3,
+            "soak" => 24,
+            _ => 2,
+        };
+        assert_eq!(samples.len(), want, "{name}: {s:#}");
         assert!(
             samples.iter().all(|x| x.as_f64().is_some_and(|v| v > 0.0)),
             "{name}: {s:#}"
@@ -40,24 +87,61 @@ fn bench_json_has_every_section_with_its_samples() {
             assert!(s[key].as_f64().is_some(), "{name} has no {key}: {s:#}");
         }
         assert!(s.get("ratio").is_some(), "{name} has no ratio field: {s:#}");
+        // Rows compared with a floor carry its samples and a ratio; the others neither.
+        let has_floor = !matches!(name, "initialize" | "idle_memory" | "soak");
+        if has_floor {
+            let floor = &s["floor"];
+            assert_eq!(
+                floor["samples_ms"].as_array().map(Vec::len),
+                Some(want),
+                "{name}: {floor:#}"
+            );
+            assert!(
+                s["ratio"].as_f64().is_some_and(|r| r > 0.0),
+                "{name}: {s:#}"
+            );
+        } else {
+            assert!(
+                s["floor"].is_null() && s["ratio"].is_null(),
+                "{name}: {s:#}"
+            );
+        }
     }
-    // run-code is compared with spawning python directly; server start has no floor.
-    let run_code = &sections[0];
-    let floor = &run_code["floor"];
-    assert_eq!(
-        floor["samples_ms"].as_array().map(Vec::len),
-        Some(3),
-        "{floor:#}"
-    );
+    let metric = |row: &str, key: &str| {
+        sections
+            .iter()
+            .find(|s| s["name"] == row)
+            .and_then(|s| s["metrics"][key].as_f64())
+    };
+    if on_path("python3") {
+        assert_eq!(metric("concurrent_run_code", "least_right"), Some(8.0));
+        assert!(metric("idle_memory", "per_session_kib").is_some());
+        for key in ["fds_before", "fds_after", "threads_after", "rss_kib_after"] {
+            assert!(metric("soak", key).is_some_and(|v| v > 0.0), "soak {key}");
+        }
+        assert_eq!(
+            metric("big_output:session", "truncation_flagged"),
+            Some(1.0)
+        );
+        // Every target of the design is judged, met or not.
+        let targets = report["targets"].as_array().expect("targets");
+        assert_eq!(targets.len(), 9, "{targets:#?}");
+        assert!(targets.iter().all(|t| t["met"].is_boolean()));
+    }
+    // Where and how it ran, and that the peer was left out on request.
+    let machine = &report["machine"];
     assert!(
-        floor["median_ms"].as_f64().is_some_and(|m| m > 0.0),
-        "{floor:#}"
+        machine["cpus"].as_u64().is_some_and(|c| c > 0),
+        "{machine:#}"
     );
+    assert!(machine["load_before"].is_array(), "{machine:#}");
+    let notes = report["notes"].as_array().expect("notes");
     assert!(
-        run_code["ratio"].as_f64().is_some_and(|r| r > 0.0),
-        "{run_code:#}"
+        notes
+            .iter()
+            .any(|n| n.as_str().is_some_and(|n| n.contains("--no-peer"))),
+        "{notes:?}"
     );
-    assert!(sections[1]["floor"].is_null() && sections[1]["ratio"].is_null());
 }
 
 #[test]
@@ -82,6 +166,7 @@ fn only_selects_sections_and_rejects_unknown_ones() {
         .filter_map(|s| s["name"].as_str())
         .collect();
     assert_eq!(names, ["initialize"]);
+    assert!(report["targets"].as_array().is_some_and(|t| t.len() == 1));
 
     let out = Command::new(BIN)
         .args(["bench", "--only", "no_such_section"])
@@ -90,4 +175,5 @@ fn only_selects_sections_and_rejects_unknown_ones() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("run_code"), "lists the sections: {stderr}");
+    assert!(stderr.contains("soak"), "lists the sections: {stderr}");
 }

@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use nix::unistd::Pid;
 use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
-use rmcp::service::RunningService;
+use rmcp::service::{Peer, RunningService};
 use rmcp::transport::TokioChildProcess;
 use rmcp::{RoleClient, ServiceExt};
+use serde_json::Value;
 use tokio::process::Command;
 
 /// Longest wait for a handshake or one tool call before the bench gives up with an error.
@@ -45,14 +46,15 @@ impl McpServer {
     /// Call `tool` and time it from the request being handed to the client until its result
     /// is back. A protocol error or a timeout is an error.
     pub async fn call(&self, tool: &str, args: &JsonObject) -> Result<(Duration, CallToolResult)> {
-        let params = CallToolRequestParams::new(tool.to_string()).with_arguments(args.clone());
-        let started = Instant::now();
-        let result = tokio::time::timeout(CALL_TIMEOUT, self.client.call_tool(params)).await;
-        let elapsed = started.elapsed();
-        let result = result
-            .with_context(|| format!("{tool} on `{}` took over {CALL_TIMEOUT:?}", self.label))?
-            .with_context(|| format!("{tool} on `{}` failed", self.label))?;
-        Ok((elapsed, result))
+        call_peer(self.client.peer(), &self.label, tool, args).await
+    }
+
+    /// A handle for calls from other tasks (concurrent calls on one connection).
+    pub fn handle(&self) -> Handle {
+        Handle {
+            peer: self.client.peer().clone(),
+            label: self.label.clone(),
+        }
     }
 
     /// Call `tool` and check that it succeeded with exactly `expected` as its text; anything
@@ -64,11 +66,7 @@ impl McpServer {
         expected: &str,
     ) -> Result<Duration> {
         let (elapsed, result) = self.call(tool, args).await?;
-        let text: String = result
-            .content
-            .iter()
-            .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
-            .collect();
+        let text = text_of(&result);
         if result.is_error == Some(true) || text != expected {
             bail!(
                 "{tool} on `{}` returned {text:?} (isError: {:?}), expected {expected:?}",
@@ -79,28 +77,151 @@ impl McpServer {
         Ok(elapsed)
     }
 
-    /// Wait (at most `within`) until the server has no child processes left, such as the
-    /// interpreter probes it starts after the handshake, so that they do not run during the
-    /// measurement. Returns false if some were still running at the end.
-    pub async fn wait_idle(&self, within: Duration) -> bool {
+    /// Call `tool` with JSON arguments; a protocol error, a timeout or an `isError` result
+    /// is an error. Returns the time, the text and the structured content.
+    pub async fn call_ok(&self, tool: &str, args: Value) -> Result<(Duration, String, Value)> {
+        let Value::Object(args) = args else {
+            bail!("{tool}: arguments must be an object");
+        };
+        let (elapsed, result) = self.call(tool, &args).await?;
+        let text = text_of(&result);
+        if result.is_error == Some(true) {
+            bail!("{tool} on `{}` failed: {text}", self.label);
+        }
+        Ok((
+            elapsed,
+            text,
+            result.structured_content.clone().unwrap_or(Value::Null),
+        ))
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    /// Wait (at most `within`) until the server's descendants are quiet: the same processes,
+    /// using no CPU, over a few consecutive checks. Pooled interpreters being started, or
+    /// probes, would otherwise compete with what is measured. Returns false if they were
+    /// still busy at the end.
+    pub async fn wait_quiet(&self, within: Duration) -> bool {
         let Some(pid) = self.pid else {
             return true;
         };
-        let pid = Pid::from_raw(pid as i32);
         let deadline = Instant::now() + within;
+        let mut last = tree_cpu(pid);
+        let mut calm = 0;
         loop {
-            if crate::exec::helper::descendants(pid).is_empty() {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+            let now = tree_cpu(pid);
+            calm = if now == last { calm + 1 } else { 0 };
+            last = now;
+            if calm >= 3 {
                 return true;
             }
             if Instant::now() > deadline {
                 return false;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
     /// Close the connection and wait for the server to exit (it is killed if it does not).
     pub async fn stop(self) {
         let _ = self.client.cancel().await;
+    }
+}
+
+/// A clonable handle on a server's connection, for concurrent calls from several tasks.
+#[derive(Clone)]
+pub struct Handle {
+    peer: Peer<RoleClient>,
+    label: String,
+}
+
+impl Handle {
+    /// Call `tool` and return the time and the text, or an error when the call failed or
+    /// returned `isError`.
+    pub async fn call_text(&self, tool: &str, args: Value) -> Result<(Duration, String)> {
+        let Value::Object(args) = args else {
+            bail!("{tool}: arguments must be an object");
+        };
+        let (elapsed, result) = call_peer(&self.peer, &self.label, tool, &args).await?;
+        let text = text_of(&result);
+        if result.is_error == Some(true) {
+            bail!("{tool} on `{}` failed: {text}", self.label);
+        }
+        Ok((elapsed, text))
+    }
+}
+
+async fn call_peer(
+    peer: &Peer<RoleClient>,
+    label: &str,
+    tool: &str,
+    args: &JsonObject,
+) -> Result<(Duration, CallToolResult)> {
+    let params = CallToolRequestParams::new(tool.to_string()).with_arguments(args.clone());
+    let started = Instant::now();
+    let result = tokio::time::timeout(CALL_TIMEOUT, peer.call_tool(params)).await;
+    let elapsed = started.elapsed();
+    let result = result
+        .with_context(|| format!("{tool} on `{label}` took over {CALL_TIMEOUT:?}"))?
+        .with_context(|| format!("{tool} on `{label}` failed"))?;
+    Ok((elapsed, result))
+}
+
+/// The text contents of a result, concatenated.
+pub fn text_of(result: &CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+        .collect()
+}
+
+/// The processes under `root` and their CPU ticks in total, as a comparable snapshot.
+fn tree_cpu(root: u32) -> (Vec<i32>, u64) {
+    let mut pids: Vec<i32> = crate::exec::helper::descendants(Pid::from_raw(root as i32))
+        .into_iter()
+        .map(|p| p.as_raw())
+        .collect();
+    pids.sort_unstable();
+    let ticks = pids.iter().filter_map(|p| cpu_ticks(*p)).sum();
+    (pids, ticks)
+}
+
+/// utime + stime of a process, in clock ticks (from /proc/PID/stat).
+pub fn cpu_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
+    // Fields after the command: state is field 3, utime 14 and stime 15.
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// What the kernel says about a process: resident memory, threads, open descriptors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ProcStats {
+    pub rss_kib: u64,
+    pub threads: u64,
+    pub fds: u64,
+}
+
+impl ProcStats {
+    pub fn of(pid: u32) -> Option<Self> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let field = |name: &str| -> Option<u64> {
+            let line = status.lines().find(|l| l.starts_with(name))?;
+            line[name.len()..].split_whitespace().next()?.parse().ok()
+        };
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+        Some(Self {
+            rss_kib: field("VmRSS:")?,
+            threads: field("Threads:")?,
+            fds,
+        })
     }
 }

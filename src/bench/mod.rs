@@ -1,22 +1,28 @@
 //! `replbox bench`: measure this binary, on this machine, against the floor of what it does.
 //!
 //! A bench is a list of [`SECTIONS`]. Each one has a name (what `--only` takes) and a
-//! measurement that returns its samples, plus the samples of a floor to compare with when
-//! there is one (for `run-code`, spawning the same interpreter directly). [`run`] runs the
-//! chosen sections and turns the samples into a [`Report`]; [`print_table`] prints it.
+//! measurement that returns one or more rows (one per language where that applies), each
+//! with its samples, the samples of a floor to compare with when there is one (for
+//! `run-code`, spawning the same interpreter directly), and named figures (memory, counts).
+//! [`run`] runs the chosen sections and turns the rows into a [`Report`], which also judges
+//! the design's targets; [`print_table`] prints it.
 //!
-//! To add a section: write an `async fn(&Ctx) -> Result<Measurement>` and list it in
+//! To add a section: write an `async fn(&Ctx) -> Result<Vec<Row>>` and list it in
 //! [`SECTIONS`]. [`McpServer`] starts a stdio MCP server (replbox or a peer) and times tool
 //! calls; [`alternate`] interleaves our measurement with its floor so that machine noise
-//! hits both alike.
+//! hits both alike; [`McpServer::wait_quiet`] waits until the server's children (a warm
+//! pool refilling) use no CPU, so that they do not compete with a sample.
 
 mod client;
+mod floor;
 mod report;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::Stdio;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -25,16 +31,19 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
 use crate::config::Config;
-use crate::exec::env as cenv;
 use crate::lang::Registry;
 
-pub use client::McpServer;
-pub use report::{FloorReport, Report, SectionReport, Series, Stats, print_table};
+pub use client::{Handle, McpServer, ProcStats};
+pub use floor::{Interpreter, RawRepl, raw_repl};
+pub use report::{
+    FloorReport, Machine, Report, SectionReport, Series, Stats, TargetReport, print_table,
+};
 
 /// `replbox bench` flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Measured repetitions per section (after a short warm-up).
+    /// Measured repetitions per section (after a short warm-up). Sections whose samples
+    /// take a second or more take at most 10.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
     pub iterations: u32,
     /// Print the numbers as JSON instead of a table.
@@ -48,15 +57,45 @@ pub struct BenchArgs {
         value_parser = clap::builder::PossibleValuesParser::new(SECTIONS.iter().map(|s| s.name))
     )]
     pub only: Vec<String>,
+    /// Idle sessions opened to measure the server's memory per session.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub idle_sessions: u32,
+    /// Evaluations of the soak section...
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub soak_evals: u32,
+    /// ...spread over this many sessions.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub soak_sessions: u32,
+    /// Do not install and measure mcp-server-code-runner (by default it is when `npx` is
+    /// on PATH; installing it needs the npm registry).
+    #[arg(long)]
+    pub no_peer: bool,
     /// Settings for the server the bench starts.
     #[command(flatten)]
     pub config: Config,
 }
 
-/// What a section measured: its samples and, if it has one, its floor's.
+/// What one row measured: its samples, its floor's if it has one, and other figures.
 pub struct Measurement {
     pub samples: Vec<Duration>,
     pub floor: Option<Floor>,
+    /// Named figures beside the times (memory, counts), for the report and the targets.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+impl Measurement {
+    pub fn new(samples: Vec<Duration>, floor: Option<Floor>) -> Self {
+        Self {
+            samples,
+            floor,
+            metrics: BTreeMap::new(),
+        }
+    }
+
+    pub fn metric(mut self, name: &str, value: f64) -> Self {
+        self.metrics.insert(name.to_string(), value);
+        self
+    }
 }
 
 pub struct Floor {
@@ -65,27 +104,64 @@ pub struct Floor {
     pub samples: Vec<Duration>,
 }
 
-type Measure = for<'a> fn(&'a Ctx) -> Pin<Box<dyn Future<Output = Result<Measurement>> + 'a>>;
+/// One line of the report.
+pub struct Row {
+    /// `section` or `section:language`.
+    pub name: String,
+    pub title: String,
+    pub measurement: Measurement,
+}
+
+type Measure = for<'a> fn(&'a Ctx) -> Pin<Box<dyn Future<Output = Result<Vec<Row>>> + 'a>>;
 
 /// One named measurement.
 pub struct Section {
     /// What `--only` takes and the report's key.
     pub name: &'static str,
-    pub title: &'static str,
     measure: Measure,
 }
 
 /// Every section, in the order they run.
 pub const SECTIONS: &[Section] = &[
     Section {
+        name: "initialize",
+        measure: |ctx| Box::pin(initialize(ctx)),
+    },
+    Section {
         name: "run_code",
-        title: "run-code python print(1+1), end to end through MCP",
         measure: |ctx| Box::pin(run_code(ctx)),
     },
     Section {
-        name: "initialize",
-        title: "server start -> first initialize reply",
-        measure: |ctx| Box::pin(initialize(ctx)),
+        name: "run_code_cold",
+        measure: |ctx| Box::pin(run_code_cold(ctx)),
+    },
+    Section {
+        name: "session_eval",
+        measure: |ctx| Box::pin(session_eval(ctx)),
+    },
+    Section {
+        name: "sessions_sleep",
+        measure: |ctx| Box::pin(sessions_sleep(ctx)),
+    },
+    Section {
+        name: "concurrent_run_code",
+        measure: |ctx| Box::pin(concurrent_run_code(ctx)),
+    },
+    Section {
+        name: "big_output",
+        measure: |ctx| Box::pin(big_output(ctx)),
+    },
+    Section {
+        name: "idle_memory",
+        measure: |ctx| Box::pin(idle_memory(ctx)),
+    },
+    Section {
+        name: "soak",
+        measure: |ctx| Box::pin(soak(ctx)),
+    },
+    Section {
+        name: "peer",
+        measure: |ctx| Box::pin(peer(ctx)),
     },
 ];
 
@@ -93,16 +169,44 @@ pub const SECTIONS: &[Section] = &[
 pub struct Ctx {
     pub iterations: usize,
     pub config: Config,
+    pub args: BenchArgs,
     /// This binary: the server measured is the one running the bench.
     pub exe: PathBuf,
+    /// Things the report should say (a section skipped, and why).
+    pub notes: Mutex<Vec<String>>,
 }
 
 impl Ctx {
     /// `replbox serve` with the bench's settings.
     pub fn serve_command(&self) -> Command {
+        self.serve_with(&self.config)
+    }
+
+    /// `replbox serve` with other settings.
+    pub fn serve_with(&self, config: &Config) -> Command {
         let mut cmd = Command::new(&self.exe);
-        cmd.arg("serve").args(self.config.to_args());
+        cmd.arg("serve").args(config.to_args());
         cmd
+    }
+
+    /// The bench's settings without a warm pool (for sections about sessions, where a pool
+    /// refilling would only add noise).
+    fn without_pool(&self) -> Config {
+        let mut c = self.config.clone();
+        c.pool = 0;
+        c
+    }
+
+    /// Samples for a section whose samples take a second or more.
+    fn slow_rounds(&self) -> usize {
+        self.iterations.min(10)
+    }
+
+    fn note(&self, text: String) {
+        tracing::warn!("{text}");
+        if let Ok(mut n) = self.notes.lock() {
+            n.push(text);
+        }
     }
 }
 
@@ -111,28 +215,40 @@ pub async fn run(args: BenchArgs) -> Result<Report> {
     let exe = std::env::current_exe().context("cannot find the replbox executable")?;
     let ctx = Ctx {
         iterations: args.iterations as usize,
-        config: args.config,
+        config: args.config.clone(),
+        args: args.clone(),
         exe,
+        notes: Mutex::new(Vec::new()),
     };
+    let load_before = report::load_average();
+    let started = Instant::now();
     let mut sections = Vec::new();
     for section in SECTIONS {
         if !args.only.is_empty() && !args.only.iter().any(|n| n == section.name) {
             continue;
         }
-        let m = (section.measure)(&ctx)
+        let rows = (section.measure)(&ctx)
             .await
             .with_context(|| format!("bench section {}", section.name))?;
-        let no_samples = || anyhow::anyhow!("bench section {} took no samples", section.name);
-        let ours = Series::new(&m.samples).ok_or_else(no_samples)?;
-        let floor = match m.floor {
-            Some(f) => Some(FloorReport {
-                what: f.what,
-                series: Series::new(&f.samples).ok_or_else(no_samples)?,
-            }),
-            None => None,
-        };
-        sections.push(SectionReport::new(section.name, section.title, ours, floor));
+        for row in rows {
+            let no_samples = || anyhow::anyhow!("bench row {} took no samples", row.name);
+            let m = row.measurement;
+            let ours = Series::new(&m.samples).ok_or_else(no_samples)?;
+            let floor = match m.floor {
+                Some(f) => Some(FloorReport {
+                    what: f.what,
+                    series: Series::new(&f.samples).ok_or_else(no_samples)?,
+                }),
+                None => None,
+            };
+            sections.push(SectionReport::new(
+                row.name, row.title, ours, floor, m.metrics,
+            ));
+        }
     }
+    let interpreters = interpreters(&ctx.config).await;
+    let notes = ctx.notes.lock().map(|n| n.clone()).unwrap_or_default();
+    let targets = report::targets(&sections);
     Ok(Report {
         replbox_version: env!("CARGO_PKG_VERSION"),
         build: if cfg!(debug_assertions) {
@@ -141,8 +257,30 @@ pub async fn run(args: BenchArgs) -> Result<Report> {
             "release"
         },
         iterations: ctx.iterations,
+        machine: Machine {
+            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            load_before,
+            load_after: report::load_average(),
+            seconds: started.elapsed().as_secs(),
+            pool: ctx.config.pool,
+            helper: crate::exec::spawn::helper_exe().display().to_string(),
+            interpreters,
+        },
         sections,
+        targets,
+        notes,
     })
+}
+
+/// The interpreters of the languages the bench drives, as the server finds them.
+async fn interpreters(config: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    for l in LANGS {
+        if let Ok(i) = Interpreter::resolve(config, l.id).await {
+            out.push(format!("{} {} ({})", l.id, i.version, i.exe.display()));
+        }
+    }
+    out
 }
 
 /// Time `ours` and `floor` once per round for `rounds` rounds, swapping which goes first
@@ -175,123 +313,169 @@ where
 /// Untimed calls before measuring: language detection, page cache, first-call paths.
 const WARMUP: usize = 3;
 
-/// `run-code` python `print(1+1)` through MCP, against spawning the same interpreter.
-async fn run_code(ctx: &Ctx) -> Result<Measurement> {
-    let python = Interpreter::resolve(&ctx.config, "python").await?;
-    let server = McpServer::start(ctx.serve_command()).await?;
+/// Longest wait for the server's children to calm down before a sample.
+const QUIET: Duration = Duration::from_secs(20);
+
+/// The languages the bench drives: every session language of the built-in set.
+struct Lang {
+    id: &'static str,
+    /// A program printing 2, for run-code, and how the floor runs the same directly.
+    program: &'static str,
+    floor_args: &'static [&'static str],
+}
+
+const LANGS: &[Lang] = &[
+    Lang {
+        id: "python",
+        program: "print(1+1)",
+        floor_args: &["-c", "print(1+1)"],
+    },
+    Lang {
+        id: "javascript",
+        program: "console.log(1+1)",
+        floor_args: &["-e", "console.log(1+1)"],
+    },
+];
+
+/// The bench languages installed here, each with its registry entry; the others are noted.
+fn installed(ctx: &Ctx, need_session: bool, need_pool: bool) -> Result<Vec<&'static Lang>> {
+    let registry = Registry::load(ctx.config.prompts.as_deref())?;
+    let mut out = Vec::new();
+    for l in LANGS {
+        match registry.get(l.id) {
+            Ok(lang) => {
+                if (need_session && !lang.has_session())
+                    || (need_pool && lang.spec.run.pool.is_none())
+                {
+                    continue;
+                }
+                out.push(l);
+            }
+            Err(e) => ctx.note(format!("{}: skipped ({e})", l.id)),
+        }
+    }
+    Ok(out)
+}
+
+fn args_of(v: Value) -> rmcp::model::JsonObject {
+    match v {
+        Value::Object(o) => o,
+        _ => Default::default(),
+    }
+}
+
+/// `run-code` printing 2 per session language, through MCP, against spawning the same
+/// interpreter directly; with the bench's settings (the warm pool on by default).
+async fn run_code(ctx: &Ctx) -> Result<Vec<Row>> {
+    run_code_rows(
+        ctx,
+        &ctx.config,
+        "run_code",
+        "run-code print(1+1), end to end through MCP",
+        false,
+    )
+    .await
+}
+
+/// The same with `--pool 0`, for the languages that have a pool: what a cold start costs.
+async fn run_code_cold(ctx: &Ctx) -> Result<Vec<Row>> {
+    run_code_rows(
+        ctx,
+        &ctx.without_pool(),
+        "run_code_cold",
+        "run-code print(1+1) with --pool 0 (cold start)",
+        true,
+    )
+    .await
+}
+
+async fn run_code_rows(
+    ctx: &Ctx,
+    config: &Config,
+    section: &str,
+    title: &str,
+    pooled_only: bool,
+) -> Result<Vec<Row>> {
+    let langs = installed(ctx, false, pooled_only)?;
+    if langs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let server = McpServer::start(ctx.serve_with(config)).await?;
     let measured = async {
-        let args = json!({"languageId": "python", "code": "print(1+1)"});
-        let args = args.as_object().cloned().unwrap_or_default();
-        let floor_dir = tempfile::tempdir().context("cannot create a directory for the floor")?;
-        let floor_args = ["-c", "print(1+1)"];
-        let ours = || server.call_expecting("run-code", &args, "2\n");
-        let floor = || python.time_run(&floor_args, floor_dir.path(), "2\n");
-        for _ in 0..WARMUP {
-            ours().await?;
-            floor().await?;
+        let mut rows = Vec::new();
+        for l in langs {
+            let interp = Interpreter::resolve(&ctx.config, l.id).await?;
+            let args = args_of(json!({"languageId": l.id, "code": l.program}));
+            let floor_dir =
+                tempfile::tempdir().context("cannot create a directory for the floor")?;
+            let ours = || async {
+                server.wait_quiet(QUIET).await;
+                server.call_expecting("run-code", &args, "2\n").await
+            };
+            let floor = || async {
+                server.wait_quiet(QUIET).await;
+                interp.time_run(l.floor_args, floor_dir.path(), "2\n").await
+            };
+            for _ in 0..WARMUP {
+                ours().await?;
+                floor().await?;
+            }
+            let (samples, floor_samples) = alternate(ctx.iterations, ours, floor).await?;
+            rows.push(Row {
+                name: format!("{section}:{}", l.id),
+                title: format!("{title} ({})", l.id),
+                measurement: Measurement::new(
+                    samples,
+                    Some(Floor {
+                        what: format!(
+                            "{} {} spawned directly",
+                            interp.exe.display(),
+                            l.floor_args.join(" ")
+                        ),
+                        samples: floor_samples,
+                    }),
+                ),
+            });
         }
-        if !server.wait_idle(Duration::from_secs(30)).await {
-            tracing::warn!("the server still has child processes; measuring anyway");
-        }
-        let (samples, floor_samples) = alternate(ctx.iterations, ours, floor).await?;
-        Ok(Measurement {
-            samples,
-            floor: Some(Floor {
-                what: format!("{} -c 'print(1+1)' spawned directly", python.exe.display()),
-                samples: floor_samples,
-            }),
-        })
+        Ok(rows)
     }
     .await;
     server.stop().await;
     measured
 }
 
-/// An interpreter found exactly as the server finds it (its language file's `programs`,
-/// then its `resolve` probe, so shims such as pyenv's are skipped the same way).
-pub struct Interpreter {
-    pub exe: PathBuf,
-}
-
-impl Interpreter {
-    pub async fn resolve(config: &Config, language: &str) -> Result<Self> {
-        let registry = Registry::load(config.prompts.as_deref())?;
-        let lang = registry.get(language)?;
-        let detected = lang
-            .detect()
-            .await
-            .with_context(|| format!("{language} is not installed"))?;
-        Ok(Self {
-            exe: detected.exe.clone(),
-        })
-    }
-
-    /// Spawn the interpreter directly with `args`, in `dir`, with the base environment the
-    /// server gives its children (and nothing else), wait for it and check its stdout.
-    pub async fn time_run(&self, args: &[&str], dir: &Path, expected: &str) -> Result<Duration> {
-        let mut cmd = Command::new(&self.exe);
-        cmd.args(args)
-            .env_clear()
-            .envs(cenv::base_env(dir, "dumb"))
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let started = Instant::now();
-        let out = tokio::time::timeout(client::CALL_TIMEOUT, cmd.output()).await;
-        let elapsed = started.elapsed();
-        let out = out
-            .with_context(|| {
-                format!(
-                    "{} took over {:?}",
-                    self.exe.display(),
-                    client::CALL_TIMEOUT
-                )
-            })?
-            .with_context(|| format!("cannot run {}", self.exe.display()))?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() || stdout != expected {
-            bail!(
-                "{} {args:?} printed {stdout:?} ({}; stderr {:?}), expected {expected:?}",
-                self.exe.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(elapsed)
-    }
-}
-
 /// The `initialize` request a client sends first.
-const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"replbox-bench","version":"0"}}}"#;
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"replbox-bench","version":"0"}}}"#;
 
 /// Server start to the first `initialize` reply, one fresh server per sample.
-async fn initialize(ctx: &Ctx) -> Result<Measurement> {
+async fn initialize(ctx: &Ctx) -> Result<Vec<Row>> {
     // One untimed start so the first sample does not pay for a cold page cache.
-    time_initialize(ctx).await?;
+    time_initialize(ctx.serve_command(), Some("replbox")).await?;
     let mut samples = Vec::with_capacity(ctx.iterations);
     for _ in 0..ctx.iterations {
-        samples.push(time_initialize(ctx).await?);
+        samples.push(time_initialize(ctx.serve_command(), Some("replbox")).await?);
     }
-    Ok(Measurement {
-        samples,
-        floor: None,
-    })
+    Ok(vec![Row {
+        name: "initialize".into(),
+        title: "server start -> first initialize reply".into(),
+        measurement: Measurement::new(samples, None),
+    }])
 }
 
-/// Start `replbox serve`, write `initialize` on its stdin and time until the reply line is
-/// read from its stdout; then close its stdin and wait for it to exit.
-async fn time_initialize(ctx: &Ctx) -> Result<Duration> {
-    let mut cmd = ctx.serve_command();
+/// Start a stdio MCP server, write `initialize` on its stdin and time until the reply is
+/// read from its stdout (lines that are not JSON-RPC, which some servers print, are
+/// skipped); then close its stdin and wait for it to exit. With `name`, the reply must be
+/// that server's.
+async fn time_initialize(mut cmd: Command, name: Option<&str>) -> Result<Duration> {
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::null())
         .kill_on_drop(true);
+    let program = cmd.as_std().get_program().to_string_lossy().into_owned();
     let started = Instant::now();
     let mut child = cmd
         .spawn()
-        .with_context(|| format!("cannot start {} serve", ctx.exe.display()))?;
+        .with_context(|| format!("cannot start {program}"))?;
     let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         bail!("the server's stdin or stdout is not a pipe");
     };
@@ -303,18 +487,30 @@ async fn time_initialize(ctx: &Ctx) -> Result<Duration> {
         .await
         .context("cannot write initialize to the server")?;
     let mut lines = BufReader::new(stdout).lines();
-    let reply = tokio::time::timeout(client::CALL_TIMEOUT, lines.next_line()).await;
+    let reply = tokio::time::timeout(client::CALL_TIMEOUT, async {
+        loop {
+            let Some(l) = lines.next_line().await? else {
+                return Ok::<_, std::io::Error>(None);
+            };
+            if let Ok(v) = serde_json::from_str::<Value>(&l)
+                && v["id"] == 1
+            {
+                return Ok(Some(v));
+            }
+        }
+    })
+    .await;
     let elapsed = started.elapsed();
     let reply = reply
         .context("no initialize reply in time")?
         .context("cannot read the server's stdout")?
         .context("the server closed stdout without replying to initialize")?;
-    let v: Value = serde_json::from_str(&reply)
-        .with_context(|| format!("the initialize reply is not JSON: {reply}"))?;
-    if v["id"] != 1 || v["result"]["serverInfo"]["name"] != "replbox" {
+    if reply["result"]["serverInfo"].is_null()
+        || name.is_some_and(|n| reply["result"]["serverInfo"]["name"] != n)
+    {
         bail!("unexpected initialize reply: {reply}");
     }
-    // EOF ends the server cleanly (and it stops the probes it started); kill it if not.
+    // EOF ends the server cleanly (and it stops what it started); kill it if not.
     drop(stdin);
     if tokio::time::timeout(Duration::from_secs(5), child.wait())
         .await
@@ -323,4 +519,696 @@ async fn time_initialize(ctx: &Ctx) -> Result<Duration> {
         child.kill().await.context("cannot kill the server")?;
     }
     Ok(elapsed)
+}
+
+/// Start a session and return its id.
+async fn start_session(server: &McpServer, language: &str) -> Result<String> {
+    let (_, _, structured) = server
+        .call_ok("session_start", json!({"language": language}))
+        .await?;
+    structured["session_id"]
+        .as_str()
+        .map(str::to_string)
+        .context("session_start returned no session_id")
+}
+
+async fn close_session(server: &McpServer, id: &str) {
+    let _ = server
+        .call_ok("session_close", json!({"session_id": id}))
+        .await;
+}
+
+/// Evaluate and check the text exactly.
+async fn eval_expecting(h: &Handle, id: &str, code: &str, expected: &str) -> Result<Duration> {
+    let (t, text) = h
+        .call_text("session_eval", json!({"session_id": id, "code": code}))
+        .await?;
+    if text != expected {
+        bail!("session_eval {code:?} returned {text:?}, expected {expected:?}");
+    }
+    Ok(t)
+}
+
+/// `session_eval` of `1+1` per session language, against the interpreter's own REPL behind
+/// a PTY driven directly (type the line, read the answer and the next prompt).
+async fn session_eval(ctx: &Ctx) -> Result<Vec<Row>> {
+    let langs = installed(ctx, true, false)?;
+    if langs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let server = McpServer::start(ctx.serve_with(&ctx.without_pool())).await?;
+    let measured = async {
+        let mut rows = Vec::new();
+        for l in langs {
+            let Some(raw_spec) = raw_repl(l.id) else {
+                continue;
+            };
+            let interp = Interpreter::resolve(&ctx.config, l.id).await?;
+            let id = start_session(&server, l.id).await?;
+            let mut raw = RawRepl::start(&interp, &raw_spec).await?;
+            let h = server.handle();
+            let result = async {
+                for _ in 0..WARMUP {
+                    eval_expecting(&h, &id, "1+1", "2\n").await?;
+                    raw.round_trip("1+1", "2").await?;
+                }
+                server.wait_quiet(QUIET).await;
+                let raw = std::sync::Arc::new(tokio::sync::Mutex::new(&mut raw));
+                let (samples, floor_samples) = alternate(
+                    ctx.iterations,
+                    || eval_expecting(&h, &id, "1+1", "2\n"),
+                    || {
+                        let raw = raw.clone();
+                        async move { raw.lock().await.round_trip("1+1", "2").await }
+                    },
+                )
+                .await?;
+                Ok::<_, anyhow::Error>((samples, floor_samples))
+            }
+            .await;
+            raw.stop().await;
+            close_session(&server, &id).await;
+            let (samples, floor_samples) = result?;
+            rows.push(Row {
+                name: format!("session_eval:{}", l.id),
+                title: format!("session_eval 1+1 ({})", l.id),
+                measurement: Measurement::new(
+                    samples,
+                    Some(Floor {
+                        what: format!(
+                            "{} {} behind a PTY driven directly (raw round trip)",
+                            interp.exe.display(),
+                            raw_spec.args.join(" ")
+                        ),
+                        samples: floor_samples,
+                    }),
+                ),
+            });
+        }
+        Ok(rows)
+    }
+    .await;
+    server.stop().await;
+    measured
+}
+
+/// Run `calls` at once on one connection; the time until all are back, and how many
+/// returned exactly what they should.
+async fn all_at_once(
+    calls: Vec<(Handle, &'static str, Value, String)>,
+) -> Result<(Duration, usize)> {
+    let started = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for (h, tool, args, expected) in calls {
+        set.spawn(async move {
+            let (_, text) = h.call_text(tool, args).await?;
+            Ok::<_, anyhow::Error>(text == expected)
+        });
+    }
+    let mut right = 0;
+    while let Some(done) = set.join_next().await {
+        if done.context("a call's task failed")?? {
+            right += 1;
+        }
+    }
+    Ok((started.elapsed(), right))
+}
+
+/// 4 python sessions each sleeping 1 s at once, against one session sleeping 1 s.
+async fn sessions_sleep(ctx: &Ctx) -> Result<Vec<Row>> {
+    if installed(ctx, true, false)?
+        .iter()
+        .all(|l| l.id != "python")
+    {
+        return Ok(Vec::new());
+    }
+    let server = McpServer::start(ctx.serve_with(&ctx.without_pool())).await?;
+    let mut ids = Vec::new();
+    let measured = async {
+        for _ in 0..4 {
+            ids.push(start_session(&server, "python").await?);
+        }
+        let h = server.handle();
+        let sleep = "import time\ntime.sleep(1)";
+        for id in &ids {
+            eval_expecting(&h, id, "1+1", "2\n").await?;
+        }
+        let ours = || {
+            let calls = ids
+                .iter()
+                .map(|id| {
+                    (
+                        h.clone(),
+                        "session_eval",
+                        json!({"session_id": id, "code": sleep}),
+                        String::new(),
+                    )
+                })
+                .collect();
+            async {
+                let (t, right) = all_at_once(calls).await?;
+                if right != 4 {
+                    bail!("{} of 4 sleeping sessions answered wrongly", 4 - right);
+                }
+                Ok(t)
+            }
+        };
+        let floor = || eval_expecting(&h, &ids[0], sleep, "");
+        let (samples, floor_samples) = alternate(ctx.slow_rounds(), ours, floor).await?;
+        Ok::<_, anyhow::Error>(Row {
+            name: "sessions_sleep".into(),
+            title: "4 python sessions each sleeping 1 s, at once".into(),
+            measurement: Measurement::new(
+                samples,
+                Some(Floor {
+                    what: "one session sleeping 1 s alone".into(),
+                    samples: floor_samples,
+                }),
+            ),
+        })
+    }
+    .await;
+    for id in &ids {
+        close_session(&server, id).await;
+    }
+    server.stop().await;
+    Ok(vec![measured?])
+}
+
+/// 8 `run-code` calls at once (python), against one call, with the bench's settings.
+async fn concurrent_run_code(ctx: &Ctx) -> Result<Vec<Row>> {
+    if installed(ctx, false, false)?
+        .iter()
+        .all(|l| l.id != "python")
+    {
+        return Ok(Vec::new());
+    }
+    const N: usize = 8;
+    let server = McpServer::start(ctx.serve_command()).await?;
+    let measured = async {
+        let h = server.handle();
+        let one = args_of(json!({"languageId": "python", "code": "print(1+1)"}));
+        let mut least_right = N;
+        for _ in 0..WARMUP {
+            server.call_expecting("run-code", &one, "2\n").await?;
+        }
+        let rounds = ctx.iterations.min(20);
+        let mut samples = Vec::with_capacity(rounds);
+        let mut floor_samples = Vec::with_capacity(rounds);
+        for round in 0..rounds {
+            let calls: Vec<_> = (0..N)
+                .map(|i| {
+                    (
+                        h.clone(),
+                        "run-code",
+                        json!({"languageId": "python", "code": format!("import os\nprint({i}, sorted(os.listdir('.')))")}),
+                        format!("{i} ['main.py']\n"),
+                    )
+                })
+                .collect();
+            let all = async {
+                server.wait_quiet(QUIET).await;
+                all_at_once(calls).await
+            };
+            let single = async {
+                server.wait_quiet(QUIET).await;
+                server.call_expecting("run-code", &one, "2\n").await
+            };
+            if round % 2 == 0 {
+                let (t, right) = all.await?;
+                samples.push(t);
+                least_right = least_right.min(right);
+                floor_samples.push(single.await?);
+            } else {
+                floor_samples.push(single.await?);
+                let (t, right) = all.await?;
+                samples.push(t);
+                least_right = least_right.min(right);
+            }
+        }
+        // What the machine itself takes to run the same 8 pythons at once, for comparison.
+        let interp = Interpreter::resolve(&ctx.config, "python").await?;
+        let dirs: Vec<tempfile::TempDir> = (0..N)
+            .map(|_| tempfile::tempdir())
+            .collect::<std::io::Result<_>>()
+            .context("cannot create directories for the direct runs")?;
+        let mut direct = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            server.wait_quiet(QUIET).await;
+            let started = Instant::now();
+            let runs = dirs
+                .iter()
+                .map(|d| interp.time_run(&["-c", "print(1+1)"], d.path(), "2\n"));
+            for r in futures_join(runs).await {
+                r?;
+            }
+            direct.push(started.elapsed());
+        }
+        let direct_median = Stats::of(&direct).map_or(f64::NAN, |s| s.median_ms);
+        Ok::<_, anyhow::Error>(Row {
+            name: "concurrent_run_code".into(),
+            title: format!("{N} run-code python calls at once (pool {})", ctx.config.pool),
+            measurement: Measurement::new(
+                samples,
+                Some(Floor {
+                    what: "one run-code python call on the same server".into(),
+                    samples: floor_samples,
+                }),
+            )
+            .metric("calls", N as f64)
+            .metric("least_right", least_right as f64)
+            .metric("direct_8_at_once_median_ms", direct_median),
+        })
+    }
+    .await;
+    server.stop().await;
+    Ok(vec![measured?])
+}
+
+/// Await all of `futs` concurrently (on this task), in order.
+async fn futures_join<F: Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut pinned: Vec<Pin<Box<F>>> = futs.map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = pinned.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, slot) in pinned.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *slot = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+/// 200,000 printed lines through run-code and through a session, against python printing
+/// them to a pipe directly.
+async fn big_output(ctx: &Ctx) -> Result<Vec<Row>> {
+    if installed(ctx, true, false)?
+        .iter()
+        .all(|l| l.id != "python")
+    {
+        return Ok(Vec::new());
+    }
+    let interp = Interpreter::resolve(&ctx.config, "python").await?;
+    let floor_dir = tempfile::tempdir().context("cannot create a directory for the floor")?;
+    let cap = ctx.config.output_cap as f64;
+    let server = McpServer::start(ctx.serve_with(&ctx.without_pool())).await?;
+    let id = start_session(&server, "python").await;
+    let measured = async {
+        let id = id?;
+        let h = server.handle();
+        let floor_args = ["-u", "-c", LINES_PROGRAM];
+        let mut rows = Vec::new();
+        for via in ["run_code", "session"] {
+            let mut largest = 0usize;
+            let mut flagged = true;
+            let ours = || print_lines(&server, &h, via, &id);
+            let mut samples = Vec::new();
+            let mut floor_samples = Vec::new();
+            for round in 0..ctx.slow_rounds() {
+                let floor = interp.time_output(&floor_args, floor_dir.path());
+                if round % 2 == 0 {
+                    let (t, len, tr) = ours().await?;
+                    samples.push(t);
+                    largest = largest.max(len);
+                    flagged &= tr;
+                    floor_samples.push(floor.await?.0);
+                } else {
+                    floor_samples.push(floor.await?.0);
+                    let (t, len, tr) = ours().await?;
+                    samples.push(t);
+                    largest = largest.max(len);
+                    flagged &= tr;
+                }
+            }
+            rows.push(Row {
+                name: format!("big_output:{via}"),
+                title: format!(
+                    "200,000 printed lines (python) through {}",
+                    if via == "run_code" {
+                        "run-code"
+                    } else {
+                        "session_eval"
+                    }
+                ),
+                measurement: Measurement::new(
+                    samples,
+                    Some(Floor {
+                        what: format!(
+                            "{} -u -c <the same loop>, stdout read from a pipe",
+                            interp.exe.display()
+                        ),
+                        samples: floor_samples,
+                    }),
+                )
+                .metric("largest_text_bytes", largest as f64)
+                .metric("output_cap_bytes", cap)
+                .metric("truncation_flagged", if flagged { 1.0 } else { 0.0 }),
+            });
+        }
+        close_session(&server, &id).await;
+        Ok(rows)
+    }
+    .await;
+    server.stop().await;
+    measured
+}
+
+/// One run of the 200,000-line program through run-code or a session: the time, the size
+/// of the text returned, and whether it says it was cut.
+async fn print_lines(
+    server: &McpServer,
+    h: &Handle,
+    via: &str,
+    id: &str,
+) -> Result<(Duration, usize, bool)> {
+    let (t, text, structured) = if via == "run_code" {
+        server
+            .call_ok(
+                "run-code",
+                json!({"languageId": "python", "code": LINES_PROGRAM}),
+            )
+            .await?
+    } else {
+        let (t, text) = h
+            .call_text(
+                "session_eval",
+                json!({"session_id": id, "code": LINES_PROGRAM}),
+            )
+            .await?;
+        (t, text, Value::Null)
+    };
+    if !text.starts_with("0\n1\n") || !text.ends_with("199999\n") {
+        bail!("{via}: the output lost its head or tail");
+    }
+    let truncated =
+        structured["truncated"].as_bool().unwrap_or(true) && text.contains("bytes omitted");
+    Ok((t, text.len(), truncated))
+}
+
+const LINES_PROGRAM: &str = "for i in range(200000):\n    print(i)";
+
+/// The server's resident memory per idle session: RSS with N idle python sessions open
+/// minus RSS with none (after one session was opened and closed, so one-time set-up is not
+/// counted), over N. The interpreters are other processes and are not counted. The samples
+/// are the session starts.
+async fn idle_memory(ctx: &Ctx) -> Result<Vec<Row>> {
+    if installed(ctx, true, false)?
+        .iter()
+        .all(|l| l.id != "python")
+    {
+        return Ok(Vec::new());
+    }
+    let n = ctx.args.idle_sessions as usize;
+    let mut config = ctx.without_pool();
+    config.max_sessions = n + 4;
+    config.max_sessions_per_principal = 0;
+    let server = McpServer::start(ctx.serve_with(&config)).await?;
+    let pid = server.pid().context("the server has no pid")?;
+    let mut ids = Vec::new();
+    let measured = async {
+        let h = server.handle();
+        for _ in 0..2 {
+            let id = start_session(&server, "python").await?;
+            eval_expecting(&h, &id, "1+1", "2\n").await?;
+            close_session(&server, &id).await;
+        }
+        server.wait_quiet(QUIET).await;
+        let before = settled_stats(pid).await?;
+        let mut samples = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            ids.push(start_session(&server, "python").await?);
+            samples.push(t.elapsed());
+        }
+        server.wait_quiet(QUIET).await;
+        let open = settled_stats(pid).await?;
+        for id in ids.drain(..) {
+            close_session(&server, &id).await;
+        }
+        server.wait_quiet(QUIET).await;
+        let closed = settled_stats(pid).await?;
+        let per = (open.rss_kib as f64 - before.rss_kib as f64) / n as f64;
+        Ok::<_, anyhow::Error>(Row {
+            name: "idle_memory".into(),
+            title: format!("server RSS per idle python session, {n} open (samples: session_start)"),
+            measurement: Measurement::new(samples, None)
+                .metric("sessions", n as f64)
+                .metric("rss_kib_before", before.rss_kib as f64)
+                .metric("rss_kib_open", open.rss_kib as f64)
+                .metric("rss_kib_closed", closed.rss_kib as f64)
+                .metric("per_session_kib", (per * 10.0).round() / 10.0)
+                .metric("fds_before", before.fds as f64)
+                .metric("fds_open", open.fds as f64)
+                .metric("fds_closed", closed.fds as f64)
+                .metric("threads_before", before.threads as f64)
+                .metric("threads_open", open.threads as f64),
+        })
+    }
+    .await;
+    for id in &ids {
+        close_session(&server, id).await;
+    }
+    server.stop().await;
+    Ok(vec![measured?])
+}
+
+/// The server's process figures once they stop moving (the median of a few readings).
+async fn settled_stats(pid: u32) -> Result<ProcStats> {
+    let mut readings = Vec::new();
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        readings.push(ProcStats::of(pid).context("cannot read the server's /proc entries")?);
+    }
+    readings.sort_by_key(|s| s.rss_kib);
+    Ok(readings[readings.len() / 2])
+}
+
+/// Many evaluations across many sessions: the server's descriptors, threads and memory
+/// before and after must not grow. Samples: every evaluation.
+async fn soak(ctx: &Ctx) -> Result<Vec<Row>> {
+    if installed(ctx, true, false)?
+        .iter()
+        .all(|l| l.id != "python")
+    {
+        return Ok(Vec::new());
+    }
+    let sessions = ctx.args.soak_sessions as usize;
+    let evals = ctx.args.soak_evals as usize;
+    let mut config = ctx.without_pool();
+    config.max_sessions = sessions + 4;
+    config.max_sessions_per_principal = 0;
+    let server = McpServer::start(ctx.serve_with(&config)).await?;
+    let pid = server.pid().context("the server has no pid")?;
+    let mut ids = Vec::new();
+    let measured = async {
+        let h = server.handle();
+        for _ in 0..sessions {
+            ids.push(start_session(&server, "python").await?);
+        }
+        // Every session evaluates a little first, so that what grows once is not counted.
+        for round in 0..3 {
+            for id in &ids {
+                eval_expecting(&h, id, &format!("{round}+1"), &format!("{}\n", round + 1)).await?;
+            }
+        }
+        server.wait_quiet(QUIET).await;
+        let before = settled_stats(pid).await?;
+        // Four at a time, each session used by one evaluation at a time.
+        const AT_ONCE: usize = 4;
+        let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let ids_shared = std::sync::Arc::new(ids.clone());
+        let mut set = tokio::task::JoinSet::new();
+        for worker in 0..AT_ONCE.min(sessions) {
+            let h = h.clone();
+            let next = next.clone();
+            let ids = ids_shared.clone();
+            set.spawn(async move {
+                let mut times = Vec::new();
+                // Worker w owns the sessions w, w+AT_ONCE, …, so no session is shared.
+                let mine: Vec<&String> = ids.iter().skip(worker).step_by(AT_ONCE).collect();
+                let mut k = 0usize;
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= evals {
+                        return Ok::<_, anyhow::Error>(times);
+                    }
+                    let id = mine[k % mine.len()];
+                    k += 1;
+                    times.push(
+                        eval_expecting(&h, id, &format!("{i}*2"), &format!("{}\n", i * 2))
+                            .await?,
+                    );
+                }
+            });
+        }
+        let mut samples = Vec::with_capacity(evals);
+        while let Some(done) = set.join_next().await {
+            samples.extend(done.context("a soak worker failed")??);
+        }
+        server.wait_quiet(QUIET).await;
+        let after = settled_stats(pid).await?;
+        Ok::<_, anyhow::Error>(Row {
+            name: "soak".into(),
+            title: format!(
+                "{evals} session_eval across {sessions} python sessions, {AT_ONCE} at a time (samples: each evaluation)"
+            ),
+            measurement: Measurement::new(samples, None)
+                .metric("evals", evals as f64)
+                .metric("sessions", sessions as f64)
+                .metric("fds_before", before.fds as f64)
+                .metric("fds_after", after.fds as f64)
+                .metric("threads_before", before.threads as f64)
+                .metric("threads_after", after.threads as f64)
+                .metric("rss_kib_before", before.rss_kib as f64)
+                .metric("rss_kib_after", after.rss_kib as f64),
+        })
+    }
+    .await;
+    for id in &ids {
+        close_session(&server, id).await;
+    }
+    server.stop().await;
+    Ok(vec![measured?])
+}
+
+/// The version of mcp-server-code-runner measured beside replbox.
+pub const PEER: &str = "mcp-server-code-runner@0.1.8";
+
+/// mcp-server-code-runner, installed with npm into a temporary folder, against replbox:
+/// server start to the initialize reply, and run-code python (the peer is given the same
+/// python, first on its PATH). Skipped (with a note) without npx or with --no-peer.
+async fn peer(ctx: &Ctx) -> Result<Vec<Row>> {
+    if ctx.args.no_peer {
+        ctx.note(format!("{PEER}: not measured (--no-peer)"));
+        return Ok(Vec::new());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if crate::lang::which("npx", &path).is_none() {
+        ctx.note(format!("{PEER}: not measured (npx is not on PATH)"));
+        return Ok(Vec::new());
+    }
+    let dir = tempfile::tempdir().context("cannot create a folder for the peer")?;
+    let bin = match install_peer(dir.path()).await {
+        Ok(b) => b,
+        Err(e) => {
+            ctx.note(format!("{PEER}: not measured (cannot install it: {e:#})"));
+            return Ok(Vec::new());
+        }
+    };
+    let python = Interpreter::resolve(&ctx.config, "python").await?;
+    let peer_path = match python.exe.parent() {
+        Some(bin_dir) => {
+            let mut p = std::ffi::OsString::from(bin_dir);
+            p.push(":");
+            p.push(&path);
+            p
+        }
+        None => path.clone(),
+    };
+    let peer_command = || {
+        let mut cmd = Command::new(&bin);
+        cmd.env("PATH", &peer_path).current_dir(dir.path());
+        cmd
+    };
+    let mut rows = Vec::new();
+
+    // Start-up, alternating fresh servers of each.
+    time_initialize(peer_command(), None).await?;
+    time_initialize(ctx.serve_command(), Some("replbox")).await?;
+    let (samples, floor_samples) = alternate(
+        ctx.iterations,
+        || time_initialize(ctx.serve_command(), Some("replbox")),
+        || time_initialize(peer_command(), None),
+    )
+    .await?;
+    rows.push(Row {
+        name: "peer:initialize".into(),
+        title: format!("server start -> initialize reply, replbox against {PEER}"),
+        measurement: Measurement::new(
+            samples,
+            Some(Floor {
+                what: format!("{PEER} (node {})", bin.display()),
+                samples: floor_samples,
+            }),
+        ),
+    });
+
+    // run-code python, one server of each.
+    let ours = McpServer::start(ctx.serve_command()).await?;
+    let theirs = McpServer::start(peer_command()).await;
+    let measured = async {
+        let theirs = theirs?;
+        let args = args_of(json!({"languageId": "python", "code": "print(1+1)"}));
+        let result = async {
+            let a = || async {
+                ours.wait_quiet(QUIET).await;
+                ours.call_expecting("run-code", &args, "2\n").await
+            };
+            let b = || async {
+                ours.wait_quiet(QUIET).await;
+                theirs.call_expecting("run-code", &args, "2\n").await
+            };
+            for _ in 0..WARMUP {
+                a().await?;
+                b().await?;
+            }
+            alternate(ctx.iterations, a, b).await
+        }
+        .await;
+        theirs.stop().await;
+        let (samples, floor_samples) = result?;
+        Ok::<_, anyhow::Error>(Row {
+            name: "peer:run_code".into(),
+            title: format!("run-code python print(1+1), replbox against {PEER}"),
+            measurement: Measurement::new(
+                samples,
+                Some(Floor {
+                    what: format!("{PEER} with {} first on PATH", python.exe.display()),
+                    samples: floor_samples,
+                }),
+            ),
+        })
+    }
+    .await;
+    ours.stop().await;
+    rows.push(measured?);
+    Ok(rows)
+}
+
+/// `npm install` the peer into `dir`; its executable.
+async fn install_peer(dir: &Path) -> Result<PathBuf> {
+    let out = tokio::time::timeout(
+        Duration::from_secs(300),
+        Command::new("npm")
+            .args(["install", "--prefix"])
+            .arg(dir)
+            .args([PEER, "--no-audit", "--no-fund", "--loglevel=error"])
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .context("npm install took over 5 minutes")?
+    .context("cannot run npm")?;
+    if !out.status.success() {
+        bail!(
+            "npm install {PEER} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let bin = dir.join("node_modules/.bin/mcp-server-code-runner");
+    if !bin.exists() {
+        bail!("npm installed no {}", bin.display());
+    }
+    Ok(bin)
 }

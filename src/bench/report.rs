@@ -1,6 +1,7 @@
 //! Numbers and how they are shown: statistics over samples, the report `--json` prints, and
 //! the human table.
 
+use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::time::Duration;
 
@@ -75,34 +76,180 @@ pub struct FloorReport {
 
 #[derive(Debug, Serialize)]
 pub struct SectionReport {
-    pub name: &'static str,
-    pub title: &'static str,
+    /// `section` or `section:language`.
+    pub name: String,
+    pub title: String,
     #[serde(flatten)]
     pub ours: Series,
     pub floor: Option<FloorReport>,
     /// Our median over the floor's median (null when the section has no floor).
     pub ratio: Option<f64>,
+    /// Figures beside the times (memory, descriptor counts, correct answers).
+    pub metrics: BTreeMap<String, f64>,
 }
 
 impl SectionReport {
     pub fn new(
-        name: &'static str,
-        title: &'static str,
+        name: impl Into<String>,
+        title: impl Into<String>,
         ours: Series,
         floor: Option<FloorReport>,
+        metrics: BTreeMap<String, f64>,
     ) -> Self {
         let ratio = floor.as_ref().and_then(|f| {
             let base = f.series.stats.median_ms;
             (base > 0.0).then(|| ((ours.stats.median_ms / base) * 1e3).round() / 1e3)
         });
         Self {
-            name,
-            title,
+            name: name.into(),
+            title: title.into(),
             ours,
             floor,
             ratio,
+            metrics,
         }
     }
+
+    fn metric(&self, name: &str) -> Option<f64> {
+        self.metrics.get(name).copied()
+    }
+}
+
+/// Where and how the bench ran.
+#[derive(Debug, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    /// /proc/loadavg (1, 5 and 15 minutes) when the bench started and when it ended.
+    pub load_before: Option<[f64; 3]>,
+    pub load_after: Option<[f64; 3]>,
+    /// How long the whole bench took.
+    pub seconds: u64,
+    /// `--pool` of the servers measured (sections about sessions run with 0).
+    pub pool: usize,
+    /// The helper every child runs under.
+    pub helper: String,
+    /// `language version (executable)` of the interpreters measured.
+    pub interpreters: Vec<String>,
+}
+
+/// The load average, from /proc/loadavg.
+pub fn load_average() -> Option<[f64; 3]> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let mut it = text.split_whitespace().map(|x| x.parse::<f64>().ok());
+    Some([it.next()??, it.next()??, it.next()??])
+}
+
+/// One performance target of the design, and what this run measured for it.
+#[derive(Debug, Serialize)]
+pub struct TargetReport {
+    pub what: String,
+    pub target: String,
+    pub measured: String,
+    pub met: bool,
+}
+
+/// The design's targets ("Performance targets" in DESIGN.md), judged on the rows measured;
+/// a target whose row was not measured is left out.
+pub fn targets(sections: &[SectionReport]) -> Vec<TargetReport> {
+    let find = |name: &str| sections.iter().find(|s| s.name == name);
+    let mut out = Vec::new();
+    let mut median_at_most = |row: &str, what: &str, limit_ms: f64| {
+        if let Some(s) = find(row) {
+            let m = s.ours.stats.median_ms;
+            out.push(TargetReport {
+                what: what.into(),
+                target: format!("median <= {limit_ms} ms"),
+                measured: format!("median {m:.2} ms"),
+                met: m <= limit_ms,
+            });
+        }
+    };
+    median_at_most("run_code:python", "run-code python print(1+1)", 10.0);
+    median_at_most("session_eval:python", "session_eval 1+1 (python)", 1.5);
+    median_at_most("initialize", "server start -> initialize reply", 20.0);
+    median_at_most(
+        "sessions_sleep",
+        "4 sessions each sleeping 1 s at once",
+        1100.0,
+    );
+    if let Some(s) = find("concurrent_run_code") {
+        let m = s.ours.stats.median_ms;
+        let one = s
+            .floor
+            .as_ref()
+            .map_or(f64::NAN, |f| f.series.stats.median_ms);
+        let right = s.metric("least_right").unwrap_or(0.0);
+        let calls = s.metric("calls").unwrap_or(0.0);
+        out.push(TargetReport {
+            what: "8 concurrent run-code".into(),
+            target: "all correct, median <= 2x one call".into(),
+            measured: format!(
+                "{right}/{calls} correct in every round, median {m:.1} ms = {:.2}x one call ({one:.1} ms); \
+the same 8 pythons spawned directly at once: {:.1} ms",
+                m / one,
+                s.metric("direct_8_at_once_median_ms").unwrap_or(f64::NAN)
+            ),
+            met: right == calls && calls > 0.0 && m <= 2.0 * one,
+        });
+    }
+    for row in ["big_output:session", "big_output:run_code"] {
+        if let Some(s) = find(row) {
+            let m = s.ours.stats.median_ms;
+            let largest = s.metric("largest_text_bytes").unwrap_or(f64::INFINITY);
+            let flagged = s.metric("truncation_flagged") == Some(1.0);
+            // The cap, plus the line saying how much was left out.
+            let limit = s.metric("output_cap_bytes").unwrap_or(65536.0) + 64.0;
+            out.push(TargetReport {
+                what: format!("200,000 printed lines ({})", &row["big_output:".len()..]),
+                target: "<= 1 s, head + tail within the 64 KiB cap, flagged".into(),
+                measured: format!(
+                    "median {m:.0} ms, {largest} bytes returned, truncation {}",
+                    if flagged { "flagged" } else { "NOT flagged" }
+                ),
+                met: m <= 1000.0 && largest <= limit && flagged,
+            });
+        }
+    }
+    if let Some(s) = find("idle_memory")
+        && let Some(per) = s.metric("per_session_kib")
+    {
+        out.push(TargetReport {
+            what: "server memory per idle session (interpreter excluded)".into(),
+            target: "<= 200 KiB".into(),
+            measured: format!(
+                "{per:.1} KiB ({} sessions: RSS {} -> {} KiB)",
+                s.metric("sessions").unwrap_or(0.0),
+                s.metric("rss_kib_before").unwrap_or(0.0),
+                s.metric("rss_kib_open").unwrap_or(0.0)
+            ),
+            met: per <= 200.0,
+        });
+    }
+    if let Some(s) = find("soak") {
+        let g = |k: &str| s.metric(k).unwrap_or(f64::NAN);
+        let grew = g("rss_kib_after") - g("rss_kib_before");
+        out.push(TargetReport {
+            what: format!(
+                "{} evaluations across {} sessions",
+                g("evals"),
+                g("sessions")
+            ),
+            target: "fds, threads and memory flat (RSS growth <= 1 MiB)".into(),
+            measured: format!(
+                "fds {} -> {}, threads {} -> {}, RSS {} -> {} KiB ({grew:+} KiB)",
+                g("fds_before"),
+                g("fds_after"),
+                g("threads_before"),
+                g("threads_after"),
+                g("rss_kib_before"),
+                g("rss_kib_after")
+            ),
+            met: g("fds_after") <= g("fds_before")
+                && g("threads_after") <= g("threads_before")
+                && grew <= 1024.0,
+        });
+    }
+    out
 }
 
 /// Everything one `replbox bench` run measured.
@@ -112,7 +259,11 @@ pub struct Report {
     /// `debug` or `release`: the server measured is this same binary.
     pub build: &'static str,
     pub iterations: usize,
+    pub machine: Machine,
     pub sections: Vec<SectionReport>,
+    pub targets: Vec<TargetReport>,
+    /// Sections or languages skipped, and why.
+    pub notes: Vec<String>,
 }
 
 /// The human table: one row per section, then what each floor was.
@@ -161,6 +312,47 @@ pub fn print_table(report: &Report, out: &mut impl Write) -> io::Result<()> {
             )?;
         }
     }
+    for s in report.sections.iter().filter(|s| !s.metrics.is_empty()) {
+        let list: Vec<String> = s.metrics.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        writeln!(out, "figures of {}: {}", s.name, list.join(" "))?;
+    }
+    if !report.targets.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "TARGET (DESIGN.md)")?;
+        for t in &report.targets {
+            writeln!(
+                out,
+                "{:<6}  {}: {} -- {}",
+                if t.met { "met" } else { "MISSED" },
+                t.what,
+                t.target,
+                t.measured
+            )?;
+        }
+    }
+    let m = &report.machine;
+    let load = |l: &Option<[f64; 3]>| {
+        l.map_or("?".to_string(), |l| {
+            format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
+        })
+    };
+    writeln!(out)?;
+    writeln!(
+        out,
+        "machine: {} cpus, load average {} at the start, {} at the end; {} s in all; pool {}; helper {}",
+        m.cpus,
+        load(&m.load_before),
+        load(&m.load_after),
+        m.seconds,
+        m.pool,
+        m.helper
+    )?;
+    for i in &m.interpreters {
+        writeln!(out, "interpreter: {i}")?;
+    }
+    for n in &report.notes {
+        writeln!(out, "note: {n}")?;
+    }
     Ok(())
 }
 
@@ -194,6 +386,7 @@ mod tests {
                 what: "the floor".into(),
                 series: Series::new(&durations(&[2, 2, 2])).expect("series"),
             }),
+            BTreeMap::new(),
         );
         assert_eq!(with_floor.ratio, Some(3.0));
         let without = SectionReport::new(
@@ -201,22 +394,99 @@ mod tests {
             "thing b",
             Series::new(&durations(&[5])).expect("series"),
             None,
+            BTreeMap::from([("per_session_kib".to_string(), 150.0)]),
         );
         assert_eq!(without.ratio, None);
+        let sections = vec![with_floor, without];
         let report = Report {
             replbox_version: "0",
             build: "debug",
             iterations: 3,
-            sections: vec![with_floor, without],
+            machine: Machine {
+                cpus: 2,
+                load_before: Some([1.0, 2.0, 3.0]),
+                load_after: None,
+                seconds: 1,
+                pool: 2,
+                helper: "replbox-exec".into(),
+                interpreters: vec!["python 3 (/usr/bin/python3)".into()],
+            },
+            targets: targets(&sections),
+            sections,
+            notes: vec!["peer: not measured".into()],
         };
         let mut out = Vec::new();
         print_table(&report, &mut out).expect("prints");
         let text = String::from_utf8(out).expect("utf-8");
         assert!(text.contains("3.00x"), "{text}");
         assert!(text.contains("floor of a: the floor"), "{text}");
+        assert!(text.contains("figures of b: per_session_kib=150"), "{text}");
+        assert!(text.contains("load average 1.00 2.00 3.00"), "{text}");
+        assert!(text.contains("note: peer: not measured"), "{text}");
         let json = serde_json::to_value(&report).expect("serializes");
         assert_eq!(json["sections"][0]["median_ms"], 6.0);
         assert_eq!(json["sections"][0]["floor"]["median_ms"], 2.0);
         assert!(json["sections"][1]["ratio"].is_null());
+        assert_eq!(json["sections"][1]["metrics"]["per_session_kib"], 150.0);
+    }
+
+    #[test]
+    fn targets_are_judged_on_the_rows_measured() {
+        let row = |name: &str, ms: &[u64], floor: Option<&[u64]>, metrics: &[(&str, f64)]| {
+            SectionReport::new(
+                name,
+                name,
+                Series::new(&durations(ms)).expect("series"),
+                floor.map(|f| FloorReport {
+                    what: "floor".into(),
+                    series: Series::new(&durations(f)).expect("series"),
+                }),
+                metrics.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            )
+        };
+        let sections = vec![
+            row("run_code:python", &[8, 9, 30], Some(&[20]), &[]),
+            row("initialize", &[25], None, &[]),
+            row(
+                "concurrent_run_code",
+                &[30],
+                Some(&[20]),
+                &[("calls", 8.0), ("least_right", 8.0)],
+            ),
+            row(
+                "idle_memory",
+                &[100],
+                None,
+                &[("per_session_kib", 250.0), ("sessions", 100.0)],
+            ),
+            row(
+                "soak",
+                &[1],
+                None,
+                &[
+                    ("fds_before", 10.0),
+                    ("fds_after", 10.0),
+                    ("threads_before", 4.0),
+                    ("threads_after", 4.0),
+                    ("rss_kib_before", 1000.0),
+                    ("rss_kib_after", 1500.0),
+                ],
+            ),
+        ];
+        let t = targets(&sections);
+        let met: Vec<(&str, bool)> = t.iter().map(|t| (t.what.as_str(), t.met)).collect();
+        assert_eq!(
+            met,
+            [
+                ("run-code python print(1+1)", true),
+                ("server start -> initialize reply", false),
+                ("8 concurrent run-code", true),
+                (
+                    "server memory per idle session (interpreter excluded)",
+                    false
+                ),
+                ("NaN evaluations across NaN sessions", true),
+            ]
+        );
     }
 }
