@@ -518,6 +518,11 @@ eval = "run {n}"
             ("py", "python"),
             ("JS", "javascript"),
             ("sh", "shellscript"),
+            ("bash", "shellscript"),
+            ("hs", "haskell"),
+            ("ghci", "haskell"),
+            ("rb", "ruby"),
+            ("irb", "ruby"),
         ] {
             match r.get(alias) {
                 Ok(l) => assert_eq!(l.id(), id),
