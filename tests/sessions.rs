@@ -144,7 +144,7 @@ fn snippets(lang: &str) -> Snippets {
             sleep1: "sleep 1\nputs 'slept'",
             no_newline_then_more: "print 'partial irb> '\n$stdout.flush\nsleep 0.2\nputs 'rest'",
             partial_then_rest: "partial irb> rest\n",
-            fake_prompts: "puts 'irb(main):001:0> '\nputs 'irb(main):002:0* '\nputs '=> after-prompt'\n'done'",
+            fake_prompts: "puts 'irb(main):001:0> '\nputs 'irb(main):002:0* '\nputs conf.prompt_i + 'after-prompt'\n'done'",
             fake_prompts_out: ("irb(main):001:0> \nirb(main):002:0* \n", "=> \"done\"\n"),
             spawn_sleep: "puts spawn('sleep', '300')",
             print_cwd: "puts Dir.pwd",
@@ -190,7 +190,7 @@ fn snippets(lang: &str) -> Snippets {
             sleep1: "sleep 1\necho slept",
             no_newline_then_more: "printf 'partial $ '\nsleep 0.2\necho rest",
             partial_then_rest: "partial $ rest\n",
-            fake_prompts: "echo '$ '\necho '> '\necho 'bash-5.2$ after-prompt'\necho done",
+            fake_prompts: "echo '$ '\necho '> '\necho \"${PS1}after-prompt\"\necho done",
             fake_prompts_out: ("$ \n> \n", "done\n"),
             // In a subshell, so that the interactive shell prints no `[1] PID` job line.
             spawn_sleep: "(sleep 300 & echo $!)",
