@@ -648,6 +648,25 @@ async fn timeout_interrupts_and_keeps_state() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn the_bootstrap_is_told_before_the_interrupt() {
+    if !require("shellscript", "bash") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("bash").await;
+    // The code ignores Ctrl-C and ends when the flag file of its evaluation appears.
+    let code = "trap '' INT\nuntil [ -e \"$__rbx_c/interrupted-1\" ]; do sleep 0.02; done\necho saw-the-flag";
+    let o = s.eval_t(&id, code, 500).await;
+    assert_eq!(status(&o), "timeout", "{}", o.text);
+    assert_eq!(o.structured.get("restarted"), None, "{}", o.text);
+    assert!(output(&o).contains("saw-the-flag"), "{}", o.text);
+    // It is gone once the evaluation has ended.
+    let o = s.eval(&id, "ls \"$__rbx_c\"").await;
+    assert!(!output(&o).contains("interrupted-"), "{}", output(&o));
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn an_interpreter_that_ignores_the_interrupt_is_restarted() {
     if !require("python", "python3") {
         return;

@@ -114,7 +114,9 @@ pub struct SessionSpec {
     pub cell_template: Option<String>,
     /// The one short line typed per evaluation. Placeholders: `{n}`, `{cell}` (path).
     pub eval: String,
-    /// Bytes written to interrupt (default Ctrl-C).
+    /// Bytes written to interrupt (default Ctrl-C). Just before they are written, the empty
+    /// file `interrupted-N` is created in the control directory (N: the evaluation's
+    /// number), for bootstraps whose REPL would otherwise go on with queued input.
     #[serde(default = "default_interrupt")]
     pub interrupt: String,
     /// Fallback when the end marker carries no status (`?`): output matching this regex

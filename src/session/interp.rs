@@ -282,6 +282,7 @@ impl Interp {
             Ok(()) => self.wait(n, deadline, cancel).await,
         };
         let _ = std::fs::remove_file(&cell);
+        let _ = std::fs::remove_file(interrupt_flag(&self.launch.ctl, n));
         let mut output = {
             let mut st = self.shared.lock();
             st.current = None;
@@ -346,6 +347,10 @@ impl Interp {
         let grace = Duration::from_millis(self.launch.spec.interrupt_grace_ms);
         let prompts_before = self.shared.lock().prompts;
         let interrupt = self.launch.spec.interrupt.clone();
+        // Tell the bootstrap before interrupting: a REPL that goes on with input it has
+        // queued (ghci runs the rest of a macro's commands after "Interrupted.") can look
+        // for this file and stop there. Removed when the evaluation ends.
+        let _ = std::fs::write(interrupt_flag(&self.launch.ctl, n), b"");
         if self.master.write_all(interrupt.as_bytes()).await.is_err() {
             return match self.wait_exit().await {
                 Ending::Exited(st) => Recovery::Exited(st),
@@ -484,6 +489,11 @@ async fn read_loop(master: Arc<PtyMaster>, shared: Arc<Shared>) {
             }
         }
     }
+}
+
+/// The file that exists in the control directory while evaluation `n` is being interrupted.
+pub fn interrupt_flag(ctl: &Path, n: u64) -> PathBuf {
+    ctl.join(format!("interrupted-{n}"))
 }
 
 fn path_str(p: &Path) -> String {
