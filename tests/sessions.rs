@@ -529,6 +529,20 @@ map describe [Red, Blue]"#;
     assert_eq!(o.structured["error"]["message"], "ExitFailure 3");
     let o = s.eval(&id, "fact 5").await;
     assert_eq!((status(&o), output(&o)), ("ok", "120\n"), "state kept");
+    // A timeout interrupts the item running and the rest of the cell does not run.
+    let o = s
+        .eval_t(&id, "length [1 ..]\nputStrLn \"not reached\"", 1000)
+        .await;
+    assert_eq!(status(&o), "timeout", "{}", o.text);
+    assert_eq!(o.structured.get("restarted"), None);
+    assert!(output(&o).contains("Interrupted."), "{}", output(&o));
+    assert!(!output(&o).contains("not reached"), "{}", output(&o));
+    let o = s.eval(&id, "fact 3").await;
+    assert_eq!(
+        (status(&o), output(&o)),
+        ("ok", "6\n"),
+        "in sync, state kept"
+    );
     // Unicode goes through putStrLn unchanged (show escapes it, as in ghci).
     let o = s.eval(&id, "putStrLn \"λ → ü\"\n\"λ\"").await;
     assert_eq!(output(&o), "λ → ü\n\"\\955\"\n");
