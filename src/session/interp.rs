@@ -407,6 +407,7 @@ impl Interp {
                 .ctl
                 .join(expand(&self.launch.spec.cell_file, &[("n", &n_s)]));
             let _ = std::fs::remove_file(cell);
+            let _ = std::fs::remove_file(interrupt_flag(&self.launch.ctl, n));
         }
         part.finish()
     }
@@ -433,6 +434,11 @@ impl Interp {
         let mut input_poll = tokio::time::interval_at(now + INPUT_POLL, INPUT_POLL);
         input_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut progress_tick = tokio::time::interval_at(now + PROGRESS_EVERY, PROGRESS_EVERY);
+        // A first sighting of "waiting for input", with the output version at that moment:
+        // confirmed only if the next poll sees the same with no output in between. Runtimes
+        // arm their terminal reads briefly while doing other things (ghci while it prints);
+        // a program that waits for input stays silent and stays waiting.
+        let mut suspected: Option<u64> = None;
         progress_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             match self.check(n) {
@@ -460,10 +466,16 @@ impl Interp {
                         }
                         return Ending::Exited(Some(status));
                     }
-                                        if detect_input && self.running_user_code(n) && self.waits_for_input()
+                                                            let version = *rx.borrow();
+                    if detect_input && self.running_user_code(n) && self.waits_for_input()
                         && self.nothing_unread(n)
                     {
-                        return Ending::AwaitingInput;
+                        if suspected == Some(version) {
+                            return Ending::AwaitingInput;
+                        }
+                        suspected = Some(version);
+                    } else {
+                        suspected = None;
                     }
                 }
                 _ = progress_tick.tick(), if progress.is_some() => {
@@ -516,6 +528,10 @@ impl Interp {
         }
         let prompts_before = self.shared.lock().prompts;
         let interrupt = self.launch.spec.interrupt.clone();
+        // Tell the bootstrap before interrupting: a REPL that goes on with input it has
+        // queued (ghci runs the rest of a macro's commands after "Interrupted.") can look
+        // for this file and stop there. Removed when the evaluation ends.
+        let _ = std::fs::write(interrupt_flag(&self.launch.ctl, n), b"");
         // A program reading keys in raw mode gets Ctrl-C as data; deliver what the key would
         // have delivered with the terminal in its normal mode: SIGINT to the foreground group.
         if interrupt == "\u{3}"
@@ -724,6 +740,11 @@ async fn read_loop(master: Arc<PtyMaster>, shared: Arc<Shared>) {
             }
         }
     }
+}
+
+/// The file that exists in the control directory while evaluation `n` is being interrupted.
+pub fn interrupt_flag(ctl: &Path, n: u64) -> PathBuf {
+    ctl.join(format!("interrupted-{n}"))
 }
 
 fn path_str(p: &Path) -> String {

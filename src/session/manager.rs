@@ -380,6 +380,13 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             .await
             .ok_or_else(|| format!("{} is not installed", lang.id()))?
             .clone();
+        let exe_path = lang.session_exe(&detected).map_err(|e| {
+            format!(
+                "{} sessions cannot start on this host: {e} (run-code still works). Session languages: {}",
+                lang.id(),
+                self.registry.session_ids().join(", ")
+            )
+        })?;
         let id = uuid::Uuid::new_v4().to_string();
         let dir = self
             .workspace
@@ -398,7 +405,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         let boot_path = ctl.join(&spec.bootstrap_file);
         std::fs::write(&boot_path, bootstrap)
             .map_err(|e| format!("cannot write the bootstrap: {e}"))?;
-        let exe = detected.exe.display().to_string();
+        let exe = exe_path.display().to_string();
         let boot_s = boot_path.display().to_string();
         let cache = self.workspace.cache_dir(lang.id()).display().to_string();
         let vars = [
@@ -411,12 +418,25 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         ];
         let argv = expand_command(&spec.command, &vars, &[]);
         let mut env = cenv::base_env(&work, "dumb");
-        if let Some(bin) = detected.exe.parent() {
-            cenv::set(
-                &mut env,
-                "PATH",
-                format!("{}:{}", bin.display(), cenv::server_path()),
-            );
+        // The interpreter's own directory first, so that the tools it runs (a compiler, a
+        // package manager) come from the same installation.
+        let mut bins: Vec<&std::path::Path> = Vec::new();
+        for bin in [exe_path.parent(), detected.exe.parent()]
+            .into_iter()
+            .flatten()
+        {
+            if !bins.contains(&bin) {
+                bins.push(bin);
+            }
+        }
+        if !bins.is_empty() {
+            let mut path = String::new();
+            for bin in bins {
+                path.push_str(&bin.display().to_string());
+                path.push(':');
+            }
+            path.push_str(&cenv::server_path());
+            cenv::set(&mut env, "PATH", path);
         }
         cenv::set(&mut env, "TMPDIR", work_s.clone());
         for (k, v) in lang.spec.env.iter().chain(spec.env.iter()) {
