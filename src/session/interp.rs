@@ -161,6 +161,8 @@ pub struct Interp {
     tty: u64,
     /// Evaluation paused waiting for input.
     paused: Option<u64>,
+    /// An internal evaluation is running (see [`sync`](Self::sync)).
+    in_sync: bool,
 }
 
 const SYNC_BASE: u64 = 1 << 40;
@@ -219,6 +221,7 @@ impl Interp {
             launch,
             tty,
             paused: None,
+            in_sync: false,
         };
         for line in &me.launch.spec.init {
             let line = expand(
@@ -269,9 +272,14 @@ impl Interp {
     }
 
     /// An internal empty evaluation (readiness, resynchronisation).
+    /// An internal evaluation never tries to recover by itself (its caller decides, by
+    /// restarting), so recovery cannot recurse into recovery.
     async fn sync(&mut self, deadline: Instant, cancel: &CancellationToken) -> Outcome {
         self.next_sync += 1;
-        Box::pin(self.run_cell(self.next_sync, "", deadline, cancel, None, false)).await
+        self.in_sync = true;
+        let out = Box::pin(self.run_cell(self.next_sync, "", deadline, cancel, None, false)).await;
+        self.in_sync = false;
+        out
     }
 
     /// Run evaluation number `n`. The deadline interrupts; `cancel` interrupts too. If the
@@ -445,7 +453,9 @@ impl Interp {
                 Check::End(end) => return Ending::Done(end),
                 Check::Closed => return self.wait_exit().await,
                 Check::Continuation => {
-                    let _ = self.interrupt_and_recover(n).await;
+                    if !self.in_sync {
+                        let _ = self.interrupt_and_recover(n).await;
+                    }
                     return Ending::Incomplete;
                 }
                 Check::Prompt | Check::Pending => {}
@@ -483,14 +493,20 @@ impl Interp {
                         report(self.last_line());
                     }
                 }
-                _ = tokio::time::sleep_until(deadline) => {
+                                _ = tokio::time::sleep_until(deadline) => {
+                    if self.in_sync {
+                        return Ending::TimedOut { marker: None };
+                    }
                     return match self.interrupt_and_recover(n).await {
                         Recovery::Back(marker) => Ending::TimedOut { marker },
                         Recovery::Exited(st) => Ending::Exited(st),
                         Recovery::Restarted(reason) => Ending::Restarted { reason },
                     };
                 }
-                _ = cancel.cancelled() => {
+                                _ = cancel.cancelled() => {
+                    if self.in_sync {
+                        return Ending::Cancelled;
+                    }
                     return match self.interrupt_and_recover(n).await {
                         Recovery::Back(_) => Ending::Cancelled,
                         Recovery::Exited(st) => Ending::Exited(st),
