@@ -17,35 +17,6 @@ const LANGS: &[(&str, &str)] = &[
     ("shellscript", "bash"),
 ];
 
-impl TestServer {
-    async fn start_session(&self, lang: &str) -> String {
-        let out = self.call("session_start", json!({"language": lang})).await;
-        assert!(!out.is_error, "session_start {lang}: {}", out.text);
-        out.s("session_id").to_string()
-    }
-
-    async fn eval(&self, id: &str, code: &str) -> Out {
-        self.call("session_eval", json!({"session_id": id, "code": code}))
-            .await
-    }
-
-    async fn eval_t(&self, id: &str, code: &str, timeout_ms: u64) -> Out {
-        self.call(
-            "session_eval",
-            json!({"session_id": id, "code": code, "timeout_ms": timeout_ms}),
-        )
-        .await
-    }
-}
-
-fn status(o: &Out) -> &str {
-    o.structured["status"].as_str().unwrap_or("?")
-}
-
-fn output(o: &Out) -> &str {
-    o.structured["output"].as_str().unwrap_or("")
-}
-
 /// Per-language snippets for the shared behaviours, and what they should print.
 struct Snippets {
     set_x: &'static str,
@@ -901,9 +872,7 @@ async fn directories_and_cleanup() {
         let c = s.call("session_close", json!({"session_id": id})).await;
         assert_eq!(c.structured["closed"], true);
         let t = Instant::now();
-        while ppid_state(child).is_some_and(|(_, st)| st != 'Z')
-            || ppid_state(pid).is_some_and(|(_, st)| st != 'Z')
-        {
+        while alive(child) || alive(pid) {
             assert!(
                 t.elapsed() < Duration::from_secs(3),
                 "{lang}: processes survived close"
@@ -951,22 +920,8 @@ async fn shutdown_kills_every_session() {
     let all = s.descendants();
     assert!(!all.is_empty());
     s.stop().await;
-    let t = Instant::now();
-    loop {
-        let alive: Vec<i32> = all
-            .iter()
-            .copied()
-            .filter(|p| ppid_state(*p).is_some_and(|(_, st)| st != 'Z'))
-            .collect();
-        if alive.is_empty() {
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "left behind: {alive:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let left = wait_gone(&all, Duration::from_secs(5)).await;
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

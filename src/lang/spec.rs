@@ -166,8 +166,9 @@ fn default_input_wait() -> Vec<InputWait> {
 fn default_interrupt() -> String {
     "\u{3}".to_string()
 }
+/// Long enough for a loaded machine: only an interpreter that is really stuck waits it out.
 fn default_interrupt_grace_ms() -> u64 {
-    2000
+    5000
 }
 fn default_start_timeout_ms() -> u64 {
     30_000

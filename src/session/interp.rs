@@ -291,16 +291,6 @@ impl Interp {
         code: &str,
         deadline: Instant,
         cancel: &CancellationToken,
-    ) -> Outcome {
-        self.eval_with(n, code, deadline, cancel, None).await
-    }
-
-    pub async fn eval_with(
-        &mut self,
-        n: u64,
-        code: &str,
-        deadline: Instant,
-        cancel: &CancellationToken,
         progress: Option<&Progress>,
     ) -> Outcome {
         self.run_cell(n, code, deadline, cancel, progress, true)

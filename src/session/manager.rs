@@ -559,11 +559,7 @@ or stop it with session_interrupt, before evaluating more code.",
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
         let outcome = match guard.as_mut() {
-            Some(interp) => {
-                interp
-                    .eval_with(eval_id, code, deadline, &token, progress)
-                    .await
-            }
+            Some(interp) => interp.eval(eval_id, code, deadline, &token, progress).await,
             None => return Err(self.gone_message(&session)),
         };
         Ok(self.conclude(&session, &mut guard, eval_id, started, outcome))

@@ -137,13 +137,56 @@ impl TestServer {
 
 /// Parent pid and state of a process, from /proc.
 pub fn ppid_state(pid: i32) -> Option<(i32, char)> {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
-    let mut it = rest.split_whitespace();
-    let state = it.next()?.chars().next()?;
-    let ppid = it.next()?.parse().ok()?;
-    Some((ppid, state))
+    replbox::exec::helper::read_ppid_state(pid)
+}
+
+/// Whether a process exists and is not a zombie.
+pub fn alive(pid: i32) -> bool {
+    ppid_state(pid).is_some_and(|(_, st)| st != 'Z')
+}
+
+/// Wait (bounded) until none of `pids` is alive; returns those still alive.
+pub async fn wait_gone(pids: &[i32], within: Duration) -> Vec<i32> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let left: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+        if left.is_empty() || tokio::time::Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The `status` of a session tool result.
+pub fn status(o: &Out) -> &str {
+    o.structured["status"].as_str().unwrap_or("?")
+}
+
+/// The `output` of a session tool result.
+pub fn output(o: &Out) -> &str {
+    o.structured["output"].as_str().unwrap_or("")
+}
+
+impl TestServer {
+    /// Start a session, failing the test if it cannot.
+    pub async fn start_session(&self, lang: &str) -> String {
+        let out = self.call("session_start", json!({"language": lang})).await;
+        assert!(!out.is_error, "session_start {lang}: {}", out.text);
+        out.s("session_id").to_string()
+    }
+
+    pub async fn eval(&self, id: &str, code: &str) -> Out {
+        self.call("session_eval", json!({"session_id": id, "code": code}))
+            .await
+    }
+
+    pub async fn eval_t(&self, id: &str, code: &str, timeout_ms: u64) -> Out {
+        self.call(
+            "session_eval",
+            json!({"session_id": id, "code": code, "timeout_ms": timeout_ms}),
+        )
+        .await
+    }
 }
 
 pub fn descendants(root: i32) -> Vec<i32> {
