@@ -277,8 +277,6 @@ fn listed_ids(o: &Out) -> Vec<String> {
         .unwrap_or_default()
 }
 
-
-
 /// A tokens file only its owner can read (as it should be: others get a warning).
 fn write_private(path: &std::path::Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;

@@ -138,6 +138,8 @@ pub type Progress = dyn Fn(String) + Send + Sync;
 const INPUT_POLL: Duration = Duration::from_millis(200);
 /// How often progress is reported.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
+/// How often an unanswered interrupt is repeated.
+const REPEAT_INTERRUPT: Duration = Duration::from_secs(1);
 
 pub struct Outcome {
     pub ending: Ending,
@@ -533,28 +535,21 @@ impl Interp {
             }
         }
         let prompts_before = self.shared.lock().prompts;
-        let interrupt = self.launch.spec.interrupt.clone();
         // Tell the bootstrap before interrupting: a REPL that goes on with input it has
         // queued (ghci runs the rest of a macro's commands after "Interrupted.") can look
         // for this file and stop there. Removed when the evaluation ends.
         let _ = std::fs::write(interrupt_flag(&self.launch.ctl, n), b"");
-        // A program reading keys in raw mode gets Ctrl-C as data; deliver what the key would
-        // have delivered with the terminal in its normal mode: SIGINT to the foreground group.
-        if interrupt == "\u{3}"
-            && !self.master.signals_enabled()
-            && let Some(pgrp) = self.master.foreground_pgrp()
-        {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pgrp),
-                nix::sys::signal::Signal::SIGINT,
-            );
-        } else if self.master.write_all(interrupt.as_bytes()).await.is_err() {
+        if !self.send_interrupt().await {
             return match self.wait_exit().await {
                 Ending::Exited(st) => Recovery::Exited(st),
                 _ => Recovery::Exited(None),
             };
         }
         let until = Instant::now() + grace;
+        // An interrupt that arrives at a bad moment (or gets lost on a loaded machine) is
+        // repeated every second until the grace period ends; only then is the tree killed.
+        let mut again =
+            tokio::time::interval_at(Instant::now() + REPEAT_INTERRUPT, REPEAT_INTERRUPT);
         let mut rx = self.shared.tick.subscribe();
         let marker = loop {
             match self.check_since(n, prompts_before) {
@@ -570,6 +565,7 @@ impl Interp {
             }
             tokio::select! {
                 changed = rx.changed() => { if changed.is_err() { break None; } }
+                _ = again.tick() => { let _ = self.send_interrupt().await; }
                 _ = tokio::time::sleep_until(until) => {
                     return match self.restart().await {
                         Ok(()) => Recovery::Restarted("the interpreter did not stop when interrupted".into()),
@@ -578,6 +574,30 @@ impl Interp {
                 }
             }
         };
+        self.after_interrupt(marker, grace).await
+    }
+
+    /// Deliver the interrupt; false when the terminal is gone.
+    async fn send_interrupt(&self) -> bool {
+        let interrupt = &self.launch.spec.interrupt;
+        // A program reading keys in raw mode gets Ctrl-C as data; deliver what the key would
+        // have delivered with the terminal in its normal mode: SIGINT to the foreground group.
+        if interrupt == "\u{3}"
+            && !self.master.signals_enabled()
+            && let Some(pgrp) = self.master.foreground_pgrp()
+        {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pgrp),
+                nix::sys::signal::Signal::SIGINT,
+            );
+            return true;
+        }
+        self.master.write_all(interrupt.as_bytes()).await.is_ok()
+    }
+
+    /// After the REPL answered an interrupt: keep what the interrupted evaluation printed,
+    /// then drain any stray output of the interrupt with an empty evaluation.
+    async fn after_interrupt(&mut self, marker: Option<EndMarker>, grace: Duration) -> Recovery {
         // Keep what the interrupted evaluation printed; then drain any stray output of the
         // interrupt (a REPL that was already idle prints its own notice) with an empty
         // evaluation whose output is thrown away.
