@@ -142,8 +142,8 @@ Close it with session_close when done; idle sessions are closed after idle_timeo
         match self.app.sessions.start(&self.caller, req).await {
             Ok(r) => {
                 let text = format!(
-                    "session {} started: {} {} (pid {}) in {}",
-                    r.session_id, r.language, r.version, r.pid, r.cwd
+                    "session {} started: {} {} (pid {}) in {} (sandbox: {})",
+                    r.session_id, r.language, r.version, r.pid, r.cwd, r.sandbox
                 );
                 result(text, &r, false)
             }
@@ -251,10 +251,12 @@ Languages installed here: {installed}.\n\
 session when the work takes several steps that build on each other (load data once, then explore it), or when \
 starting the interpreter each time would be slow.\n\
 Limits: default timeout {} ms (ask for up to {} ms with timeout_ms); output keeps the first and last {} KiB \
-of each stream.",
+of each stream.\n\
+{}",
         app.config.default_timeout_ms,
         app.config.max_timeout_ms,
         app.config.output_cap / 1024,
+        app.sandbox.describe(),
     )
 }
 

@@ -19,10 +19,13 @@ use crate::exec::pty::{self, PtyMaster, ReadOutcome};
 use crate::exec::{self, Proc, SpawnSpec, Stdio3};
 use crate::lang::{SessionSpec, expand};
 use crate::output::{Rendered, Renderer};
+use crate::sandbox::{Jail, Sandbox};
 
 /// How to (re)start the interpreter.
 #[derive(Debug, Clone)]
 pub struct Launch {
+    pub sandbox: Arc<Sandbox>,
+    pub jail: Jail,
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
@@ -129,7 +132,8 @@ pub struct Interp {
     master: Arc<PtyMaster>,
     shared: Arc<Shared>,
     reader: tokio::task::JoinHandle<()>,
-    /// The helper's pid and the interpreter's (its child).
+    /// The pid of the process the server started (the helper, or bwrap) and the
+    /// interpreter's.
     pub helper_pid: u32,
     pub pid: u32,
     /// Internal evaluations (readiness, resynchronisation) are numbered from SYNC_BASE so
@@ -150,12 +154,16 @@ impl Interp {
     /// Start the interpreter and wait until it has answered an empty evaluation.
     pub async fn start(launch: Arc<Launch>, timeout: Duration) -> Result<Self, String> {
         let (master, slave) = pty::open().map_err(|e| format!("cannot open a terminal: {e}"))?;
-        let proc = exec::spawn(SpawnSpec {
-            argv: launch.argv.clone(),
-            env: launch.env.clone(),
-            cwd: launch.cwd.clone(),
-            stdio: Stdio3::Pty(slave),
-        })
+        let proc = exec::spawn(
+            &launch.sandbox,
+            SpawnSpec {
+                argv: launch.argv.clone(),
+                env: launch.env.clone(),
+                cwd: launch.cwd.clone(),
+                stdio: Stdio3::Pty(slave),
+                jail: launch.jail.clone(),
+            },
+        )
         .map_err(|e| format!("cannot start {}: {e}", launch.argv[0]))?;
         let spec = &launch.spec;
         let shared = Arc::new(Shared {
@@ -206,7 +214,7 @@ impl Interp {
         let ready = me.sync(deadline, &never).await;
         match ready.ending {
             Ending::Done(_) => {
-                me.pid = child_of(helper_pid).unwrap_or(helper_pid);
+                me.pid = me.proc.program_pid().unwrap_or(helper_pid);
                 // Whatever the interpreter printed while starting (banners) is not output.
                 me.shared.lock().background = Renderer::new(me.launch.output_cap / 4);
                 Ok(me)
@@ -432,7 +440,7 @@ impl Interp {
 
     /// The process ended: collect its status (the helper mirrors the interpreter's).
     async fn wait_exit(&mut self) -> Ending {
-        match tokio::time::timeout(Duration::from_secs(3), self.proc.child.wait()).await {
+        match tokio::time::timeout(Duration::from_secs(3), self.proc.wait()).await {
             Ok(Ok(status)) => Ending::Exited(Some(status)),
             _ => {
                 self.proc.kill_tree().await;
@@ -488,10 +496,4 @@ async fn read_loop(master: Arc<PtyMaster>, shared: Arc<Shared>) {
 
 fn path_str(p: &Path) -> String {
     p.display().to_string()
-}
-
-/// The first child of `pid` (the interpreter under its helper).
-pub fn child_of(pid: u32) -> Option<u32> {
-    let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
-    list.split_whitespace().next()?.parse().ok()
 }

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::exec::env as cenv;
 use crate::lang::{Language, Registry, expand, expand_command};
+use crate::sandbox::{Jail, Lease, Level, Sandbox};
 use crate::workspace::{PrivateDir, Workspace};
 use interp::{Ending, Interp, Launch};
 
@@ -132,6 +133,8 @@ pub struct StartReport {
     pub pid: u32,
     pub cwd: String,
     pub idle_timeout_s: u64,
+    /// The isolation level the interpreter runs under.
+    pub sandbox: Level,
 }
 
 /// What `session_close` returns.
@@ -220,6 +223,9 @@ pub struct Session {
     last_used: Mutex<(SystemTime, Instant)>,
     busy: Mutex<Option<Busy>>,
     gone: Mutex<Option<Gone>>,
+    /// The uid the interpreter runs as; returned (after a sweep) when the session is gone.
+    /// Last, so it is dropped after the interpreter.
+    _lease: Option<Lease>,
 }
 
 impl Session {
@@ -268,17 +274,24 @@ pub struct SessionManager {
     config: Arc<Config>,
     registry: Arc<Registry>,
     workspace: Arc<Workspace>,
+    sandbox: Arc<Sandbox>,
     sessions: DashMap<String, Arc<Session>>,
     /// Sessions that ended, so a later call can say how (bounded).
     ended: DashMap<String, (Caller, Gone)>,
 }
 
 impl SessionManager {
-    pub fn new(config: Arc<Config>, registry: Arc<Registry>, workspace: Arc<Workspace>) -> Self {
+    pub fn new(
+        config: Arc<Config>,
+        registry: Arc<Registry>,
+        workspace: Arc<Workspace>,
+        sandbox: Arc<Sandbox>,
+    ) -> Self {
         Self {
             config,
             registry,
             workspace,
+            sandbox,
             sessions: DashMap::new(),
             ended: DashMap::new(),
         }
@@ -317,10 +330,10 @@ impl SessionManager {
                 if !meta.is_dir() {
                     return Err(format!("cwd {} is not a directory", dir.display()));
                 }
-                Some(
-                    std::fs::canonicalize(dir)
-                        .map_err(|e| format!("cwd {}: {e}", dir.display()))?,
-                )
+                let dir = std::fs::canonicalize(dir)
+                    .map_err(|e| format!("cwd {}: {e}", dir.display()))?;
+                self.sandbox.check_cwd(&dir, self.workspace.root())?;
+                Some(dir)
             }
             None => None,
         };
@@ -329,13 +342,19 @@ impl SessionManager {
             .await
             .ok_or_else(|| format!("{} is not installed", lang.id()))?
             .clone();
+        if !self.sandbox.can_run(&detected.exe) {
+            return Err(self.sandbox.cannot_run_reason(&detected.exe));
+        }
+        let lease = self.sandbox.lease()?;
+        let uid = lease.as_ref().map(|l| l.uid);
         let id = uuid::Uuid::new_v4().to_string();
         let dir = self
             .workspace
-            .new_session_dir(&id)
+            .new_session_dir(&id, uid)
             .map_err(|e| format!("cannot create the session directory: {e}"))?;
         let work = dir.path().join("work");
         let ctl = dir.path().join("ctl");
+        let caller_cwd = cwd.clone();
         let cwd = cwd.unwrap_or_else(|| work.clone());
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
         let ctl_s = ctl.display().to_string();
@@ -349,7 +368,8 @@ impl SessionManager {
             .map_err(|e| format!("cannot write the bootstrap: {e}"))?;
         let exe = detected.exe.display().to_string();
         let boot_s = boot_path.display().to_string();
-        let cache = self.workspace.cache_dir(lang.id()).display().to_string();
+        let cache_dir = self.workspace.cache_dir(lang.id(), uid);
+        let cache = cache_dir.display().to_string();
         let vars = [
             ("exe", exe.as_str()),
             ("bootstrap", boot_s.as_str()),
@@ -374,7 +394,22 @@ impl SessionManager {
         for (k, v) in &req.env {
             cenv::set(&mut env, k, v.clone());
         }
+        // Writable: the session's own directory, a caller's cwd (the kernel still decides what
+        // the session's uid may do there), the build cache. Readable: the control directory
+        // and the interpreter's prefix when a mask would hide it.
+        let mut rw = vec![work.clone(), cache_dir];
+        rw.extend(caller_cwd);
+        let mut ro = vec![ctl.clone()];
+        ro.extend(self.sandbox.interpreter_dirs(&detected.exe));
+        let jail = Jail {
+            uid,
+            rw,
+            ro,
+            cpu_s: None,
+        };
         let launch = Arc::new(Launch {
+            sandbox: self.sandbox.clone(),
+            jail,
             argv,
             env,
             cwd: cwd.clone(),
@@ -402,6 +437,7 @@ impl SessionManager {
             last_used: Mutex::new((now, Instant::now())),
             busy: Mutex::new(None),
             gone: Mutex::new(None),
+            _lease: lease,
         });
         self.sessions.insert(id.clone(), session);
         Ok(StartReport {
@@ -411,6 +447,7 @@ impl SessionManager {
             pid,
             cwd: cwd.display().to_string(),
             idle_timeout_s: idle_timeout.as_secs(),
+            sandbox: self.sandbox.level,
         })
     }
 
