@@ -408,9 +408,25 @@ async fn exit_is_noticed_at_once() {
         let o = s.eval(&id2, sn.two_plus_two).await;
         assert_eq!(output(&o), "4\n", "{lang}: a new session works");
     });
+    // Nothing is left of the exited interpreters: every remaining process is a live
+    // session's interpreter or one of the processes it runs under (helper, bwrap).
+    let live: Vec<i32> = s.call("session_list", json!({})).await.structured["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["pid"].as_i64().unwrap() as i32)
+        .collect();
+    let allowed: Vec<i32> = live
+        .iter()
+        .flat_map(|p| chain_up(*p, s.pid as i32))
+        .collect();
     let left = s.descendants();
     s.stop().await;
-    assert!(left.len() <= 4, "{left:?}");
+    assert_eq!(live.len(), LANGS.len().min(2), "{live:?}");
+    assert!(
+        left.iter().all(|p| allowed.contains(p)),
+        "{left:?} vs {allowed:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -495,17 +511,34 @@ async fn directories_and_cleanup() {
         let cwd = std::path::PathBuf::from(start.s("cwd"));
         assert!(cwd.is_dir());
         let pid = start.structured["pid"].as_i64().unwrap() as i32;
+        // A background child, found by a unique argument: inside a sandbox's pid namespace the
+        // pid the program sees is not the host's.
+        let secs = format!(
+            "300.{}",
+            std::process::id() + cwd.to_str().unwrap().len() as u32
+        );
         let bg = if lang == "python" {
-            "import subprocess\np = subprocess.Popen(['sleep', '300'])\np.pid"
+            format!("import subprocess\np = subprocess.Popen(['sleep', '{secs}'])")
         } else {
-            "const cp = require('child_process').spawn('sleep', ['300']); cp.pid"
+            format!("const cp = require('child_process').spawn('sleep', ['{secs}']); 0")
         };
-        let o = s.eval(&id, bg).await;
-        let child: i32 = output(&o)
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{lang}: {}", o.text));
-        assert!(ppid_state(child).is_some());
+        let o = s.eval(&id, &bg).await;
+        assert_eq!(status(&o), "ok", "{lang}: {}", o.text);
+        let t = Instant::now();
+        let child = loop {
+            if let Some(p) = processes_with(&format!("sleep {secs}")).first() {
+                break *p;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(3),
+                "{lang}: sleep not found"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert!(
+            s.descendants().contains(&child),
+            "{lang}: child in the server's tree"
+        );
         let o = s
             .eval(
                 &id,
@@ -542,8 +575,14 @@ async fn directories_and_cleanup() {
             o.text
         );
 
-        // An existing directory is used and kept.
+        // An existing directory is used and kept. User code runs as an unprivileged user, so
+        // the directory must let it write (a caller's cwd grants visibility, not privilege).
         let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
         let start = s
             .call(
                 "session_start",

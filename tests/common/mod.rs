@@ -169,6 +169,55 @@ pub fn descendants(root: i32) -> Vec<i32> {
     out
 }
 
+/// Live processes anywhere on the host whose command line contains `needle` (inside a
+/// sandbox's pid namespace a program only knows its namespace pid, so tests find its host
+/// pid by something unique it runs with).
+pub fn processes_with(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() as i32 {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(needle) && ppid_state(pid).is_some_and(|(_, st)| st != 'Z') {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Wait until no live process has `needle` in its command line (bounded); return those left.
+pub async fn wait_none_with(needle: &str, within: Duration) -> Vec<i32> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let left = processes_with(needle);
+        if left.is_empty() || tokio::time::Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `pid` and its ancestors up to (not including) `stop`.
+pub fn chain_up(pid: i32, stop: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut p = pid;
+    while p > 1 && p != stop && out.len() < 64 {
+        out.push(p);
+        match ppid_state(p) {
+            Some((pp, _)) => p = pp,
+            None => break,
+        }
+    }
+    out
+}
+
 /// Whether an executable is on PATH.
 pub fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
