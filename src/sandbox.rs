@@ -410,9 +410,11 @@ impl Sandbox {
         }
         flag("--rlimit", format!("nofile={}", l.open_files).into());
         if l.processes > 0 {
-            // A pool uid starts with nothing running; the server's own uid already runs the
-            // server's threads and whatever else its user runs, all counted against the limit.
-            let nproc = if jail.uid.is_some() {
+            // The kernel counts a uid's tasks per user namespace. A pool uid starts with
+            // nothing running, and so does the uid in the user namespace bwrap makes when not
+            // root. Otherwise the server's own uid already runs the server's threads and
+            // whatever else its user runs, all counted against the limit.
+            let nproc = if jail.uid.is_some() || wrapped {
                 l.processes
             } else {
                 l.processes + tasks_of_uid(nix::unistd::getuid().as_raw())

@@ -63,25 +63,48 @@ impl TestServer {
     }
 
     pub async fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::try_start(args, env, None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Start a server (as `uid` when given, which needs root), or say why it did not start.
+    pub async fn try_start(
+        args: &[&str],
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+    ) -> Result<Self, String> {
         let mut cmd = tokio::process::Command::new(BIN);
         cmd.arg("serve").args(args);
         for (k, v) in env {
             cmd.env(k, v);
         }
+        if let Some(uid) = uid {
+            // std drops the supplementary groups too when it changes the uid as root.
+            cmd.uid(uid).gid(uid);
+        }
         cmd.stderr(std::process::Stdio::inherit());
-        let transport = TokioChildProcess::new(cmd).expect("spawn replbox");
-        let pid = transport.id().expect("server pid");
+        let transport = TokioChildProcess::new(cmd).map_err(|e| format!("spawn replbox: {e}"))?;
+        let pid = transport.id().ok_or("no server pid")?;
         let recorder = Recorder::default();
         let client = recorder
             .clone()
             .serve(transport)
             .await
-            .expect("MCP handshake with replbox");
-        Self {
+            .map_err(|e| format!("MCP handshake with replbox {args:?}: {e}"))?;
+        Ok(Self {
             client,
             pid,
             recorder,
-        }
+        })
+    }
+
+    /// The server's instructions.
+    pub fn instructions(&self) -> String {
+        self.client
+            .peer_info()
+            .and_then(|i| i.instructions.clone())
+            .unwrap_or_default()
     }
 
     pub async fn call(&self, tool: &str, args: Value) -> Out {

@@ -166,6 +166,10 @@ fn drop_to(uid: u32, gid: u32) -> Result<(), String> {
         if libc::getuid() != uid || libc::geteuid() != uid || libc::getegid() != gid {
             return Err("the uid drop did not take".into());
         }
+        // At every level, even `none`: a setuid-root program must not bring root back.
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(err("no_new_privs"));
+        }
     }
     Ok(())
 }
