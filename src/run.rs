@@ -208,6 +208,7 @@ impl Runner {
             rw: vec![dir.path().to_path_buf(), cache_dir.clone()],
             ro: self.sandbox.interpreter_dirs(&detected.exe),
             cpu_s: Some(cpu_s.max(1)),
+            dirty: lease.as_ref().map(|l| l.dirty_flag()),
         };
 
         if let Some(compile) = &spec.compile {

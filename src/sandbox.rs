@@ -16,6 +16,7 @@ use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -125,6 +126,9 @@ pub struct Jail {
     pub ro: Vec<PathBuf>,
     /// CPU seconds (one-shot runs only).
     pub cpu_s: Option<u64>,
+    /// Set by a process that ended without the helper confirming its whole tree gone: the
+    /// lease's uid is then swept before reuse.
+    pub dirty: Option<Arc<AtomicBool>>,
 }
 
 /// A program and its arguments, ready for `Command`.
@@ -854,6 +858,7 @@ impl UidPool {
             uid: self.base + slot,
             slot,
             sweep,
+            dirty: Arc::new(AtomicBool::new(false)),
             lock: Some(lock),
             pool: self.clone(),
         })
@@ -916,18 +921,31 @@ pub struct Lease {
     /// Kill leftovers before the uid is reused. Not needed at the bwrap level, where the pid
     /// namespace dies with its first process.
     sweep: bool,
+    dirty: Arc<AtomicBool>,
     lock: Option<std::fs::File>,
     pool: Arc<UidPool>,
 }
 
+impl Lease {
+    /// The flag a process of this lease sets when it ends without a confirmed clean tree.
+    pub fn dirty_flag(&self) -> Arc<AtomicBool> {
+        self.dirty.clone()
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
-        let (uid, slot, sweep, pool) = (self.uid, self.slot, self.sweep, self.pool.clone());
+        let sweep = self.sweep && self.dirty.load(Ordering::Relaxed);
+        let (uid, slot, pool) = (self.uid, self.slot, self.pool.clone());
         let lock = self.lock.take();
+        if !sweep {
+            // The helper saw every process of this lease gone: nothing to wait for.
+            drop(lock);
+            pool.release(slot);
+            return;
+        }
         let work = move || {
-            if sweep {
-                kill_uid(uid);
-            }
+            kill_uid(uid);
             // Other servers may take the uid once its lock is closed.
             drop(lock);
             pool.release(slot);

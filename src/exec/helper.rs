@@ -309,16 +309,16 @@ fn supervise(main: Pid, set: &SigSet, status_fd: Option<i32>) -> ! {
         match sig {
             Signal::SIGCHLD => {
                 if let Some(status) = reap_all(main) {
-                    kill_descendants();
-                    mirror(status, status_fd);
+                    let clean = kill_descendants();
+                    mirror(status, status_fd, clean);
                 }
             }
             Signal::SIGTERM | Signal::SIGHUP => {
                 let _ = signal::kill(main, Signal::SIGKILL);
-                kill_descendants();
+                let clean = kill_descendants();
                 // The main program is dead now; report its (killed) status.
                 match waitpid(main, None) {
-                    Ok(status) => mirror(status, status_fd),
+                    Ok(status) => mirror(status, status_fd, clean),
                     Err(_) => std::process::exit(128 + sig as i32),
                 }
             }
@@ -347,8 +347,9 @@ fn reap_all(main: Pid) -> Option<WaitStatus> {
 }
 
 /// Kill every remaining descendant. As a subreaper, anything orphaned in the tree is our
-/// child, so "no children left" means "no descendants left".
-fn kill_descendants() {
+/// child, so "no children left" means "no descendants left". False if some were still
+/// there at the deadline.
+fn kill_descendants() -> bool {
     let me = getpid();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -357,7 +358,7 @@ fn kill_descendants() {
             match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) => break,
                 Ok(_) => continue,
-                Err(_) => return, // ECHILD: nothing left
+                Err(_) => return true, // ECHILD: nothing left
             }
         }
         let victims = descendants(me);
@@ -365,7 +366,7 @@ fn kill_descendants() {
             let _ = signal::kill(*pid, Signal::SIGKILL);
         }
         if Instant::now() > deadline {
-            return;
+            return false;
         }
         if victims.is_empty() {
             // Only zombies of ours remain, or children not yet visible: wait a moment.
@@ -415,11 +416,13 @@ pub fn read_ppid_state(pid: i32) -> Option<(i32, char)> {
     Some((ppid, state))
 }
 
-/// Exit the way the program did, after saying so on the status descriptor.
-fn mirror(status: WaitStatus, status_fd: Option<i32>) -> ! {
+/// Exit the way the program did, after saying so on the status descriptor (with whether the
+/// whole tree is known to be gone: the server then need not sweep the uid).
+fn mirror(status: WaitStatus, status_fd: Option<i32>, clean: bool) -> ! {
+    let tree = if clean { "clean" } else { "left" };
     let record = match status {
-        WaitStatus::Exited(_, code) => format!("exit {code}\n"),
-        WaitStatus::Signaled(_, sig, _) => format!("signal {}\n", sig as i32),
+        WaitStatus::Exited(_, code) => format!("exit {code} {tree}\n"),
+        WaitStatus::Signaled(_, sig, _) => format!("signal {} {tree}\n", sig as i32),
         _ => String::new(),
     };
     if let Some(fd) = status_fd
@@ -449,15 +452,18 @@ fn mirror(status: WaitStatus, status_fd: Option<i32>) -> ! {
     }
 }
 
-/// Parse a status record written by [`mirror`]: the raw wait status it stands for.
-pub fn parse_status_record(record: &str) -> Option<i32> {
-    let (kind, n) = record.trim().split_once(' ')?;
+/// Parse a status record written by [`mirror`]: the raw wait status it stands for, and
+/// whether the helper saw the whole tree gone.
+pub fn parse_status_record(record: &str) -> Option<(i32, bool)> {
+    let mut it = record.split_whitespace();
+    let (kind, n, tree) = (it.next()?, it.next()?, it.next()?);
     let n: i32 = n.parse().ok()?;
-    match kind {
-        "exit" if (0..=255).contains(&n) => Some(n << 8),
-        "signal" if (1..128).contains(&n) => Some(n),
-        _ => None,
-    }
+    let raw = match kind {
+        "exit" if (0..=255).contains(&n) => n << 8,
+        "signal" if (1..128).contains(&n) => n,
+        _ => return None,
+    };
+    Some((raw, tree == "clean"))
 }
 
 #[cfg(test)]
@@ -522,11 +528,14 @@ mod tests {
     #[test]
     fn status_records_round_trip() {
         use std::os::unix::process::ExitStatusExt;
-        let st = std::process::ExitStatus::from_raw(parse_status_record("exit 3\n").expect("exit"));
-        assert_eq!(st.code(), Some(3));
-        let st = std::process::ExitStatus::from_raw(parse_status_record("signal 11").expect("sig"));
-        assert_eq!(st.signal(), Some(11));
-        assert_eq!(parse_status_record("exit 300"), None);
+        let (raw, clean) = parse_status_record("exit 3 clean\n").expect("exit");
+        assert_eq!(std::process::ExitStatus::from_raw(raw).code(), Some(3));
+        assert!(clean);
+        let (raw, clean) = parse_status_record("signal 11 left").expect("sig");
+        assert_eq!(std::process::ExitStatus::from_raw(raw).signal(), Some(11));
+        assert!(!clean);
+        assert_eq!(parse_status_record("exit 300 clean"), None);
+        assert_eq!(parse_status_record("exit 3"), None);
         assert_eq!(parse_status_record("garbage"), None);
     }
 

@@ -5,7 +5,8 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use nix::fcntl::OFlag;
@@ -62,6 +63,8 @@ pub struct Proc {
     wrapped: bool,
     /// Read end of the helper's status descriptor.
     status: Option<std::fs::File>,
+    /// The lease's flag to set when this ends without the helper confirming a clean tree.
+    dirty: Option<Arc<AtomicBool>>,
 }
 
 /// Start a program under the helper, confined by `sandbox` and the spec's jail.
@@ -119,6 +122,7 @@ pub fn spawn(sandbox: &Sandbox, spec: SpawnSpec) -> std::io::Result<Proc> {
         pid,
         wrapped: line.wrapped,
         status: Some(std::fs::File::from(status_r)),
+        dirty: spec.jail.dirty.clone(),
     })
 }
 
@@ -152,13 +156,29 @@ impl Proc {
             return status;
         };
         let mut buf = [0u8; 64];
-        match f.read(&mut buf) {
+        let record = match f.read(&mut buf) {
             Ok(n) if n > 0 => std::str::from_utf8(&buf[..n])
                 .ok()
-                .and_then(super::helper::parse_status_record)
-                .map(std::process::ExitStatus::from_raw)
-                .unwrap_or(status),
-            _ => status,
+                .and_then(super::helper::parse_status_record),
+            _ => None,
+        };
+        match record {
+            Some((raw, clean)) => {
+                if !clean {
+                    self.mark_dirty();
+                }
+                std::process::ExitStatus::from_raw(raw)
+            }
+            None => {
+                self.mark_dirty();
+                status
+            }
+        }
+    }
+
+    fn mark_dirty(&self) {
+        if let Some(d) = &self.dirty {
+            d.store(true, Ordering::Relaxed);
         }
     }
 
@@ -177,6 +197,7 @@ impl Proc {
         match tokio::time::timeout(Duration::from_secs(3), self.child.wait()).await {
             Ok(Ok(status)) => Some(self.reported(status)),
             _ => {
+                self.mark_dirty();
                 let pid = Pid::from_raw(self.pid as i32);
                 let _ = signal::kill(target, Signal::SIGKILL);
                 let _ = signal::killpg(pid, Signal::SIGKILL);
@@ -192,6 +213,7 @@ impl Drop for Proc {
         // Never leave a tree behind: the helper tears it down on SIGTERM, and tokio reaps
         // the child in the background.
         if matches!(self.child.try_wait(), Ok(None)) {
+            self.mark_dirty();
             let target = self.helper_pid().unwrap_or(self.pid);
             let _ = signal::kill(Pid::from_raw(target as i32), Signal::SIGTERM);
         }

@@ -406,6 +406,7 @@ impl SessionManager {
             rw,
             ro,
             cpu_s: None,
+            dirty: lease.as_ref().map(|l| l.dirty_flag()),
         };
         let launch = Arc::new(Launch {
             sandbox: self.sandbox.clone(),
