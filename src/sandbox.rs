@@ -158,14 +158,17 @@ pub struct Sandbox {
     /// server's workspace.
     read_roots: Vec<PathBuf>,
     pool: Option<Arc<UidPool>>,
+    /// A remembered bwrap success still to confirm (see [`ProbeCache`]).
+    unverified: Mutex<Option<ProbeCache>>,
 }
 
 /// The start-up probe in flight, so that it overlaps the rest of start-up.
 pub struct Probe {
     plan: Plan,
     bwrap_probe: Option<(std::process::Child, Instant)>,
-    /// The uid the probe runs as, held until it is done.
-    _lease: Option<Lease>,
+    cache: Option<ProbeCache>,
+    /// The cache remembers bwrap working here: no probe was started.
+    cached: bool,
 }
 
 /// Everything decided before the probe's answer.
@@ -208,7 +211,7 @@ impl Sandbox {
             bwrap,
             masked,
             pool: if root {
-                uid_lock_dir()
+                state_dir()
                     .map(|dir| {
                         Some(Arc::new(UidPool::new(
                             config.uid_base,
@@ -221,39 +224,55 @@ impl Sandbox {
                 Ok(None)
             },
         };
-        let probe = plan.provisional(Level::Bwrap);
-        // The probe runs the way user code will: as a pool uid when root.
-        let lease = match (&plan.bwrap, probe.lease()) {
-            (Some(_), Ok(lease)) => Some(lease),
-            _ => None,
-        };
-        let bwrap_probe = lease.as_ref().and_then(|lease| {
-            let jail = Jail {
-                uid: lease.as_ref().map(|l| l.uid),
-                ..Jail::default()
-            };
-            let cmd = probe.command(&jail, Path::new("/"), false, None, &["/bin/true".into()]);
-            let mut c = std::process::Command::new(&cmd.program);
-            c.args(&cmd.args)
-                .env_clear()
-                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-                .current_dir("/")
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped());
-            match c.spawn() {
+        // A remembered success answers at once and is confirmed after the handshake
+        // (`verify_in_background`); otherwise bwrap is probed now, overlapping start-up.
+        let cache = plan.bwrap.as_ref().and_then(|_| ProbeCache::new(&plan));
+        let cached = cache.as_ref().is_some_and(ProbeCache::hit);
+        let bwrap_probe = match &plan.bwrap {
+            Some(_) if !cached => match probe_command(&plan.provisional(Level::Bwrap)).spawn() {
                 Ok(child) => Some((child, Instant::now())),
                 Err(e) => {
                     tracing::warn!("cannot run bwrap: {e}");
                     None
                 }
-            }
-        });
+            },
+            _ => None,
+        };
         Probe {
             plan,
             bwrap_probe,
-            _lease: lease.flatten(),
+            cache,
+            cached,
         }
+    }
+
+    /// Confirm a remembered bwrap probe (see [`ProbeCache`]), off the critical path: call
+    /// after the first reply.
+    pub fn verify_in_background(&self) {
+        let Some(cache) = self
+            .unverified
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        else {
+            return;
+        };
+        let mut cmd = probe_command(self);
+        let _ = std::thread::Builder::new()
+            .name("bwrap-probe".into())
+            .spawn(move || {
+                let outcome = cmd
+                    .spawn()
+                    .map_err(|e| e.to_string())
+                    .and_then(|child| wait_probe(child, Instant::now()));
+                if let Err(e) = outcome {
+                    tracing::error!(
+                        "bwrap no longer works here ({e}); runs will fail until the server is \
+                         restarted"
+                    );
+                    cache.forget();
+                }
+            });
     }
 
     /// Which interpreter executables user code can run at this level. When the server is root
@@ -612,6 +631,7 @@ impl Plan {
             masked: self.masked.clone(),
             read_roots: Vec::new(),
             pool: self.pool.clone().ok().flatten(),
+            unverified: Mutex::new(None),
         }
     }
 }
@@ -627,9 +647,19 @@ impl Probe {
             // uids with another server's, so refuse rather than weaken the guarantee.
             anyhow::bail!("{e}");
         }
+        let mut unverified = None;
         let bwrap_ok = match self.bwrap_probe {
+            None if self.cached => {
+                unverified = self.cache;
+                true
+            }
             Some((child, started)) => match wait_probe(child, started) {
-                Ok(()) => true,
+                Ok(()) => {
+                    if let Some(c) = &self.cache {
+                        c.store();
+                    }
+                    true
+                }
                 Err(e) => {
                     if plan.mode == Mode::Bwrap {
                         anyhow::bail!("--sandbox bwrap does not work here: {e}");
@@ -684,6 +714,8 @@ impl Probe {
         let mut sandbox = plan.provisional(level);
         if level != Level::Bwrap {
             sandbox.bwrap = None;
+        } else {
+            sandbox.unverified = Mutex::new(unverified);
         }
         if level == Level::Landlock {
             let mut hidden = sandbox.masked.clone();
@@ -692,6 +724,26 @@ impl Probe {
         }
         Ok(sandbox)
     }
+}
+
+/// bwrap with every namespace, mount and capability of a real spawn and the helper bound in,
+/// running `true` directly: the helper's own start-up (a few ms) would only delay the first
+/// reply, and a helper layer that fails later fails closed with a message.
+fn probe_command(sb: &Sandbox) -> std::process::Command {
+    let mut line = sb.command(&Jail::default(), Path::new("/"), false, None, &[]);
+    if let Some(i) = line.args.iter().position(|a| a == "--") {
+        line.args.truncate(i + 1);
+        line.args.push("/bin/true".into());
+    }
+    let mut c = std::process::Command::new(&line.program);
+    c.args(&line.args)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    c
 }
 
 fn wait_probe(mut child: std::process::Child, started: Instant) -> Result<(), String> {
@@ -892,25 +944,110 @@ impl UidPool {
     }
 }
 
-/// The directory of the uid locks: root's alone (checked, so nobody can pre-create it to
-/// steal or block uids).
-fn uid_lock_dir() -> anyhow::Result<PathBuf> {
+/// The server's state directory (uid locks, the probe cache): root's alone (checked, so
+/// nobody can pre-create it to steal or block uids, or to forge a probe result).
+fn state_dir() -> anyhow::Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
     let dir = if Path::new("/run").is_dir() {
-        PathBuf::from("/run/replbox-uids")
+        PathBuf::from("/run/replbox")
     } else {
-        std::env::temp_dir().join("replbox-uids")
+        std::env::temp_dir().join("replbox-state")
     };
     let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
     let meta = std::fs::symlink_metadata(&dir)
-        .map_err(|e| anyhow::anyhow!("uid lock directory {}: {e}", dir.display()))?;
+        .map_err(|e| anyhow::anyhow!("state directory {}: {e}", dir.display()))?;
     if !meta.is_dir() || meta.uid() != 0 || meta.permissions().mode() & 0o077 != 0 {
         anyhow::bail!(
-            "uid lock directory {} must be a directory owned by root with mode 0700",
+            "state directory {} must be a directory owned by root with mode 0700",
             dir.display()
         );
     }
     Ok(dir)
+}
+
+/// A successful bwrap probe, remembered so that later starts answer `initialize` without
+/// waiting ~10 ms for bwrap. Only successes are kept (a failure is always re-checked), and the
+/// key covers what decides the outcome: bwrap's and the helper's binaries, the kernel and
+/// this boot, the uid, the network setting and the masks. A start that uses the cache still
+/// probes in the background and forgets the entry if bwrap stopped working; spawns then fail
+/// with bwrap's error (closed, not downgraded) until the server is restarted.
+#[derive(Debug)]
+struct ProbeCache {
+    file: PathBuf,
+    key: String,
+}
+
+impl ProbeCache {
+    fn new(plan: &Plan) -> Option<Self> {
+        let dir = if plan.root {
+            state_dir().ok()?
+        } else {
+            // Not root: only a runtime directory that is the user's own and private.
+            let d = PathBuf::from(std::env::var_os("XDG_RUNTIME_DIR")?);
+            let m = std::fs::symlink_metadata(&d).ok()?;
+            if !m.is_dir()
+                || m.uid() != nix::unistd::geteuid().as_raw()
+                || m.permissions().mode() & 0o077 != 0
+            {
+                return None;
+            }
+            d
+        };
+        let stamp = |p: &Path| {
+            std::fs::metadata(p)
+                .map(|m| {
+                    format!(
+                        "{}:{}:{}",
+                        p.display(),
+                        m.len(),
+                        m.mtime_nsec() + m.mtime() * 1_000_000_000
+                    )
+                })
+                .unwrap_or_default()
+        };
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let key = format!(
+            "v1 euid={} bwrap={} helper={} kernel={} boot={} net={} masks={:?}\n",
+            nix::unistd::geteuid(),
+            stamp(plan.bwrap.as_deref()?),
+            stamp(&plan.helper),
+            kernel.trim(),
+            boot.trim(),
+            plan.network,
+            plan.masked
+        );
+        Some(Self {
+            file: dir.join(format!("bwrap-probe-{}", nix::unistd::geteuid())),
+            key,
+        })
+    }
+
+    fn hit(&self) -> bool {
+        std::fs::read_to_string(&self.file).is_ok_and(|k| k == self.key)
+    }
+
+    fn store(&self) {
+        use std::os::unix::fs::OpenOptionsExt;
+        let tmp = self
+            .file
+            .with_extension(format!("tmp{}", std::process::id()));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, self.key.as_bytes()));
+        if written.is_ok() {
+            let _ = std::fs::rename(&tmp, &self.file);
+        } else {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+
+    fn forget(&self) {
+        let _ = std::fs::remove_file(&self.file);
+    }
 }
 
 /// One uid of the pool, returned when dropped.
