@@ -981,7 +981,12 @@ async fn server_death_takes_every_sandbox_down() {
             continue;
         };
         let tok = token();
-        let (id, _) = start_session(&s, setup, "python").await;
+        let (id, started) = start_session(&s, setup, "python").await;
+        // A server killed by SIGKILL cannot remove its working area: the test does.
+        let workspace = std::path::PathBuf::from(started.s("cwd"))
+            .ancestors()
+            .nth(3)
+            .map(|p| p.to_path_buf());
         let o = eval(&s, &id, &daemon_code(&tok), 10_000).await;
         assert_eq!(output(&o), "daemon running\n", "{setup:?}");
         let s = std::sync::Arc::new(s);
@@ -1028,6 +1033,12 @@ async fn server_death_takes_every_sandbox_down() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         running.abort();
+        if let Some(w) = workspace.filter(|w| {
+            w.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("replbox-"))
+        }) {
+            let _ = std::fs::remove_dir_all(w);
+        }
     }
 }
 
