@@ -9,5 +9,6 @@ pub mod lang;
 pub mod mcp;
 pub mod output;
 pub mod run;
+pub mod sandbox;
 pub mod session;
 pub mod workspace;

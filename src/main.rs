@@ -149,6 +149,8 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     tracing::info!("serving MCP on stdio");
     // Detection spawns interpreters; start it after the handshake so it does not slow it.
     app.registry.detect_all_in_background();
+    // A remembered bwrap probe is confirmed now, after the first reply.
+    app.sandbox.verify_in_background();
     let ct = service.cancellation_token();
     tokio::spawn(async move {
         wait_for_termination().await;

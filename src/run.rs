@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::exec::{self, SpawnSpec, Stdio3, env as cenv};
 use crate::lang::{Language, expand, expand_command};
 use crate::output::HeadTail;
+use crate::sandbox::{Jail, Level, Sandbox};
 use crate::session::interp::Progress;
 use crate::workspace::Workspace;
 
@@ -59,6 +60,8 @@ pub struct RunReport {
     /// Set when the program could not be started at all, or the call was cancelled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The isolation level the program ran under.
+    pub sandbox: Level,
 }
 
 impl RunReport {
@@ -123,6 +126,7 @@ fn end_line(t: &mut String) {
 pub struct Runner {
     pub config: Arc<Config>,
     pub workspace: Arc<Workspace>,
+    pub sandbox: Arc<Sandbox>,
 }
 
 struct Step {
@@ -155,6 +159,7 @@ impl Runner {
             truncated: false,
             phase: Phase::Run,
             error: None,
+            sandbox: self.sandbox.level,
         };
         let fail = |mut r: RunReport, msg: String| {
             r.error = Some(msg);
@@ -164,7 +169,18 @@ impl Runner {
         let Some(detected) = lang.detect().await else {
             return fail(report, format!("{} is not installed", lang.id()));
         };
-        let dir = match self.workspace.new_run_dir() {
+        if !self.sandbox.can_run(&detected.exe) {
+            let why = self.sandbox.cannot_run_reason(&detected.exe);
+            return fail(report, why);
+        }
+        // The uid this run's code runs as (when the server is root); returned when the run
+        // ends, after its processes are gone.
+        let lease = match self.sandbox.lease() {
+            Ok(l) => l,
+            Err(e) => return fail(report, e),
+        };
+        let uid = lease.as_ref().map(|l| l.uid);
+        let dir = match self.workspace.new_run_dir(uid) {
             Ok(d) => d,
             Err(e) => return fail(report, format!("cannot create a working directory: {e}")),
         };
@@ -173,7 +189,8 @@ impl Runner {
             return fail(report, format!("cannot write the program: {e}"));
         }
         let exe = detected.exe.display().to_string();
-        let cache = self.workspace.cache_dir(lang.id()).display().to_string();
+        let cache_dir = self.workspace.cache_dir(lang.id(), uid);
+        let cache = cache_dir.display().to_string();
         let dir_s = dir.path().display().to_string();
         let vars = [
             ("exe", exe.as_str()),
@@ -182,10 +199,23 @@ impl Runner {
             ("cache", cache.as_str()),
         ];
         let env = self.child_env(lang, &detected.exe, dir.path(), &vars, &req.env);
+        let cpu_s = match self.config.cpu_s {
+            // A second past the deadline: a single-threaded program reaches the wall-clock
+            // timeout first (reported as a timeout); only several busy threads trip it.
+            0 => req.timeout.as_secs_f64().ceil() as u64 + 1,
+            n => n,
+        };
+        let jail = Jail {
+            uid,
+            rw: vec![dir.path().to_path_buf(), cache_dir.clone()],
+            ro: self.sandbox.interpreter_dirs(&detected.exe),
+            cpu_s: Some(cpu_s.max(1)),
+            dirty: lease.as_ref().map(|l| l.dirty_flag()),
+        };
 
         if let Some(compile) = &spec.compile {
             let argv = expand_command(compile, &vars, &[]);
-            let spawn = pipes(argv, env.clone(), dir.path(), false);
+            let spawn = pipes(argv, env.clone(), &jail, dir.path(), false);
             let step = self.step(spawn, None, deadline, cancel, progress).await;
             let ok = step.status.is_some_and(|s| s.success()) && !step.timed_out;
             if !ok || step.cancelled || step.spawn_error.is_some() {
@@ -197,11 +227,12 @@ impl Runner {
         }
         let argv = expand_command(&spec.command, &vars, &req.args);
         let stdin = req.stdin.map(String::into_bytes);
-        let spawn = pipes(argv, env, dir.path(), stdin.is_some());
+        let spawn = pipes(argv, env, &jail, dir.path(), stdin.is_some());
         let step = self.step(spawn, stdin, deadline, cancel, progress).await;
         Self::fill(&mut report, step);
         report.duration_ms = started.elapsed().as_millis() as u64;
         drop(dir);
+        drop(lease);
         report
     }
 
@@ -254,6 +285,7 @@ impl Runner {
         env
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn step(
         &self,
         spec: SpawnSpec,
@@ -272,7 +304,7 @@ impl Runner {
             spawn_error: None,
         };
         let program = spec.argv.first().cloned().unwrap_or_default();
-        let mut proc = match exec::spawn(spec) {
+        let mut proc = match exec::spawn(&self.sandbox, spec) {
             Ok(p) => p,
             Err(e) => {
                 step.spawn_error = Some(format!("failed to start {program}: {e}"));
@@ -304,7 +336,7 @@ impl Runner {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
-                status = proc.child.wait() => { step.status = status.ok(); break; }
+                status = proc.wait() => { step.status = status.ok(); break; }
                 _ = tokio::time::sleep_until(deadline) => {
                     step.timed_out = true;
                     step.status = proc.kill_tree().await;
@@ -337,12 +369,19 @@ impl Runner {
     }
 }
 
-fn pipes(argv: Vec<String>, env: Vec<(String, String)>, cwd: &Path, stdin: bool) -> SpawnSpec {
+fn pipes(
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    jail: &Jail,
+    cwd: &Path,
+    stdin: bool,
+) -> SpawnSpec {
     SpawnSpec {
         argv,
         env,
         cwd: cwd.to_path_buf(),
         stdio: Stdio3::Pipes { stdin },
+        jail: jail.clone(),
     }
 }
 
@@ -399,6 +438,7 @@ mod tests {
             truncated: false,
             phase: Phase::Run,
             error: None,
+            sandbox: Level::Bwrap,
         }
     }
 

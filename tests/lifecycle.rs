@@ -342,8 +342,11 @@ async fn cancelling_a_call_interrupts_it() {
         // The session is free again promptly and kept its state.
         let t = Instant::now();
         while list(&s).await.iter().any(|r| r["busy"] == true) {
-                        // Its timeout is 60 s: being free well before that means the cancel interrupted it.
-            assert!(t.elapsed() < Duration::from_secs(15), "{lang}: still busy after cancel");
+            // Its timeout is 60 s: being free well before that means the cancel interrupted it.
+            assert!(
+                t.elapsed() < Duration::from_secs(15),
+                "{lang}: still busy after cancel"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let o = eval(&s, &id, read_x).await;

@@ -71,7 +71,7 @@ fn snippets(lang: &str) -> Snippets {
             partial_then_rest: "partial >>> rest\n",
             fake_prompts: "import sys\nprint('>>> ')\nprint('... ')\nprint(sys.ps1 + 'after-prompt')\nprint('In [1]: ')\n'done'",
             fake_prompts_out: (">>> \n... \n", "'done'\n"),
-            spawn_sleep: "import subprocess\np = subprocess.Popen(['sleep', '300'])\np.pid",
+            spawn_sleep: "import subprocess\np = subprocess.Popen(['sleep', 'SECS'])",
             print_cwd: "import os; os.getcwd()",
             write_file: "open('made-here.txt', 'w').write('hi')",
         },
@@ -94,7 +94,7 @@ fn snippets(lang: &str) -> Snippets {
             partial_then_rest: "partial > rest\n",
             fake_prompts: "console.log('> ')\nconsole.log('... ')\nconsole.log('> after-prompt')\n'done'",
             fake_prompts_out: ("> \n... \n", "'done'\n"),
-            spawn_sleep: "const cp = require('child_process').spawn('sleep', ['300']); cp.pid",
+            spawn_sleep: "const cp = require('child_process').spawn('sleep', ['SECS']); 0",
             print_cwd: "process.cwd()",
             write_file: "require('fs').writeFileSync('made-here.txt', 'hi')",
         },
@@ -117,7 +117,7 @@ fn snippets(lang: &str) -> Snippets {
             partial_then_rest: "partial irb> rest\n",
             fake_prompts: "puts 'irb(main):001:0> '\nputs 'irb(main):002:0* '\nputs conf.prompt_i + 'after-prompt'\n'done'",
             fake_prompts_out: ("irb(main):001:0> \nirb(main):002:0* \n", "=> \"done\"\n"),
-            spawn_sleep: "puts spawn('sleep', '300')",
+            spawn_sleep: "spawn('sleep', 'SECS'); nil",
             print_cwd: "puts Dir.pwd",
             write_file: "File.write('made-here.txt', 'hi')",
         },
@@ -140,7 +140,7 @@ fn snippets(lang: &str) -> Snippets {
             partial_then_rest: "partial ghci> rest\n",
             fake_prompts: "putStrLn \"ghci> \"\nputStrLn \"Prelude> \"\nputStrLn \"ghci| after-prompt\"\n\"done\"",
             fake_prompts_out: ("ghci> \nPrelude> \n", "\"done\"\n"),
-            spawn_sleep: ":! sleep 300 & echo $!",
+            spawn_sleep: ":! sleep SECS &",
             print_cwd: "System.Directory.getCurrentDirectory >>= putStrLn",
             write_file: "writeFile \"made-here.txt\" \"hi\"",
         },
@@ -164,7 +164,7 @@ fn snippets(lang: &str) -> Snippets {
             fake_prompts: "echo '$ '\necho '> '\necho \"${PS1}after-prompt\"\necho done",
             fake_prompts_out: ("$ \n> \n", "done\n"),
             // In a subshell, so that the interactive shell prints no `[1] PID` job line.
-            spawn_sleep: "(sleep 300 & echo $!)",
+            spawn_sleep: "(sleep SECS &)",
             print_cwd: "pwd",
             write_file: "echo hi > made-here.txt",
         },
@@ -531,13 +531,11 @@ async fn bash_semantics() {
     }
     let s = TestServer::start().await;
     let id = s.start_session("bash").await;
-    let dir = tempfile::tempdir().unwrap();
-    let dir_s = dir.path().canonicalize().unwrap().display().to_string();
-    // cd persists.
-    let o = s.eval(&id, &format!("cd '{dir_s}'")).await;
+    // cd persists (into a directory of the session's own: a sandbox hides the host's /tmp).
+    let o = s.eval(&id, "mkdir -p 'sub dir' && cd 'sub dir'").await;
     assert_eq!(status(&o), "ok", "{}", o.text);
     let o = s.eval(&id, "pwd").await;
-    assert_eq!(output(&o), format!("{dir_s}\n"));
+    assert!(output(&o).ends_with("/work/sub dir\n"), "{}", output(&o));
     // Functions persist; a multi-line cell with a here-document and a loop.
     let code = r#"greet() {
   local who=$1
@@ -603,7 +601,8 @@ done"#;
     assert_eq!(status(&o), "timeout", "{}", o.text);
     assert_eq!(o.structured.get("restarted"), None);
     let o = s.eval(&id, "echo \"$count $(pwd)\"").await;
-    assert_eq!(output(&o), format!("42 {dir_s}\n"));
+    assert!(output(&o).starts_with("42 /"), "{}", output(&o));
+    assert!(output(&o).ends_with("/work/sub dir\n"), "{}", output(&o));
     s.stop().await;
 }
 
@@ -857,12 +856,29 @@ async fn directories_and_cleanup() {
         assert!(cwd.is_dir());
         let pid = start.structured["pid"].as_i64().unwrap() as i32;
         let sn = snippets(lang);
-        let o = s.eval(&id, sn.spawn_sleep).await;
-        let child: i32 = output(&o)
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{lang}: {}", o.text));
-        assert!(ppid_state(child).is_some(), "{lang}");
+        // A background child, found by a unique argument: inside a sandbox's pid namespace the
+        // pid the program sees is not the host's.
+        let secs = format!(
+            "300.{}",
+            std::process::id() + cwd.to_str().unwrap().len() as u32
+        );
+        let o = s.eval(&id, &sn.spawn_sleep.replace("SECS", &secs)).await;
+        assert_eq!(status(&o), "ok", "{lang}: {}", o.text);
+        let t = Instant::now();
+        let child = loop {
+            if let Some(p) = processes_with(&format!("sleep {secs}")).first() {
+                break *p;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(3),
+                "{lang}: sleep not found"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert!(
+            s.descendants().contains(&child),
+            "{lang}: child in the server's tree"
+        );
         let o = s.eval(&id, sn.print_cwd).await;
         assert!(
             output(&o).contains(cwd.to_str().unwrap()),
@@ -888,8 +904,14 @@ async fn directories_and_cleanup() {
             o.text
         );
 
-        // An existing directory is used and kept.
+        // An existing directory is used and kept. User code runs as an unprivileged user, so
+        // the directory must let it write (a caller's cwd grants visibility, not privilege).
         let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
         let start = s
             .call(
                 "session_start",

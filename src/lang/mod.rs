@@ -235,6 +235,30 @@ impl Registry {
         Ok(Self { langs, index })
     }
 
+    /// Keep only programs `usable` says user code can run (the first usable match on PATH
+    /// wins); a language whose every match is unusable becomes "not installed", saying why.
+    /// Call before the registry is shared.
+    pub fn restrict(&mut self, usable: impl Fn(&Path) -> bool, why_not: impl Fn(&Path) -> String) {
+        let path_var = std::env::var_os("PATH").unwrap_or_default();
+        for lang in &mut self.langs {
+            let Some(lang) = Arc::get_mut(lang) else {
+                continue;
+            };
+            let Ok(first) = &lang.program else {
+                continue;
+            };
+            if usable(first) {
+                continue;
+            }
+            let found = lang.spec.programs.iter().find_map(|p| {
+                std::env::split_paths(&path_var)
+                    .map(|dir| dir.join(p))
+                    .find(|c| which(&c.display().to_string(), &path_var).is_some() && usable(c))
+            });
+            lang.program = found.ok_or_else(|| why_not(first));
+        }
+    }
+
     pub fn all(&self) -> &[Arc<Language>] {
         &self.langs
     }

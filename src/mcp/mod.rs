@@ -226,8 +226,8 @@ Close it with session_close when done; idle sessions are closed after idle_timeo
         match self.app.sessions.start(&caller, req).await {
             Ok(r) => {
                 let text = format!(
-                    "session {} started: {} {} (pid {}) in {}",
-                    r.session_id, r.language, r.version, r.pid, r.cwd
+                    "session {} started: {} {} (pid {}) in {} (sandbox: {})",
+                    r.session_id, r.language, r.version, r.pid, r.cwd, r.sandbox
                 );
                 result(text, &r, false)
             }
@@ -445,11 +445,13 @@ session when the work takes several steps that build on each other (load data on
 starting the interpreter each time would be slow. If code waits for input, session_eval says awaiting_input: \
 answer with session_input or stop it with session_interrupt. Idle sessions are closed after {} s.\n\
 Limits: default timeout {} ms (ask for up to {} ms with timeout_ms); output keeps the first and last {} KiB \
-of each stream.",
+of each stream.\n\
+{}",
         app.config.idle_timeout_s,
         app.config.default_timeout_ms,
         app.config.max_timeout_ms,
         app.config.output_cap / 1024,
+        app.sandbox.describe(),
     )
 }
 

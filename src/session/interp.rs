@@ -21,10 +21,13 @@ use crate::exec::{self, Proc, SpawnSpec, Stdio3};
 use crate::lang::spec::InputWait;
 use crate::lang::{SessionSpec, expand};
 use crate::output::{Rendered, Renderer};
+use crate::sandbox::{Jail, Sandbox};
 
 /// How to (re)start the interpreter.
 #[derive(Debug, Clone)]
 pub struct Launch {
+    pub sandbox: Arc<Sandbox>,
+    pub jail: Jail,
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
@@ -152,7 +155,8 @@ pub struct Interp {
     master: Arc<PtyMaster>,
     shared: Arc<Shared>,
     reader: tokio::task::JoinHandle<()>,
-    /// The helper's pid and the interpreter's (its child).
+    /// The pid of the process the server started (the helper, or bwrap) and the
+    /// interpreter's.
     pub helper_pid: u32,
     pub pid: u32,
     /// Internal evaluations (readiness, resynchronisation) are numbered from SYNC_BASE so
@@ -180,12 +184,22 @@ impl Interp {
     pub async fn start(launch: Arc<Launch>, timeout: Duration) -> Result<Self, String> {
         let (master, slave) = pty::open().map_err(|e| format!("cannot open a terminal: {e}"))?;
         let tty = pty::rdev(&slave).map_err(|e| format!("cannot inspect the terminal: {e}"))?;
-        let proc = exec::spawn(SpawnSpec {
-            argv: launch.argv.clone(),
-            env: launch.env.clone(),
-            cwd: launch.cwd.clone(),
-            stdio: Stdio3::Pty(slave),
-        })
+        // The terminal belongs to the user the session runs as (as login programs do), so the
+        // interpreter can reopen it (node's bootstrap does, through /proc/self/fd/0).
+        if let Some(uid) = launch.jail.uid {
+            pty::give_to(&slave, uid, uid)
+                .map_err(|e| format!("cannot give the terminal to uid {uid}: {e}"))?;
+        }
+        let proc = exec::spawn(
+            &launch.sandbox,
+            SpawnSpec {
+                argv: launch.argv.clone(),
+                env: launch.env.clone(),
+                cwd: launch.cwd.clone(),
+                stdio: Stdio3::Pty(slave),
+                jail: launch.jail.clone(),
+            },
+        )
         .map_err(|e| format!("cannot start {}: {e}", launch.argv[0]))?;
         let spec = &launch.spec;
         let shared = Arc::new(Shared {
@@ -240,7 +254,7 @@ impl Interp {
         let ready = me.sync(deadline, &never).await;
         match ready.ending {
             Ending::Done(_) => {
-                me.pid = child_of(helper_pid).unwrap_or(helper_pid);
+                me.pid = me.proc.program_pid().unwrap_or(helper_pid);
                 // Whatever the interpreter printed while starting (banners) is not output.
                 me.shared.lock().background = Renderer::new(me.launch.output_cap / 4);
                 Ok(me)
@@ -461,12 +475,13 @@ impl Interp {
                 _ = input_poll.tick() => {
                     // The helper's own exit is the authority on the tree being gone, whatever
                     // else may still hold the terminal open.
-                    if let Ok(Some(status)) = self.proc.child.try_wait() {
+                                        if let Ok(Some(_)) = self.proc.child.try_wait() {
                         self.settle().await;
                         if let Check::End(end) = self.check(n) {
                             return Ending::Done(end);
                         }
-                        return Ending::Exited(Some(status));
+                        // The exact status (the helper's record, not bwrap's summary).
+                        return self.wait_exit().await;
                     }
                                                             let version = *rx.borrow();
                     if detect_input && self.running_user_code(n) && self.waits_for_input()
@@ -700,7 +715,7 @@ impl Interp {
 
     /// The process ended: collect its status (the helper mirrors the interpreter's).
     async fn wait_exit(&mut self) -> Ending {
-        match tokio::time::timeout(Duration::from_secs(3), self.proc.child.wait()).await {
+        match tokio::time::timeout(Duration::from_secs(3), self.proc.wait()).await {
             Ok(Ok(status)) => Ending::Exited(Some(status)),
             _ => {
                 self.proc.kill_tree().await;
@@ -793,10 +808,4 @@ fn describe_tree(root: u32) -> String {
         ));
     }
     out.join("; ")
-}
-
-/// The first child of `pid` (the interpreter under its helper).
-pub fn child_of(pid: u32) -> Option<u32> {
-    let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
-    list.split_whitespace().next()?.parse().ok()
 }

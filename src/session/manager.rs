@@ -17,6 +17,7 @@ use super::report::{
 use crate::config::Config;
 use crate::exec::env as cenv;
 use crate::lang::{Language, Registry, expand, expand_command};
+use crate::sandbox::{Jail, Lease, Sandbox};
 use crate::workspace::{PrivateDir, Workspace};
 
 /// Who is calling: sessions belong to the principal that started them. Over stdio there is
@@ -115,6 +116,9 @@ pub struct Session {
     awaiting: Mutex<Option<Awaiting>>,
     /// Interrupts the evaluation in flight (session_interrupt from another call).
     interrupt: Mutex<Option<CancellationToken>>,
+    /// The uid the interpreter runs as; returned (after a sweep) when the session is gone.
+    /// Last, so it is dropped after the interpreter.
+    _lease: Option<Lease>,
 }
 
 /// Lock a std mutex, recovering from poisoning (a panic elsewhere must not wedge sessions).
@@ -186,6 +190,7 @@ pub struct SessionManager {
     config: Arc<Config>,
     registry: Arc<Registry>,
     workspace: Arc<Workspace>,
+    sandbox: Arc<Sandbox>,
     sessions: DashMap<String, Arc<Session>>,
     /// Sessions that ended, so a later call can say how (bounded).
     ended: DashMap<String, (Caller, Gone)>,
@@ -193,11 +198,17 @@ pub struct SessionManager {
 }
 
 impl SessionManager {
-    pub fn new(config: Arc<Config>, registry: Arc<Registry>, workspace: Arc<Workspace>) -> Self {
+    pub fn new(
+        config: Arc<Config>,
+        registry: Arc<Registry>,
+        workspace: Arc<Workspace>,
+        sandbox: Arc<Sandbox>,
+    ) -> Self {
         Self {
             config,
             registry,
             workspace,
+            sandbox,
             sessions: DashMap::new(),
             ended: DashMap::new(),
             starting: Mutex::new(HashMap::new()),
@@ -368,10 +379,10 @@ session_close ({yours}), or wait for idle sessions to be closed.",
                 if !meta.is_dir() {
                     return Err(format!("cwd {} is not a directory", dir.display()));
                 }
-                Some(
-                    std::fs::canonicalize(dir)
-                        .map_err(|e| format!("cwd {}: {e}", dir.display()))?,
-                )
+                let dir = std::fs::canonicalize(dir)
+                    .map_err(|e| format!("cwd {}: {e}", dir.display()))?;
+                self.sandbox.check_cwd(&dir, self.workspace.root())?;
+                Some(dir)
             }
             None => None,
         };
@@ -387,13 +398,19 @@ session_close ({yours}), or wait for idle sessions to be closed.",
                 self.registry.session_ids().join(", ")
             )
         })?;
+        if !self.sandbox.can_run(&exe_path) {
+            return Err(self.sandbox.cannot_run_reason(&exe_path));
+        }
+        let lease = self.sandbox.lease()?;
+        let uid = lease.as_ref().map(|l| l.uid);
         let id = uuid::Uuid::new_v4().to_string();
         let dir = self
             .workspace
-            .new_session_dir(&id)
+            .new_session_dir(&id, uid)
             .map_err(|e| format!("cannot create the session directory: {e}"))?;
         let work = dir.path().join("work");
         let ctl = dir.path().join("ctl");
+        let caller_cwd = cwd.clone();
         let cwd = cwd.unwrap_or_else(|| work.clone());
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
         let ctl_s = ctl.display().to_string();
@@ -407,7 +424,8 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             .map_err(|e| format!("cannot write the bootstrap: {e}"))?;
         let exe = exe_path.display().to_string();
         let boot_s = boot_path.display().to_string();
-        let cache = self.workspace.cache_dir(lang.id()).display().to_string();
+        let cache_dir = self.workspace.cache_dir(lang.id(), uid);
+        let cache = cache_dir.display().to_string();
         let vars = [
             ("exe", exe.as_str()),
             ("bootstrap", boot_s.as_str()),
@@ -445,7 +463,29 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         for (k, v) in &req.env {
             cenv::set(&mut env, k, v.clone());
         }
+        // Writable: the session's own directory, a caller's cwd (the kernel still decides what
+        // the session's uid may do there), the build cache. Readable: the control directory
+        // and the interpreter's prefix when a mask would hide it.
+        let mut rw = vec![work.clone(), cache_dir];
+        rw.extend(caller_cwd);
+        let mut ro = vec![ctl.clone()];
+        for exe in [&exe_path, &detected.exe] {
+            for d in self.sandbox.interpreter_dirs(exe) {
+                if !ro.contains(&d) {
+                    ro.push(d);
+                }
+            }
+        }
+        let jail = Jail {
+            uid,
+            rw,
+            ro,
+            cpu_s: None,
+            dirty: lease.as_ref().map(|l| l.dirty_flag()),
+        };
         let launch = Arc::new(Launch {
+            sandbox: self.sandbox.clone(),
+            jail,
             argv,
             env,
             cwd: cwd.clone(),
@@ -475,6 +515,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             gone: Mutex::new(None),
             awaiting: Mutex::new(None),
             interrupt: Mutex::new(None),
+            _lease: lease,
         });
         self.sessions.insert(id.clone(), session);
         Ok(StartReport {
@@ -484,6 +525,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             pid,
             cwd: cwd.display().to_string(),
             idle_timeout_s: idle_timeout.as_secs(),
+            sandbox: self.sandbox.level,
         })
     }
 

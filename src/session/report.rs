@@ -116,6 +116,8 @@ pub struct StartReport {
     pub pid: u32,
     pub cwd: String,
     pub idle_timeout_s: u64,
+    /// The isolation level the interpreter runs under.
+    pub sandbox: crate::sandbox::Level,
 }
 
 /// What `session_close` returns.

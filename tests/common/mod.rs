@@ -63,25 +63,48 @@ impl TestServer {
     }
 
     pub async fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::try_start(args, env, None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Start a server (as `uid` when given, which needs root), or say why it did not start.
+    pub async fn try_start(
+        args: &[&str],
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+    ) -> Result<Self, String> {
         let mut cmd = tokio::process::Command::new(BIN);
         cmd.arg("serve").args(args);
         for (k, v) in env {
             cmd.env(k, v);
         }
+        if let Some(uid) = uid {
+            // std drops the supplementary groups too when it changes the uid as root.
+            cmd.uid(uid).gid(uid);
+        }
         cmd.stderr(std::process::Stdio::inherit());
-        let transport = TokioChildProcess::new(cmd).expect("spawn replbox");
-        let pid = transport.id().expect("server pid");
+        let transport = TokioChildProcess::new(cmd).map_err(|e| format!("spawn replbox: {e}"))?;
+        let pid = transport.id().ok_or("no server pid")?;
         let recorder = Recorder::default();
         let client = recorder
             .clone()
             .serve(transport)
             .await
-            .expect("MCP handshake with replbox");
-        Self {
+            .map_err(|e| format!("MCP handshake with replbox {args:?}: {e}"))?;
+        Ok(Self {
             client,
             pid,
             recorder,
-        }
+        })
+    }
+
+    /// The server's instructions.
+    pub fn instructions(&self) -> String {
+        self.client
+            .peer_info()
+            .and_then(|i| i.instructions.clone())
+            .unwrap_or_default()
     }
 
     pub async fn call(&self, tool: &str, args: Value) -> Out {
@@ -207,6 +230,55 @@ pub fn descendants(root: i32) -> Vec<i32> {
                 out.push(pid);
                 frontier.push(pid);
             }
+        }
+    }
+    out
+}
+
+/// Live processes anywhere on the host whose command line contains `needle` (inside a
+/// sandbox's pid namespace a program only knows its namespace pid, so tests find its host
+/// pid by something unique it runs with).
+pub fn processes_with(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() as i32 {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(needle) && ppid_state(pid).is_some_and(|(_, st)| st != 'Z') {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Wait until no live process has `needle` in its command line (bounded); return those left.
+pub async fn wait_none_with(needle: &str, within: Duration) -> Vec<i32> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let left = processes_with(needle);
+        if left.is_empty() || tokio::time::Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `pid` and its ancestors up to (not including) `stop`.
+pub fn chain_up(pid: i32, stop: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut p = pid;
+    while p > 1 && p != stop && out.len() < 64 {
+        out.push(p);
+        match ppid_state(p) {
+            Some((pp, _)) => p = pp,
+            None => break,
         }
     }
     out
