@@ -40,12 +40,21 @@ impl Workspace {
         )
     }
 
-    /// A fresh directory for one session (with `work/` and `ctl/` inside).
+    /// A fresh directory for one session, with `work/` (the code's), `ctl/` (the server's:
+    /// bootstrap and cells, which the interpreter only reads) and `out/` (what the
+    /// interpreter hands back to the server, such as figures).
     pub fn new_session_dir(&self, id: &str) -> std::io::Result<PrivateDir> {
         let dir = PrivateDir::create(self.root.path().join("sessions").join(id))?;
         std::fs::create_dir(dir.path().join("work"))?;
         std::fs::create_dir(dir.path().join("ctl"))?;
+        std::fs::create_dir(dir.path().join("out"))?;
         Ok(dir)
+    }
+
+    /// The root's identity: a session whose `cwd` contains the root must not list or read
+    /// it (other sessions' files are in there).
+    pub fn root_id(&self) -> Option<DirId> {
+        DirId::of(self.root.path())
     }
 
     /// A cache directory for a language's tools (build caches), kept while the server runs.
@@ -77,6 +86,29 @@ impl PrivateDir {
 impl Drop for PrivateDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A directory's identity (device, inode), to recognise it whatever path leads to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirId {
+    dev: u64,
+    ino: u64,
+}
+
+impl DirId {
+    pub fn of(path: &Path) -> Option<Self> {
+        std::fs::symlink_metadata(path)
+            .ok()
+            .map(|m| Self::from_meta(&m))
+    }
+
+    pub fn from_meta(m: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            dev: m.dev(),
+            ino: m.ino(),
+        }
     }
 }
 
@@ -115,8 +147,13 @@ pub fn check_relative(rel: &str) -> Result<Vec<&str>, String> {
 /// beneath `root`, read-only, following no symbolic link on the way: code in a session can
 /// plant links, and a link must never lead the server (which may have more rights than the
 /// code) outside the directory. Each component is opened relative to the previous one, so a
-/// directory swapped for a link while this runs is refused too.
-pub fn open_beneath(root: &Path, parts: &[&str]) -> std::io::Result<std::fs::File> {
+/// directory swapped for a link while this runs is refused too. A directory in `forbidden`
+/// is not entered.
+pub fn open_beneath(
+    root: &Path,
+    parts: &[&str],
+    forbidden: &[DirId],
+) -> std::io::Result<std::fs::File> {
     use nix::fcntl::{OFlag, open, openat};
     use nix::sys::stat::Mode;
     let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
@@ -126,9 +163,19 @@ pub fn open_beneath(root: &Path, parts: &[&str]) -> std::io::Result<std::fs::Fil
             "no file named",
         ));
     };
-    let mut dir = open(root, dir_flags, Mode::empty())?;
+    let check = |fd: std::os::fd::OwnedFd| -> std::io::Result<std::os::fd::OwnedFd> {
+        let meta = std::fs::File::from(fd.try_clone()?).metadata()?;
+        if forbidden.contains(&DirId::from_meta(&meta)) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                "the server's own directories are not served",
+            ));
+        }
+        Ok(fd)
+    };
+    let mut dir = check(open(root, dir_flags, Mode::empty())?)?;
     for d in dirs {
-        dir = openat(&dir, *d, dir_flags, Mode::empty())?;
+        dir = check(openat(&dir, *d, dir_flags, Mode::empty())?)?;
     }
     // O_NONBLOCK: opening a FIFO planted under the name must not hang the server.
     let fd = openat(
@@ -187,12 +234,17 @@ mod tests {
         std::os::unix::fs::symlink(outside.path().join("secret"), root.path().join("link"))
             .unwrap();
         std::os::unix::fs::symlink(outside.path(), root.path().join("dirlink")).unwrap();
-        let f = open_beneath(root.path(), &["d", "ok.txt"]).unwrap();
+        let f = open_beneath(root.path(), &["d", "ok.txt"], &[]).unwrap();
         assert_eq!(read_capped(f, 10).unwrap().unwrap(), b"ok");
-        assert!(open_beneath(root.path(), &["link"]).is_err());
-        assert!(open_beneath(root.path(), &["dirlink", "secret"]).is_err());
-        assert!(open_beneath(root.path(), &["d"]).is_err(), "a directory");
-        let f = open_beneath(root.path(), &["d", "ok.txt"]).unwrap();
+        assert!(open_beneath(root.path(), &["link"], &[]).is_err());
+        assert!(open_beneath(root.path(), &["dirlink", "secret"], &[]).is_err());
+        assert!(
+            open_beneath(root.path(), &["d"], &[]).is_err(),
+            "a directory"
+        );
+        let f = open_beneath(root.path(), &["d", "ok.txt"], &[]).unwrap();
         assert_eq!(read_capped(f, 1).unwrap(), Err(2));
+        let d = DirId::of(&root.path().join("d")).unwrap();
+        assert!(open_beneath(root.path(), &["d", "ok.txt"], &[d]).is_err());
     }
 }

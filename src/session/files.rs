@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use crate::workspace::DirId;
+
 /// What is recorded of one file: a change in any of these is a modification.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stamp {
@@ -35,9 +37,9 @@ const SKIP_DIRS: &[&str] = &["__pycache__", "node_modules"];
 /// Depth below which the walk does not go.
 const MAX_DEPTH: usize = 32;
 
-/// Walk `root`, looking at no more than `max_entries` entries, skipping `skip` (the
-/// session's control directory, should the directory contain it).
-pub fn snapshot(root: &Path, max_entries: usize, skip: &Path) -> Snapshot {
+/// Walk `root`, looking at no more than `max_entries` entries, not entering the directories
+/// in `skip` (the server's workspace, should a caller's cwd contain it).
+pub fn snapshot(root: &Path, max_entries: usize, skip: &[DirId]) -> Snapshot {
     let mut snap = Snapshot {
         files: BTreeMap::new(),
         complete: true,
@@ -68,9 +70,14 @@ pub fn snapshot(root: &Path, max_entries: usize, skip: &Path) -> Snapshot {
                 format!("{prefix}/{name}")
             };
             if ft.is_dir() {
-                let path = entry.path();
-                if depth + 1 < MAX_DEPTH && !SKIP_DIRS.contains(&name) && path != skip {
-                    stack.push((path, rel, depth + 1));
+                let skipped = depth + 1 >= MAX_DEPTH
+                    || SKIP_DIRS.contains(&name)
+                    || (!skip.is_empty()
+                        && entry
+                            .metadata()
+                            .is_ok_and(|m| skip.contains(&DirId::from_meta(&m))));
+                if !skipped {
+                    stack.push((entry.path(), rel, depth + 1));
                 }
             } else if ft.is_file() {
                 // DirEntry::metadata does not follow links (lstat), and ft says this is no link.
@@ -283,7 +290,8 @@ mod tests {
         std::fs::write(p.join("gone.txt"), "a").unwrap();
         std::fs::create_dir(p.join(".cache")).unwrap();
         std::fs::create_dir(p.join("ctl")).unwrap();
-        let before = snapshot(p, 100, &p.join("ctl"));
+        let skip = [DirId::of(&p.join("ctl")).unwrap()];
+        let before = snapshot(p, 100, &skip);
         assert!(before.complete);
         std::fs::write(p.join("change.txt"), "bb").unwrap();
         std::fs::remove_file(p.join("gone.txt")).unwrap();
@@ -292,7 +300,7 @@ mod tests {
         std::fs::write(p.join(".cache/noise"), "n").unwrap();
         std::fs::write(p.join("ctl/cell.py"), "n").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", p.join("link")).unwrap();
-        let after = snapshot(p, 100, &p.join("ctl"));
+        let after = snapshot(p, 100, &skip);
         let changes = diff("s", &before, &after);
         let got: Vec<(&str, Change)> = changes
             .iter()
@@ -307,7 +315,7 @@ mod tests {
             ]
         );
         assert_eq!(changes[2].size, 4);
-        let partial = snapshot(p, 2, &p.join("ctl"));
+        let partial = snapshot(p, 2, &skip);
         assert!(!partial.complete);
     }
 

@@ -18,7 +18,7 @@ use super::report::{
 use crate::config::Config;
 use crate::exec::env as cenv;
 use crate::lang::{Language, Registry, expand, expand_command};
-use crate::workspace::{PrivateDir, Workspace};
+use crate::workspace::{DirId, PrivateDir, Workspace};
 
 /// Who is calling: sessions belong to the principal that started them. Over stdio there is
 /// one principal; over HTTP each token is one.
@@ -115,8 +115,8 @@ pub struct Session {
     pub idle_timeout: Duration,
     /// The session's private directory (work and control), removed when dropped.
     _dir: PrivateDir,
-    /// The control directory (cells, bootstrap, images the bootstrap writes).
-    ctl: PathBuf,
+    /// Where the interpreter leaves what it hands back (the figures' PNG files).
+    out: PathBuf,
     /// The files of `cwd` as the previous evaluation left them; None when change tracking
     /// is off (the directory is too big to walk at every evaluation).
     files: Mutex<Option<Snapshot>>,
@@ -382,10 +382,19 @@ session_close ({yours}), or wait for idle sessions to be closed.",
                 if !meta.is_dir() {
                     return Err(format!("cwd {} is not a directory", dir.display()));
                 }
-                Some(
-                    std::fs::canonicalize(dir)
-                        .map_err(|e| format!("cwd {}: {e}", dir.display()))?,
-                )
+                let dir = std::fs::canonicalize(dir)
+                    .map_err(|e| format!("cwd {}: {e}", dir.display()))?;
+                // Inside the server's workspace are other sessions' directories.
+                if let Ok(root) = std::fs::canonicalize(self.workspace.root())
+                    && dir.starts_with(&root)
+                {
+                    return Err(format!(
+                        "cwd {} is inside replbox's own working directory; choose another \
+directory, or leave cwd out for a fresh private one",
+                        dir.display()
+                    ));
+                }
+                Some(dir)
             }
             None => None,
         };
@@ -401,6 +410,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             .map_err(|e| format!("cannot create the session directory: {e}"))?;
         let work = dir.path().join("work");
         let ctl = dir.path().join("ctl");
+        let out = dir.path().join("out");
         let cwd = cwd.unwrap_or_else(|| work.clone());
         let brought = if req.files.is_empty() {
             Vec::new()
@@ -414,6 +424,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
         let ctl_s = ctl.display().to_string();
         let work_s = work.display().to_string();
+        let out_s = out.display().to_string();
         let max_images = self.config.max_images.to_string();
         let bootstrap = expand(
             &spec.bootstrap,
@@ -421,6 +432,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
                 ("nonce", &nonce),
                 ("ctl", &ctl_s),
                 ("work", &work_s),
+                ("out", &out_s),
                 ("max_images", &max_images),
             ],
         );
@@ -458,7 +470,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             argv,
             env,
             cwd: cwd.clone(),
-            ctl: ctl.clone(),
+            ctl,
             nonce,
             spec: spec.clone(),
             output_cap: self.config.output_cap,
@@ -467,7 +479,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         // The baseline for the first evaluation's file changes: taken once the interpreter
         // is up, so what it wrote while starting is not taken for the code's doing.
         let mut notes = Vec::new();
-        let baseline = self.baseline(&cwd, &ctl).await;
+        let baseline = self.baseline(&cwd).await;
         if baseline.is_none() && self.config.max_tracked_files > 0 {
             notes.push(self.untracked_note());
         }
@@ -483,7 +495,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             created_at: now,
             idle_timeout,
             _dir: dir,
-            ctl,
+            out,
             files: Mutex::new(baseline),
             interp: tokio::sync::Mutex::new(Some(interp)),
             pid: AtomicU64::new(pid as u64),
@@ -509,16 +521,23 @@ session_close ({yours}), or wait for idle sessions to be closed.",
 
     /// A snapshot of `cwd` to compare the next evaluation against; None when the directory
     /// has more entries than tracking looks at (or tracking is off).
-    async fn baseline(&self, cwd: &std::path::Path, ctl: &std::path::Path) -> Option<Snapshot> {
+    async fn baseline(&self, cwd: &std::path::Path) -> Option<Snapshot> {
         let max = self.config.max_tracked_files;
         if max == 0 {
             return None;
         }
-        let (cwd, ctl) = (cwd.to_path_buf(), ctl.to_path_buf());
-        tokio::task::spawn_blocking(move || files::snapshot(&cwd, max, &ctl))
+        let cwd = cwd.to_path_buf();
+        let skip = self.skip_dirs();
+        tokio::task::spawn_blocking(move || files::snapshot(&cwd, max, &skip))
             .await
             .ok()
             .filter(|s| s.complete)
+    }
+
+    /// Directories a session's listing never enters and a read never goes through: the
+    /// server's workspace (other sessions' directories), should a caller's cwd contain it.
+    fn skip_dirs(&self) -> Vec<DirId> {
+        self.workspace.root_id().into_iter().collect()
     }
 
     fn untracked_note(&self) -> String {
@@ -812,16 +831,17 @@ file in the session's directory and read it from there instead",
         if refs.is_empty() && old.is_none() {
             return;
         }
-        let ctl = session.ctl.clone();
+        let out = session.out.clone();
         let cwd = session.cwd.clone();
+        let skip = self.skip_dirs();
         let id = session.id.clone();
         let max_images = self.config.max_images as usize;
         let max_bytes = self.config.max_image_bytes;
         let max_entries = self.config.max_tracked_files;
         let job = tokio::task::spawn_blocking(move || {
-            let images = read_images(&ctl, refs, max_images, max_bytes);
+            let images = read_images(&out, refs, max_images, max_bytes);
             let tracked = old.map(|old| {
-                let new = files::snapshot(&cwd, max_entries, &ctl);
+                let new = files::snapshot(&cwd, max_entries, &skip);
                 let changes = new.complete.then(|| files::diff(&id, &old, &new));
                 (new, changes)
             });
@@ -878,18 +898,19 @@ more than {} files and folders (--max-tracked-files)",
     /// The files of the caller's sessions (session id, path, size), for `resources/list`;
     /// each session's walk is bounded like change tracking's.
     pub async fn list_files(&self, caller: &Caller) -> Vec<(String, String, u64)> {
-        let mut mine: Vec<(SystemTime, String, PathBuf, PathBuf)> = self
+        let mut mine: Vec<(SystemTime, String, PathBuf)> = self
             .sessions
             .iter()
             .filter(|s| s.owner == *caller)
-            .map(|s| (s.created_at, s.id.clone(), s.cwd.clone(), s.ctl.clone()))
+            .map(|s| (s.created_at, s.id.clone(), s.cwd.clone()))
             .collect();
         mine.sort_by_key(|m| m.0);
         let max = self.config.max_tracked_files.max(1);
+        let skip = self.skip_dirs();
         tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
-            for (_, id, cwd, ctl) in mine {
-                let snap = files::snapshot(&cwd, max, &ctl);
+            for (_, id, cwd) in mine {
+                let snap = files::snapshot(&cwd, max, &skip);
                 for (path, stamp) in snap.files {
                     out.push((id.clone(), path, stamp.size));
                 }
@@ -915,12 +936,13 @@ more than {} files and folders (--max-tracked-files)",
             .collect();
         let session = self.lookup(caller, id).map_err(FileError::NotFound)?;
         let cwd = session.cwd.clone();
+        let skip = self.skip_dirs();
         let cap = self.config.max_resource_bytes;
         let shown = path.to_string();
         let sid = id.to_string();
         tokio::task::spawn_blocking(move || {
             let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
-            let file = crate::workspace::open_beneath(&cwd, &refs).map_err(|e| {
+            let file = crate::workspace::open_beneath(&cwd, &refs, &skip).map_err(|e| {
                 match e.raw_os_error() {
                     Some(libc::ELOOP) | Some(libc::ENOTDIR) => FileError::Invalid(format!(
                         "{shown:?} in session {sid} goes through a symbolic link; links are not \
@@ -1084,11 +1106,11 @@ struct ImagesRead {
     too_big: Vec<(String, u64)>,
 }
 
-/// Read the images an end marker announced from the control directory, within the caps,
-/// removing each file once read. Code in the session could forge a marker, so a name is
-/// only ever a plain file name in that directory, opened without following links.
+/// Read the images an end marker announced from the session's `out/` directory, within
+/// the caps, removing each file once read. Code in the session could forge a marker, so a
+/// name is only ever a plain file name in that directory, opened without following links.
 fn read_images(
-    ctl: &std::path::Path,
+    out_dir: &std::path::Path,
     refs: Vec<ImageRef>,
     max_images: usize,
     max_bytes: u64,
@@ -1107,7 +1129,7 @@ fn read_images(
         if out.images.len() >= max_images {
             out.over_count += 1;
         } else {
-            let read = crate::workspace::open_beneath(ctl, &[file])
+            let read = crate::workspace::open_beneath(out_dir, &[file], &[])
                 .and_then(|f| crate::workspace::read_capped(f, max_bytes));
             match read {
                 Ok(Ok(data)) => match png_size(&data) {
@@ -1130,7 +1152,7 @@ fn read_images(
                 Err(e) => tracing::warn!(file, error = %e, "cannot read an image"),
             }
         }
-        let _ = std::fs::remove_file(ctl.join(file));
+        let _ = std::fs::remove_file(out_dir.join(file));
     }
     out
 }
