@@ -183,6 +183,12 @@ async fn two_figures_two_images_and_show_does_not_block() {
     assert_eq!(output(&o), "after show\n");
     assert_eq!(o.images.len(), 2, "{}", o.text);
     assert_eq!(open_figures(&s, &id).await, "[]");
+
+    // In interactive mode pyplot draws each change at once; the figure still comes back.
+    let o = s
+        .eval(&id, "plt.ion()\nplt.plot([1, 2]); plt.title('ion')")
+        .await;
+    assert_eq!(o.images.len(), 1, "{}", o.text);
     s.stop().await;
 }
 
@@ -562,6 +568,72 @@ async fn session_start_brings_files_in() {
             .map(Vec::len),
         Some(1),
         "failed starts leave no session"
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_session_reaches_into_the_server_workspace() {
+    if !require("python", "python3") {
+        return;
+    }
+    let parent = tempfile::tempdir().unwrap();
+    let parent_s = parent.path().to_str().unwrap().to_string();
+    let s = TestServer::start_with(&["--work-dir", &parent_s], &[]).await;
+    let o = s.call("session_start", json!({"language": "python"})).await;
+    let a = o.s("session_id").to_string();
+    let a_dir = o.s("cwd").to_string();
+    s.eval(&a, "open('secret.txt', 'w').write('private to a')")
+        .await;
+    // A cwd inside the workspace (another session's directory) is refused.
+    let o = s
+        .call("session_start", json!({"language": "python", "cwd": a_dir}))
+        .await;
+    assert!(o.is_error, "{}", o.text);
+    assert!(
+        o.text.contains("inside replbox's own working directory"),
+        "{}",
+        o.text
+    );
+    // A cwd that contains the workspace neither lists nor reads what is in it.
+    let o = s
+        .call(
+            "session_start",
+            json!({"language": "python", "cwd": parent_s}),
+        )
+        .await;
+    assert!(!o.is_error, "{}", o.text);
+    let b = o.s("session_id").to_string();
+    let o = s.eval(&b, "open('mine.txt', 'w').write('b')").await;
+    assert_eq!(
+        o.structured["files"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        o.text
+    );
+    let uris = s.resource_uris().await;
+    assert!(
+        uris.iter().any(|u| u.ends_with("/files/mine.txt")),
+        "{uris:?}"
+    );
+    assert!(
+        !uris
+            .iter()
+            .any(|u| u.starts_with(&format!("replbox://sessions/{b}/")) && u.contains("secret")),
+        "{uris:?}"
+    );
+    let rel = std::path::Path::new(&a_dir)
+        .strip_prefix(parent.path().canonicalize().unwrap())
+        .expect("the workspace is under --work-dir")
+        .join("secret.txt");
+    let uri = format!("replbox://sessions/{b}/files/{}", rel.to_str().unwrap());
+    let err = s
+        .read(&uri)
+        .await
+        .expect_err("must not read another session's file");
+    assert!(
+        err.contains("not served"),
+        "refused for the right reason: {err}"
     );
     s.stop().await;
 }
