@@ -113,6 +113,27 @@ pub struct Config {
         value_delimiter = ':'
     )]
     pub mask: Vec<PathBuf>,
+
+    /// Figures returned as images by one evaluation (1 to 100); more are left out and the
+    /// result says how many.
+    #[arg(long, env = "REPLBOX_MAX_IMAGES", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub max_images: u32,
+
+    /// Largest image returned, in bytes of PNG; a larger figure is left out and the result
+    /// says so.
+    #[arg(long, env = "REPLBOX_MAX_IMAGE_BYTES", default_value_t = 1024 * 1024)]
+    pub max_image_bytes: u64,
+
+    /// Entries (files and directories) of a session's directory looked at to find the files
+    /// an evaluation created or changed; past this, change tracking is turned off for that
+    /// session and resources/list stops there.
+    #[arg(long, env = "REPLBOX_MAX_TRACKED_FILES", default_value_t = 5000)]
+    pub max_tracked_files: usize,
+
+    /// Largest session file `resources/read` returns, in bytes.
+    #[arg(long, env = "REPLBOX_MAX_RESOURCE_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_resource_bytes: u64,
 }
 
 impl Default for Config {
@@ -140,6 +161,11 @@ impl Default for Config {
             uid_base: 100_000,
             uids: 256,
             mask: Vec::new(),
+
+            max_images: 8,
+            max_image_bytes: 1024 * 1024,
+            max_tracked_files: 5000,
+            max_resource_bytes: 4 * 1024 * 1024,
         }
     }
 }
@@ -181,6 +207,10 @@ impl Config {
             ("--tmpfs-mb", self.tmpfs_mb.to_string()),
             ("--uid-base", self.uid_base.to_string()),
             ("--uids", self.uids.to_string()),
+            ("--max-images", self.max_images.to_string()),
+            ("--max-image-bytes", self.max_image_bytes.to_string()),
+            ("--max-tracked-files", self.max_tracked_files.to_string()),
+            ("--max-resource-bytes", self.max_resource_bytes.to_string()),
         ] {
             args.push(flag.into());
             args.push(value.into());
@@ -251,6 +281,11 @@ mod tests {
             uid_base: 11,
             uids: 12,
             mask: vec!["/m/ask".into(), "/other".into()],
+
+            max_images: 5,
+            max_image_bytes: 6,
+            max_tracked_files: 7,
+            max_resource_bytes: 8,
         };
         let argv = std::iter::once(OsString::from("x")).chain(config.to_args());
         let parsed = Wrapper::try_parse_from(argv).expect("to_args output parses");

@@ -95,7 +95,10 @@ pub struct SessionSpec {
     pub env: BTreeMap<String, String>,
     /// File name of the bootstrap inside the session's control directory.
     pub bootstrap_file: String,
-    /// Bootstrap source. Placeholders: `{nonce}`, `{ctl}` (control directory), `{work}`.
+    /// Bootstrap source. Placeholders: `{nonce}`, `{ctl}` (control directory, read-only to
+    /// the interpreter), `{work}`, `{out}` (where the interpreter leaves files for the
+    /// server: the images an end marker names) and `{max_images}` (images one evaluation
+    /// may return).
     pub bootstrap: String,
     /// Lines typed once after start, before the first evaluation (each gets a newline).
     #[serde(default)]
