@@ -7,6 +7,7 @@ use crate::config::Config;
 use crate::lang::Registry;
 use crate::pool::Pool;
 use crate::run::Runner;
+use crate::sandbox::Sandbox;
 use crate::session::SessionManager;
 use crate::workspace::Workspace;
 
@@ -14,6 +15,7 @@ pub struct App {
     pub config: Arc<Config>,
     pub registry: Arc<Registry>,
     pub workspace: Arc<Workspace>,
+    pub sandbox: Arc<Sandbox>,
     pub runner: Runner,
     pub sessions: Arc<SessionManager>,
     /// Tool calls running now, over every connection.
@@ -44,35 +46,50 @@ impl Drop for InFlightGuard {
 }
 
 impl App {
+    /// Load everything and decide the sandbox level. The bwrap probe runs while the registry
+    /// and the workspace are set up; a named level that does not work, or one below
+    /// `--require-sandbox`, is an error here, before anything is served.
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
-        let registry = Arc::new(Registry::load(config.prompts.as_deref())?);
+        let probe = Sandbox::probe(&config);
+        let mut registry = Registry::load(config.prompts.as_deref())?;
         let workspace = Arc::new(Workspace::new(config.work_dir.as_deref())?);
+        let sandbox = Arc::new(probe.finish(workspace.root())?);
+        registry.restrict(
+            |exe| sandbox.can_run(exe),
+            |exe| sandbox.cannot_run_reason(exe),
+        );
+        let registry = Arc::new(registry);
         let config = Arc::new(config);
         let runner = Runner {
             config: config.clone(),
             workspace: workspace.clone(),
             pool: Arc::new(Pool::new(config.pool)),
+            sandbox: sandbox.clone(),
         };
         let sessions = Arc::new(SessionManager::new(
             config.clone(),
             registry.clone(),
             workspace.clone(),
+            sandbox.clone(),
         ));
         sessions.spawn_reaper();
         Ok(Arc::new(Self {
             config,
             registry,
             workspace,
+            sandbox,
             runner,
             sessions,
             calls: InFlight::default(),
         }))
     }
 
-    /// What a server starts once it answers: interpreter detection, then the warm pools.
-    /// Both spawn processes, so they come after the transport is up rather than before.
+    /// What a server starts once it answers: interpreter detection, the check of a
+    /// remembered bwrap probe, then the warm pools. All spawn processes, so they come after
+    /// the transport is up rather than before.
     pub fn start_background(&self) {
         self.registry.detect_all_in_background();
+        self.sandbox.verify_in_background();
         self.runner.fill_pools(&self.registry);
     }
 

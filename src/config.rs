@@ -4,6 +4,8 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::sandbox::{Level, Mode};
+
 /// Server settings shared by `serve`, `run` and `bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Config {
@@ -53,6 +55,89 @@ pub struct Config {
     /// warm pool (python); each runs one program. 0 disables the pool.
     #[arg(long, env = "REPLBOX_POOL", default_value_t = 2)]
     pub pool: usize,
+    /// Isolation of user code: `auto` picks the strongest level that works here (probed at
+    /// start), or name one; a named level that does not work stops the server.
+    #[arg(long, env = "REPLBOX_SANDBOX", value_enum, default_value_t = Mode::Auto)]
+    pub sandbox: Mode,
+
+    /// Refuse to start when the level in force is below this one.
+    #[arg(
+        long,
+        env = "REPLBOX_REQUIRE_SANDBOX",
+        value_enum,
+        value_name = "LEVEL"
+    )]
+    pub require_sandbox: Option<Level>,
+
+    /// Let user code reach the network (off by default at every sandbox level).
+    #[arg(long, env = "REPLBOX_ALLOW_NETWORK")]
+    pub allow_network: bool,
+
+    /// Memory per process of user code, in MiB (RLIMIT_DATA: heap and private mappings);
+    /// 0 for no limit.
+    #[arg(long, env = "REPLBOX_MEMORY_MB", default_value_t = 4096)]
+    pub memory_mb: u64,
+
+    /// Processes and threads per session or run (RLIMIT_NPROC of its own uid when the server
+    /// runs as root; otherwise on top of what the server's uid already runs); 0 for no limit.
+    #[arg(long, env = "REPLBOX_PROCESSES", default_value_t = 256)]
+    pub processes: u64,
+
+    /// Largest file user code may write, in MiB (RLIMIT_FSIZE); 0 for no limit.
+    #[arg(long, env = "REPLBOX_FILE_SIZE_MB", default_value_t = 1024)]
+    pub file_size_mb: u64,
+
+    /// Open files per process (RLIMIT_NOFILE).
+    #[arg(long, env = "REPLBOX_OPEN_FILES", default_value_t = 1024)]
+    pub open_files: u64,
+
+    /// CPU seconds per process of a `run-code` call (RLIMIT_CPU); 0 means the call's timeout.
+    /// Sessions have none: CPU time is cumulative, and a session lives long.
+    #[arg(long, env = "REPLBOX_CPU_S", default_value_t = 0)]
+    pub cpu_s: u64,
+
+    /// Size of the private /tmp and /dev/shm of each sandbox (bwrap level), in MiB.
+    #[arg(long, env = "REPLBOX_TMPFS_MB", default_value_t = 256)]
+    pub tmpfs_mb: u64,
+
+    /// First uid (and gid) of the pool user code runs as when the server runs as root.
+    #[arg(long, env = "REPLBOX_UID_BASE", default_value_t = 100_000)]
+    pub uid_base: u32,
+
+    /// Size of that pool: the most sessions and runs alive at once when running as root.
+    #[arg(long, env = "REPLBOX_UIDS", default_value_t = 256)]
+    pub uids: u32,
+
+    /// More directories to hide from user code (besides /home, /root, /run, /tmp, /var/tmp,
+    /// /mnt, /media and /srv); colon-separated in the variable.
+    #[arg(
+        long = "mask",
+        env = "REPLBOX_MASK",
+        value_name = "DIR",
+        value_delimiter = ':'
+    )]
+    pub mask: Vec<PathBuf>,
+
+    /// Figures returned as images by one evaluation (1 to 100); more are left out and the
+    /// result says how many.
+    #[arg(long, env = "REPLBOX_MAX_IMAGES", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub max_images: u32,
+
+    /// Largest image returned, in bytes of PNG; a larger figure is left out and the result
+    /// says so.
+    #[arg(long, env = "REPLBOX_MAX_IMAGE_BYTES", default_value_t = 1024 * 1024)]
+    pub max_image_bytes: u64,
+
+    /// Entries (files and directories) of a session's directory looked at to find the files
+    /// an evaluation created or changed; past this, change tracking is turned off for that
+    /// session and resources/list stops there.
+    #[arg(long, env = "REPLBOX_MAX_TRACKED_FILES", default_value_t = 5000)]
+    pub max_tracked_files: usize,
+
+    /// Largest session file `resources/read` returns, in bytes.
+    #[arg(long, env = "REPLBOX_MAX_RESOURCE_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_resource_bytes: u64,
 }
 
 impl Default for Config {
@@ -69,6 +154,23 @@ impl Default for Config {
             evict_idle: false,
             max_sessions_per_principal: 16,
             pool: 2,
+            sandbox: Mode::Auto,
+            require_sandbox: None,
+            allow_network: false,
+            memory_mb: 4096,
+            processes: 256,
+            file_size_mb: 1024,
+            open_files: 1024,
+            cpu_s: 0,
+            tmpfs_mb: 256,
+            uid_base: 100_000,
+            uids: 256,
+            mask: Vec::new(),
+
+            max_images: 8,
+            max_image_bytes: 1024 * 1024,
+            max_tracked_files: 5000,
+            max_resource_bytes: 4 * 1024 * 1024,
         }
     }
 }
@@ -102,6 +204,19 @@ impl Config {
                 self.max_sessions_per_principal.to_string(),
             ),
             ("--pool", self.pool.to_string()),
+            ("--sandbox", value_name(&self.sandbox)),
+            ("--memory-mb", self.memory_mb.to_string()),
+            ("--processes", self.processes.to_string()),
+            ("--file-size-mb", self.file_size_mb.to_string()),
+            ("--open-files", self.open_files.to_string()),
+            ("--cpu-s", self.cpu_s.to_string()),
+            ("--tmpfs-mb", self.tmpfs_mb.to_string()),
+            ("--uid-base", self.uid_base.to_string()),
+            ("--uids", self.uids.to_string()),
+            ("--max-images", self.max_images.to_string()),
+            ("--max-image-bytes", self.max_image_bytes.to_string()),
+            ("--max-tracked-files", self.max_tracked_files.to_string()),
+            ("--max-resource-bytes", self.max_resource_bytes.to_string()),
         ] {
             args.push(flag.into());
             args.push(value.into());
@@ -113,8 +228,26 @@ impl Config {
         if self.evict_idle {
             args.push("--evict-idle".into());
         }
+        if let Some(level) = &self.require_sandbox {
+            args.push("--require-sandbox".into());
+            args.push(value_name(level).into());
+        }
+        if self.allow_network {
+            args.push("--allow-network".into());
+        }
+        for dir in &self.mask {
+            args.push("--mask".into());
+            args.push(dir.into());
+        }
         args
     }
+}
+
+/// The command-line spelling of a value-enum value.
+fn value_name<T: clap::ValueEnum>(v: &T) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -143,6 +276,23 @@ mod tests {
             evict_idle: true,
             max_sessions_per_principal: 4,
             pool: 5,
+            sandbox: Mode::Landlock,
+            require_sandbox: Some(Level::Landlock),
+            allow_network: true,
+            memory_mb: 5,
+            processes: 6,
+            file_size_mb: 7,
+            open_files: 8,
+            cpu_s: 9,
+            tmpfs_mb: 10,
+            uid_base: 11,
+            uids: 12,
+            mask: vec!["/m/ask".into(), "/other".into()],
+
+            max_images: 5,
+            max_image_bytes: 6,
+            max_tracked_files: 7,
+            max_resource_bytes: 8,
         };
         let argv = std::iter::once(OsString::from("x")).chain(config.to_args());
         let parsed = Wrapper::try_parse_from(argv).expect("to_args output parses");

@@ -10,5 +10,6 @@ pub mod mcp;
 pub mod output;
 pub mod pool;
 pub mod run;
+pub mod sandbox;
 pub mod session;
 pub mod workspace;

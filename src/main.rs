@@ -283,7 +283,11 @@ async fn languages(config: Config) -> anyhow::Result<ExitCode> {
             "{:<12} {:<10} {:<8} {:<16} {:<28} {}",
             lang.id(),
             status,
-            if lang.has_session() { "yes" } else { "-" },
+            match (lang.has_session(), lang.session_available()) {
+                (false, _) => "-",
+                (true, true) => "yes",
+                (true, false) => "missing",
+            },
             version,
             lang.spec.aliases.join(","),
             exe

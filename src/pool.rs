@@ -14,14 +14,15 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::exec::Proc;
-use crate::workspace::PrivateDir;
+use crate::run::Place;
 
 /// A pooled interpreter waiting for its program. Dropping it kills its tree (the helper
 /// tears it down on SIGTERM) and removes its directory.
 pub struct Warm {
     pub proc: Proc,
-    /// The private directory it runs in (and the run's directory once it is used).
-    pub dir: PrivateDir,
+    /// Where it runs: its private directory (the run's directory once it is used) and its
+    /// uid. Dropped after `proc`, so the uid is returned once its processes are gone.
+    pub place: Place,
     pub born: Instant,
 }
 
@@ -180,16 +181,25 @@ impl Pool {
 /// newline, then the payload, NUL-separated UTF-8 fields:
 ///
 /// 1. the program's file name, as `run.command` names it (relative to the directory);
-/// 2. K, the number of the caller's arguments;
-/// 3. M, the length of the cold command line, then its M words (`run.command` expanded,
+/// 2. the run's CPU limit in seconds (the interpreter was started with the largest a run
+///    can have, and lowers it to this, soft and hard, as the helper would have set it);
+/// 3. K, the number of the caller's arguments;
+/// 4. M, the length of the cold command line, then its M words (`run.command` expanded,
 ///    the caller's arguments being its last K words);
-/// 4. the run's whole environment, `NAME=VALUE` each, in the order a cold run's process
+/// 5. the run's whole environment, `NAME=VALUE` each, in the order a cold run's process
 ///    gets it (sorted by name).
 ///
 /// What follows the payload on stdin is the program's own input; then stdin is closed.
-pub fn request(file: &str, nargs: usize, argv: &[String], env: &[(String, String)]) -> Vec<u8> {
-    let mut fields: Vec<String> = Vec::with_capacity(3 + argv.len() + env.len());
+pub fn request(
+    file: &str,
+    cpu_s: u64,
+    nargs: usize,
+    argv: &[String],
+    env: &[(String, String)],
+) -> Vec<u8> {
+    let mut fields: Vec<String> = Vec::with_capacity(4 + argv.len() + env.len());
     fields.push(file.to_string());
+    fields.push(cpu_s.to_string());
     fields.push(nargs.to_string());
     fields.push(argv.len().to_string());
     fields.extend(argv.iter().cloned());
@@ -241,7 +251,7 @@ mod tests {
             ("PATH".to_string(), "/bin".to_string()),
             ("HOME".to_string(), "/h=x".to_string()),
         ];
-        let r = request("main.py", 2, &argv, &env);
+        let r = request("main.py", 31, 2, &argv, &env);
         let text = String::from_utf8(r).expect("utf-8");
         let (len, payload) = text.split_once('\n').expect("length line");
         assert_eq!(len.parse::<usize>().expect("number"), payload.len());
@@ -250,6 +260,7 @@ mod tests {
             fields,
             [
                 "main.py",
+                "31",
                 "2",
                 "5",
                 "/py",

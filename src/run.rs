@@ -16,8 +16,9 @@ use crate::exec::{self, SpawnSpec, Stdio3, env as cenv};
 use crate::lang::{Language, Registry, expand, expand_command};
 use crate::output::HeadTail;
 use crate::pool::{self, Pool, Warm};
+use crate::sandbox::{Jail, Lease, Level, Sandbox};
 use crate::session::interp::Progress;
-use crate::workspace::Workspace;
+use crate::workspace::{PrivateDir, Workspace};
 
 /// What the caller asked for.
 #[derive(Debug, Clone, Default)]
@@ -60,6 +61,8 @@ pub struct RunReport {
     /// Set when the program could not be started at all, or the call was cancelled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The isolation level the program ran under.
+    pub sandbox: Level,
 }
 
 impl RunReport {
@@ -124,8 +127,32 @@ fn end_line(t: &mut String) {
 pub struct Runner {
     pub config: Arc<Config>,
     pub workspace: Arc<Workspace>,
+    pub sandbox: Arc<Sandbox>,
     /// Interpreters started ahead of time for languages with a `[run.pool]`.
     pub pool: Arc<Pool>,
+}
+
+/// Where a run happens: its directory, the uid it runs as (when the server is root), the
+/// placeholders of its command lines and the confinement of its processes.
+pub struct Place {
+    dir: PrivateDir,
+    /// Held for its drop: the uid goes back to the pool after the directory is removed.
+    _lease: Option<Lease>,
+    exe: String,
+    dir_s: String,
+    cache: String,
+    jail: Jail,
+}
+
+impl Place {
+    fn vars<'a>(&'a self, lang: &'a Language) -> [(&'a str, &'a str); 4] {
+        [
+            ("exe", self.exe.as_str()),
+            ("file", lang.spec.run.file.as_str()),
+            ("dir", self.dir_s.as_str()),
+            ("cache", self.cache.as_str()),
+        ]
+    }
 }
 
 struct Step {
@@ -135,34 +162,6 @@ struct Step {
     timed_out: bool,
     cancelled: bool,
     spawn_error: Option<String>,
-}
-
-/// The placeholders of a run's command lines.
-struct Vars {
-    exe: String,
-    file: String,
-    dir: String,
-    cache: String,
-}
-
-impl Vars {
-    fn new(runner: &Runner, lang: &Language, exe: &Path, dir: &Path) -> Self {
-        Self {
-            exe: exe.display().to_string(),
-            file: lang.spec.run.file.clone(),
-            dir: dir.display().to_string(),
-            cache: runner.workspace.cache_dir(lang.id()).display().to_string(),
-        }
-    }
-
-    fn list(&self) -> [(&str, &str); 4] {
-        [
-            ("exe", self.exe.as_str()),
-            ("file", self.file.as_str()),
-            ("dir", self.dir.as_str()),
-            ("cache", self.cache.as_str()),
-        ]
-    }
 }
 
 impl Runner {
@@ -186,6 +185,7 @@ impl Runner {
             truncated: false,
             phase: Phase::Run,
             error: None,
+            sandbox: self.sandbox.level,
         };
         let fail = |mut r: RunReport, msg: String| {
             r.error = Some(msg);
@@ -195,32 +195,34 @@ impl Runner {
         let Some(detected) = lang.detect().await else {
             return fail(report, format!("{} is not installed", lang.id()));
         };
+        if !self.sandbox.can_run(&detected.exe) {
+            let why = self.sandbox.cannot_run_reason(&detected.exe);
+            return fail(report, why);
+        }
+        let cpu_s = self.cpu_limit(req.timeout);
         // A pooled interpreter when the pool can honour the request, else a cold start.
-        let warm = if self.poolable(lang, &req) {
+        let warm = if self.poolable(lang, &req, cpu_s) {
             self.pool.take(lang.id())
         } else {
             None
         };
-        let (dir, warm) = match warm {
-            Some(w) => (w.dir, Some(w.proc)),
-            None => match self.workspace.new_run_dir() {
-                Ok(d) => (d, None),
-                Err(e) => {
-                    return fail(report, format!("cannot create a working directory: {e}"));
-                }
+        let (place, warm) = match warm {
+            Some(w) => (w.place, Some(w.proc)),
+            None => match self.place(lang, &detected.exe, cpu_s) {
+                Ok(p) => (p, None),
+                Err(e) => return fail(report, e),
             },
         };
         let spec = &lang.spec.run;
-        if let Err(e) = std::fs::write(dir.path().join(&spec.file), &req.code) {
+        if let Err(e) = std::fs::write(place.dir.path().join(&spec.file), &req.code) {
             return fail(report, format!("cannot write the program: {e}"));
         }
-        let vars = Vars::new(self, lang, &detected.exe, dir.path());
-        let vars = vars.list();
-        let env = self.child_env(lang, &detected.exe, dir.path(), &vars, &req.env);
+        let vars = place.vars(lang);
+        let env = self.child_env(lang, &detected.exe, place.dir.path(), &vars, &req.env);
 
         if let Some(compile) = &spec.compile {
             let argv = expand_command(compile, &vars, &[]);
-            let spawn = pipes(argv, env.clone(), dir.path(), false);
+            let spawn = pipes(argv, env.clone(), &place.jail, place.dir.path());
             let step = self.step(spawn, None, deadline, cancel, progress).await;
             let ok = step.status.is_some_and(|s| s.success()) && !step.timed_out;
             if !ok || step.cancelled || step.spawn_error.is_some() {
@@ -236,32 +238,72 @@ impl Runner {
         let input = req.stdin.map(String::into_bytes).unwrap_or_default();
         let step = match warm {
             Some(proc) => {
-                let mut data = pool::request(&spec.file, req.args.len(), &argv, &env);
+                let mut data = pool::request(&spec.file, cpu_s, req.args.len(), &argv, &env);
                 data.extend_from_slice(&input);
-                self.supervise(proc, Some(data), deadline, cancel, progress)
-                    .await
+                self.supervise(proc, data, deadline, cancel, progress).await
             }
             None => {
-                let spawn = pipes(argv, env, dir.path(), true);
+                let spawn = pipes(argv, env, &place.jail, place.dir.path());
                 self.step(spawn, Some(input), deadline, cancel, progress)
                     .await
             }
         };
         Self::fill(&mut report, step);
         report.duration_ms = started.elapsed().as_millis() as u64;
-        drop(dir);
+        // The directory, then the uid (its processes are gone by now).
+        drop(place);
         // Replace what this run used (or what the pool dropped), now that the run is over.
         self.refill(lang);
         report
     }
 
+    /// RLIMIT_CPU of a run's processes.
+    fn cpu_limit(&self, timeout: Duration) -> u64 {
+        match self.config.cpu_s {
+            // A second past the deadline: a single-threaded program reaches the wall-clock
+            // timeout first (reported as a timeout); only several busy threads trip it.
+            0 => timeout.as_secs_f64().ceil() as u64 + 1,
+            n => n,
+        }
+        .max(1)
+    }
+
+    /// A fresh place for a run: a uid from the pool (when the server is root; returned when
+    /// the place is dropped, after its processes are gone) and a private directory it owns.
+    fn place(&self, lang: &Language, exe: &Path, cpu_s: u64) -> Result<Place, String> {
+        let lease = self.sandbox.lease()?;
+        let uid = lease.as_ref().map(|l| l.uid);
+        let dir = self
+            .workspace
+            .new_run_dir(uid)
+            .map_err(|e| format!("cannot create a working directory: {e}"))?;
+        let cache_dir = self.workspace.cache_dir(lang.id(), uid);
+        let jail = Jail {
+            uid,
+            rw: vec![dir.path().to_path_buf(), cache_dir.clone()],
+            ro: self.sandbox.interpreter_dirs(exe),
+            cpu_s: Some(cpu_s),
+            dirty: lease.as_ref().map(|l| l.dirty_flag()),
+        };
+        Ok(Place {
+            exe: exe.display().to_string(),
+            dir_s: dir.path().display().to_string(),
+            cache: cache_dir.display().to_string(),
+            dir,
+            _lease: lease,
+            jail,
+        })
+    }
+
     /// Whether a pooled interpreter can run this request exactly as a cold start would.
-    fn poolable(&self, lang: &Language, req: &RunRequest) -> bool {
+    fn poolable(&self, lang: &Language, req: &RunRequest, cpu_s: u64) -> bool {
         let Some(p) = &lang.spec.run.pool else {
             return false;
         };
         self.pool.enabled()
             && lang.spec.run.compile.is_none()
+            // Pooled interpreters start with the largest CPU limit and lower it to the run's.
+            && cpu_s <= self.cpu_limit(self.max_timeout())
             // NUL cannot be passed to a cold start either; let it fail the cold way.
             && !req.code.contains('\0')
             && !req.args.iter().any(|a| a.contains('\0'))
@@ -269,6 +311,11 @@ impl Runner {
                 .env
                 .keys()
                 .any(|k| pool::starts_differently(k, &p.cold_env))
+    }
+
+    /// The longest a run can take (callers' timeouts are clamped to it).
+    fn max_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.max_timeout_ms.max(1))
     }
 
     /// Start filling the pools of every installed language that has one (`serve` does this
@@ -300,9 +347,9 @@ impl Runner {
         }
     }
 
-    /// Start one pooled interpreter: a fresh run directory, the environment of a run there
-    /// (without any caller's variables), and the language's loader, through `exec::spawn`
-    /// like every other child.
+    /// Start one pooled interpreter: a fresh place, the environment of a run there (without
+    /// any caller's variables), and the language's loader, through `exec::spawn` (so in the
+    /// sandbox, as the run's uid) like every other child.
     async fn start_warm(&self, lang: &Language) -> Result<Warm, String> {
         let Some(p) = &lang.spec.run.pool else {
             return Err("the language has no pool".into());
@@ -311,21 +358,29 @@ impl Runner {
             .detect()
             .await
             .ok_or_else(|| format!("{} is not installed", lang.id()))?;
-        let dir = self
-            .workspace
-            .new_run_dir()
-            .map_err(|e| format!("cannot create a working directory: {e}"))?;
-        let vars = Vars::new(self, lang, &detected.exe, dir.path());
-        let vars = vars.list();
-        let env = self.child_env(lang, &detected.exe, dir.path(), &vars, &BTreeMap::new());
+        if !self.sandbox.can_run(&detected.exe) {
+            return Err(self.sandbox.cannot_run_reason(&detected.exe));
+        }
+        let place = self.place(lang, &detected.exe, self.cpu_limit(self.max_timeout()))?;
+        let vars = place.vars(lang);
+        let env = self.child_env(
+            lang,
+            &detected.exe,
+            place.dir.path(),
+            &vars,
+            &BTreeMap::new(),
+        );
         let mut with_loader = vars.to_vec();
         with_loader.push(("loader", p.loader.as_str()));
         let argv = expand_command(&p.command, &with_loader, &[]);
-        let proc = exec::spawn(pipes(argv, env, dir.path(), true))
-            .map_err(|e| format!("cannot start {}: {e}", detected.exe.display()))?;
+        let proc = exec::spawn(
+            &self.sandbox,
+            pipes(argv, env, &place.jail, place.dir.path()),
+        )
+        .map_err(|e| format!("cannot start {}: {e}", detected.exe.display()))?;
         Ok(Warm {
             proc,
-            dir,
+            place,
             born: Instant::now(),
         })
     }
@@ -388,9 +443,9 @@ impl Runner {
         progress: Option<&Progress>,
     ) -> Step {
         let program = spec.argv.first().cloned().unwrap_or_default();
-        match exec::spawn(spec) {
+        match exec::spawn(&self.sandbox, spec) {
             Ok(proc) => {
-                self.supervise(proc, stdin, deadline, cancel, progress)
+                self.supervise(proc, stdin.unwrap_or_default(), deadline, cancel, progress)
                     .await
             }
             Err(e) => {
@@ -418,7 +473,7 @@ impl Runner {
     async fn supervise(
         &self,
         mut proc: exec::Proc,
-        stdin: Option<Vec<u8>>,
+        stdin: Vec<u8>,
         deadline: tokio::time::Instant,
         cancel: &CancellationToken,
         progress: Option<&Progress>,
@@ -426,10 +481,9 @@ impl Runner {
         let cap = self.config.output_cap;
         let mut step = self.empty_step();
         if let Some(mut pipe) = proc.child.stdin.take() {
-            let data = stdin.unwrap_or_default();
             tokio::spawn(async move {
                 // A program that does not read its input is not an error.
-                let _ = pipe.write_all(&data).await;
+                let _ = pipe.write_all(&stdin).await;
                 let _ = pipe.shutdown().await;
             });
         }
@@ -451,7 +505,7 @@ impl Runner {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
-                status = proc.child.wait() => { step.status = status.ok(); break; }
+                status = proc.wait() => { step.status = status.ok(); break; }
                 _ = tokio::time::sleep_until(deadline) => {
                     step.timed_out = true;
                     step.status = proc.kill_tree().await;
@@ -484,12 +538,14 @@ impl Runner {
     }
 }
 
-fn pipes(argv: Vec<String>, env: Vec<(String, String)>, cwd: &Path, stdin: bool) -> SpawnSpec {
+/// A program with its three streams on pipes; stdin is closed after its input (if any).
+fn pipes(argv: Vec<String>, env: Vec<(String, String)>, jail: &Jail, cwd: &Path) -> SpawnSpec {
     SpawnSpec {
         argv,
         env,
         cwd: cwd.to_path_buf(),
-        stdio: Stdio3::Pipes { stdin },
+        stdio: Stdio3::Pipes { stdin: true },
+        jail: jail.clone(),
     }
 }
 
@@ -546,6 +602,7 @@ mod tests {
             truncated: false,
             phase: Phase::Run,
             error: None,
+            sandbox: Level::Bwrap,
         }
     }
 

@@ -279,10 +279,6 @@ fn listed_ids(o: &Out) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn alive(pid: i32) -> bool {
-    ppid_state(pid).is_some_and(|(_, state)| state != 'Z')
-}
-
 /// A tokens file only its owner can read (as it should be: others get a warning).
 fn write_private(path: &std::path::Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;

@@ -191,32 +191,37 @@ async fn infinite_loop_times_out_and_leaves_no_process() {
 #[tokio::test(flavor = "multi_thread")]
 async fn daemons_die_with_the_run() {
     let s = TestServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let hb = dir.path().join("hb");
+    // A double-forked, setsid daemon heartbeats into the run's own directory (the only place
+    // a sandboxed run may write) and carries a unique token in its command line, so that a
+    // survivor is found anywhere on the host, even outside the server's tree.
+    let tok = token();
     let code = format!(
         r#"
 import os, time
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
-        while True:
-            with open({hb:?}, "a") as f: f.write("x")
-            time.sleep(0.05)
+        os.execv("/bin/sh", ["sh", "-c", "while :; do echo x >> hb; sleep 0.05; done", "{tok}"])
     os._exit(0)
+t = time.time()
+while not (os.path.exists("hb") and os.path.getsize("hb") > 0):
+    if time.time() - t > 5:
+        print("the daemon never ran")
+        break
+    time.sleep(0.01)
 time.sleep(0.3)
 print("parent done")
-"#,
-        hb = hb.display().to_string()
+"#
     );
     let out = s.run("python", &code).await;
     assert_eq!(out.text, "parent done\n");
     let left = s.wait_no_descendants(Duration::from_secs(2)).await;
     assert!(left.is_empty(), "daemon survived: {left:?}");
-    let size = std::fs::metadata(&hb).map(|m| m.len()).unwrap_or(0);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let later = std::fs::metadata(&hb).map(|m| m.len()).unwrap_or(0);
-    assert!(size > 0, "the daemon never ran");
-    assert_eq!(size, later, "heartbeat still growing after the run ended");
+    let left = wait_none_with(&tok, Duration::from_secs(2)).await;
+    assert!(
+        left.is_empty(),
+        "daemon survived outside the tree: {left:?}"
+    );
     // And on timeout too.
     let code2 = code.replace(
         "time.sleep(0.3)\nprint(\"parent done\")",
@@ -231,6 +236,11 @@ print("parent done")
     assert_eq!(out.structured["timed_out"], true);
     let left = s.wait_no_descendants(Duration::from_secs(2)).await;
     assert!(left.is_empty(), "daemon survived a timeout: {left:?}");
+    let left = wait_none_with(&tok, Duration::from_secs(2)).await;
+    assert!(
+        left.is_empty(),
+        "daemon survived a timeout outside the tree: {left:?}"
+    );
     s.stop().await;
 }
 

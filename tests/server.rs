@@ -120,7 +120,7 @@ async fn sigterm_ends_the_server_with_no_child_left() {
     )
     .unwrap();
     let t = Instant::now();
-    while ppid_state(pid).is_some_and(|(_, st)| st != 'Z') {
+    while alive(pid) {
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "server did not exit on SIGTERM"
@@ -128,22 +128,8 @@ async fn sigterm_ends_the_server_with_no_child_left() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Every process it had started is gone too.
-    let t = Instant::now();
-    loop {
-        let alive: Vec<i32> = children
-            .iter()
-            .copied()
-            .filter(|p| ppid_state(*p).is_some_and(|(_, st)| st != 'Z'))
-            .collect();
-        if alive.is_empty() {
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(3),
-            "left behind: {alive:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let left = wait_gone(&children, Duration::from_secs(3)).await;
+    assert!(left.is_empty(), "left behind: {left:?}");
     inflight.abort();
 }
 

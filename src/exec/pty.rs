@@ -54,6 +54,18 @@ pub fn open() -> io::Result<(PtyMaster, OwnedFd)> {
     Ok((PtyMaster { fd: master }, slave))
 }
 
+/// Make the terminal behind `slave` belong to `uid`/`gid`, readable and writable by it only.
+pub fn give_to(slave: &OwnedFd, uid: u32, gid: u32) -> io::Result<()> {
+    nix::unistd::fchown(
+        slave,
+        Some(nix::unistd::Uid::from_raw(uid)),
+        Some(nix::unistd::Gid::from_raw(gid)),
+    )
+    .map_err(io::Error::from)?;
+    nix::sys::stat::fchmod(slave, nix::sys::stat::Mode::from_bits_truncate(0o600))
+        .map_err(io::Error::from)
+}
+
 /// Device number of a terminal descriptor.
 pub fn rdev(fd: &OwnedFd) -> io::Result<u64> {
     let st = nix::sys::stat::fstat(fd).map_err(io::Error::from)?;

@@ -23,6 +23,9 @@ pub struct Language {
     pub origin: String,
     /// The first of `programs` found on PATH, or why none was.
     pub program: Result<PathBuf, String>,
+    /// The first of `session.programs` found on PATH (when the session runs another program
+    /// than `program`), or why none was.
+    session_program: Option<Result<PathBuf, String>>,
     detected: OnceCell<Detected>,
     /// `session.error_pattern`, compiled on first use (validated, not compiled, at load:
     /// compiling every pattern of every language made start-up slow).
@@ -37,6 +40,29 @@ pub struct Detected {
 }
 
 impl Language {
+    /// A language whose programs are looked up in `path_var` (a PATH value).
+    pub fn new(spec: LangSpec, origin: String, path_var: &std::ffi::OsStr) -> Self {
+        let program = find_program(&spec, path_var);
+        let session_program = spec
+            .session
+            .as_ref()
+            .filter(|s| !s.programs.is_empty())
+            .map(|s| {
+                s.programs
+                    .iter()
+                    .find_map(|p| which(p, path_var))
+                    .ok_or_else(|| format!("none of {} found on PATH", s.programs.join(", ")))
+            });
+        Self {
+            spec,
+            origin,
+            program,
+            session_program,
+            detected: OnceCell::new(),
+            error_pattern: std::sync::OnceLock::new(),
+        }
+    }
+
     pub fn id(&self) -> &str {
         &self.spec.id
     }
@@ -45,8 +71,41 @@ impl Language {
         self.program.is_ok()
     }
 
+    /// Whether the language has a REPL driver (whether or not it can run here).
     pub fn has_session(&self) -> bool {
         self.spec.session.is_some()
+    }
+
+    /// Whether a session can be started here: a driver, the language installed, and the
+    /// session program (when it is another one) found.
+    pub fn session_available(&self) -> bool {
+        self.has_session()
+            && self.installed()
+            && self.session_program.as_ref().is_none_or(|p| p.is_ok())
+    }
+
+    /// The executable a session runs as `{exe}`: the language's own, or the first of
+    /// `session.programs` found in the directory of the language's executable (so both come
+    /// from the same installation), else on PATH.
+    pub fn session_exe(&self, detected: &Detected) -> Result<PathBuf, String> {
+        let Some(session) = &self.spec.session else {
+            return Err(format!("{} has no REPL driver", self.id()));
+        };
+        if session.programs.is_empty() {
+            return Ok(detected.exe.clone());
+        }
+        if let Some(dir) = detected.exe.parent()
+            && let Some(found) = session
+                .programs
+                .iter()
+                .find_map(|p| which(p, dir.as_os_str()))
+        {
+            return Ok(found);
+        }
+        match &self.session_program {
+            Some(found) => found.clone(),
+            None => Err(format!("none of {} found", session.programs.join(", "))),
+        }
     }
 
     /// Resolve the real executable and read the version (once; later calls are free).
@@ -178,24 +237,41 @@ impl Registry {
         let mut langs = Vec::new();
         let mut index = HashMap::new();
         for (origin, spec) in specs {
-            let program = find_program(&spec, &path_var);
             let i = langs.len();
             for name in std::iter::once(&spec.id).chain(spec.aliases.iter()) {
                 index.insert(name.to_ascii_lowercase(), i);
             }
-            langs.push(Arc::new(Language {
-                spec,
-                origin,
-                program,
-                detected: OnceCell::new(),
-                error_pattern: std::sync::OnceLock::new(),
-            }));
+            langs.push(Arc::new(Language::new(spec, origin, &path_var)));
         }
         // An id always wins over another language's alias.
         for (i, l) in langs.iter().enumerate() {
             index.insert(l.spec.id.to_ascii_lowercase(), i);
         }
         Ok(Self { langs, index })
+    }
+
+    /// Keep only programs `usable` says user code can run (the first usable match on PATH
+    /// wins); a language whose every match is unusable becomes "not installed", saying why.
+    /// Call before the registry is shared.
+    pub fn restrict(&mut self, usable: impl Fn(&Path) -> bool, why_not: impl Fn(&Path) -> String) {
+        let path_var = std::env::var_os("PATH").unwrap_or_default();
+        for lang in &mut self.langs {
+            let Some(lang) = Arc::get_mut(lang) else {
+                continue;
+            };
+            let Ok(first) = &lang.program else {
+                continue;
+            };
+            if usable(first) {
+                continue;
+            }
+            let found = lang.spec.programs.iter().find_map(|p| {
+                std::env::split_paths(&path_var)
+                    .map(|dir| dir.join(p))
+                    .find(|c| which(&c.display().to_string(), &path_var).is_some() && usable(c))
+            });
+            lang.program = found.ok_or_else(|| why_not(first));
+        }
     }
 
     pub fn all(&self) -> &[Arc<Language>] {
@@ -232,11 +308,11 @@ impl Registry {
         names
     }
 
-    /// Ids of installed languages that have a REPL driver.
+    /// Ids of languages that can hold a session on this host.
     pub fn session_ids(&self) -> Vec<String> {
         self.langs
             .iter()
-            .filter(|l| l.installed() && l.has_session())
+            .filter(|l| l.session_available())
             .map(|l| l.spec.id.clone())
             .collect()
     }
@@ -365,6 +441,16 @@ pub fn parse_spec(origin: &str, text: &str) -> anyhow::Result<LangSpec> {
         }
         if s.interrupt.is_empty() {
             return Err(bad("session.interrupt", "must not be empty"));
+        }
+        if let Some(p) = s
+            .programs
+            .iter()
+            .find(|p| p.trim().is_empty() || p.chars().any(|c| c.is_whitespace() || c == '\0'))
+        {
+            return Err(bad(
+                "session.programs",
+                &format!("{p:?} is not an executable name or path"),
+            ));
         }
     }
     Ok(spec)
@@ -506,6 +592,85 @@ mod tests {
         }
     }
 
+    const SESSION_LANG: &str = r#"
+id = "x"
+name = "X"
+programs = ["xrun"]
+[run]
+file = "main.x"
+command = ["{exe}", "{file}"]
+[session]
+programs = ["xrepl", "xrepl2"]
+command = ["{exe}"]
+bootstrap_file = "boot"
+bootstrap = ""
+prompt = "{nonce}p"
+cell_file = "cell-{n}"
+eval = "run {n}"
+"#;
+
+    #[test]
+    fn session_programs_are_validated() {
+        parse_spec("ok.toml", SESSION_LANG).unwrap_or_else(|e| panic!("{e}"));
+        for bad in ["\"\"", "\"x repl\"", "\" \""] {
+            let text = SESSION_LANG.replace("\"xrepl\", \"xrepl2\"", bad);
+            let e = parse_spec("bad.toml", &text).unwrap_err();
+            assert!(e.to_string().contains("session.programs"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn session_program_next_to_the_language_wins_then_path() {
+        use std::os::unix::fs::PermissionsExt;
+        let make = |dir: &Path, name: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, "#!/bin/sh\n").expect("write");
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            p
+        };
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+        std::fs::create_dir_all(&a).expect("mkdir");
+        std::fs::create_dir_all(&b).expect("mkdir");
+        let run_a = make(&a, "xrun");
+        make(&b, "xrun");
+        let repl_b = make(&b, "xrepl");
+        let path = std::env::join_paths([&b, &a]).expect("join");
+        let spec = parse_spec("x.toml", SESSION_LANG).expect("parses");
+
+        // The language's program was resolved to a/xrun, which has no xrepl beside it:
+        // the session program comes from PATH.
+        let lang = Language::new(spec.clone(), "x".into(), &path);
+        assert!(lang.session_available());
+        let detected = Detected {
+            exe: run_a.clone(),
+            version: "1".into(),
+        };
+        assert_eq!(lang.session_exe(&detected).expect("found"), repl_b);
+        // With a second-choice program beside the language's executable, that one wins
+        // (same installation) over the first choice found elsewhere.
+        let repl2_a = make(&a, "xrepl2");
+        assert_eq!(lang.session_exe(&detected).expect("found"), repl2_a);
+
+        // No session program anywhere: run-code still works, sessions do not.
+        let only_run = std::env::join_paths([&a]).expect("join");
+        std::fs::remove_file(&repl2_a).expect("rm");
+        let lang = Language::new(spec.clone(), "x".into(), &only_run);
+        assert!(lang.installed());
+        assert!(!lang.session_available());
+        let e = lang.session_exe(&detected).unwrap_err();
+        assert!(e.contains("xrepl"), "{e}");
+
+        // Without session.programs the session runs the language's own executable.
+        let mut plain = spec;
+        if let Some(s) = plain.session.as_mut() {
+            s.programs.clear();
+        }
+        let lang = Language::new(plain, "x".into(), &only_run);
+        assert!(lang.session_available());
+        assert_eq!(lang.session_exe(&detected).expect("own"), run_a);
+    }
+
     #[test]
     fn aliases_resolve_case_insensitively() {
         let r = Registry::load(None).expect("loads");
@@ -513,6 +678,11 @@ mod tests {
             ("py", "python"),
             ("JS", "javascript"),
             ("sh", "shellscript"),
+            ("bash", "shellscript"),
+            ("hs", "haskell"),
+            ("ghci", "haskell"),
+            ("rb", "ruby"),
+            ("irb", "ruby"),
         ] {
             match r.get(alias) {
                 Ok(l) => assert_eq!(l.id(), id),

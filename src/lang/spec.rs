@@ -106,13 +106,24 @@ pub struct PoolSpec {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionSpec {
-    /// Command line. `{bootstrap}` is the path of the written bootstrap file.
+    /// Command line. `{bootstrap}` is the path of the written bootstrap file; `{exe}` is the
+    /// language's executable, or the session program when `programs` is given.
     pub command: Vec<String>,
+    /// Optional: the REPL is another program than the language's own (`ghci` for a language
+    /// whose `run` uses `runghc`). The first of these found next to the language's
+    /// executable (the same installation), else on PATH, is the session's `{exe}`; without
+    /// one the language still runs code but cannot hold a session. Empty: the language's
+    /// own `{exe}`.
+    #[serde(default)]
+    pub programs: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// File name of the bootstrap inside the session's control directory.
     pub bootstrap_file: String,
-    /// Bootstrap source. Placeholders: `{nonce}`, `{ctl}` (control directory), `{work}`.
+    /// Bootstrap source. Placeholders: `{nonce}`, `{ctl}` (control directory, read-only to
+    /// the interpreter), `{work}`, `{out}` (where the interpreter leaves files for the
+    /// server: the images an end marker names) and `{max_images}` (images one evaluation
+    /// may return).
     pub bootstrap: String,
     /// Lines typed once after start, before the first evaluation (each gets a newline).
     #[serde(default)]
@@ -131,7 +142,9 @@ pub struct SessionSpec {
     pub cell_template: Option<String>,
     /// The one short line typed per evaluation. Placeholders: `{n}`, `{cell}` (path).
     pub eval: String,
-    /// Bytes written to interrupt (default Ctrl-C).
+    /// Bytes written to interrupt (default Ctrl-C). Just before they are written, the empty
+    /// file `interrupted-N` is created in the control directory (N: the evaluation's
+    /// number), for bootstraps whose REPL would otherwise go on with queued input.
     #[serde(default = "default_interrupt")]
     pub interrupt: String,
     /// Fallback when the end marker carries no status (`?`): output matching this regex
@@ -181,8 +194,9 @@ fn default_input_wait() -> Vec<InputWait> {
 fn default_interrupt() -> String {
     "\u{3}".to_string()
 }
+/// Long enough for a loaded machine: only an interpreter that is really stuck waits it out.
 fn default_interrupt_grace_ms() -> u64 {
-    2000
+    5000
 }
 fn default_start_timeout_ms() -> u64 {
     30_000

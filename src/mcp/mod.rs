@@ -5,12 +5,15 @@ pub mod params;
 
 use std::sync::Arc;
 
+use base64::Engine;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::{ToolCallContext, schema_for_output};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ProgressNotificationParam, ServerCapabilities, ServerConfig,
+    ListResourceTemplatesResult, ListResourcesResult, PaginatedRequestParams,
+    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    Resource, ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
@@ -20,9 +23,11 @@ use serde_json::Value;
 use crate::app::App;
 use crate::lang::LookupError;
 use crate::run::{RunReport, RunRequest};
+use crate::session::files::{URI_TEMPLATE, file_uri, parse_uri};
 use crate::session::interp::Progress;
 use crate::session::{
-    Caller, CloseReport, EvalReport, InterruptReport, ListReport, StartReport, StartRequest,
+    Caller, CloseReport, EvalReport, FileError, InFile, InterruptReport, ListReport, StartReport,
+    StartRequest,
 };
 use params::{
     RunCodeParams, SessionEvalParams, SessionIdParams, SessionInputParams, SessionStartParams,
@@ -67,6 +72,19 @@ fn result<T: Serialize>(text: String, structured: &T, is_error: bool) -> CallToo
     };
     r.content = vec![ContentBlock::text(text)];
     r
+}
+
+/// An evaluation's result: its text, then its images as image contents.
+fn eval_result(r: &EvalReport) -> CallToolResult {
+    let mut out = result(r.text(), r, r.is_error());
+    let b64 = base64::engine::general_purpose::STANDARD;
+    for a in &r.attachments {
+        out.content.push(ContentBlock::image(
+            b64.encode(&a.data),
+            a.mime_type.clone(),
+        ));
+    }
+    out
 }
 
 /// When the request carries a progress token, a reporter that forwards the latest output
@@ -222,13 +240,28 @@ Close it with session_close when done; idle sessions are closed after idle_timeo
             cwd: p.cwd.map(std::path::PathBuf::from),
             env: p.env,
             idle_timeout_s: p.idle_timeout_s,
+            files: p
+                .files
+                .into_iter()
+                .map(|f| InFile {
+                    name: f.name,
+                    path: f.path.map(std::path::PathBuf::from),
+                    content: f.content,
+                })
+                .collect(),
         };
         match self.app.sessions.start(&caller, req).await {
             Ok(r) => {
-                let text = format!(
-                    "session {} started: {} {} (pid {}) in {}",
-                    r.session_id, r.language, r.version, r.pid, r.cwd
+                let mut text = format!(
+                    "session {} started: {} {} (pid {}) in {} (sandbox: {})",
+                    r.session_id, r.language, r.version, r.pid, r.cwd, r.sandbox
                 );
+                if !r.files.is_empty() {
+                    text.push_str(&format!("\nfiles brought in: {}", r.files.join(", ")));
+                }
+                for n in &r.notes {
+                    text.push_str(&format!("\n[{n}]"));
+                }
                 result(text, &r, false)
             }
             Err(e) => error_result(e),
@@ -270,7 +303,7 @@ awaiting_input (the code is reading stdin).",
             )
             .await
         {
-            Ok(r) => result(r.text(), &r, r.is_error()),
+            Ok(r) => eval_result(&r),
             Err(e) => error_result(e),
         }
     }
@@ -309,7 +342,7 @@ shape as session_eval, with the output printed after the answer.",
             )
             .await
         {
-            Ok(r) => result(r.text(), &r, r.is_error()),
+            Ok(r) => eval_result(&r),
             Err(e) => error_result(e),
         }
     }
@@ -334,6 +367,13 @@ in another call. The session keeps its state.",
         };
         match self.app.sessions.interrupt(&caller, &p.session_id).await {
             Ok(r) => {
+                if let Some(res) = &r.result {
+                    // The paused evaluation's own result, images included.
+                    let mut out = eval_result(res);
+                    out.structured_content = serde_json::to_value(&r).ok();
+                    out.is_error = Some(false);
+                    return out;
+                }
                 let text = match (&r.result, r.interrupted) {
                     (Some(res), _) => res.text(),
                     (None, true) => format!(
@@ -420,6 +460,13 @@ impl ReplboxServer {
         }
     }
 
+    /// The caller of a request that is not a tool call.
+    fn caller_or_refuse(&self, ctx: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
+        self.caller(ctx).map_err(|_| {
+            ErrorData::invalid_request("this request carries no authenticated caller", None)
+        })
+    }
+
     fn lookup_message(&self, e: &LookupError) -> String {
         let available = self.app.registry.available_names().join(", ");
         match e {
@@ -445,11 +492,13 @@ session when the work takes several steps that build on each other (load data on
 starting the interpreter each time would be slow. If code waits for input, session_eval says awaiting_input: \
 answer with session_input or stop it with session_interrupt. Idle sessions are closed after {} s.\n\
 Limits: default timeout {} ms (ask for up to {} ms with timeout_ms); output keeps the first and last {} KiB \
-of each stream.",
+of each stream.\n\
+{}",
         app.config.idle_timeout_s,
         app.config.default_timeout_ms,
         app.config.max_timeout_ms,
         app.config.output_cap / 1024,
+        app.sandbox.describe(),
     )
 }
 
@@ -466,9 +515,101 @@ impl ServerHandler for ReplboxServer {
         self.tool_router.call(tcc).await
     }
 
+    /// The files of the caller's sessions, one page at a time.
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        const PAGE: usize = 500;
+        let caller = self.caller_or_refuse(&context)?;
+        let start: usize = match request.and_then(|r| r.cursor) {
+            Some(c) => c
+                .parse()
+                .map_err(|_| ErrorData::invalid_params(format!("bad cursor {c:?}"), None))?,
+            None => 0,
+        };
+        let all = self.app.sessions.list_files(&caller).await;
+        let resources: Vec<Resource> = all
+            .iter()
+            .skip(start)
+            .take(PAGE)
+            .map(|(id, path, size)| {
+                let mut r = Resource::new(file_uri(id, path), path.clone())
+                    .with_description(format!("file of session {id}"))
+                    .with_size(*size);
+                if let Some(m) = crate::session::files::mime_for(path) {
+                    r = r.with_mime_type(m);
+                }
+                r
+            })
+            .collect();
+        let mut page = ListResourcesResult::with_all_items(resources);
+        if start + PAGE < all.len() {
+            page.next_cursor = Some((start + PAGE).to_string());
+        }
+        Ok(page)
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(ListResourceTemplatesResult::with_all_items(vec![
+            ResourceTemplate::new(URI_TEMPLATE, "session file").with_description(
+                "A file in a session's directory, by path relative to it (segments percent-encoded). Text files come back as text, others as base64 blobs.",
+            ),
+        ]))
+    }
+
+    /// A file of one of the caller's sessions: text when it is UTF-8, a blob otherwise.
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let caller = self.caller_or_refuse(&context)?;
+        let uri = request.uri;
+        let (id, path) = parse_uri(&uri).map_err(|e| ErrorData::invalid_params(e, None))?;
+        let data = self
+            .app
+            .sessions
+            .read_file(&caller, &id, &path)
+            .await
+            .map_err(|e| match e {
+                FileError::NotFound(m) => ErrorData::resource_not_found(m, None),
+                FileError::Invalid(m) | FileError::TooLarge(m) => {
+                    ErrorData::invalid_params(m, None)
+                }
+            })?;
+        // Text when it reads as text (UTF-8 without NUL bytes), whatever the name says.
+        let text = if data.bytes.contains(&0) {
+            Err(data.bytes)
+        } else {
+            String::from_utf8(data.bytes).map_err(|e| e.into_bytes())
+        };
+        let contents = match text {
+            Ok(t) => {
+                ResourceContents::text(t, uri).with_mime_type(data.mime.unwrap_or("text/plain"))
+            }
+            Err(bytes) => ResourceContents::blob(
+                base64::engine::general_purpose::STANDARD.encode(&bytes),
+                uri,
+            )
+            .with_mime_type(data.mime.unwrap_or("application/octet-stream")),
+        };
+        Ok(ReadResourceResult::new(vec![contents]).into())
+    }
+
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("replbox", env!("CARGO_PKG_VERSION")))
-            .with_instructions(self.instructions.as_str())
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .build(),
+        )
+        .with_server_info(Implementation::new("replbox", env!("CARGO_PKG_VERSION")))
+        .with_instructions(self.instructions.as_str())
     }
 }

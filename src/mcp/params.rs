@@ -43,6 +43,29 @@ pub struct SessionStartParams {
     /// Close the session after this many seconds without use (default 1800).
     #[serde(default)]
     pub idle_timeout_s: Option<u64>,
+    /// Files to put into the session's directory before it starts, so data reaches the
+    /// code without pasting it into an evaluation. Each entry copies a file of the server's
+    /// machine (`path`; local clients only) or writes text (`content` with `name`). Nothing
+    /// is overwritten. For a whole folder, pass it as `cwd` instead.
+    #[serde(default)]
+    pub files: Vec<SessionFile>,
+}
+
+/// One file `session_start` brings in.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionFile {
+    /// Absolute path of a file on the server's machine to copy in (allowed to the local
+    /// client: stdio, or HTTP without tokens).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Text to write into the file (instead of `path`).
+    #[serde(default)]
+    pub content: Option<String>,
+    /// Where to put it, relative to the session's directory (e.g. "data/sales.csv").
+    /// Default: the name of `path`. Required with `content`.
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -21,10 +21,13 @@ use crate::exec::{self, Proc, SpawnSpec, Stdio3};
 use crate::lang::spec::InputWait;
 use crate::lang::{SessionSpec, expand};
 use crate::output::{Rendered, Renderer};
+use crate::sandbox::{Jail, Sandbox};
 
 /// How to (re)start the interpreter.
 #[derive(Debug, Clone)]
 pub struct Launch {
+    pub sandbox: Arc<Sandbox>,
+    pub jail: Jail,
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
@@ -138,6 +141,8 @@ pub type Progress = dyn Fn(String) + Send + Sync;
 const INPUT_POLL: Duration = Duration::from_millis(200);
 /// How often progress is reported.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
+/// How often an unanswered interrupt is repeated.
+const REPEAT_INTERRUPT: Duration = Duration::from_secs(1);
 
 pub struct Outcome {
     pub ending: Ending,
@@ -150,7 +155,8 @@ pub struct Interp {
     master: Arc<PtyMaster>,
     shared: Arc<Shared>,
     reader: tokio::task::JoinHandle<()>,
-    /// The helper's pid and the interpreter's (its child).
+    /// The pid of the process the server started (the helper, or bwrap) and the
+    /// interpreter's.
     pub helper_pid: u32,
     pub pid: u32,
     /// Internal evaluations (readiness, resynchronisation) are numbered from SYNC_BASE so
@@ -161,6 +167,8 @@ pub struct Interp {
     tty: u64,
     /// Evaluation paused waiting for input.
     paused: Option<u64>,
+    /// An internal evaluation is running (see [`sync`](Self::sync)).
+    in_sync: bool,
 }
 
 const SYNC_BASE: u64 = 1 << 40;
@@ -176,12 +184,22 @@ impl Interp {
     pub async fn start(launch: Arc<Launch>, timeout: Duration) -> Result<Self, String> {
         let (master, slave) = pty::open().map_err(|e| format!("cannot open a terminal: {e}"))?;
         let tty = pty::rdev(&slave).map_err(|e| format!("cannot inspect the terminal: {e}"))?;
-        let proc = exec::spawn(SpawnSpec {
-            argv: launch.argv.clone(),
-            env: launch.env.clone(),
-            cwd: launch.cwd.clone(),
-            stdio: Stdio3::Pty(slave),
-        })
+        // The terminal belongs to the user the session runs as (as login programs do), so the
+        // interpreter can reopen it (node's bootstrap does, through /proc/self/fd/0).
+        if let Some(uid) = launch.jail.uid {
+            pty::give_to(&slave, uid, uid)
+                .map_err(|e| format!("cannot give the terminal to uid {uid}: {e}"))?;
+        }
+        let proc = exec::spawn(
+            &launch.sandbox,
+            SpawnSpec {
+                argv: launch.argv.clone(),
+                env: launch.env.clone(),
+                cwd: launch.cwd.clone(),
+                stdio: Stdio3::Pty(slave),
+                jail: launch.jail.clone(),
+            },
+        )
         .map_err(|e| format!("cannot start {}: {e}", launch.argv[0]))?;
         let spec = &launch.spec;
         let shared = Arc::new(Shared {
@@ -219,6 +237,7 @@ impl Interp {
             launch,
             tty,
             paused: None,
+            in_sync: false,
         };
         for line in &me.launch.spec.init {
             let line = expand(
@@ -235,7 +254,7 @@ impl Interp {
         let ready = me.sync(deadline, &never).await;
         match ready.ending {
             Ending::Done(_) => {
-                me.pid = child_of(helper_pid).unwrap_or(helper_pid);
+                me.pid = me.proc.program_pid().unwrap_or(helper_pid);
                 // Whatever the interpreter printed while starting (banners) is not output.
                 me.shared.lock().background = Renderer::new(me.launch.output_cap / 4);
                 Ok(me)
@@ -269,25 +288,20 @@ impl Interp {
     }
 
     /// An internal empty evaluation (readiness, resynchronisation).
+    /// An internal evaluation never tries to recover by itself (its caller decides, by
+    /// restarting), so recovery cannot recurse into recovery.
     async fn sync(&mut self, deadline: Instant, cancel: &CancellationToken) -> Outcome {
         self.next_sync += 1;
-        Box::pin(self.run_cell(self.next_sync, "", deadline, cancel, None, false)).await
+        self.in_sync = true;
+        let out = Box::pin(self.run_cell(self.next_sync, "", deadline, cancel, None, false)).await;
+        self.in_sync = false;
+        out
     }
 
     /// Run evaluation number `n`. The deadline interrupts; `cancel` interrupts too. If the
     /// code blocks reading the terminal the evaluation pauses (`Ending::AwaitingInput`) and
     /// is continued with [`resume`](Self::resume).
     pub async fn eval(
-        &mut self,
-        n: u64,
-        code: &str,
-        deadline: Instant,
-        cancel: &CancellationToken,
-    ) -> Outcome {
-        self.eval_with(n, code, deadline, cancel, None).await
-    }
-
-    pub async fn eval_with(
         &mut self,
         n: u64,
         code: &str,
@@ -407,6 +421,7 @@ impl Interp {
                 .ctl
                 .join(expand(&self.launch.spec.cell_file, &[("n", &n_s)]));
             let _ = std::fs::remove_file(cell);
+            let _ = std::fs::remove_file(interrupt_flag(&self.launch.ctl, n));
         }
         part.finish()
     }
@@ -433,13 +448,20 @@ impl Interp {
         let mut input_poll = tokio::time::interval_at(now + INPUT_POLL, INPUT_POLL);
         input_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut progress_tick = tokio::time::interval_at(now + PROGRESS_EVERY, PROGRESS_EVERY);
+        // A first sighting of "waiting for input", with the output version at that moment:
+        // confirmed only if the next poll sees the same with no output in between. Runtimes
+        // arm their terminal reads briefly while doing other things (ghci while it prints);
+        // a program that waits for input stays silent and stays waiting.
+        let mut suspected: Option<u64> = None;
         progress_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             match self.check(n) {
                 Check::End(end) => return Ending::Done(end),
                 Check::Closed => return self.wait_exit().await,
                 Check::Continuation => {
-                    let _ = self.interrupt_and_recover(n).await;
+                    if !self.in_sync {
+                        let _ = self.interrupt_and_recover(n).await;
+                    }
                     return Ending::Incomplete;
                 }
                 Check::Prompt | Check::Pending => {}
@@ -453,17 +475,24 @@ impl Interp {
                 _ = input_poll.tick() => {
                     // The helper's own exit is the authority on the tree being gone, whatever
                     // else may still hold the terminal open.
-                    if let Ok(Some(status)) = self.proc.child.try_wait() {
+                                        if let Ok(Some(_)) = self.proc.child.try_wait() {
                         self.settle().await;
                         if let Check::End(end) = self.check(n) {
                             return Ending::Done(end);
                         }
-                        return Ending::Exited(Some(status));
+                        // The exact status (the helper's record, not bwrap's summary).
+                        return self.wait_exit().await;
                     }
-                                        if detect_input && self.running_user_code(n) && self.waits_for_input()
+                                                            let version = *rx.borrow();
+                    if detect_input && self.running_user_code(n) && self.waits_for_input()
                         && self.nothing_unread(n)
                     {
-                        return Ending::AwaitingInput;
+                        if suspected == Some(version) {
+                            return Ending::AwaitingInput;
+                        }
+                        suspected = Some(version);
+                    } else {
+                        suspected = None;
                     }
                 }
                 _ = progress_tick.tick(), if progress.is_some() => {
@@ -471,14 +500,20 @@ impl Interp {
                         report(self.last_line());
                     }
                 }
-                _ = tokio::time::sleep_until(deadline) => {
+                                _ = tokio::time::sleep_until(deadline) => {
+                    if self.in_sync {
+                        return Ending::TimedOut { marker: None };
+                    }
                     return match self.interrupt_and_recover(n).await {
                         Recovery::Back(marker) => Ending::TimedOut { marker },
                         Recovery::Exited(st) => Ending::Exited(st),
                         Recovery::Restarted(reason) => Ending::Restarted { reason },
                     };
                 }
-                _ = cancel.cancelled() => {
+                                _ = cancel.cancelled() => {
+                    if self.in_sync {
+                        return Ending::Cancelled;
+                    }
                     return match self.interrupt_and_recover(n).await {
                         Recovery::Back(_) => Ending::Cancelled,
                         Recovery::Exited(st) => Ending::Exited(st),
@@ -515,24 +550,21 @@ impl Interp {
             }
         }
         let prompts_before = self.shared.lock().prompts;
-        let interrupt = self.launch.spec.interrupt.clone();
-        // A program reading keys in raw mode gets Ctrl-C as data; deliver what the key would
-        // have delivered with the terminal in its normal mode: SIGINT to the foreground group.
-        if interrupt == "\u{3}"
-            && !self.master.signals_enabled()
-            && let Some(pgrp) = self.master.foreground_pgrp()
-        {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pgrp),
-                nix::sys::signal::Signal::SIGINT,
-            );
-        } else if self.master.write_all(interrupt.as_bytes()).await.is_err() {
+        // Tell the bootstrap before interrupting: a REPL that goes on with input it has
+        // queued (ghci runs the rest of a macro's commands after "Interrupted.") can look
+        // for this file and stop there. Removed when the evaluation ends.
+        let _ = std::fs::write(interrupt_flag(&self.launch.ctl, n), b"");
+        if !self.send_interrupt().await {
             return match self.wait_exit().await {
                 Ending::Exited(st) => Recovery::Exited(st),
                 _ => Recovery::Exited(None),
             };
         }
         let until = Instant::now() + grace;
+        // An interrupt that arrives at a bad moment (or gets lost on a loaded machine) is
+        // repeated every second until the grace period ends; only then is the tree killed.
+        let mut again =
+            tokio::time::interval_at(Instant::now() + REPEAT_INTERRUPT, REPEAT_INTERRUPT);
         let mut rx = self.shared.tick.subscribe();
         let marker = loop {
             match self.check_since(n, prompts_before) {
@@ -548,6 +580,7 @@ impl Interp {
             }
             tokio::select! {
                 changed = rx.changed() => { if changed.is_err() { break None; } }
+                _ = again.tick() => { let _ = self.send_interrupt().await; }
                 _ = tokio::time::sleep_until(until) => {
                     return match self.restart().await {
                         Ok(()) => Recovery::Restarted("the interpreter did not stop when interrupted".into()),
@@ -556,6 +589,30 @@ impl Interp {
                 }
             }
         };
+        self.after_interrupt(marker, grace).await
+    }
+
+    /// Deliver the interrupt; false when the terminal is gone.
+    async fn send_interrupt(&self) -> bool {
+        let interrupt = &self.launch.spec.interrupt;
+        // A program reading keys in raw mode gets Ctrl-C as data; deliver what the key would
+        // have delivered with the terminal in its normal mode: SIGINT to the foreground group.
+        if interrupt == "\u{3}"
+            && !self.master.signals_enabled()
+            && let Some(pgrp) = self.master.foreground_pgrp()
+        {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pgrp),
+                nix::sys::signal::Signal::SIGINT,
+            );
+            return true;
+        }
+        self.master.write_all(interrupt.as_bytes()).await.is_ok()
+    }
+
+    /// After the REPL answered an interrupt: keep what the interrupted evaluation printed,
+    /// then drain any stray output of the interrupt with an empty evaluation.
+    async fn after_interrupt(&mut self, marker: Option<EndMarker>, grace: Duration) -> Recovery {
         // Keep what the interrupted evaluation printed; then drain any stray output of the
         // interrupt (a REPL that was already idle prints its own notice) with an empty
         // evaluation whose output is thrown away.
@@ -658,7 +715,7 @@ impl Interp {
 
     /// The process ended: collect its status (the helper mirrors the interpreter's).
     async fn wait_exit(&mut self) -> Ending {
-        match tokio::time::timeout(Duration::from_secs(3), self.proc.child.wait()).await {
+        match tokio::time::timeout(Duration::from_secs(3), self.proc.wait()).await {
             Ok(Ok(status)) => Ending::Exited(Some(status)),
             _ => {
                 self.proc.kill_tree().await;
@@ -726,6 +783,11 @@ async fn read_loop(master: Arc<PtyMaster>, shared: Arc<Shared>) {
     }
 }
 
+/// The file that exists in the control directory while evaluation `n` is being interrupted.
+pub fn interrupt_flag(ctl: &Path, n: u64) -> PathBuf {
+    ctl.join(format!("interrupted-{n}"))
+}
+
 fn path_str(p: &Path) -> String {
     p.display().to_string()
 }
@@ -746,10 +808,4 @@ fn describe_tree(root: u32) -> String {
         ));
     }
     out.join("; ")
-}
-
-/// The first child of `pid` (the interpreter under its helper).
-pub fn child_of(pid: u32) -> Option<u32> {
-    let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
-    list.split_whitespace().next()?.parse().ok()
 }

@@ -9,15 +9,17 @@ use std::time::{Duration, Instant, SystemTime};
 use dashmap::DashMap;
 use tokio_util::sync::CancellationToken;
 
+use super::files::{self, InFile, Snapshot};
 use super::interp::{Ending, Interp, Launch, Outcome, Progress};
 use super::report::{
-    CloseReport, ErrorInfo, EvalReport, EvalStatus, InterruptReport, ListReport, SessionInfo,
-    StartReport, apply_marker,
+    Attachment, CloseReport, ErrorInfo, EvalReport, EvalStatus, ImageInfo, ImageRef,
+    InterruptReport, ListReport, SessionInfo, StartReport, apply_marker, marker_images,
 };
 use crate::config::Config;
 use crate::exec::env as cenv;
 use crate::lang::{Language, Registry, expand, expand_command};
-use crate::workspace::{PrivateDir, Workspace};
+use crate::sandbox::{Jail, Lease, Sandbox};
+use crate::workspace::{DirId, PrivateDir, Workspace};
 
 /// Who is calling: sessions belong to the principal that started them. Over stdio there is
 /// one principal; over HTTP each token is one.
@@ -33,6 +35,12 @@ impl Caller {
             principal: "local".into(),
         }
     }
+
+    /// Whether this is the local principal (stdio, or HTTP without tokens): the user who
+    /// started the server, who may have it copy files of this machine into a session.
+    pub fn is_local(&self) -> bool {
+        *self == Self::local()
+    }
 }
 
 /// What the caller asked `session_start` for.
@@ -42,6 +50,8 @@ pub struct StartRequest {
     pub cwd: Option<PathBuf>,
     pub env: BTreeMap<String, String>,
     pub idle_timeout_s: Option<u64>,
+    /// Files to put into the session's directory before it starts.
+    pub files: Vec<InFile>,
 }
 
 struct Busy {
@@ -106,6 +116,11 @@ pub struct Session {
     pub idle_timeout: Duration,
     /// The session's private directory (work and control), removed when dropped.
     _dir: PrivateDir,
+    /// Where the interpreter leaves what it hands back (the figures' PNG files).
+    out: PathBuf,
+    /// The files of `cwd` as the previous evaluation left them; None when change tracking
+    /// is off (the directory is too big to walk at every evaluation).
+    files: Mutex<Option<Snapshot>>,
     interp: tokio::sync::Mutex<Option<Interp>>,
     pid: AtomicU64,
     evals: AtomicU64,
@@ -115,6 +130,9 @@ pub struct Session {
     awaiting: Mutex<Option<Awaiting>>,
     /// Interrupts the evaluation in flight (session_interrupt from another call).
     interrupt: Mutex<Option<CancellationToken>>,
+    /// The uid the interpreter runs as; returned (after a sweep) when the session is gone.
+    /// Last, so it is dropped after the interpreter.
+    _lease: Option<Lease>,
 }
 
 /// Lock a std mutex, recovering from poisoning (a panic elsewhere must not wedge sessions).
@@ -186,6 +204,7 @@ pub struct SessionManager {
     config: Arc<Config>,
     registry: Arc<Registry>,
     workspace: Arc<Workspace>,
+    sandbox: Arc<Sandbox>,
     sessions: DashMap<String, Arc<Session>>,
     /// Sessions that ended, so a later call can say how (bounded).
     ended: DashMap<String, (Caller, Gone)>,
@@ -193,11 +212,17 @@ pub struct SessionManager {
 }
 
 impl SessionManager {
-    pub fn new(config: Arc<Config>, registry: Arc<Registry>, workspace: Arc<Workspace>) -> Self {
+    pub fn new(
+        config: Arc<Config>,
+        registry: Arc<Registry>,
+        workspace: Arc<Workspace>,
+        sandbox: Arc<Sandbox>,
+    ) -> Self {
         Self {
             config,
             registry,
             workspace,
+            sandbox,
             sessions: DashMap::new(),
             ended: DashMap::new(),
             starting: Mutex::new(HashMap::new()),
@@ -368,10 +393,10 @@ session_close ({yours}), or wait for idle sessions to be closed.",
                 if !meta.is_dir() {
                     return Err(format!("cwd {} is not a directory", dir.display()));
                 }
-                Some(
-                    std::fs::canonicalize(dir)
-                        .map_err(|e| format!("cwd {}: {e}", dir.display()))?,
-                )
+                let dir = std::fs::canonicalize(dir)
+                    .map_err(|e| format!("cwd {}: {e}", dir.display()))?;
+                self.sandbox.check_cwd(&dir, self.workspace.root())?;
+                Some(dir)
             }
             None => None,
         };
@@ -380,27 +405,59 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             .await
             .ok_or_else(|| format!("{} is not installed", lang.id()))?
             .clone();
+        let exe_path = lang.session_exe(&detected).map_err(|e| {
+            format!(
+                "{} sessions cannot start on this host: {e} (run-code still works). Session languages: {}",
+                lang.id(),
+                self.registry.session_ids().join(", ")
+            )
+        })?;
+        if !self.sandbox.can_run(&exe_path) {
+            return Err(self.sandbox.cannot_run_reason(&exe_path));
+        }
+        let lease = self.sandbox.lease()?;
+        let uid = lease.as_ref().map(|l| l.uid);
         let id = uuid::Uuid::new_v4().to_string();
         let dir = self
             .workspace
-            .new_session_dir(&id)
+            .new_session_dir(&id, uid)
             .map_err(|e| format!("cannot create the session directory: {e}"))?;
         let work = dir.path().join("work");
         let ctl = dir.path().join("ctl");
+        let caller_cwd = cwd.clone();
+        let out = dir.path().join("out");
         let cwd = cwd.unwrap_or_else(|| work.clone());
+        let brought = if req.files.is_empty() {
+            Vec::new()
+        } else {
+            let plan = files::plan(req.files, &cwd, caller.is_local())?;
+            let dest = cwd.clone();
+            tokio::task::spawn_blocking(move || plan.write(&dest))
+                .await
+                .map_err(|e| format!("bringing the files in failed: {e}"))??
+        };
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
         let ctl_s = ctl.display().to_string();
         let work_s = work.display().to_string();
+        let out_s = out.display().to_string();
+        let max_images = self.config.max_images.to_string();
         let bootstrap = expand(
             &spec.bootstrap,
-            &[("nonce", &nonce), ("ctl", &ctl_s), ("work", &work_s)],
+            &[
+                ("nonce", &nonce),
+                ("ctl", &ctl_s),
+                ("work", &work_s),
+                ("out", &out_s),
+                ("max_images", &max_images),
+            ],
         );
         let boot_path = ctl.join(&spec.bootstrap_file);
         std::fs::write(&boot_path, bootstrap)
             .map_err(|e| format!("cannot write the bootstrap: {e}"))?;
-        let exe = detected.exe.display().to_string();
+        let exe = exe_path.display().to_string();
         let boot_s = boot_path.display().to_string();
-        let cache = self.workspace.cache_dir(lang.id()).display().to_string();
+        let cache_dir = self.workspace.cache_dir(lang.id(), uid);
+        let cache = cache_dir.display().to_string();
         let vars = [
             ("exe", exe.as_str()),
             ("bootstrap", boot_s.as_str()),
@@ -411,12 +468,25 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         ];
         let argv = expand_command(&spec.command, &vars, &[]);
         let mut env = cenv::base_env(&work, "dumb");
-        if let Some(bin) = detected.exe.parent() {
-            cenv::set(
-                &mut env,
-                "PATH",
-                format!("{}:{}", bin.display(), cenv::server_path()),
-            );
+        // The interpreter's own directory first, so that the tools it runs (a compiler, a
+        // package manager) come from the same installation.
+        let mut bins: Vec<&std::path::Path> = Vec::new();
+        for bin in [exe_path.parent(), detected.exe.parent()]
+            .into_iter()
+            .flatten()
+        {
+            if !bins.contains(&bin) {
+                bins.push(bin);
+            }
+        }
+        if !bins.is_empty() {
+            let mut path = String::new();
+            for bin in bins {
+                path.push_str(&bin.display().to_string());
+                path.push(':');
+            }
+            path.push_str(&cenv::server_path());
+            cenv::set(&mut env, "PATH", path);
         }
         cenv::set(&mut env, "TMPDIR", work_s.clone());
         for (k, v) in lang.spec.env.iter().chain(spec.env.iter()) {
@@ -425,7 +495,29 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         for (k, v) in &req.env {
             cenv::set(&mut env, k, v.clone());
         }
+        // Writable: the session's own directory, a caller's cwd (the kernel still decides what
+        // the session's uid may do there), the build cache. Readable: the control directory
+        // and the interpreter's prefix when a mask would hide it.
+        let mut rw = vec![work.clone(), out.clone(), cache_dir];
+        rw.extend(caller_cwd);
+        let mut ro = vec![ctl.clone()];
+        for exe in [&exe_path, &detected.exe] {
+            for d in self.sandbox.interpreter_dirs(exe) {
+                if !ro.contains(&d) {
+                    ro.push(d);
+                }
+            }
+        }
+        let jail = Jail {
+            uid,
+            rw,
+            ro,
+            cpu_s: None,
+            dirty: lease.as_ref().map(|l| l.dirty_flag()),
+        };
         let launch = Arc::new(Launch {
+            sandbox: self.sandbox.clone(),
+            jail,
             argv,
             env,
             cwd: cwd.clone(),
@@ -435,6 +527,13 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             output_cap: self.config.output_cap,
         });
         let interp = Interp::start(launch, Duration::from_millis(spec.start_timeout_ms)).await?;
+        // The baseline for the first evaluation's file changes: taken once the interpreter
+        // is up, so what it wrote while starting is not taken for the code's doing.
+        let mut notes = Vec::new();
+        let baseline = self.baseline(&cwd).await;
+        if baseline.is_none() && self.config.max_tracked_files > 0 {
+            notes.push(self.untracked_note());
+        }
         let idle_timeout = self.config.idle_timeout(req.idle_timeout_s);
         let pid = interp.pid;
         let now = SystemTime::now();
@@ -447,6 +546,8 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             created_at: now,
             idle_timeout,
             _dir: dir,
+            out,
+            files: Mutex::new(baseline),
             interp: tokio::sync::Mutex::new(Some(interp)),
             pid: AtomicU64::new(pid as u64),
             evals: AtomicU64::new(0),
@@ -455,6 +556,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             gone: Mutex::new(None),
             awaiting: Mutex::new(None),
             interrupt: Mutex::new(None),
+            _lease: lease,
         });
         self.sessions.insert(id.clone(), session);
         Ok(StartReport {
@@ -464,7 +566,39 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             pid,
             cwd: cwd.display().to_string(),
             idle_timeout_s: idle_timeout.as_secs(),
+            sandbox: self.sandbox.level,
+            files: brought,
+            notes,
         })
+    }
+
+    /// A snapshot of `cwd` to compare the next evaluation against; None when the directory
+    /// has more entries than tracking looks at (or tracking is off).
+    async fn baseline(&self, cwd: &std::path::Path) -> Option<Snapshot> {
+        let max = self.config.max_tracked_files;
+        if max == 0 {
+            return None;
+        }
+        let cwd = cwd.to_path_buf();
+        let skip = self.skip_dirs();
+        tokio::task::spawn_blocking(move || files::snapshot(&cwd, max, &skip))
+            .await
+            .ok()
+            .filter(|s| s.complete)
+    }
+
+    /// Directories a session's listing never enters and a read never goes through: the
+    /// server's workspace (other sessions' directories), should a caller's cwd contain it.
+    fn skip_dirs(&self) -> Vec<DirId> {
+        self.workspace.root_id().into_iter().collect()
+    }
+
+    fn untracked_note(&self) -> String {
+        format!(
+            "file changes are not tracked in this session: its directory has more than {} \
+files and folders (--max-tracked-files)",
+            self.config.max_tracked_files
+        )
     }
 
     /// Find a session of this caller. Another principal's session is "no session", so
@@ -539,14 +673,14 @@ or stop it with session_interrupt, before evaluating more code.",
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
         let outcome = match guard.as_mut() {
-            Some(interp) => {
-                interp
-                    .eval_with(eval_id, code, deadline, &token, progress)
-                    .await
-            }
+            Some(interp) => interp.eval(eval_id, code, deadline, &token, progress).await,
             None => return Err(self.gone_message(&session)),
         };
-        Ok(self.conclude(&session, &mut guard, eval_id, started, outcome))
+        let mut report = self.conclude(&session, &mut guard, eval_id, started, outcome);
+        // Still under the interpreter's lock: the next evaluation's files and images must
+        // not be taken for this one's.
+        self.collect(&session, &mut report).await;
+        Ok(report)
     }
 
     /// Answer an evaluation that is waiting for input.
@@ -583,7 +717,9 @@ file in the session's directory and read it from there instead",
             Some(interp) => interp.resume(text, deadline, &token, progress).await,
             None => return Err(self.gone_message(&session)),
         };
-        Ok(self.conclude(&session, &mut guard, eval_id, started, outcome))
+        let mut report = self.conclude(&session, &mut guard, eval_id, started, outcome);
+        self.collect(&session, &mut report).await;
+        Ok(report)
     }
 
     /// Interrupt the evaluation that is waiting for input, or the one running in another call.
@@ -609,8 +745,9 @@ file in the session's directory and read it from there instead",
                 };
                 report.interrupted = true;
                 report.eval_id = Some(eval_id);
-                report.result =
-                    Some(self.conclude(&session, &mut guard, eval_id, started, outcome));
+                let mut result = self.conclude(&session, &mut guard, eval_id, started, outcome);
+                self.collect(&session, &mut result).await;
+                report.result = Some(result);
             }
             Err(_) => {
                 // An evaluation is running in another call: make it interrupt itself.
@@ -650,22 +787,20 @@ file in the session's directory and read it from there instead",
         started: Instant,
         outcome: Outcome,
     ) -> EvalReport {
-        let mut report = EvalReport {
-            session_id: session.id.clone(),
-            eval_id,
-            status: EvalStatus::Ok,
-            output: outcome.output.text,
-            truncated: outcome.output.omitted > 0,
-            duration_ms: started.elapsed().as_millis() as u64,
-            exit_code: None,
-            signal: None,
-            restarted: None,
-            error: None,
-        };
+        let mut report = EvalReport::empty(&session.id, eval_id);
+        report.output = outcome.output.text;
+        report.truncated = outcome.output.omitted > 0;
+        report.duration_ms = started.elapsed().as_millis() as u64;
         let error_pattern = session.lang.error_pattern();
         match outcome.ending {
             Ending::Done(marker) => apply_marker(&mut report, &marker, error_pattern),
-            Ending::TimedOut { .. } => report.status = EvalStatus::Timeout,
+            Ending::TimedOut { marker } => {
+                report.status = EvalStatus::Timeout;
+                // The interrupted code may still have drawn figures before its marker.
+                if let Some(m) = marker {
+                    (report.pending_images, report.images_omitted) = marker_images(&m);
+                }
+            }
             Ending::Cancelled => {
                 report.status = EvalStatus::Error;
                 report.error = Some(ErrorInfo {
@@ -728,6 +863,157 @@ file in the session's directory and read it from there instead",
         *lock(&session.interrupt) = None;
         session.touch();
         report
+    }
+
+    /// Attach what an evaluation left behind: the images its end marker announced (read
+    /// from the control directory, within the caps) and the files it created, changed or
+    /// deleted. The file work runs off the async workers.
+    async fn collect(&self, session: &Session, report: &mut EvalReport) {
+        let refs = std::mem::take(&mut report.pending_images);
+        let old = lock(&session.files).take();
+        let was_tracked = old.is_some();
+        if refs.is_empty() && old.is_none() {
+            return;
+        }
+        let out = session.out.clone();
+        let cwd = session.cwd.clone();
+        let skip = self.skip_dirs();
+        let id = session.id.clone();
+        let max_images = self.config.max_images as usize;
+        let max_bytes = self.config.max_image_bytes;
+        let max_entries = self.config.max_tracked_files;
+        let job = tokio::task::spawn_blocking(move || {
+            let images = read_images(&out, refs, max_images, max_bytes);
+            let tracked = old.map(|old| {
+                let new = files::snapshot(&cwd, max_entries, &skip);
+                let changes = new.complete.then(|| files::diff(&id, &old, &new));
+                (new, changes)
+            });
+            (images, tracked)
+        });
+        let Ok((images, tracked)) = job.await else {
+            tracing::warn!(session = %session.id, "collecting files and images failed");
+            return;
+        };
+        report.images_omitted += images.over_count;
+        for (info, data) in images.images {
+            report.images.push(info);
+            report.attachments.push(data);
+        }
+        if report.images_omitted > 0 {
+            report.notes.push(format!(
+                "{} more figure(s) not returned: at most {} images per evaluation \
+(--max-images); close figures you are done with, or save them with savefig and read them as \
+resources",
+                report.images_omitted, self.config.max_images
+            ));
+        }
+        for (name, size) in &images.too_big {
+            report.images_omitted += 1;
+            report.notes.push(format!(
+                "{name} not returned: {} is over the {} cap per image (--max-image-bytes); \
+draw it smaller (figsize, dpi) or save it with savefig and read it as a resource",
+                files::human_size(*size),
+                files::human_size(self.config.max_image_bytes)
+            ));
+        }
+        match tracked {
+            Some((new, Some(mut changes))) => {
+                const LISTED: usize = 100;
+                if changes.len() > LISTED {
+                    report.files_omitted = (changes.len() - LISTED) as u64;
+                    changes.truncate(LISTED);
+                }
+                report.files = changes;
+                *lock(&session.files) = Some(new);
+            }
+            Some((_, None)) if was_tracked => {
+                // The directory outgrew the walk: stop paying for it at every evaluation.
+                report.notes.push(format!(
+                    "file changes are no longer tracked in this session: its directory now has \
+more than {} files and folders (--max-tracked-files)",
+                    self.config.max_tracked_files
+                ));
+            }
+            _ => {}
+        }
+    }
+
+    /// The files of the caller's sessions (session id, path, size), for `resources/list`;
+    /// each session's walk is bounded like change tracking's.
+    pub async fn list_files(&self, caller: &Caller) -> Vec<(String, String, u64)> {
+        let mut mine: Vec<(SystemTime, String, PathBuf)> = self
+            .sessions
+            .iter()
+            .filter(|s| s.owner == *caller)
+            .map(|s| (s.created_at, s.id.clone(), s.cwd.clone()))
+            .collect();
+        mine.sort_by_key(|m| m.0);
+        let max = self.config.max_tracked_files.max(1);
+        let skip = self.skip_dirs();
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            for (_, id, cwd) in mine {
+                let snap = files::snapshot(&cwd, max, &skip);
+                for (path, stamp) in snap.files {
+                    out.push((id.clone(), path, stamp.size));
+                }
+            }
+            out
+        })
+        .await
+        .unwrap_or_default()
+    }
+
+    /// Read a file of one of the caller's sessions, by path relative to its directory,
+    /// following no symbolic link, within the resource size cap.
+    pub async fn read_file(
+        &self,
+        caller: &Caller,
+        id: &str,
+        path: &str,
+    ) -> Result<FileData, FileError> {
+        let parts: Vec<String> = crate::workspace::check_relative(path)
+            .map_err(FileError::Invalid)?
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        let session = self.lookup(caller, id).map_err(FileError::NotFound)?;
+        let cwd = session.cwd.clone();
+        let skip = self.skip_dirs();
+        let cap = self.config.max_resource_bytes;
+        let shown = path.to_string();
+        let sid = id.to_string();
+        tokio::task::spawn_blocking(move || {
+            let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+            let file = crate::workspace::open_beneath(&cwd, &refs, &skip).map_err(|e| {
+                match e.raw_os_error() {
+                    Some(libc::ELOOP) | Some(libc::ENOTDIR) => FileError::Invalid(format!(
+                        "{shown:?} in session {sid} goes through a symbolic link; links are not \
+followed"
+                    )),
+                    Some(libc::ENOENT) => FileError::NotFound(format!(
+                        "session {sid} has no file {shown:?}; resources/list shows its files"
+                    )),
+                    _ => FileError::Invalid(format!("{shown:?} in session {sid}: {e}")),
+                }
+            })?;
+            match crate::workspace::read_capped(file, cap) {
+                Ok(Ok(bytes)) => Ok(FileData {
+                    bytes,
+                    mime: files::mime_for(&shown),
+                }),
+                Ok(Err(size)) => Err(FileError::TooLarge(format!(
+                    "{shown:?} is {} and resources/read returns at most {} \
+(--max-resource-bytes); read the part you need in the session (head, a slice, a summary)",
+                    files::human_size(size),
+                    files::human_size(cap)
+                ))),
+                Err(e) => Err(FileError::Invalid(format!("{shown:?}: {e}"))),
+            }
+        })
+        .await
+        .unwrap_or_else(|e| Err(FileError::Invalid(format!("reading failed: {e}"))))
     }
 
     fn gone_message(&self, session: &Session) -> String {
@@ -836,4 +1122,92 @@ fn describe_exit(code: Option<i32>, signal: Option<&str>) -> String {
         (None, Some(s)) => format!("killed by {s}"),
         _ => "status unknown".into(),
     }
+}
+
+/// A session file read for `resources/read`.
+pub struct FileData {
+    pub bytes: Vec<u8>,
+    /// What its name suggests.
+    pub mime: Option<&'static str>,
+}
+
+/// Why a session file cannot be read.
+#[derive(Debug)]
+pub enum FileError {
+    /// No such session (of this caller) or file.
+    NotFound(String),
+    /// A path that is refused (outside the directory, through a link, not a file).
+    Invalid(String),
+    TooLarge(String),
+}
+
+#[derive(Default)]
+struct ImagesRead {
+    images: Vec<(ImageInfo, Attachment)>,
+    /// Left out over the count cap.
+    over_count: u64,
+    /// Left out over the size cap: (name, bytes).
+    too_big: Vec<(String, u64)>,
+}
+
+/// Read the images an end marker announced from the session's `out/` directory, within
+/// the caps, removing each file once read. Code in the session could forge a marker, so a
+/// name is only ever a plain file name in that directory, opened without following links.
+fn read_images(
+    out_dir: &std::path::Path,
+    refs: Vec<ImageRef>,
+    max_images: usize,
+    max_bytes: u64,
+) -> ImagesRead {
+    let mut out = ImagesRead::default();
+    for (k, r) in refs.into_iter().enumerate() {
+        let file = r.file.as_str();
+        if file.is_empty() || file.contains('/') || file.starts_with('.') {
+            tracing::warn!(file, "ignored an image name that is not a plain file name");
+            continue;
+        }
+        let name = match r.figure {
+            Some(n) => format!("figure-{n}.png"),
+            None => format!("image-{}.png", k + 1),
+        };
+        if out.images.len() >= max_images {
+            out.over_count += 1;
+        } else {
+            let read = crate::workspace::open_beneath(out_dir, &[file], &[])
+                .and_then(|f| crate::workspace::read_capped(f, max_bytes));
+            match read {
+                Ok(Ok(data)) => match png_size(&data) {
+                    Some((width, height)) => out.images.push((
+                        ImageInfo {
+                            name,
+                            mime_type: "image/png".into(),
+                            bytes: data.len() as u64,
+                            width,
+                            height,
+                        },
+                        Attachment {
+                            mime_type: "image/png".into(),
+                            data,
+                        },
+                    )),
+                    None => tracing::warn!(file, "ignored an image that is not a PNG"),
+                },
+                Ok(Err(size)) => out.too_big.push((name, size)),
+                Err(e) => tracing::warn!(file, error = %e, "cannot read an image"),
+            }
+        }
+        let _ = std::fs::remove_file(out_dir.join(file));
+    }
+    out
+}
+
+/// Width and height of a PNG, from its signature and IHDR chunk.
+fn png_size(data: &[u8]) -> Option<(u32, u32)> {
+    const SIG: &[u8] = b"\x89PNG\r\n\x1a\n";
+    if data.len() < 24 || &data[..8] != SIG || &data[12..16] != b"IHDR" {
+        return None;
+    }
+    let w = u32::from_be_bytes(data[16..20].try_into().ok()?);
+    let h = u32::from_be_bytes(data[20..24].try_into().ok()?);
+    Some((w, h))
 }

@@ -4,6 +4,7 @@ use base64::Engine;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::files::{Change, FileChange, human_size};
 use super::scan;
 
 /// Status of one evaluation.
@@ -49,9 +50,106 @@ pub struct EvalReport {
     /// The error the code raised, where the language tells.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
+    /// Figures the evaluation drew or changed (Python with matplotlib), attached to the
+    /// result as PNG image contents in this order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImageInfo>,
+    /// Figures left out because of the per-evaluation caps (the notes say which cap).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub images_omitted: u64,
+    /// Files in the session's directory created, modified or deleted since the previous
+    /// evaluation (hidden files and directories are not tracked). Each readable one has the
+    /// `uri` of an MCP resource.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileChange>,
+    /// Changed files beyond the ones listed.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub files_omitted: u64,
+    /// Things the agent should know about this result: a cap that was hit, file tracking
+    /// turned off.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    /// The image data, sent as image contents (not part of the structured result).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub attachments: Vec<Attachment>,
+    /// Images the end marker announced, still to be read from the control directory.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub(crate) pending_images: Vec<ImageRef>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One image of an evaluation's result.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ImageInfo {
+    /// A name for it (`figure-N.png`, N the figure's number).
+    pub name: String,
+    pub mime_type: String,
+    pub bytes: u64,
+    pub width: u32,
+    pub height: u32,
+}
+
+/// Bytes sent as an image content.
+#[derive(Debug, Clone)]
+pub struct Attachment {
+    pub mime_type: String,
+    pub data: Vec<u8>,
+}
+
+/// An image file the bootstrap wrote into the control directory.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub(crate) struct ImageRef {
+    /// File name inside the control directory.
+    pub file: String,
+    /// The figure's number, for naming it.
+    #[serde(default)]
+    pub figure: Option<u64>,
+}
+
+/// What an end marker's payload may carry: an error (`type`, `message`), the images the
+/// evaluation produced, and how many it left out. Languages that only report errors send
+/// `{type, message}`.
+#[derive(Debug, Default, Deserialize)]
+struct MarkerPayload {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    images: Vec<ImageRef>,
+    #[serde(default)]
+    images_omitted: u64,
 }
 
 impl EvalReport {
+    /// A report with status ok and nothing in it yet.
+    pub fn empty(session_id: &str, eval_id: u64) -> Self {
+        Self {
+            session_id: session_id.to_string(),
+            eval_id,
+            status: EvalStatus::Ok,
+            output: String::new(),
+            truncated: false,
+            duration_ms: 0,
+            exit_code: None,
+            signal: None,
+            restarted: None,
+            error: None,
+            images: Vec::new(),
+            images_omitted: 0,
+            files: Vec::new(),
+            files_omitted: 0,
+            notes: Vec::new(),
+            attachments: Vec::new(),
+            pending_images: Vec::new(),
+        }
+    }
+
     pub fn is_error(&self) -> bool {
         matches!(
             self.status,
@@ -92,14 +190,47 @@ impl EvalReport {
                 Some("[waiting for input: answer with session_input, or interrupt]".to_string())
             }
         };
-        if let Some(tr) = trailer {
+        let mut lines: Vec<String> = trailer.into_iter().collect();
+        if !self.images.is_empty() {
+            let list: Vec<String> = self
+                .images
+                .iter()
+                .map(|i| format!("{} ({}x{})", i.name, i.width, i.height))
+                .collect();
+            lines.push(format!("[images attached: {}]", list.join(", ")));
+        }
+        if !self.files.is_empty() {
+            lines.push(files_line(&self.files, self.files_omitted));
+        }
+        lines.extend(self.notes.iter().map(|n| format!("[{n}]")));
+        for line in lines {
             if !t.is_empty() && !t.ends_with('\n') {
                 t.push('\n');
             }
-            t.push_str(&tr);
+            t.push_str(&line);
         }
         t
     }
+}
+
+/// `[files: created out.csv (1.2 KiB); modified a.txt (3 B); deleted old.txt]`, at most
+/// ten named.
+fn files_line(files: &[FileChange], omitted: u64) -> String {
+    const SHOWN: usize = 10;
+    let mut parts: Vec<String> = files
+        .iter()
+        .take(SHOWN)
+        .map(|f| match f.change {
+            Change::Created => format!("created {} ({})", f.path, human_size(f.size)),
+            Change::Modified => format!("modified {} ({})", f.path, human_size(f.size)),
+            Change::Deleted => format!("deleted {}", f.path),
+        })
+        .collect();
+    let more = files.len().saturating_sub(SHOWN) as u64 + omitted;
+    if more > 0 {
+        parts.push(format!("and {more} more"));
+    }
+    format!("[files: {}]", parts.join("; "))
 }
 
 fn first_line(s: &str) -> &str {
@@ -116,6 +247,14 @@ pub struct StartReport {
     pub pid: u32,
     pub cwd: String,
     pub idle_timeout_s: u64,
+    /// The isolation level the interpreter runs under.
+    pub sandbox: crate::sandbox::Level,
+    /// Files brought into the directory (`files`), relative to it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<String>,
+    /// Things the agent should know about the session (file tracking turned off).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// What `session_close` returns.
@@ -173,14 +312,13 @@ pub(super) fn apply_marker(
     marker: &scan::EndMarker,
     error_pattern: Option<&regex::Regex>,
 ) {
-    let payload: Option<ErrorInfo> = if marker.payload.is_empty() {
-        None
-    } else {
-        base64::engine::general_purpose::STANDARD
-            .decode(marker.payload.as_bytes())
-            .ok()
-            .and_then(|b| serde_json::from_slice::<ErrorInfo>(&b).ok())
-    };
+    let extras = decode_payload(&marker.payload);
+    report.pending_images = extras.images;
+    report.images_omitted = extras.images_omitted;
+    let payload: Option<ErrorInfo> = extras.kind.map(|kind| ErrorInfo {
+        kind,
+        message: extras.message.unwrap_or_default(),
+    });
     report.status = match marker.status.as_str() {
         "ok" => EvalStatus::Ok,
         "error" => EvalStatus::Error,
@@ -219,5 +357,91 @@ pub(super) fn apply_marker(
     };
     if payload.is_some() {
         report.error = payload;
+    }
+}
+
+fn decode_payload(payload: &str) -> MarkerPayload {
+    if payload.is_empty() {
+        return MarkerPayload::default();
+    }
+    base64::engine::general_purpose::STANDARD
+        .decode(payload.as_bytes())
+        .ok()
+        .and_then(|b| serde_json::from_slice::<MarkerPayload>(&b).ok())
+        .unwrap_or_default()
+}
+
+/// The images a marker announced, for an evaluation that ended another way (an interrupted
+/// evaluation's late marker still carries the figures it drew).
+pub(super) fn marker_images(marker: &scan::EndMarker) -> (Vec<ImageRef>, u64) {
+    let extras = decode_payload(&marker.payload);
+    (extras.images, extras.images_omitted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn marker(json: &str) -> scan::EndMarker {
+        scan::EndMarker {
+            n: 1,
+            status: "error".into(),
+            payload: base64::engine::general_purpose::STANDARD.encode(json),
+        }
+    }
+
+    #[test]
+    fn payloads_carry_errors_and_images() {
+        let mut r = EvalReport::empty("s", 1);
+        apply_marker(
+            &mut r,
+            &marker(r#"{"type":"ValueError","message":"bad"}"#),
+            None,
+        );
+        assert_eq!(
+            r.error.as_ref().map(|e| e.kind.as_str()),
+            Some("ValueError")
+        );
+        assert!(r.pending_images.is_empty());
+        let mut r = EvalReport::empty("s", 1);
+        apply_marker(
+            &mut r,
+            &marker(r#"{"images":[{"file":"img-1-1.png","figure":3}],"images_omitted":2}"#),
+            None,
+        );
+        assert_eq!(r.error, None);
+        assert_eq!(
+            r.pending_images,
+            vec![ImageRef {
+                file: "img-1-1.png".into(),
+                figure: Some(3)
+            }]
+        );
+        assert_eq!(r.images_omitted, 2);
+    }
+
+    #[test]
+    fn text_lists_images_files_and_notes_after_the_output() {
+        let mut r = EvalReport::empty("s", 1);
+        r.output = "hi\n".into();
+        assert_eq!(r.text(), "hi\n");
+        r.images.push(ImageInfo {
+            name: "figure-1.png".into(),
+            mime_type: "image/png".into(),
+            bytes: 10,
+            width: 640,
+            height: 480,
+        });
+        r.files.push(FileChange {
+            path: "out.csv".into(),
+            size: 1229,
+            change: Change::Created,
+            uri: None,
+        });
+        r.notes.push("2 figures left out".into());
+        assert_eq!(
+            r.text(),
+            "hi\n[images attached: figure-1.png (640x480)]\n[files: created out.csv (1.2 KiB)]\n[2 figures left out]"
+        );
     }
 }

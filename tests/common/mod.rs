@@ -63,6 +63,17 @@ impl TestServer {
     }
 
     pub async fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::try_start(args, env, None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Start a server (as `uid` when given, which needs root), or say why it did not start.
+    pub async fn try_start(
+        args: &[&str],
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+    ) -> Result<Self, String> {
         let mut cmd = tokio::process::Command::new(BIN);
         cmd.arg("serve").args(args);
         // These tests count the server's processes, so no warm pool unless a test asks for
@@ -71,20 +82,32 @@ impl TestServer {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        if let Some(uid) = uid {
+            // std drops the supplementary groups too when it changes the uid as root.
+            cmd.uid(uid).gid(uid);
+        }
         cmd.stderr(std::process::Stdio::inherit());
-        let transport = TokioChildProcess::new(cmd).expect("spawn replbox");
-        let pid = transport.id().expect("server pid");
+        let transport = TokioChildProcess::new(cmd).map_err(|e| format!("spawn replbox: {e}"))?;
+        let pid = transport.id().ok_or("no server pid")?;
         let recorder = Recorder::default();
         let client = recorder
             .clone()
             .serve(transport)
             .await
-            .expect("MCP handshake with replbox");
-        Self {
+            .map_err(|e| format!("MCP handshake with replbox {args:?}: {e}"))?;
+        Ok(Self {
             client,
             pid,
             recorder,
-        }
+        })
+    }
+
+    /// The server's instructions.
+    pub fn instructions(&self) -> String {
+        self.client
+            .peer_info()
+            .and_then(|i| i.instructions.clone())
+            .unwrap_or_default()
     }
 
     pub async fn call(&self, tool: &str, args: Value) -> Out {
@@ -140,13 +163,56 @@ impl TestServer {
 
 /// Parent pid and state of a process, from /proc.
 pub fn ppid_state(pid: i32) -> Option<(i32, char)> {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
-    let mut it = rest.split_whitespace();
-    let state = it.next()?.chars().next()?;
-    let ppid = it.next()?.parse().ok()?;
-    Some((ppid, state))
+    replbox::exec::helper::read_ppid_state(pid)
+}
+
+/// Whether a process exists and is not a zombie.
+pub fn alive(pid: i32) -> bool {
+    ppid_state(pid).is_some_and(|(_, st)| st != 'Z')
+}
+
+/// Wait (bounded) until none of `pids` is alive; returns those still alive.
+pub async fn wait_gone(pids: &[i32], within: Duration) -> Vec<i32> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let left: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+        if left.is_empty() || tokio::time::Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The `status` of a session tool result.
+pub fn status(o: &Out) -> &str {
+    o.structured["status"].as_str().unwrap_or("?")
+}
+
+/// The `output` of a session tool result.
+pub fn output(o: &Out) -> &str {
+    o.structured["output"].as_str().unwrap_or("")
+}
+
+impl TestServer {
+    /// Start a session, failing the test if it cannot.
+    pub async fn start_session(&self, lang: &str) -> String {
+        let out = self.call("session_start", json!({"language": lang})).await;
+        assert!(!out.is_error, "session_start {lang}: {}", out.text);
+        out.s("session_id").to_string()
+    }
+
+    pub async fn eval(&self, id: &str, code: &str) -> Out {
+        self.call("session_eval", json!({"session_id": id, "code": code}))
+            .await
+    }
+
+    pub async fn eval_t(&self, id: &str, code: &str, timeout_ms: u64) -> Out {
+        self.call(
+            "session_eval",
+            json!({"session_id": id, "code": code, "timeout_ms": timeout_ms}),
+        )
+        .await
+    }
 }
 
 pub fn descendants(root: i32) -> Vec<i32> {
@@ -167,6 +233,55 @@ pub fn descendants(root: i32) -> Vec<i32> {
                 out.push(pid);
                 frontier.push(pid);
             }
+        }
+    }
+    out
+}
+
+/// Live processes anywhere on the host whose command line contains `needle` (inside a
+/// sandbox's pid namespace a program only knows its namespace pid, so tests find its host
+/// pid by something unique it runs with).
+pub fn processes_with(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() as i32 {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(needle) && ppid_state(pid).is_some_and(|(_, st)| st != 'Z') {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Wait until no live process has `needle` in its command line (bounded); return those left.
+pub async fn wait_none_with(needle: &str, within: Duration) -> Vec<i32> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let left = processes_with(needle);
+        if left.is_empty() || tokio::time::Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `pid` and its ancestors up to (not including) `stop`.
+pub fn chain_up(pid: i32, stop: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut p = pid;
+    while p > 1 && p != stop && out.len() < 64 {
+        out.push(p);
+        match ppid_state(p) {
+            Some((pp, _)) => p = pp,
+            None => break,
         }
     }
     out

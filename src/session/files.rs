@@ -1,0 +1,470 @@
+//! The files of a session's directory: which ones an evaluation created, changed or removed,
+//! which ones `resources/list` shows, and the `replbox://` URIs that name them.
+//!
+//! A snapshot records (size, mtime, inode) of each regular file under the directory. The
+//! walk is bounded (entries looked at), does not follow symbolic links, does not enter
+//! hidden directories (`.cache`, `.git`, ... — HOME is the session's directory, so tools
+//! keep their caches there) or `__pycache__`/`node_modules`, and leaves hidden files out.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use crate::workspace::DirId;
+
+/// What is recorded of one file: a change in any of these is a modification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub size: u64,
+    mtime_s: i64,
+    mtime_ns: i64,
+    ino: u64,
+}
+
+/// The regular files under a directory, by path relative to it (`/`-separated).
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub files: BTreeMap<String, Stamp>,
+    /// False when the walk stopped at the entry limit: the listing is partial.
+    pub complete: bool,
+}
+
+/// Directories never entered (besides hidden ones): caches that tools write by themselves.
+const SKIP_DIRS: &[&str] = &["__pycache__", "node_modules"];
+/// Depth below which the walk does not go.
+const MAX_DEPTH: usize = 32;
+
+/// Walk `root`, looking at no more than `max_entries` entries, not entering the directories
+/// in `skip` (the server's workspace, should a caller's cwd contain it).
+pub fn snapshot(root: &Path, max_entries: usize, skip: &[DirId]) -> Snapshot {
+    let mut snap = Snapshot {
+        files: BTreeMap::new(),
+        complete: true,
+    };
+    let mut seen = 0usize;
+    let mut stack: Vec<(PathBuf, String, usize)> = vec![(root.to_path_buf(), String::new(), 0)];
+    while let Some((dir, prefix, depth)) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue; // unreadable or gone meanwhile: nothing to list there
+        };
+        for entry in rd.flatten() {
+            seen += 1;
+            if seen > max_entries {
+                snap.complete = false;
+                return snap;
+            }
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else {
+                continue; // not UTF-8: cannot be named in a URI or JSON faithfully
+            };
+            if name.starts_with('.') {
+                continue;
+            }
+            let Ok(ft) = entry.file_type() else { continue };
+            let rel = if prefix.is_empty() {
+                name.to_string()
+            } else {
+                format!("{prefix}/{name}")
+            };
+            if ft.is_dir() {
+                let skipped = depth + 1 >= MAX_DEPTH
+                    || SKIP_DIRS.contains(&name)
+                    || (!skip.is_empty()
+                        && entry
+                            .metadata()
+                            .is_ok_and(|m| skip.contains(&DirId::from_meta(&m))));
+                if !skipped {
+                    stack.push((entry.path(), rel, depth + 1));
+                }
+            } else if ft.is_file() {
+                // DirEntry::metadata does not follow links (lstat), and ft says this is no link.
+                if let Ok(m) = entry.metadata() {
+                    snap.files.insert(
+                        rel,
+                        Stamp {
+                            size: m.len(),
+                            mtime_s: m.mtime(),
+                            mtime_ns: m.mtime_nsec(),
+                            ino: m.ino(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+    snap
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Change {
+    Created,
+    Modified,
+    Deleted,
+}
+
+/// A file an evaluation created, modified or deleted.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct FileChange {
+    /// Path relative to the session's directory.
+    pub path: String,
+    /// Size in bytes (for a deleted file, its last known size).
+    pub size: u64,
+    pub change: Change,
+    /// The MCP resource to read it with `resources/read` (absent for a deleted file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+}
+
+/// What changed from `old` to `new`, in path order.
+pub fn diff(session_id: &str, old: &Snapshot, new: &Snapshot) -> Vec<FileChange> {
+    let mut out = Vec::new();
+    for (path, stamp) in &new.files {
+        let change = match old.files.get(path) {
+            None => Change::Created,
+            Some(before) if before != stamp => Change::Modified,
+            Some(_) => continue,
+        };
+        out.push(FileChange {
+            path: path.clone(),
+            size: stamp.size,
+            change,
+            uri: Some(file_uri(session_id, path)),
+        });
+    }
+    for (path, stamp) in &old.files {
+        if !new.files.contains_key(path) {
+            out.push(FileChange {
+                path: path.clone(),
+                size: stamp.size,
+                change: Change::Deleted,
+                uri: None,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    out
+}
+
+const URI_PREFIX: &str = "replbox://sessions/";
+
+/// The URI template clients can fill in.
+pub const URI_TEMPLATE: &str = "replbox://sessions/{session_id}/files/{path}";
+
+/// `replbox://sessions/{id}/files/{path}`, each path segment percent-encoded.
+pub fn file_uri(session_id: &str, path: &str) -> String {
+    let segments: Vec<String> = path.split('/').map(encode_segment).collect();
+    format!(
+        "{URI_PREFIX}{}/files/{}",
+        encode_segment(session_id),
+        segments.join("/")
+    )
+}
+
+/// The session id and the (decoded) relative path of a file URI.
+pub fn parse_uri(uri: &str) -> Result<(String, String), String> {
+    let rest = uri
+        .strip_prefix(URI_PREFIX)
+        .ok_or_else(|| format!("{uri:?} is not a session file URI (expected {URI_TEMPLATE})"))?;
+    let (id, path) = rest
+        .split_once("/files/")
+        .ok_or_else(|| format!("{uri:?} is not a session file URI (expected {URI_TEMPLATE})"))?;
+    // Decoded per segment: an encoded '/' (%2F) would otherwise smuggle in a separator.
+    let id = decode(id)?;
+    let mut segments = Vec::new();
+    for s in path.split('/') {
+        let d = decode(s)?;
+        if d.contains('/') {
+            return Err(format!("{uri:?}: a path segment contains an encoded '/'"));
+        }
+        segments.push(d);
+    }
+    Ok((id, segments.join("/")))
+}
+
+fn encode_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn decode(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| format!("bad percent-encoding in {s:?}"))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| format!("{s:?} does not decode to UTF-8"))
+}
+
+/// The MIME type a file's name suggests (None when it suggests nothing).
+pub fn mime_for(path: &str) -> Option<&'static str> {
+    let ext = path.rsplit_once('.')?.1.to_ascii_lowercase();
+    Some(match ext.as_str() {
+        "csv" => "text/csv",
+        "tsv" => "text/tab-separated-values",
+        "txt" | "log" | "out" => "text/plain",
+        "md" => "text/markdown",
+        "json" => "application/json",
+        "jsonl" | "ndjson" => "application/x-ndjson",
+        "html" | "htm" => "text/html",
+        "xml" => "application/xml",
+        "yaml" | "yml" => "application/yaml",
+        "py" => "text/x-python",
+        "js" | "mjs" => "text/javascript",
+        "svg" => "image/svg+xml",
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "webp" => "image/webp",
+        "pdf" => "application/pdf",
+        "parquet" => "application/vnd.apache.parquet",
+        "zip" => "application/zip",
+        "gz" => "application/gzip",
+        _ => return None,
+    })
+}
+
+/// A size for people: `532 B`, `1.2 KiB`, `3.4 MiB`.
+pub fn human_size(n: u64) -> String {
+    const K: f64 = 1024.0;
+    let f = n as f64;
+    if f < K {
+        format!("{n} B")
+    } else if f < K * K {
+        format!("{:.1} KiB", f / K)
+    } else if f < K * K * K {
+        format!("{:.1} MiB", f / K / K)
+    } else {
+        format!("{:.1} GiB", f / K / K / K)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uris_round_trip_and_refuse_smuggled_separators() {
+        let uri = file_uri("abc-1", "out dir/ré sult%.csv");
+        assert_eq!(
+            uri,
+            "replbox://sessions/abc-1/files/out%20dir/r%C3%A9%20sult%25.csv"
+        );
+        assert_eq!(
+            parse_uri(&uri).unwrap(),
+            ("abc-1".into(), "out dir/ré sult%.csv".into())
+        );
+        assert!(parse_uri("replbox://sessions/x/files/a%2F..%2Fb").is_err());
+        assert!(parse_uri("file:///etc/passwd").is_err());
+        assert!(parse_uri("replbox://sessions/x/files/%zz").is_err());
+    }
+
+    #[test]
+    fn snapshot_diff_sees_created_modified_deleted_and_skips_hidden() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path();
+        std::fs::write(p.join("keep.txt"), "a").unwrap();
+        std::fs::write(p.join("change.txt"), "a").unwrap();
+        std::fs::write(p.join("gone.txt"), "a").unwrap();
+        std::fs::create_dir(p.join(".cache")).unwrap();
+        std::fs::create_dir(p.join("ctl")).unwrap();
+        let skip = [DirId::of(&p.join("ctl")).unwrap()];
+        let before = snapshot(p, 100, &skip);
+        assert!(before.complete);
+        std::fs::write(p.join("change.txt"), "bb").unwrap();
+        std::fs::remove_file(p.join("gone.txt")).unwrap();
+        std::fs::create_dir(p.join("sub")).unwrap();
+        std::fs::write(p.join("sub/new.csv"), "x,y\n").unwrap();
+        std::fs::write(p.join(".cache/noise"), "n").unwrap();
+        std::fs::write(p.join("ctl/cell.py"), "n").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", p.join("link")).unwrap();
+        let after = snapshot(p, 100, &skip);
+        let changes = diff("s", &before, &after);
+        let got: Vec<(&str, Change)> = changes
+            .iter()
+            .map(|c| (c.path.as_str(), c.change))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("change.txt", Change::Modified),
+                ("gone.txt", Change::Deleted),
+                ("sub/new.csv", Change::Created),
+            ]
+        );
+        assert_eq!(changes[2].size, 4);
+        let partial = snapshot(p, 2, &skip);
+        assert!(!partial.complete);
+    }
+
+    #[test]
+    fn sizes_read_well() {
+        assert_eq!(human_size(532), "532 B");
+        assert_eq!(human_size(1229), "1.2 KiB");
+        assert_eq!(human_size(3 * 1024 * 1024 + 400_000), "3.4 MiB");
+    }
+}
+
+/// A file `session_start` puts into the session's directory.
+#[derive(Debug, Clone, Default)]
+pub struct InFile {
+    /// Where to put it, relative to the session's directory (default: the source's name).
+    pub name: Option<String>,
+    /// A file on the server's machine to copy.
+    pub path: Option<PathBuf>,
+    /// Text to write.
+    pub content: Option<String>,
+}
+
+/// Most files one `session_start` may bring in.
+pub const MAX_IN_FILES: usize = 100;
+
+enum Source {
+    Host(PathBuf),
+    Text(String),
+}
+
+/// Files checked and ready to be written.
+pub struct Plan {
+    items: Vec<(Vec<String>, Source)>,
+}
+
+/// Check what `session_start` was asked to bring in, before anything is started.
+/// `host_paths`: whether this caller may have the server copy files of its machine (the
+/// server may read what the session's code could not).
+pub fn plan(files: Vec<InFile>, dest: &Path, host_paths: bool) -> Result<Plan, String> {
+    if files.len() > MAX_IN_FILES {
+        return Err(format!(
+            "files: {} entries; at most {MAX_IN_FILES} can be brought in at start (put many files \
+in a folder and pass it as cwd instead)",
+            files.len()
+        ));
+    }
+    let mut items: Vec<(Vec<String>, Source)> = Vec::new();
+    for (i, f) in files.into_iter().enumerate() {
+        let at = |msg: String| format!("files[{i}]: {msg}");
+        let (source, default_name) = match (f.path, f.content) {
+            (Some(_), Some(_)) | (None, None) => {
+                return Err(at(
+                    "give either path (a file on the server's machine to copy) or \
+content (the text to write), not both or neither"
+                        .into(),
+                ));
+            }
+            (Some(path), None) => {
+                if !host_paths {
+                    return Err(at("copying a file of the server's machine (path) is only \
+allowed to the local client; send the data as content instead"
+                        .into()));
+                }
+                let meta = std::fs::metadata(&path)
+                    .map_err(|e| at(format!("cannot read {}: {e}", path.display())))?;
+                if meta.is_dir() {
+                    return Err(at(format!(
+                        "{} is a directory; to work in a folder pass it as cwd",
+                        path.display()
+                    )));
+                }
+                if !meta.is_file() {
+                    return Err(at(format!("{} is not a regular file", path.display())));
+                }
+                let name = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .map(str::to_string);
+                (Source::Host(path), name)
+            }
+            (None, Some(text)) => (Source::Text(text), None),
+        };
+        let name = f.name.or(default_name).ok_or_else(|| {
+            at("name is required with content (where to write it, e.g. \"data.csv\")".into())
+        })?;
+        let parts: Vec<String> = crate::workspace::check_relative(&name)
+            .map_err(|e| at(format!("name: {e}")))?
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        if items.iter().any(|(p, _)| *p == parts) {
+            return Err(at(format!("{name:?} is given twice")));
+        }
+        let target = parts.iter().fold(dest.to_path_buf(), |p, s| p.join(s));
+        if std::fs::symlink_metadata(&target).is_ok() {
+            return Err(at(format!(
+                "{} already exists in the session's directory; it is not overwritten",
+                parts.join("/")
+            )));
+        }
+        items.push((parts, source));
+    }
+    Ok(Plan { items })
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Write the files under `dest` (blocking); returns their names. On failure, the files
+    /// already written are removed again.
+    pub fn write(self, dest: &Path) -> Result<Vec<String>, String> {
+        let mut done: Vec<PathBuf> = Vec::new();
+        let mut names = Vec::new();
+        for (parts, source) in self.items {
+            let name = parts.join("/");
+            let target = parts.iter().fold(dest.to_path_buf(), |p, s| p.join(s));
+            let res = (|| -> std::io::Result<()> {
+                if let Some(parent) = target.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                // create_new: never overwrite, even a file that appeared since the check.
+                let mut out = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&target)?;
+                match &source {
+                    Source::Host(p) => {
+                        let mut input = std::fs::File::open(p)?;
+                        std::io::copy(&mut input, &mut out)?;
+                    }
+                    Source::Text(t) => std::io::Write::write_all(&mut out, t.as_bytes())?,
+                }
+                Ok(())
+            })();
+            if let Err(e) = res {
+                for p in &done {
+                    let _ = std::fs::remove_file(p);
+                }
+                let from = match &source {
+                    Source::Host(p) => format!(" from {}", p.display()),
+                    Source::Text(_) => String::new(),
+                };
+                return Err(format!("cannot bring in {name}{from}: {e}"));
+            }
+            done.push(target);
+            names.push(name);
+        }
+        Ok(names)
+    }
+}
