@@ -25,14 +25,28 @@ pub struct Interpreter {
 
 impl Interpreter {
     pub async fn resolve(config: &Config, language: &str) -> Result<Self> {
+        Self::find(config, language, false).await
+    }
+
+    /// The program a session of the language runs (ghci rather than runghc).
+    pub async fn resolve_session(config: &Config, language: &str) -> Result<Self> {
+        Self::find(config, language, true).await
+    }
+
+    async fn find(config: &Config, language: &str, session: bool) -> Result<Self> {
         let registry = Registry::load(config.prompts.as_deref())?;
         let lang = registry.get(language)?;
         let detected = lang
             .detect()
             .await
             .with_context(|| format!("{language} is not installed"))?;
+        let exe = if session {
+            lang.session_exe(detected).map_err(anyhow::Error::msg)?
+        } else {
+            detected.exe.clone()
+        };
         Ok(Self {
-            exe: detected.exe.clone(),
+            exe,
             version: detected.version.clone(),
             env: lang
                 .spec
@@ -136,6 +150,34 @@ pub fn raw_repl(language: &str) -> Option<RawReplSpec> {
                 ("NO_COLOR", "1"),
             ],
             prompt: "> ",
+        }),
+        // irb reading the terminal line by line (no Reline), with its simple prompt.
+        "ruby" => Some(RawReplSpec {
+            args: &[
+                "-e",
+                "require 'irb'; IRB.start('irb')",
+                "--",
+                "-f",
+                "--nomultiline",
+                "--nosingleline",
+                "--nocolorize",
+                "--noautocomplete",
+                "--prompt",
+                "simple",
+            ],
+            env: &[("NO_COLOR", "1"), ("PAGER", "cat")],
+            prompt: ">> ",
+        }),
+        // ghci's own prompt (`ghci> `) ends like this.
+        "haskell" => Some(RawReplSpec {
+            args: &["-ignore-dot-ghci", "-fno-ghci-history", "-v0"],
+            env: &[("NO_COLOR", "1")],
+            prompt: "> ",
+        }),
+        "shellscript" => Some(RawReplSpec {
+            args: &["--noprofile", "--norc", "--noediting", "-i"],
+            env: &[("PS1", "$ ")],
+            prompt: "$ ",
         }),
         _ => None,
     }

@@ -32,6 +32,7 @@ use tokio::process::Command;
 
 use crate::config::Config;
 use crate::lang::Registry;
+use crate::sandbox::Mode;
 
 pub use client::{Handle, McpServer, ProcStats};
 pub use floor::{Interpreter, RawRepl, raw_repl};
@@ -140,6 +141,10 @@ pub const SECTIONS: &[Section] = &[
         measure: |ctx| Box::pin(session_eval(ctx)),
     },
     Section {
+        name: "sandbox",
+        measure: |ctx| Box::pin(sandbox_levels(ctx)),
+    },
+    Section {
         name: "sessions_sleep",
         measure: |ctx| Box::pin(sessions_sleep(ctx)),
     },
@@ -206,6 +211,13 @@ impl Ctx {
         tracing::warn!("{text}");
         if let Ok(mut n) = self.notes.lock() {
             n.push(text);
+        }
+    }
+
+    fn note_once(&self, text: String) {
+        let seen = self.notes.lock().is_ok_and(|n| n.contains(&text));
+        if !seen {
+            self.note(text);
         }
     }
 }
@@ -313,15 +325,25 @@ where
 /// Untimed calls before measuring: language detection, page cache, first-call paths.
 const WARMUP: usize = 3;
 
+/// A sample at least this long makes a row take [`Ctx::slow_rounds`] samples.
+const SLOW: Duration = Duration::from_millis(500);
+
 /// Longest wait for the server's children to calm down before a sample.
 const QUIET: Duration = Duration::from_secs(20);
 
 /// The languages the bench drives: every session language of the built-in set.
 struct Lang {
     id: &'static str,
-    /// A program printing 2, for run-code, and how the floor runs the same directly.
+    /// A program printing 2, for run-code, and how the floor runs the same directly (in a
+    /// directory holding `floor_file`, when there is one).
     program: &'static str,
     floor_args: &'static [&'static str],
+    floor_file: Option<(&'static str, &'static str)>,
+    /// A trivial evaluation for `session_eval`, the text replbox returns for it, and what the
+    /// raw REPL prints for it.
+    expr: &'static str,
+    answer: &'static str,
+    raw_answer: &'static str,
 }
 
 const LANGS: &[Lang] = &[
@@ -329,32 +351,75 @@ const LANGS: &[Lang] = &[
         id: "python",
         program: "print(1+1)",
         floor_args: &["-c", "print(1+1)"],
+        floor_file: None,
+        expr: "1+1",
+        answer: "2\n",
+        raw_answer: "2",
     },
     Lang {
         id: "javascript",
         program: "console.log(1+1)",
         floor_args: &["-e", "console.log(1+1)"],
+        floor_file: None,
+        expr: "1+1",
+        answer: "2\n",
+        raw_answer: "2",
+    },
+    Lang {
+        id: "ruby",
+        program: "puts 1+1",
+        floor_args: &["-e", "puts 1+1"],
+        floor_file: None,
+        expr: "1+1",
+        answer: "=> 2\n",
+        raw_answer: "=> 2",
+    },
+    Lang {
+        id: "haskell",
+        program: "main = print (1+1)",
+        floor_args: &["Main.hs"],
+        floor_file: Some(("Main.hs", "main = print (1+1)\n")),
+        expr: "1+1",
+        answer: "2\n",
+        raw_answer: "2",
+    },
+    Lang {
+        id: "shellscript",
+        program: "echo $((1+1))",
+        floor_args: &["-c", "echo $((1+1))"],
+        floor_file: None,
+        expr: "echo $((1+1))",
+        answer: "2\n",
+        raw_answer: "2",
     },
 ];
 
-/// The bench languages installed here, each with its registry entry; the others are noted.
-fn installed(ctx: &Ctx, need_session: bool, need_pool: bool) -> Result<Vec<&'static Lang>> {
+/// The bench languages installed here (with a REPL when `need_session`, with a warm pool
+/// when `need_pool`); the ones not installed are noted once.
+async fn installed(ctx: &Ctx, need_session: bool, need_pool: bool) -> Result<Vec<&'static Lang>> {
     let registry = Registry::load(ctx.config.prompts.as_deref())?;
     let mut out = Vec::new();
     for l in LANGS {
-        match registry.get(l.id) {
-            Ok(lang) => {
-                if (need_session && !lang.has_session())
-                    || (need_pool && lang.spec.run.pool.is_none())
-                {
-                    continue;
-                }
-                out.push(l);
-            }
-            Err(e) => ctx.note(format!("{}: skipped ({e})", l.id)),
+        let lang = registry.get(l.id)?;
+        if (need_session && !lang.has_session()) || (need_pool && lang.spec.run.pool.is_none()) {
+            continue;
+        }
+        let usable = match lang.detect().await {
+            None => Err(format!("{} is not installed", l.id)),
+            Some(d) if need_session => lang.session_exe(d).map(|_| ()),
+            Some(_) => Ok(()),
+        };
+        match usable {
+            Ok(()) => out.push(l),
+            Err(e) => ctx.note_once(format!("{}: skipped ({e})", l.id)),
         }
     }
     Ok(out)
+}
+
+/// Whether python can be driven (run-code and sessions), noting it once when not.
+async fn python_here(ctx: &Ctx) -> Result<bool> {
+    Ok(installed(ctx, true, false).await?.iter().any(|l| l.id == "python"))
 }
 
 fn args_of(v: Value) -> rmcp::model::JsonObject {
@@ -396,7 +461,7 @@ async fn run_code_rows(
     title: &str,
     pooled_only: bool,
 ) -> Result<Vec<Row>> {
-    let langs = installed(ctx, false, pooled_only)?;
+    let langs = installed(ctx, false, pooled_only).await?;
     if langs.is_empty() {
         return Ok(Vec::new());
     }
@@ -408,6 +473,10 @@ async fn run_code_rows(
             let args = args_of(json!({"languageId": l.id, "code": l.program}));
             let floor_dir =
                 tempfile::tempdir().context("cannot create a directory for the floor")?;
+            if let Some((name, text)) = l.floor_file {
+                std::fs::write(floor_dir.path().join(name), text)
+                    .context("cannot write the floor's program")?;
+            }
             let ours = || async {
                 server.wait_quiet(QUIET).await;
                 server.call_expecting("run-code", &args, "2\n").await
@@ -416,11 +485,18 @@ async fn run_code_rows(
                 server.wait_quiet(QUIET).await;
                 interp.time_run(l.floor_args, floor_dir.path(), "2\n").await
             };
+            let mut warm = Duration::ZERO;
             for _ in 0..WARMUP {
-                ours().await?;
+                warm = warm.max(ours().await?);
                 floor().await?;
             }
-            let (samples, floor_samples) = alternate(ctx.iterations, ours, floor).await?;
+            // Languages that compile first (runghc) take a second or more per sample.
+            let rounds = if warm >= SLOW {
+                ctx.slow_rounds()
+            } else {
+                ctx.iterations
+            };
+            let (samples, floor_samples) = alternate(rounds, ours, floor).await?;
             rows.push(Row {
                 name: format!("{section}:{}", l.id),
                 title: format!("{title} ({})", l.id),
@@ -552,7 +628,7 @@ async fn eval_expecting(h: &Handle, id: &str, code: &str, expected: &str) -> Res
 /// `session_eval` of `1+1` per session language, against the interpreter's own REPL behind
 /// a PTY driven directly (type the line, read the answer and the next prompt).
 async fn session_eval(ctx: &Ctx) -> Result<Vec<Row>> {
-    let langs = installed(ctx, true, false)?;
+    let langs = installed(ctx, true, false).await?;
     if langs.is_empty() {
         return Ok(Vec::new());
     }
@@ -563,23 +639,23 @@ async fn session_eval(ctx: &Ctx) -> Result<Vec<Row>> {
             let Some(raw_spec) = raw_repl(l.id) else {
                 continue;
             };
-            let interp = Interpreter::resolve(&ctx.config, l.id).await?;
+            let interp = Interpreter::resolve_session(&ctx.config, l.id).await?;
             let id = start_session(&server, l.id).await?;
             let mut raw = RawRepl::start(&interp, &raw_spec).await?;
             let h = server.handle();
             let result = async {
                 for _ in 0..WARMUP {
-                    eval_expecting(&h, &id, "1+1", "2\n").await?;
-                    raw.round_trip("1+1", "2").await?;
+                    eval_expecting(&h, &id, l.expr, l.answer).await?;
+                    raw.round_trip(l.expr, l.raw_answer).await?;
                 }
                 server.wait_quiet(QUIET).await;
                 let raw = std::sync::Arc::new(tokio::sync::Mutex::new(&mut raw));
                 let (samples, floor_samples) = alternate(
                     ctx.iterations,
-                    || eval_expecting(&h, &id, "1+1", "2\n"),
+                    || eval_expecting(&h, &id, l.expr, l.answer),
                     || {
                         let raw = raw.clone();
-                        async move { raw.lock().await.round_trip("1+1", "2").await }
+                        async move { raw.lock().await.round_trip(l.expr, l.raw_answer).await }
                     },
                 )
                 .await?;
@@ -591,7 +667,7 @@ async fn session_eval(ctx: &Ctx) -> Result<Vec<Row>> {
             let (samples, floor_samples) = result?;
             rows.push(Row {
                 name: format!("session_eval:{}", l.id),
-                title: format!("session_eval 1+1 ({})", l.id),
+                title: format!("session_eval {} ({})", l.expr, l.id),
                 measurement: Measurement::new(
                     samples,
                     Some(Floor {
@@ -610,6 +686,112 @@ async fn session_eval(ctx: &Ctx) -> Result<Vec<Row>> {
     .await;
     server.stop().await;
     measured
+}
+
+/// What confinement costs: `run-code` python print(1+1) with `--pool 0` (every call starts
+/// a confined process) and `session_eval` 1+1, at `landlock` and at `bwrap`, each against
+/// the same at `none` on a server started beside it.
+async fn sandbox_levels(ctx: &Ctx) -> Result<Vec<Row>> {
+    if !python_here(ctx).await? {
+        return Ok(Vec::new());
+    }
+    let serve = |mode: Mode| {
+        let mut c = ctx.without_pool();
+        c.sandbox = mode;
+        McpServer::start(ctx.serve_with(&c))
+    };
+    let none = serve(Mode::None).await?;
+    let measured = async {
+        let mut rows = Vec::new();
+        let none_id = start_session(&none, "python").await?;
+        for (mode, level) in [(Mode::Landlock, "landlock"), (Mode::Bwrap, "bwrap")] {
+            let server = match serve(mode).await {
+                Ok(s) => s,
+                Err(e) => {
+                    ctx.note(format!("sandbox {level}: skipped (the level does not work here: {e:#})"));
+                    continue;
+                }
+            };
+            let level_rows = sandbox_level_rows(ctx, &none, &none_id, &server, level).await;
+            server.stop().await;
+            rows.extend(level_rows?);
+        }
+        close_session(&none, &none_id).await;
+        Ok(rows)
+    }
+    .await;
+    none.stop().await;
+    measured
+}
+
+async fn sandbox_level_rows(
+    ctx: &Ctx,
+    none: &McpServer,
+    none_id: &str,
+    server: &McpServer,
+    level: &str,
+) -> Result<Vec<Row>> {
+    let run = json!({"languageId": "python", "code": "print(1+1)"});
+    let (_, _, structured) = server.call_ok("run-code", run.clone()).await?;
+    if structured["sandbox"] != level {
+        bail!("the server asked for {level} reports {}", structured["sandbox"]);
+    }
+    let args = args_of(run);
+    let ours = || async {
+        server.wait_quiet(QUIET).await;
+        server.call_expecting("run-code", &args, "2\n").await
+    };
+    let floor = || async {
+        none.wait_quiet(QUIET).await;
+        none.call_expecting("run-code", &args, "2\n").await
+    };
+    for _ in 0..WARMUP {
+        ours().await?;
+        floor().await?;
+    }
+    let (run_samples, run_floor) = alternate(ctx.iterations, ours, floor).await?;
+
+    let id = start_session(server, "python").await?;
+    let (h, hn) = (server.handle(), none.handle());
+    let evals = async {
+        for _ in 0..WARMUP {
+            eval_expecting(&h, &id, "1+1", "2\n").await?;
+            eval_expecting(&hn, none_id, "1+1", "2\n").await?;
+        }
+        alternate(
+            ctx.iterations,
+            || eval_expecting(&h, &id, "1+1", "2\n"),
+            || eval_expecting(&hn, none_id, "1+1", "2\n"),
+        )
+        .await
+    }
+    .await;
+    close_session(server, &id).await;
+    let (eval_samples, eval_floor) = evals?;
+    Ok(vec![
+        Row {
+            name: format!("sandbox:run_code:{level}"),
+            title: format!("run-code python print(1+1), --pool 0, at {level}"),
+            measurement: Measurement::new(
+                run_samples,
+                Some(Floor {
+                    what: "the same at --sandbox none".into(),
+                    samples: run_floor,
+                }),
+            ),
+        },
+        Row {
+            name: format!("sandbox:session_eval:{level}"),
+            title: format!("session_eval 1+1 (python) at {level}"),
+            measurement: Measurement::new(
+                eval_samples,
+                Some(Floor {
+                    what: "the same at --sandbox none".into(),
+                    samples: eval_floor,
+                }),
+            ),
+        },
+    ])
 }
 
 /// Run `calls` at once on one connection; the time until all are back, and how many
@@ -636,10 +818,7 @@ async fn all_at_once(
 
 /// 4 python sessions each sleeping 1 s at once, against one session sleeping 1 s.
 async fn sessions_sleep(ctx: &Ctx) -> Result<Vec<Row>> {
-    if installed(ctx, true, false)?
-        .iter()
-        .all(|l| l.id != "python")
-    {
+    if !python_here(ctx).await? {
         return Ok(Vec::new());
     }
     let server = McpServer::start(ctx.serve_with(&ctx.without_pool())).await?;
@@ -697,10 +876,7 @@ async fn sessions_sleep(ctx: &Ctx) -> Result<Vec<Row>> {
 
 /// 8 `run-code` calls at once (python), against one call, with the bench's settings.
 async fn concurrent_run_code(ctx: &Ctx) -> Result<Vec<Row>> {
-    if installed(ctx, false, false)?
-        .iter()
-        .all(|l| l.id != "python")
-    {
+    if !python_here(ctx).await? {
         return Ok(Vec::new());
     }
     const N: usize = 8;
@@ -812,10 +988,7 @@ async fn futures_join<F: Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output
 /// 200,000 printed lines through run-code and through a session, against python printing
 /// them to a pipe directly.
 async fn big_output(ctx: &Ctx) -> Result<Vec<Row>> {
-    if installed(ctx, true, false)?
-        .iter()
-        .all(|l| l.id != "python")
-    {
+    if !python_here(ctx).await? {
         return Ok(Vec::new());
     }
     let interp = Interpreter::resolve(&ctx.config, "python").await?;
@@ -922,10 +1095,7 @@ const LINES_PROGRAM: &str = "for i in range(200000):\n    print(i)";
 /// counted), over N. The interpreters are other processes and are not counted. The samples
 /// are the session starts.
 async fn idle_memory(ctx: &Ctx) -> Result<Vec<Row>> {
-    if installed(ctx, true, false)?
-        .iter()
-        .all(|l| l.id != "python")
-    {
+    if !python_here(ctx).await? {
         return Ok(Vec::new());
     }
     let n = ctx.args.idle_sessions as usize;
@@ -996,10 +1166,7 @@ async fn settled_stats(pid: u32) -> Result<ProcStats> {
 /// Many evaluations across many sessions: the server's descriptors, threads and memory
 /// before and after must not grow. Samples: every evaluation.
 async fn soak(ctx: &Ctx) -> Result<Vec<Row>> {
-    if installed(ctx, true, false)?
-        .iter()
-        .all(|l| l.id != "python")
-    {
+    if !python_here(ctx).await? {
         return Ok(Vec::new());
     }
     let sessions = ctx.args.soak_sessions as usize;

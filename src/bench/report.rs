@@ -172,6 +172,37 @@ pub fn targets(sections: &[SectionReport]) -> Vec<TargetReport> {
         "4 sessions each sleeping 1 s at once",
         1100.0,
     );
+    // Issue budget for confinement: about 10 ms per run-code, nothing per evaluation.
+    for level in ["landlock", "bwrap"] {
+        if let Some(s) = find(&format!("sandbox:run_code:{level}"))
+            && let Some(f) = &s.floor
+        {
+            let extra = s.ours.stats.median_ms - f.series.stats.median_ms;
+            out.push(TargetReport {
+                what: format!("run-code cost of the {level} sandbox over none"),
+                target: "<= 10 ms per call (median against median)".into(),
+                measured: format!(
+                    "{extra:+.1} ms ({:.1} against {:.1} ms)",
+                    s.ours.stats.median_ms, f.series.stats.median_ms
+                ),
+                met: extra <= 10.0,
+            });
+        }
+        if let Some(s) = find(&format!("sandbox:session_eval:{level}"))
+            && let Some(f) = &s.floor
+        {
+            let extra = s.ours.stats.median_ms - f.series.stats.median_ms;
+            out.push(TargetReport {
+                what: format!("session_eval cost of the {level} sandbox over none"),
+                target: "unchanged (within 0.5 ms, median against median)".into(),
+                measured: format!(
+                    "{extra:+.2} ms ({:.2} against {:.2} ms)",
+                    s.ours.stats.median_ms, f.series.stats.median_ms
+                ),
+                met: extra <= 0.5,
+            });
+        }
+    }
     if let Some(s) = find("concurrent_run_code") {
         let m = s.ours.stats.median_ms;
         let one = s
