@@ -329,6 +329,15 @@ async fn node_semantics() {
     let o = s.eval(&id, "function (").await;
     assert_eq!(status(&o), "error", "{}", o.text);
     assert_eq!(o.structured["error"]["type"], "SyntaxError");
+    // The interrupt stops a printing loop, often inside a write to the terminal: the session
+    // still answers and keeps its state.
+    for _ in 0..3 {
+        let o = s
+            .eval_t(&id, "for (let i = 0; ; i++) console.log(i)", 300)
+            .await;
+        assert_eq!(status(&o), "timeout", "{}", o.text);
+        assert_eq!(o.structured.get("restarted"), None, "{}", o.text);
+    }
     let o = s.eval(&id, "a + b").await;
     assert_eq!((status(&o), output(&o)), ("ok", "3\n"));
     s.stop().await;

@@ -135,6 +135,14 @@ pub struct Session {
     _lease: Option<Lease>,
 }
 
+/// The call that marked the session busy is over. Called once its report is complete, with
+/// the interpreter's lock still held: a client that sees the session free in session_list
+/// must not then be refused by session_eval because the call is still collecting files.
+fn release(session: &Session) {
+    *lock(&session.busy) = None;
+    session.touch();
+}
+
 /// Lock a std mutex, recovering from poisoning (a panic elsewhere must not wedge sessions).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -680,6 +688,7 @@ or stop it with session_interrupt, before evaluating more code.",
         // Still under the interpreter's lock: the next evaluation's files and images must
         // not be taken for this one's.
         self.collect(&session, &mut report).await;
+        release(&session);
         Ok(report)
     }
 
@@ -719,6 +728,7 @@ file in the session's directory and read it from there instead",
         };
         let mut report = self.conclude(&session, &mut guard, eval_id, started, outcome);
         self.collect(&session, &mut report).await;
+        release(&session);
         Ok(report)
     }
 
@@ -747,6 +757,7 @@ file in the session's directory and read it from there instead",
                 report.eval_id = Some(eval_id);
                 let mut result = self.conclude(&session, &mut guard, eval_id, started, outcome);
                 self.collect(&session, &mut result).await;
+                release(&session);
                 report.result = Some(result);
             }
             Err(_) => {
@@ -859,9 +870,8 @@ file in the session's directory and read it from there instead",
         if let Some(i) = guard.as_ref() {
             session.pid.store(i.pid as u64, Ordering::Relaxed);
         }
-        *lock(&session.busy) = None;
+        // Nothing left to interrupt; the session stays busy until the report is complete.
         *lock(&session.interrupt) = None;
-        session.touch();
         report
     }
 
