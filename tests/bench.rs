@@ -73,7 +73,9 @@ fn bench_json_has_every_section_with_its_samples() {
             if notes.contains(&format!("sandbox {level}: skipped"))
                 && std::env::var("REPLBOX_REQUIRE_ALL").as_deref() != Ok("1")
             {
-                eprintln!("SKIP: the {level} rows of the sandbox section: the level does not work here");
+                eprintln!(
+                    "SKIP: the {level} rows of the sandbox section: the level does not work here"
+                );
                 continue;
             }
             expected.push(format!("sandbox:run_code:{level}"));
@@ -149,7 +151,10 @@ fn bench_json_has_every_section_with_its_samples() {
         );
         // Every target of the design is judged, met or not (two per sandbox level measured).
         let targets = report["targets"].as_array().expect("targets");
-        let levels = names.iter().filter(|n| n.starts_with("sandbox:run_code:")).count();
+        let levels = names
+            .iter()
+            .filter(|n| n.starts_with("sandbox:run_code:"))
+            .count();
         assert_eq!(targets.len(), 9 + 2 * levels, "{targets:#?}");
         assert!(targets.iter().all(|t| t["met"].is_boolean()));
     }

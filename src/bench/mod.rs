@@ -419,7 +419,10 @@ async fn installed(ctx: &Ctx, need_session: bool, need_pool: bool) -> Result<Vec
 
 /// Whether python can be driven (run-code and sessions), noting it once when not.
 async fn python_here(ctx: &Ctx) -> Result<bool> {
-    Ok(installed(ctx, true, false).await?.iter().any(|l| l.id == "python"))
+    Ok(installed(ctx, true, false)
+        .await?
+        .iter()
+        .any(|l| l.id == "python"))
 }
 
 fn args_of(v: Value) -> rmcp::model::JsonObject {
@@ -690,28 +693,51 @@ async fn session_eval(ctx: &Ctx) -> Result<Vec<Row>> {
 
 /// What confinement costs: `run-code` python print(1+1) with `--pool 0` (every call starts
 /// a confined process) and `session_eval` 1+1, at `landlock` and at `bwrap`, each against
-/// the same at `none` on a server started beside it.
+/// the same at `none` on a server started beside it, all with the same python. (As root,
+/// `none` and `landlock` cannot use an interpreter only root can reach, such as pyenv's
+/// under /root, and pick another from PATH; the others are then given that one first on
+/// their PATH.)
 async fn sandbox_levels(ctx: &Ctx) -> Result<Vec<Row>> {
     if !python_here(ctx).await? {
         return Ok(Vec::new());
     }
-    let serve = |mode: Mode| {
+    let serve = |mode: Mode, path: Option<std::ffi::OsString>| {
         let mut c = ctx.without_pool();
         c.sandbox = mode;
-        McpServer::start(ctx.serve_with(&c))
+        let mut cmd = ctx.serve_with(&c);
+        if let Some(p) = path {
+            cmd.env("PATH", p);
+        }
+        McpServer::start(cmd)
     };
-    let none = serve(Mode::None).await?;
+    let none = serve(Mode::None, None).await?;
     let measured = async {
         let mut rows = Vec::new();
+        let python = python_of(&none).await?;
+        let mut dirs = vec![python.parent().map(Path::to_path_buf).unwrap_or_default()];
+        dirs.extend(std::env::split_paths(
+            &std::env::var_os("PATH").unwrap_or_default(),
+        ));
+        let path = std::env::join_paths(dirs).context("cannot build a PATH")?;
         let none_id = start_session(&none, "python").await?;
         for (mode, level) in [(Mode::Landlock, "landlock"), (Mode::Bwrap, "bwrap")] {
-            let server = match serve(mode).await {
+            let server = match serve(mode, Some(path.clone())).await {
                 Ok(s) => s,
                 Err(e) => {
-                    ctx.note(format!("sandbox {level}: skipped (the level does not work here: {e:#})"));
+                    ctx.note(format!(
+                        "sandbox {level}: skipped (the level does not work here: {e:#})"
+                    ));
                     continue;
                 }
             };
+            let same = python_of(&server).await;
+            if !same.as_ref().is_ok_and(|p| *p == python) {
+                server.stop().await;
+                bail!(
+                    "sandbox {level}: the server runs another python ({same:?}) than at none ({})",
+                    python.display()
+                );
+            }
             let level_rows = sandbox_level_rows(ctx, &none, &none_id, &server, level).await;
             server.stop().await;
             rows.extend(level_rows?);
@@ -724,6 +750,17 @@ async fn sandbox_levels(ctx: &Ctx) -> Result<Vec<Row>> {
     measured
 }
 
+/// The python a server's `run-code` runs.
+async fn python_of(server: &McpServer) -> Result<PathBuf> {
+    let (_, text, _) = server
+        .call_ok(
+            "run-code",
+            json!({"languageId": "python", "code": "import sys\nprint(sys.executable)"}),
+        )
+        .await?;
+    Ok(PathBuf::from(text.trim_end()))
+}
+
 async fn sandbox_level_rows(
     ctx: &Ctx,
     none: &McpServer,
@@ -734,7 +771,10 @@ async fn sandbox_level_rows(
     let run = json!({"languageId": "python", "code": "print(1+1)"});
     let (_, _, structured) = server.call_ok("run-code", run.clone()).await?;
     if structured["sandbox"] != level {
-        bail!("the server asked for {level} reports {}", structured["sandbox"]);
+        bail!(
+            "the server asked for {level} reports {}",
+            structured["sandbox"]
+        );
     }
     let args = args_of(run);
     let ours = || async {
@@ -775,7 +815,7 @@ async fn sandbox_level_rows(
             measurement: Measurement::new(
                 run_samples,
                 Some(Floor {
-                    what: "the same at --sandbox none".into(),
+                    what: "the same at --sandbox none, with the same python".into(),
                     samples: run_floor,
                 }),
             ),
@@ -786,7 +826,7 @@ async fn sandbox_level_rows(
             measurement: Measurement::new(
                 eval_samples,
                 Some(Floor {
-                    what: "the same at --sandbox none".into(),
+                    what: "the same at --sandbox none, with the same python".into(),
                     samples: eval_floor,
                 }),
             ),
@@ -1223,7 +1263,15 @@ async fn soak(ctx: &Ctx) -> Result<Vec<Row>> {
             samples.extend(done.context("a soak worker failed")??);
         }
         server.wait_quiet(QUIET).await;
-        let after = settled_stats(pid).await?;
+        let right_after = settled_stats(pid).await?;
+        // Threads the runtime started for blocking work (directory walks) end after 10 s
+        // idle: what stays after that is what the server keeps.
+        let mut after = right_after;
+        let settle = Instant::now();
+        while after.threads > before.threads && settle.elapsed() < Duration::from_secs(15) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            after = ProcStats::of(pid).context("cannot read the server's /proc entries")?;
+        }
         Ok::<_, anyhow::Error>(Row {
             name: "soak".into(),
             title: format!(
@@ -1235,6 +1283,7 @@ async fn soak(ctx: &Ctx) -> Result<Vec<Row>> {
                 .metric("fds_before", before.fds as f64)
                 .metric("fds_after", after.fds as f64)
                 .metric("threads_before", before.threads as f64)
+                .metric("threads_right_after", right_after.threads as f64)
                 .metric("threads_after", after.threads as f64)
                 .metric("rss_kib_before", before.rss_kib as f64)
                 .metric("rss_kib_after", after.rss_kib as f64),
