@@ -544,7 +544,7 @@ fn pipes(argv: Vec<String>, env: Vec<(String, String)>, jail: &Jail, cwd: &Path)
         argv,
         env,
         cwd: cwd.to_path_buf(),
-        stdio: Stdio3::Pipes { stdin: true },
+        stdio: Stdio3::Pipes,
         jail: jail.clone(),
     }
 }

@@ -67,9 +67,9 @@ impl Interpreter {
         env
     }
 
-    /// Spawn the interpreter directly with `args`, in `dir`, with the environment the server
-    /// gives its children (and nothing else), wait for it and check its stdout.
-    pub async fn time_run(&self, args: &[&str], dir: &Path, expected: &str) -> Result<Duration> {
+    /// The interpreter with `args`, in `dir`, with the server's child environment, stdin
+    /// empty and stdout piped.
+    fn direct(&self, args: &[&str], dir: &Path) -> Command {
         let mut cmd = Command::new(&self.exe);
         cmd.args(args)
             .env_clear()
@@ -77,8 +77,15 @@ impl Interpreter {
             .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .kill_on_drop(true);
+        cmd
+    }
+
+    /// Spawn the interpreter directly with `args`, in `dir`, with the environment the server
+    /// gives its children (and nothing else), wait for it and check its stdout.
+    pub async fn time_run(&self, args: &[&str], dir: &Path, expected: &str) -> Result<Duration> {
+        let mut cmd = self.direct(args, dir);
+        cmd.stderr(Stdio::piped());
         let started = Instant::now();
         let out = tokio::time::timeout(CALL_TIMEOUT, cmd.output()).await;
         let elapsed = started.elapsed();
@@ -100,15 +107,8 @@ impl Interpreter {
     /// Spawn the interpreter with `args` and read all of its stdout (for output floors):
     /// returns the time and the number of bytes read.
     pub async fn time_output(&self, args: &[&str], dir: &Path) -> Result<(Duration, usize)> {
-        let mut cmd = Command::new(&self.exe);
-        cmd.args(args)
-            .env_clear()
-            .envs(self.child_env(dir, "dumb"))
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true);
+        let mut cmd = self.direct(args, dir);
+        cmd.stderr(Stdio::null());
         let started = Instant::now();
         let out = tokio::time::timeout(CALL_TIMEOUT, cmd.output())
             .await

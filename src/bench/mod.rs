@@ -93,6 +93,17 @@ impl Measurement {
         }
     }
 
+    /// Samples compared with those of a floor, `what` saying what the floor ran.
+    pub fn against(samples: Vec<Duration>, what: impl Into<String>, floor: Vec<Duration>) -> Self {
+        Self::new(
+            samples,
+            Some(Floor {
+                what: what.into(),
+                samples: floor,
+            }),
+        )
+    }
+
     pub fn metric(mut self, name: &str, value: f64) -> Self {
         self.metrics.insert(name.to_string(), value);
         self
@@ -503,16 +514,14 @@ async fn run_code_rows(
             rows.push(Row {
                 name: format!("{section}:{}", l.id),
                 title: format!("{title} ({})", l.id),
-                measurement: Measurement::new(
+                measurement: Measurement::against(
                     samples,
-                    Some(Floor {
-                        what: format!(
-                            "{} {} spawned directly",
-                            interp.exe.display(),
-                            l.floor_args.join(" ")
-                        ),
-                        samples: floor_samples,
-                    }),
+                    format!(
+                        "{} {} spawned directly",
+                        interp.exe.display(),
+                        l.floor_args.join(" ")
+                    ),
+                    floor_samples,
                 ),
             });
         }
@@ -671,16 +680,14 @@ async fn session_eval(ctx: &Ctx) -> Result<Vec<Row>> {
             rows.push(Row {
                 name: format!("session_eval:{}", l.id),
                 title: format!("session_eval {} ({})", l.expr, l.id),
-                measurement: Measurement::new(
+                measurement: Measurement::against(
                     samples,
-                    Some(Floor {
-                        what: format!(
-                            "{} {} behind a PTY driven directly (raw round trip)",
-                            interp.exe.display(),
-                            raw_spec.args.join(" ")
-                        ),
-                        samples: floor_samples,
-                    }),
+                    format!(
+                        "{} {} behind a PTY driven directly (raw round trip)",
+                        interp.exe.display(),
+                        raw_spec.args.join(" ")
+                    ),
+                    floor_samples,
                 ),
             });
         }
@@ -812,23 +819,19 @@ async fn sandbox_level_rows(
         Row {
             name: format!("sandbox:run_code:{level}"),
             title: format!("run-code python print(1+1), --pool 0, at {level}"),
-            measurement: Measurement::new(
+            measurement: Measurement::against(
                 run_samples,
-                Some(Floor {
-                    what: "the same at --sandbox none, with the same python".into(),
-                    samples: run_floor,
-                }),
+                "the same at --sandbox none, with the same python",
+                run_floor,
             ),
         },
         Row {
             name: format!("sandbox:session_eval:{level}"),
             title: format!("session_eval 1+1 (python) at {level}"),
-            measurement: Measurement::new(
+            measurement: Measurement::against(
                 eval_samples,
-                Some(Floor {
-                    what: "the same at --sandbox none, with the same python".into(),
-                    samples: eval_floor,
-                }),
+                "the same at --sandbox none, with the same python",
+                eval_floor,
             ),
         },
     ])
@@ -897,12 +900,10 @@ async fn sessions_sleep(ctx: &Ctx) -> Result<Vec<Row>> {
         Ok::<_, anyhow::Error>(Row {
             name: "sessions_sleep".into(),
             title: "4 python sessions each sleeping 1 s, at once".into(),
-            measurement: Measurement::new(
+            measurement: Measurement::against(
                 samples,
-                Some(Floor {
-                    what: "one session sleeping 1 s alone".into(),
-                    samples: floor_samples,
-                }),
+                "one session sleeping 1 s alone",
+                floor_samples,
             ),
         })
     }
@@ -984,13 +985,7 @@ async fn concurrent_run_code(ctx: &Ctx) -> Result<Vec<Row>> {
         Ok::<_, anyhow::Error>(Row {
             name: "concurrent_run_code".into(),
             title: format!("{N} run-code python calls at once (pool {})", ctx.config.pool),
-            measurement: Measurement::new(
-                samples,
-                Some(Floor {
-                    what: "one run-code python call on the same server".into(),
-                    samples: floor_samples,
-                }),
-            )
+            measurement: Measurement::against(samples, "one run-code python call on the same server", floor_samples)
             .metric("calls", N as f64)
             .metric("least_right", least_right as f64)
             .metric("direct_8_at_once_median_ms", direct_median),
@@ -1073,15 +1068,13 @@ async fn big_output(ctx: &Ctx) -> Result<Vec<Row>> {
                         "session_eval"
                     }
                 ),
-                measurement: Measurement::new(
+                measurement: Measurement::against(
                     samples,
-                    Some(Floor {
-                        what: format!(
-                            "{} -u -c <the same loop>, stdout read from a pipe",
-                            interp.exe.display()
-                        ),
-                        samples: floor_samples,
-                    }),
+                    format!(
+                        "{} -u -c <the same loop>, stdout read from a pipe",
+                        interp.exe.display()
+                    ),
+                    floor_samples,
                 )
                 .metric("largest_text_bytes", largest as f64)
                 .metric("output_cap_bytes", cap)
@@ -1350,12 +1343,10 @@ async fn peer(ctx: &Ctx) -> Result<Vec<Row>> {
     rows.push(Row {
         name: "peer:initialize".into(),
         title: format!("server start -> initialize reply, replbox against {PEER}"),
-        measurement: Measurement::new(
+        measurement: Measurement::against(
             samples,
-            Some(Floor {
-                what: format!("{PEER} (node {})", bin.display()),
-                samples: floor_samples,
-            }),
+            format!("{PEER} (node {})", bin.display()),
+            floor_samples,
         ),
     });
 
@@ -1386,12 +1377,10 @@ async fn peer(ctx: &Ctx) -> Result<Vec<Row>> {
         Ok::<_, anyhow::Error>(Row {
             name: "peer:run_code".into(),
             title: format!("run-code python print(1+1), replbox against {PEER}"),
-            measurement: Measurement::new(
+            measurement: Measurement::against(
                 samples,
-                Some(Floor {
-                    what: format!("{PEER} with {} first on PATH", python.exe.display()),
-                    samples: floor_samples,
-                }),
+                format!("{PEER} with {} first on PATH", python.exe.display()),
+                floor_samples,
             ),
         })
     }

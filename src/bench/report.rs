@@ -174,33 +174,27 @@ pub fn targets(sections: &[SectionReport]) -> Vec<TargetReport> {
     );
     // Issue budget for confinement: about 10 ms per run-code, nothing per evaluation.
     for level in ["landlock", "bwrap"] {
-        if let Some(s) = find(&format!("sandbox:run_code:{level}"))
-            && let Some(f) = &s.floor
-        {
-            let extra = s.ours.stats.median_ms - f.series.stats.median_ms;
-            out.push(TargetReport {
-                what: format!("run-code cost of the {level} sandbox over none"),
-                target: "<= 10 ms per call (median against median)".into(),
-                measured: format!(
-                    "{extra:+.1} ms ({:.1} against {:.1} ms)",
-                    s.ours.stats.median_ms, f.series.stats.median_ms
-                ),
-                met: extra <= 10.0,
-            });
-        }
-        if let Some(s) = find(&format!("sandbox:session_eval:{level}"))
-            && let Some(f) = &s.floor
-        {
-            let extra = s.ours.stats.median_ms - f.series.stats.median_ms;
-            out.push(TargetReport {
-                what: format!("session_eval cost of the {level} sandbox over none"),
-                target: "unchanged (within 0.5 ms, median against median)".into(),
-                measured: format!(
-                    "{extra:+.2} ms ({:.2} against {:.2} ms)",
-                    s.ours.stats.median_ms, f.series.stats.median_ms
-                ),
-                met: extra <= 0.5,
-            });
+        for (row, what, limit_ms, target) in [
+            ("run_code", "run-code", 10.0, "<= 10 ms per call"),
+            (
+                "session_eval",
+                "session_eval",
+                0.5,
+                "unchanged (within 0.5 ms)",
+            ),
+        ] {
+            if let Some(s) = find(&format!("sandbox:{row}:{level}"))
+                && let Some(f) = &s.floor
+            {
+                let (ours, none) = (s.ours.stats.median_ms, f.series.stats.median_ms);
+                let extra = ours - none;
+                out.push(TargetReport {
+                    what: format!("{what} cost of the {level} sandbox over none"),
+                    target: format!("{target} (median against median)"),
+                    measured: format!("{extra:+.2} ms ({ours:.2} against {none:.2} ms)"),
+                    met: extra <= limit_ms,
+                });
+            }
         }
     }
     if let Some(s) = find("concurrent_run_code") {

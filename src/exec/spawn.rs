@@ -18,9 +18,8 @@ use crate::sandbox::{Jail, STATUS_FD, Sandbox};
 
 /// What a child's stdio is connected to.
 pub enum Stdio3 {
-    /// Separate pipes for stdout and stderr; stdin is a pipe when `stdin` is true, else
-    /// /dev/null.
-    Pipes { stdin: bool },
+    /// A pipe each for stdin, stdout and stderr.
+    Pipes,
     /// All three are this PTY slave; the helper makes it the controlling terminal.
     Pty(OwnedFd),
 }
@@ -117,8 +116,8 @@ pub fn spawn(sandbox: &Sandbox, spec: SpawnSpec) -> std::io::Result<Proc> {
         });
     }
     match spec.stdio {
-        Stdio3::Pipes { stdin } => {
-            cmd.stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+        Stdio3::Pipes => {
+            cmd.stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
         }
