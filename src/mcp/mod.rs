@@ -374,14 +374,14 @@ in another call. The session keeps its state.",
                     out.is_error = Some(false);
                     return out;
                 }
-                let text = match (&r.result, r.interrupted) {
-                    (Some(res), _) => res.text(),
-                    (None, true) => format!(
+                let text = if r.interrupted {
+                    format!(
                         "interrupted evaluation {} of session {}",
                         r.eval_id.unwrap_or_default(),
                         r.session_id
-                    ),
-                    (None, false) => format!("session {} has nothing to interrupt", r.session_id),
+                    )
+                } else {
+                    format!("session {} has nothing to interrupt", r.session_id)
                 };
                 result(text, &r, false)
             }
