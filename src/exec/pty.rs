@@ -159,10 +159,7 @@ impl PtyMaster {
     /// Whether a program switched the terminal out of canonical (line) mode, as line
     /// editors and key readers do while they wait for input.
     pub fn is_raw(&self) -> bool {
-        use std::os::fd::BorrowedFd;
-        // SAFETY: the descriptor is owned by self.fd and outlives this borrow.
-        let fd = unsafe { BorrowedFd::borrow_raw(self.raw_fd()) };
-        termios::tcgetattr(fd)
+        termios::tcgetattr(self.fd.get_ref())
             .map(|t| !t.local_flags.contains(LocalFlags::ICANON))
             .unwrap_or(false)
     }
@@ -170,19 +167,16 @@ impl PtyMaster {
     /// Whether the terminal turns the interrupt character into SIGINT (ISIG). Programs
     /// that read keys one by one switch it off.
     pub fn signals_enabled(&self) -> bool {
-        use std::os::fd::BorrowedFd;
-        // SAFETY: the descriptor is owned by self.fd and outlives this borrow.
-        let fd = unsafe { BorrowedFd::borrow_raw(self.raw_fd()) };
-        termios::tcgetattr(fd)
+        termios::tcgetattr(self.fd.get_ref())
             .map(|t| t.local_flags.contains(LocalFlags::ISIG))
             .unwrap_or(true)
     }
 
     /// The terminal's foreground process group, as the kernel sees it.
     pub fn foreground_pgrp(&self) -> Option<i32> {
-        let mut pgrp: libc::pid_t = 0;
-        // SAFETY: TIOCGPGRP writes one pid_t.
-        let rc = unsafe { libc::ioctl(self.raw_fd(), libc::TIOCGPGRP, &mut pgrp) };
-        (rc == 0 && pgrp > 0).then_some(pgrp)
+        nix::unistd::tcgetpgrp(self.fd.get_ref())
+            .ok()
+            .map(|p| p.as_raw())
+            .filter(|&p| p > 0)
     }
 }
