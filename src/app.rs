@@ -50,7 +50,7 @@ impl App {
     /// and the workspace are set up; a named level that does not work, or one below
     /// `--require-sandbox`, is an error here, before anything is served.
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
-        let probe = Sandbox::probe(&config);
+        let probe = Sandbox::probe(&config.sandbox_settings());
         let mut registry = Registry::load(config.prompts.as_deref())?;
         let workspace = Arc::new(Workspace::new(config.work_dir.as_deref())?);
         let sandbox = Arc::new(probe.finish(workspace.root())?);

@@ -4,7 +4,8 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::sandbox::{Level, Mode};
+use crate::sandbox::level::{Level, Mode};
+use crate::sandbox::{Limits, Settings};
 
 /// Server settings shared by `serve`, `run` and `bench`.
 #[derive(clap::Args, Debug, Clone)]
@@ -176,6 +177,26 @@ impl Default for Config {
 }
 
 impl Config {
+    /// What the sandbox needs to know of the configuration.
+    pub fn sandbox_settings(&self) -> Settings {
+        Settings {
+            mode: self.sandbox,
+            require: self.require_sandbox,
+            network: self.allow_network,
+            limits: Limits {
+                memory_mb: self.memory_mb,
+                processes: self.processes,
+                file_size_mb: self.file_size_mb,
+                open_files: self.open_files.max(16),
+                cpu_s: self.cpu_s,
+                tmpfs_mb: self.tmpfs_mb.max(1),
+            },
+            masks: self.mask.clone(),
+            uid_base: self.uid_base,
+            uids: self.uids,
+        }
+    }
+
     /// The timeout to use for a call that asked for `requested` ms (clamped, never zero).
     pub fn timeout(&self, requested: Option<u64>) -> Duration {
         let ms = requested

@@ -1,5 +1,6 @@
 //! Command line: `serve` (MCP over stdio, or streamable HTTP with `--http`), `run`,
-//! `languages`, `bench`, and the hidden `__exec` helper every child runs under.
+//! `languages` and `bench`. (Every child runs under the helper, the `replbox-exec` binary
+//! installed beside this one.)
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -9,7 +10,6 @@ use clap::{Parser, Subcommand};
 use replbox::app::App;
 use replbox::bench::{self, BenchArgs};
 use replbox::config::{Config, HttpConfig};
-use replbox::exec::helper::{self, HelperArgs};
 use replbox::mcp::ReplboxServer;
 use replbox::run::RunRequest;
 use rmcp::ServiceExt;
@@ -67,17 +67,6 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // The helper runs before anything else: no runtime, no logging, just supervise and exec.
-    let mut args = std::env::args_os();
-    if args.nth(1).is_some_and(|a| a == helper::SUBCOMMAND) {
-        match HelperArgs::parse(args) {
-            Ok(a) => helper::run(a),
-            Err(e) => {
-                eprintln!("replbox __exec: {e}");
-                return ExitCode::from(127);
-            }
-        }
-    }
     let cli = Cli::parse();
     // A network server says where it listens: HTTP mode logs replbox's own info lines.
     let http_mode =

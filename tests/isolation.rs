@@ -9,7 +9,6 @@
 
 mod common;
 
-use std::io::Read;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -1266,19 +1265,173 @@ async fn cpu_time_of_a_run_is_limited() {
     }
 }
 
-#[test]
-fn helper_reports_what_it_refuses() {
-    // The helper is the server's own binary: a bad confinement flag is an error, not ignored.
-    let mut out = String::new();
-    let mut child = std::process::Command::new(BIN)
-        .args(["__exec", "--rlimit", "bogus=1", "--", "true"])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let status = child.wait().expect("wait");
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut out);
+// Finding 5: at level landlock, /run is hidden as at bwrap, and no symbolic link (such as
+// /var/run -> /run) among the read rules opens it again, for runs and sessions alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn finding_5_run_stays_hidden_through_links_at_landlock() {
+    if !python() {
+        return;
     }
-    assert_eq!(status.code(), Some(127));
-    assert!(out.contains("bogus"), "{out}");
+    // A world-readable file in /run (only root can plant one there): only the sandbox
+    // hides it.
+    struct Canary(Option<std::path::PathBuf>);
+    impl Drop for Canary {
+        fn drop(&mut self) {
+            if let Some(p) = &self.0 {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+    let canary = Canary(we_are_root().then(|| {
+        let p = std::path::PathBuf::from(format!("/run/replbox-canary-{}", token()));
+        std::fs::write(&p, "visible").expect("canary");
+        p
+    }));
+    let mut probes = vec!["/run".to_string(), "/var/run".to_string()];
+    if let Some(name) = canary.0.as_ref().and_then(|p| p.file_name()) {
+        let name = name.to_string_lossy();
+        probes.push(format!("/run/{name}"));
+        probes.push(format!("/var/run/{name}"));
+    }
+    let code = format!(
+        r#"
+import os
+res = []
+for p in {probes:?}:
+    try:
+        res.append(str(os.listdir(p)) if os.path.isdir(p) else open(p).read())
+    except OSError as e:
+        res.append(type(e).__name__)
+print(" ".join(res))
+"#
+    );
+    let expected = format!("{}\n", vec!["PermissionError"; probes.len()].join(" "));
+    for setup in setups(&["landlock"]) {
+        let Some(s) = start(setup, &[], &[]).await else {
+            continue;
+        };
+        let o = run(&s, setup, "python", &code).await;
+        assert_eq!(o.s("stdout"), expected, "{setup:?}: run: {}", o.text);
+        let (id, _) = start_session(&s, setup, "python").await;
+        let o = eval(&s, &id, &code, 10_000).await;
+        assert_eq!(output(&o), expected, "{setup:?}: session: {}", o.text);
+        s.stop().await;
+    }
+}
+
+// Finding 6: at level landlock the host's /dev/shm is never written; a run or session gets
+// a private, bounded one where the kernel allows it (python's multiprocessing then works),
+// shared with no other and gone with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn finding_6_dev_shm_is_private_and_bounded_at_landlock() {
+    if !python() {
+        return;
+    }
+    let tok = token();
+    let mine = format!("/dev/shm/rbx-{tok}");
+    // Writes a small and a too big file, uses a multiprocessing pool, says what it saw.
+    let code = format!(
+        r#"
+import multiprocessing, os
+seen = os.path.exists("{mine}")
+try:
+    with open("{mine}", "wb") as f:
+        f.write(b"x" * (2 << 20))
+    shm = "private"
+except OSError as e:
+    shm = type(e).__name__
+try:
+    with open("{mine}.big", "wb") as f:
+        f.write(b"x" * (64 << 20))
+    big = "written"
+except OSError as e:
+    big = type(e).__name__
+if shm == "private":
+    os.unlink("{mine}.big")
+    with multiprocessing.Pool(2) as p:
+        pool = sum(p.map(abs, [-1, -2]))
+else:
+    pool = "-"
+print(seen, shm, big, pool)
+"#
+    );
+    for setup in setups(&["landlock"]) {
+        let Some(s) = start(setup, &["--tmpfs-mb", "16"], &[]).await else {
+            continue;
+        };
+        let o = run(&s, setup, "python", &code).await;
+        let got = o.s("stdout").to_string();
+        if got.starts_with("False PermissionError") {
+            // The kernel refused a namespace here: no writable /dev/shm at all.
+            if require_all() {
+                panic!("{setup:?}: no private /dev/shm: {}", o.text);
+            }
+            eprintln!("SKIP: {setup:?}: no private /dev/shm here: {}", o.text);
+        } else {
+            assert_eq!(
+                got, "False private OSError 3\n",
+                "{setup:?}: run: {}",
+                o.text
+            );
+        }
+        assert!(!std::path::Path::new(&mine).exists(), "{setup:?}: run");
+        // Two sessions at once: neither sees the other's file, nor a run's.
+        let (a, _) = start_session(&s, setup, "python").await;
+        let (b, _) = start_session(&s, setup, "python").await;
+        let o = eval(&s, &a, &code, 20_000).await;
+        assert_eq!(output(&o), got, "{setup:?}: session: {}", o.text);
+        let o = eval(&s, &b, &code, 20_000).await;
+        assert_eq!(output(&o), got, "{setup:?}: other session: {}", o.text);
+        assert!(!std::path::Path::new(&mine).exists(), "{setup:?}: session");
+        let o = s.call("session_close", json!({"session_id": a})).await;
+        assert!(!o.is_error, "{}", o.text);
+        // A session started after the close does not find it either.
+        let (c, _) = start_session(&s, setup, "python").await;
+        let o = eval(
+            &s,
+            &c,
+            &format!("import os\nprint(os.path.exists('{mine}'))"),
+            10_000,
+        )
+        .await;
+        assert_eq!(output(&o), "False\n", "{setup:?}: {}", o.text);
+        s.stop().await;
+    }
+}
+
+// The directories a spawn binds and writes are opened without following links: a work
+// directory named through a symbolic link still works (its real path is used).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_work_dir_named_through_a_link_works() {
+    if !python() {
+        return;
+    }
+    let real = world_writable_tempdir();
+    let links = tempfile::tempdir().expect("tempdir");
+    let link = links.path().join("work");
+    std::os::unix::fs::symlink(real.path(), &link).expect("symlink");
+    let link = link.display().to_string();
+    for setup in setups(ALL) {
+        let Some(s) = start(setup, &["--work-dir", &link], &[]).await else {
+            continue;
+        };
+        let o = run(
+            &s,
+            setup,
+            "python",
+            "open('f', 'w').write('x'); print(open('f').read())",
+        )
+        .await;
+        assert_eq!(o.text, "x\n", "{setup:?}");
+        let (id, _) = start_session(&s, setup, "python").await;
+        let o = eval(
+            &s,
+            &id,
+            "open('g', 'w').write('y'); print(open('g').read())",
+            10_000,
+        )
+        .await;
+        assert_eq!(output(&o), "y\n", "{setup:?}: {}", o.text);
+        s.stop().await;
+    }
 }

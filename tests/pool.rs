@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{Value, json};
 
-/// What the pool's helpers and interpreters carry on their command line (the loader's first
-/// line, in prompts/python.toml).
+/// What the pool's interpreters carry on their command line (the loader's first line, in
+/// prompts/python.toml). Their helpers do not: the helper gets its program as data.
 const MARK: &str = "replbox warm pool";
 
 fn cmdline(pid: i32) -> String {
@@ -38,13 +38,16 @@ fn children(pid: i32) -> Vec<i32> {
     out
 }
 
-/// Every pooled interpreter of the server, ready or not, by the pid of the server's child
-/// that carries it (the helper, or bwrap around it): those whose command line is the pool
-/// loader.
+/// Every pooled interpreter of the server, by the pid of the server's child that carries it
+/// (the helper, or bwrap around it): those with the pool loader in their tree.
 fn pool_helpers(server: i32) -> BTreeSet<i32> {
     children(server)
         .into_iter()
-        .filter(|&h| cmdline(h).contains(MARK))
+        .filter(|&h| {
+            descendants(h)
+                .into_iter()
+                .any(|p| cmdline(p).contains(MARK))
+        })
         .collect()
 }
 

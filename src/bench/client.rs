@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use nix::unistd::Pid;
 use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
 use rmcp::service::{Peer, RunningService};
 use rmcp::transport::TokioChildProcess;
@@ -181,9 +180,9 @@ pub fn text_of(result: &CallToolResult) -> String {
 
 /// The processes under `root` and their CPU ticks in total, as a comparable snapshot.
 fn tree_cpu(root: u32) -> (Vec<i32>, u64) {
-    let mut pids: Vec<i32> = crate::exec::helper::descendants(Pid::from_raw(root as i32))
+    let mut pids: Vec<i32> = replbox_exec::procfs::descendants(root)
         .into_iter()
-        .map(|p| p.as_raw())
+        .map(|p| p as i32)
         .collect();
     pids.sort_unstable();
     let ticks = pids.iter().filter_map(|p| cpu_ticks(*p)).sum();

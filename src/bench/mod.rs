@@ -286,7 +286,7 @@ pub async fn run(args: BenchArgs) -> Result<Report> {
             load_after: report::load_average(),
             seconds: started.elapsed().as_secs(),
             pool: ctx.config.pool,
-            helper: crate::exec::spawn::helper_exe().display().to_string(),
+            helper: crate::sandbox::helper_exe().display().to_string(),
             interpreters,
         },
         sections,

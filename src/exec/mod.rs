@@ -1,8 +1,7 @@
-//! Spawning: the `__exec` helper every child runs under, the server-side spawner, child
-//! environments and PTYs.
+//! Spawning: the server side of running a program under the helper (`replbox-exec`, its
+//! own crate), child environments and PTYs.
 
 pub mod env;
-pub mod helper;
 pub mod pty;
 pub mod spawn;
 

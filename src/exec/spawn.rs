@@ -1,20 +1,25 @@
 //! Server side of spawning: every child goes through [`spawn`], which runs the program under
-//! the `__exec` helper (itself under bwrap at that level) with a clean environment, its own
-//! session, a private directory and the sandbox's confinement.
+//! the helper (itself under bwrap at that level), in its own session, with the sandbox's
+//! confinement. bwrap and the helper start with an empty environment, in `/`: the program's
+//! path, arguments and environment (the caller's values among them) reach the helper as data
+//! on a descriptor, and only the confined program gets them.
 
+use std::io::{Seek, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use nix::fcntl::OFlag;
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
+use replbox_exec::status::Record;
+use replbox_exec::{PROGRAM_FD, Program, STATUS_FD, procfs};
 use tokio::process::{Child, Command};
 
-use crate::sandbox::{Jail, STATUS_FD, Sandbox};
+use crate::sandbox::{Jail, Sandbox};
 
 /// What a child's stdio is connected to.
 pub enum Stdio3 {
@@ -27,7 +32,8 @@ pub enum Stdio3 {
 /// One program to start.
 pub struct SpawnSpec {
     pub argv: Vec<String>,
-    /// The complete environment (nothing is inherited from the server).
+    /// The program's complete environment (nothing is inherited from the server). It
+    /// reaches only the program, after confinement.
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
     pub stdio: Stdio3,
@@ -35,38 +41,128 @@ pub struct SpawnSpec {
     pub jail: Jail,
 }
 
-static HELPER_EXE: OnceLock<PathBuf> = OnceLock::new();
+/// The file to execute for `argv0`: itself when it names a path (relative ones are taken
+/// from the working directory), else the first match on the server's own PATH (the
+/// operator's, never a caller's), else the bare name, which then fails to run.
+fn program_file(argv0: &str) -> String {
+    if argv0.contains('/') {
+        return argv0.to_string();
+    }
+    let path = super::env::server_path();
+    std::env::split_paths(&path)
+        .filter(|d| d.is_absolute())
+        .map(|d| d.join(argv0))
+        .find(|p| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| argv0.to_string())
+}
 
-/// Where the helper is: `REPLBOX_HELPER` if set (the library's unit tests run inside the
-/// test binary, which is not replbox); else the small `replbox-exec` binary installed
-/// beside the server's executable (same arguments, much cheaper to start: see
-/// `src/bin/replbox-exec.rs`); else the server's own executable, whose `__exec` command
-/// runs the same code.
-pub fn helper_exe() -> &'static Path {
-    HELPER_EXE.get_or_init(|| {
-        if let Some(p) = std::env::var_os("REPLBOX_HELPER") {
-            return PathBuf::from(p);
+/// The program's description, in a memory file the helper reads on [`PROGRAM_FD`].
+fn program_fd(spec: &SpawnSpec) -> std::io::Result<OwnedFd> {
+    let argv0 = spec
+        .argv
+        .first()
+        .ok_or_else(|| std::io::Error::other("no program to run"))?;
+    // Sorted by name, a later value replacing an earlier one: the environment a program
+    // started by `std::process::Command` gets (the warm pool's loader does the same).
+    let env: std::collections::BTreeMap<&str, &str> = spec
+        .env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let program = Program {
+        file: program_file(argv0).into(),
+        argv: spec.argv.iter().map(Into::into).collect(),
+        env: env.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+    };
+    let bytes = program.encode().map_err(std::io::Error::other)?;
+    let fd =
+        nix::sys::memfd::memfd_create(c"replbox-program", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+            .map_err(std::io::Error::from)?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(&bytes)?;
+    file.rewind()?;
+    Ok(file.into())
+}
+
+/// Put each `(descriptor, number)` at its number in a child about to exec, without one
+/// clobbering another: first every source is copied above all the numbers, then each copy is
+/// moved to its place (`dup2` clears close-on-exec there; the copies keep it and vanish).
+fn place_fds(fds: &[(i32, i32)], scratch: &mut [i32]) -> std::io::Result<()> {
+    let above = fds.iter().map(|&(_, n)| n).max().unwrap_or(0) + 1;
+    for (i, &(src, _)) in fds.iter().enumerate() {
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) is async-signal-safe and only makes a descriptor.
+        let copy = unsafe { libc::fcntl(src, libc::F_DUPFD_CLOEXEC, above) };
+        if copy < 0 {
+            return Err(std::io::Error::last_os_error());
         }
-        let me = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("replbox"));
-        match me.parent().map(|dir| dir.join(HELPER_BIN)) {
-            Some(small) if is_executable(&small) => small,
-            _ => me,
+        scratch[i] = copy;
+    }
+    for (i, &(_, n)) in fds.iter().enumerate() {
+        // SAFETY: dup2 is async-signal-safe; both numbers are descriptors of this child.
+        if unsafe { libc::dup2(scratch[i], n) } < 0 {
+            return Err(std::io::Error::last_os_error());
         }
+    }
+    Ok(())
+}
+
+/// Start a program under the helper, confined by `sandbox` and the spec's jail.
+pub fn spawn(sandbox: &Sandbox, spec: SpawnSpec) -> std::io::Result<Proc> {
+    let pty = matches!(spec.stdio, Stdio3::Pty(_));
+    let program = program_fd(&spec)?;
+    // Close-on-exec in the server, so no other concurrently spawned child inherits it; the
+    // write end is placed at STATUS_FD in this child only (pre_exec below).
+    let (status_r, status_w) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(std::io::Error::from)?;
+    let line = sandbox.command(&spec.jail, &spec.cwd, pty)?;
+    let mut cmd = Command::new(&line.program);
+    cmd.args(&line.args)
+        .env_clear()
+        .current_dir("/")
+        .kill_on_drop(false);
+    if line.wrapped {
+        // Out of the server's process group, so a Ctrl-C at the server's own terminal does
+        // not reach bwrap (the helper makes its own session anyway).
+        cmd.process_group(0);
+    }
+    let mut fds = vec![
+        (status_w.as_raw_fd(), STATUS_FD),
+        (program.as_raw_fd(), PROGRAM_FD),
+    ];
+    fds.extend(line.fds.iter().map(|(fd, n)| (fd.as_raw_fd(), *n)));
+    let mut scratch = vec![0; fds.len()];
+    // SAFETY: place_fds only calls fcntl and dup2 (async-signal-safe) and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || place_fds(&fds, &mut scratch));
+    }
+    match spec.stdio {
+        Stdio3::Pipes => {
+            cmd.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+        }
+        Stdio3::Pty(slave) => {
+            cmd.stdin(Stdio::from(slave.try_clone()?))
+                .stdout(Stdio::from(slave.try_clone()?))
+                .stderr(Stdio::from(slave));
+        }
+    }
+    let child = cmd.spawn()?;
+    drop((status_w, program, line.fds));
+    let pid = child
+        .id()
+        .ok_or_else(|| std::io::Error::other("child exited before its pid was read"))?;
+    Ok(Proc {
+        child,
+        pid,
+        wrapped: line.wrapped,
+        status: Some(std::fs::File::from(status_r)),
+        dirty: spec.jail.dirty.clone(),
     })
-}
-
-/// File name of the dedicated helper binary.
-pub const HELPER_BIN: &str = "replbox-exec";
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    p.metadata()
-        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// Set the helper executable explicitly (before the first spawn).
-pub fn set_helper_exe(path: PathBuf) {
-    let _ = HELPER_EXE.set(path);
 }
 
 /// A running child: the helper, or bwrap with the helper as its only child. Its exit status
@@ -82,70 +178,11 @@ pub struct Proc {
     dirty: Option<Arc<AtomicBool>>,
 }
 
-/// Start a program under the helper, confined by `sandbox` and the spec's jail.
-pub fn spawn(sandbox: &Sandbox, spec: SpawnSpec) -> std::io::Result<Proc> {
-    let pty = matches!(spec.stdio, Stdio3::Pty(_));
-    // Close-on-exec in the server, so no other concurrently spawned child inherits it; the
-    // write end is placed at STATUS_FD in this child only (pre_exec below).
-    let (status_r, status_w) =
-        nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(std::io::Error::from)?;
-    let line = sandbox.command(&spec.jail, &spec.cwd, pty, Some(STATUS_FD), &spec.argv);
-    let mut cmd = Command::new(&line.program);
-    cmd.args(&line.args)
-        .env_clear()
-        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .current_dir(&spec.cwd)
-        .kill_on_drop(false);
-    if line.wrapped {
-        // Out of the server's process group, so a Ctrl-C at the server's own terminal does
-        // not reach bwrap (the helper makes its own session anyway).
-        cmd.process_group(0);
-    }
-    let w = status_w.as_raw_fd();
-    // SAFETY: dup2 and fcntl are async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            if w == STATUS_FD {
-                if libc::fcntl(w, libc::F_SETFD, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            } else if libc::dup2(w, STATUS_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    match spec.stdio {
-        Stdio3::Pipes => {
-            cmd.stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-        }
-        Stdio3::Pty(slave) => {
-            cmd.stdin(Stdio::from(slave.try_clone()?))
-                .stdout(Stdio::from(slave.try_clone()?))
-                .stderr(Stdio::from(slave));
-        }
-    }
-    let child = cmd.spawn()?;
-    drop(status_w);
-    let pid = child
-        .id()
-        .ok_or_else(|| std::io::Error::other("child exited before its pid was read"))?;
-    Ok(Proc {
-        child,
-        pid,
-        wrapped: line.wrapped,
-        status: Some(std::fs::File::from(status_r)),
-        dirty: spec.jail.dirty.clone(),
-    })
-}
-
 impl Proc {
     /// The helper's pid (bwrap's child when wrapped; None while bwrap is still starting it).
     pub fn helper_pid(&self) -> Option<u32> {
         if self.wrapped {
-            child_of(self.pid)
+            procfs::first_child(self.pid)
         } else {
             Some(self.pid)
         }
@@ -153,7 +190,7 @@ impl Proc {
 
     /// The program's pid (the helper's first child).
     pub fn program_pid(&self) -> Option<u32> {
-        self.helper_pid().and_then(child_of)
+        self.helper_pid().and_then(procfs::first_child)
     }
 
     /// Wait for the end, with the program's exact status.
@@ -172,17 +209,15 @@ impl Proc {
         };
         let mut buf = [0u8; 64];
         let record = match f.read(&mut buf) {
-            Ok(n) if n > 0 => std::str::from_utf8(&buf[..n])
-                .ok()
-                .and_then(super::helper::parse_status_record),
+            Ok(n) if n > 0 => std::str::from_utf8(&buf[..n]).ok().and_then(Record::parse),
             _ => None,
         };
         match record {
-            Some((raw, clean)) => {
-                if !clean {
+            Some(r) => {
+                if !r.clean {
                     self.mark_dirty();
                 }
-                std::process::ExitStatus::from_raw(raw)
+                std::process::ExitStatus::from_raw(r.wait_status())
             }
             None => {
                 self.mark_dirty();
@@ -207,8 +242,9 @@ impl Proc {
         }
         // Signal the helper, not bwrap: bwrap would die at once and leave the sandbox to
         // die a moment later, after this returned.
-        let target = Pid::from_raw(self.helper_pid().unwrap_or(self.pid) as i32);
-        let _ = signal::kill(target, Signal::SIGTERM);
+        let helper = self.helper_pid().unwrap_or(self.pid);
+        let target = Pid::from_raw(helper as i32);
+        terminate_helper(helper);
         match tokio::time::timeout(Duration::from_secs(3), self.child.wait()).await {
             Ok(Ok(status)) => Some(self.reported(status)),
             _ => {
@@ -229,16 +265,22 @@ impl Drop for Proc {
         // the child in the background.
         if matches!(self.child.try_wait(), Ok(None)) {
             self.mark_dirty();
-            let target = self.helper_pid().unwrap_or(self.pid);
-            let _ = signal::kill(Pid::from_raw(target as i32), Signal::SIGTERM);
+            terminate_helper(self.helper_pid().unwrap_or(self.pid));
         }
     }
 }
 
-/// The first child of `pid`.
-pub fn child_of(pid: u32) -> Option<u32> {
-    let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
-    list.split_whitespace().next()?.parse().ok()
+/// Ask a helper to tear its tree down (SIGTERM). Refuses what cannot be a helper of ours:
+/// pids 0 and 1 (0 would signal the server's whole process group), the server itself and
+/// its process group.
+pub fn terminate_helper(pid: u32) -> bool {
+    let me = std::process::id();
+    let group = nix::unistd::getpgrp().as_raw() as u32;
+    if pid <= 1 || pid == me || pid == group || i32::try_from(pid).is_err() {
+        tracing::warn!(pid, "refusing to signal a pid that is not a helper");
+        return false;
+    }
+    signal::kill(Pid::from_raw(pid as i32), Signal::SIGTERM).is_ok()
 }
 
 /// Exit code and signal name from a status.
@@ -257,4 +299,59 @@ pub fn signal_name(sig: i32) -> String {
     Signal::try_from(sig)
         .map(|s| s.as_str().to_string())
         .unwrap_or_else(|_| format!("signal {sig}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A SIGTERM to any of these would end this test process (or its group) itself.
+    #[test]
+    fn never_signals_the_server_or_its_group() {
+        let group = nix::unistd::getpgrp().as_raw() as u32;
+        for pid in [0, 1, std::process::id(), group, u32::MAX] {
+            assert!(!terminate_helper(pid), "{pid}");
+        }
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        assert!(terminate_helper(child.id()));
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(child.wait().expect("wait").signal(), Some(libc::SIGTERM));
+    }
+
+    #[test]
+    fn programs_are_found_on_the_servers_path_only() {
+        assert_eq!(program_file("./main"), "./main");
+        assert_eq!(program_file("/bin/sh"), "/bin/sh");
+        assert!(program_file("sh").ends_with("/sh") && program_file("sh").starts_with('/'));
+        assert_eq!(program_file("no-such-program-here"), "no-such-program-here");
+    }
+
+    #[test]
+    fn descriptors_are_placed_without_clobbering_each_other() {
+        use std::os::unix::process::CommandExt;
+        let a = std::fs::File::open("/dev/null").expect("a");
+        let b = std::fs::File::open("/proc/self/stat").expect("b");
+        // Each source sits at the other's target: a naive dup2 would lose one.
+        let (ra, rb) = (a.as_raw_fd(), b.as_raw_fd());
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args([
+            "-c",
+            &format!("readlink /proc/self/fd/{ra} /proc/self/fd/{rb}"),
+        ]);
+        let fds = [(ra, rb), (rb, ra)];
+        let mut scratch = [0; 2];
+        // SAFETY: place_fds only calls fcntl and dup2.
+        unsafe {
+            cmd.pre_exec(move || place_fds(&fds, &mut scratch));
+        }
+        let out = cmd.output().expect("sh");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].ends_with("stat"), "{text}");
+        assert_eq!(lines[1], "/dev/null", "{text}");
+    }
 }

@@ -157,7 +157,7 @@ pub struct Interp {
     reader: tokio::task::JoinHandle<()>,
     /// The pid of the process the server started (the helper, or bwrap) and the
     /// interpreter's.
-    pub helper_pid: u32,
+    helper_pid: u32,
     pub pid: u32,
     /// Internal evaluations (readiness, resynchronisation) are numbered from SYNC_BASE so
     /// that user evaluation N is `<cell N>` in tracebacks.
@@ -260,7 +260,7 @@ impl Interp {
                 Ok(me)
             }
             other => {
-                tracing::warn!(tree = %describe_tree(helper_pid), "interpreter did not start");
+                tracing::warn!(tree = %replbox_exec::procfs::describe_tree(helper_pid), "interpreter did not start");
                 me.kill().await;
                 let what = match other {
                     Ending::Exited(Some(st)) => format!("exited ({st})"),
@@ -729,6 +729,11 @@ impl Interp {
         self.shared.lock().closed
     }
 
+    /// The helper's pid (bwrap's child when wrapped): what tears the tree down on SIGTERM.
+    pub fn helper(&self) -> u32 {
+        self.proc.helper_pid().unwrap_or(self.helper_pid)
+    }
+
     /// Kill the whole tree and reap it.
     pub async fn kill(&mut self) -> Option<std::process::ExitStatus> {
         let st = self.proc.kill_tree().await;
@@ -790,22 +795,4 @@ pub fn interrupt_flag(ctl: &Path, n: u64) -> PathBuf {
 
 fn path_str(p: &Path) -> String {
     p.display().to_string()
-}
-
-/// A one-line description of a process tree (for diagnostics).
-fn describe_tree(root: u32) -> String {
-    let mut out = Vec::new();
-    for pid in std::iter::once(root).chain(stdin_wait::descendants(root)) {
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        let sys = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
-        let state = crate::exec::helper::read_ppid_state(pid as i32)
-            .map(|(_, s)| s)
-            .unwrap_or('?');
-        out.push(format!(
-            "{pid} {} {state} [{}]",
-            comm.trim(),
-            sys.split_whitespace().next().unwrap_or("")
-        ));
-    }
-    out.join("; ")
 }

@@ -123,6 +123,9 @@ pub struct Session {
     files: Mutex<Option<Snapshot>>,
     interp: tokio::sync::Mutex<Option<Interp>>,
     pid: AtomicU64,
+    /// The helper the interpreter runs under: what a close signals while an evaluation
+    /// holds the interpreter.
+    helper: AtomicU64,
     evals: AtomicU64,
     last_used: Mutex<(SystemTime, Instant)>,
     busy: Mutex<Option<Busy>>,
@@ -544,6 +547,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         }
         let idle_timeout = self.config.idle_timeout(req.idle_timeout_s);
         let pid = interp.pid;
+        let helper = interp.helper();
         let now = SystemTime::now();
         let session = Arc::new(Session {
             id: id.clone(),
@@ -558,6 +562,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             files: Mutex::new(baseline),
             interp: tokio::sync::Mutex::new(Some(interp)),
             pid: AtomicU64::new(pid as u64),
+            helper: AtomicU64::new(helper as u64),
             evals: AtomicU64::new(0),
             last_used: Mutex::new((now, Instant::now())),
             busy: Mutex::new(None),
@@ -869,6 +874,7 @@ file in the session's directory and read it from there instead",
         }
         if let Some(i) = guard.as_ref() {
             session.pid.store(i.pid as u64, Ordering::Relaxed);
+            session.helper.store(i.helper() as u64, Ordering::Relaxed);
         }
         // Nothing left to interrupt; the session stays busy until the report is complete.
         *lock(&session.interrupt) = None;
@@ -1107,14 +1113,10 @@ async fn kill_session(session: &Session) -> Option<i32> {
     let mut guard = match session.interp.try_lock() {
         Ok(g) => g,
         Err(_) => {
-            // The evaluation in flight returns promptly once its tree is gone.
-            let pid = session.pid.load(Ordering::Relaxed) as i32;
-            if let Some(helper) = crate::exec::helper::read_ppid_state(pid).map(|(p, _)| p) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(helper),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
-            }
+            // The evaluation in flight returns promptly once its tree is gone. The helper's
+            // pid is kept for this: the interpreter's parent could be the server itself.
+            let helper = session.helper.load(Ordering::Relaxed);
+            crate::exec::spawn::terminate_helper(u32::try_from(helper).unwrap_or(0));
             session.interp.lock().await
         }
     };

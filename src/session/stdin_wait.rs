@@ -11,11 +11,9 @@
 //! "The terminal" is matched by device number, so it works whatever the path inside a
 //! sandbox's /dev looks like.
 
-use std::fs::File;
+use replbox_exec::procfs;
 
 use crate::lang::spec::InputWait;
-use std::os::unix::fs::FileExt;
-use std::os::unix::fs::MetadataExt;
 
 #[cfg(target_arch = "x86_64")]
 mod nr {
@@ -50,17 +48,13 @@ pub fn tree_waits_on_tty(root: u32, tty: u64, signals: &[InputWait]) -> bool {
 
 /// Like [`tree_waits_on_tty`], describing the waiting thread and system call.
 pub fn tree_reader(root: u32, tty: u64, signals: &[InputWait]) -> Option<String> {
-    for pid in descendants(root) {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            continue;
-        };
-        for t in tasks.flatten() {
-            if let Ok(line) = std::fs::read_to_string(t.path().join("syscall"))
+    for pid in procfs::descendants(root) {
+        for tid in procfs::threads(pid) {
+            if let Some(line) = procfs::syscall(pid, tid)
                 && blocked_on_tty(pid, &line, tty, signals)
             {
                 return Some(format!(
-                    "pid {pid} thread {} in syscall {}",
-                    t.file_name().to_string_lossy(),
+                    "pid {pid} thread {tid} in syscall {}",
                     line.split_whitespace().next().unwrap_or("?")
                 ));
             }
@@ -69,48 +63,11 @@ pub fn tree_reader(root: u32, tty: u64, signals: &[InputWait]) -> Option<String>
     None
 }
 
-/// Descendants of `pid` through /proc/PID/task/TID/children.
-pub fn descendants(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut frontier = vec![pid];
-    while let Some(p) = frontier.pop() {
-        for child in children(p) {
-            if out.len() < 4096 {
-                out.push(child);
-                frontier.push(child);
-            }
-        }
-    }
-    out
-}
-
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
-    };
-    for t in tasks.flatten() {
-        let path = t.path().join("children");
-        if let Ok(list) = std::fs::read_to_string(path) {
-            out.extend(
-                list.split_whitespace()
-                    .filter_map(|s| s.parse::<u32>().ok()),
-            );
-        }
-    }
-    out
-}
-
 /// Whether a thread of `pid` is blocked reading the terminal.
 pub fn waits_on_tty(pid: u32, tty: u64, signals: &[InputWait]) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
-    };
-    tasks.flatten().any(|t| {
-        std::fs::read_to_string(t.path().join("syscall"))
-            .ok()
-            .is_some_and(|s| blocked_on_tty(pid, &s, tty, signals))
-    })
+    procfs::threads(pid)
+        .into_iter()
+        .any(|tid| procfs::syscall(pid, tid).is_some_and(|s| blocked_on_tty(pid, &s, tty, signals)))
 }
 
 /// Interpret one `/proc/.../syscall` line.
@@ -142,15 +99,8 @@ fn blocked_on_tty(pid: u32, line: &str, tty: u64, signals: &[InputWait]) -> bool
     false
 }
 
-/// Device number of the terminal behind `/proc/PID/fd/FD`, if it is a character device.
-fn fd_rdev(pid: u32, fd: u64) -> Option<u64> {
-    let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}")).ok()?;
-    use std::os::unix::fs::FileTypeExt;
-    meta.file_type().is_char_device().then(|| meta.rdev())
-}
-
 fn fd_is_tty(pid: u32, fd: u64, tty: u64) -> bool {
-    fd_rdev(pid, fd) == Some(tty)
+    procfs::fd_rdev(pid, fd) == Some(tty)
 }
 
 /// `select(nfds, readfds, …)`: read the readfds bitmap from the process's memory.
@@ -159,7 +109,7 @@ fn select_reads_tty(pid: u32, nfds: u64, readfds: u64, tty: u64) -> bool {
         return false;
     }
     let bytes = nfds.div_ceil(64) * 8;
-    let Some(bits) = read_mem(pid, readfds, bytes as usize) else {
+    let Some(bits) = procfs::read_mem(pid, readfds, bytes as usize) else {
         return false;
     };
     (0..nfds).any(|fd| {
@@ -173,7 +123,7 @@ fn poll_reads_tty(pid: u32, fds: u64, nfds: u64, tty: u64) -> bool {
     if fds == 0 || nfds == 0 || nfds > 4096 {
         return false;
     }
-    let Some(raw) = read_mem(pid, fds, (nfds * 8) as usize) else {
+    let Some(raw) = procfs::read_mem(pid, fds, (nfds * 8) as usize) else {
         return false;
     };
     raw.chunks_exact(8).any(|p| {
@@ -186,7 +136,7 @@ fn poll_reads_tty(pid: u32, fds: u64, nfds: u64, tty: u64) -> bool {
 /// `epoll_wait(epfd, …)`: the registrations are listed in /proc/PID/fdinfo/EPFD as
 /// `tfd: FD events: MASK …`.
 fn epoll_reads_tty(pid: u32, epfd: u64, tty: u64) -> bool {
-    let Ok(info) = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{epfd}")) else {
+    let Some(info) = procfs::fdinfo(pid, epfd) else {
         return false;
     };
     info.lines().any(|l| {
@@ -204,13 +154,6 @@ fn epoll_reads_tty(pid: u32, epfd: u64, tty: u64) -> bool {
             _ => false,
         }
     })
-}
-
-fn read_mem(pid: u32, addr: u64, len: usize) -> Option<Vec<u8>> {
-    let f = File::open(format!("/proc/{pid}/mem")).ok()?;
-    let mut buf = vec![0u8; len];
-    f.read_exact_at(&mut buf, addr).ok()?;
-    Some(buf)
 }
 
 #[cfg(test)]

@@ -163,7 +163,7 @@ impl TestServer {
 
 /// Parent pid and state of a process, from /proc.
 pub fn ppid_state(pid: i32) -> Option<(i32, char)> {
-    replbox::exec::helper::read_ppid_state(pid)
+    replbox_exec::procfs::ppid_state(pid)
 }
 
 /// Whether a process exists and is not a zombie.
