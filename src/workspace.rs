@@ -21,13 +21,16 @@ impl Workspace {
     pub fn new(parent: Option<&Path>) -> std::io::Result<Self> {
         let mut b = tempfile::Builder::new();
         b.prefix("replbox-");
-        let root = match parent {
+        // Named by its real path: the sandbox opens the directories it binds and allows
+        // without following symbolic links.
+        let parent = match parent {
             Some(p) => {
                 std::fs::create_dir_all(p)?;
-                b.tempdir_in(p)?
+                std::fs::canonicalize(p)?
             }
-            None => b.tempdir()?,
+            None => std::fs::canonicalize(std::env::temp_dir())?,
         };
+        let root = b.tempdir_in(parent)?;
         // Traversable, not listable: pool uids reach their own directories only.
         std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o711))?;
         for sub in ["runs", "sessions", "cache"] {

@@ -162,8 +162,7 @@ fn binds(sb: &Sandbox, jail: &Jail, b: &mut Vec<OsString>) -> std::io::Result<Ve
     let targets = jail.ro.iter().map(|p| ("--ro-bind-fd", p));
     for (flag, p) in targets.chain(jail.rw.iter().map(|p| ("--bind-fd", p))) {
         let n = FIRST_BIND_FD + fds.len() as i32;
-        // Opened where it really is, bound where the program expects it.
-        fds.push((open_dir(&sb.real_path(p))?, n));
+        fds.push((open_dir(p)?, n));
         push(b, &[flag, &n.to_string()]);
         b.push(p.clone().into());
     }

@@ -133,10 +133,6 @@ pub struct Sandbox {
     masked: Vec<PathBuf>,
     /// Landlock-level read allowlist (see [`landlock::read_roots`]).
     read_roots: Vec<PathBuf>,
-    /// The workspace as the server names it and where it really is, when they differ (a
-    /// `--work-dir` through a symbolic link): the helper and bwrap open the jail's
-    /// directories without following links, so they get the real path.
-    workspace_link: Option<(PathBuf, PathBuf)>,
     pool: Option<Arc<UidPool>>,
     /// A remembered bwrap success still to confirm (see [`probe`]).
     unverified: Mutex<Option<probe::ProbeCache>>,
@@ -259,18 +255,6 @@ impl Sandbox {
         )
     }
 
-    /// Where `p` really is when it lies in the workspace named through a link (the helper
-    /// and bwrap open what they are given without following links).
-    fn real_path(&self, p: &Path) -> PathBuf {
-        match &self.workspace_link {
-            Some((given, real)) => match p.strip_prefix(given) {
-                Ok(rest) => real.join(rest),
-                Err(_) => p.to_path_buf(),
-            },
-            None => p.to_path_buf(),
-        }
-    }
-
     /// Whether spawns go through bwrap.
     fn wrapped(&self) -> bool {
         self.level == Level::Bwrap && self.bwrap.is_some()
@@ -336,8 +320,8 @@ impl Sandbox {
                 LandlockMode::BestEffort
             });
             let (read, write) = landlock::rules(self.wrapped(), &self.read_roots, jail);
-            args.read = read.iter().map(|p| self.real_path(p)).collect();
-            args.write = write.iter().map(|p| self.real_path(p)).collect();
+            args.read = read;
+            args.write = write;
             args.net = self.network;
             args.seccomp = true;
             args.private_shm = (!self.wrapped()).then(|| mib(l.tmpfs_mb));

@@ -141,7 +141,6 @@ impl Plan {
             bwrap: self.bwrap.clone(),
             masked: self.masked.clone(),
             read_roots: Vec::new(),
-            workspace_link: None,
             pool: self.pool.clone().ok().flatten(),
             unverified: Mutex::new(None),
         }
@@ -250,14 +249,10 @@ impl Probe {
         } else if self.cached {
             sandbox.unverified = Mutex::new(self.cache);
         }
-        let real = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.into());
         if level == Level::Landlock {
             let mut hidden = sandbox.masked.clone();
-            hidden.push(real.clone());
+            hidden.push(std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.into()));
             sandbox.read_roots = read_roots(&hidden);
-        }
-        if real != workspace {
-            sandbox.workspace_link = Some((workspace.to_path_buf(), real));
         }
         Ok(sandbox)
     }
