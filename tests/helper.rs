@@ -237,3 +237,55 @@ fn the_server_refuses_to_start_without_its_helper() {
         "{err}"
     );
 }
+
+/// Closing a session while an evaluation holds its interpreter signals the session's own
+/// helper: the evaluation ends, the tree is gone, and the server still answers.
+#[tokio::test(flavor = "multi_thread")]
+async fn closing_a_busy_session_ends_its_tree_and_nothing_else() {
+    if !require("python", "python3") {
+        return;
+    }
+    let s = std::sync::Arc::new(TestServer::start().await);
+    let id = s.start_session("python").await;
+    let before = s.descendants();
+    let (s2, id2) = (s.clone(), id.clone());
+    let eval = tokio::spawn(async move {
+        s2.eval_t(&id2, "import time\ntime.sleep(600)", 600_000)
+            .await
+    });
+    // Busy once the evaluation holds the interpreter.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let l = s.call("session_list", json!({})).await;
+        if l.structured["sessions"][0]["busy"] == true {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never busy: {}",
+            l.text
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let o = s.call("session_close", json!({"session_id": id})).await;
+    assert_eq!(o.structured["closed"], true, "{}", o.text);
+    let e = tokio::time::timeout(Duration::from_secs(20), eval)
+        .await
+        .expect("the evaluation returned")
+        .expect("task");
+    assert_ne!(status(&e), "ok", "{}", e.text);
+    assert!(wait_gone(&before, Duration::from_secs(5)).await.is_empty());
+    let l = s.call("session_list", json!({})).await;
+    assert!(
+        !l.is_error
+            && l.structured["sessions"]
+                .as_array()
+                .is_some_and(Vec::is_empty),
+        "{}",
+        l.text
+    );
+    match std::sync::Arc::try_unwrap(s) {
+        Ok(s) => s.stop().await,
+        Err(_) => panic!("the server is still shared"),
+    }
+}
