@@ -1,25 +1,23 @@
 //! `replbox-exec`: the small supervisor every child of the replbox server runs under, and the
-//! only code that runs with the server's privileges (root, when the server is) after the
+//! only code that runs with the server's privileges (root, when the server is) once the
 //! server hands a program over. This crate is that security boundary, to be read on its own.
 //!
-//! The server starts it as `replbox-exec ARGS` ([`ExecArgs`]), at level `bwrap` as the
-//! first process of a bubblewrap sandbox, with an environment the server built (nothing of
-//! the caller's) and two descriptors: the status pipe ([`STATUS_FD`]) and the [`Program`]
-//! ([`PROGRAM_FD`]): the path, argv and environment to run, which carry the caller's
-//! values as data.
+//! The server starts it as `replbox-exec ARGS` ([`ExecArgs`]; at level `bwrap` as the first
+//! process of a bubblewrap sandbox) with an empty environment, in `/`, and two descriptors:
+//! the status pipe ([`STATUS_FD`]) and the [`Program`] ([`PROGRAM_FD`]): the path, argv
+//! and environment to run, which carry the caller's values as data.
 //!
 //! What it guarantees:
 //!
 //! * The caller's values (arguments, environment) are never in the helper's own
 //!   environment or command line; they reach only `execve` in the child, after every layer
 //!   below is in place. The program is not searched for on a `PATH`.
-//! * In the child, in this order, before `execve`: rlimits; at level `landlock` a private
-//!   /dev/shm where the kernel allows one (the host's is never writable); as root the uid
-//!   drop (capability
-//!   bounding set emptied, supplementary groups dropped, gid, uid, `no_new_privs`, verified);
-//!   `chdir` as that uid; Landlock (rules opened without following symbolic links); seccomp;
-//!   every descriptor above 2 closed. A layer that fails stops the child (exit 127) with a
-//!   message on stderr.
+//! * In the child, in this order, before `execve`: rlimits; with `--private-shm` (level
+//!   `landlock`) a private /dev/shm where the kernel allows one; as root the uid drop
+//!   (capability bounding set emptied, supplementary groups dropped, gid, uid,
+//!   `no_new_privs`, verified); `chdir` as that uid; Landlock (rules opened without
+//!   following symbolic links); seccomp; every descriptor above 2 closed. A layer that fails
+//!   stops the child (exit 127) with a message on stderr.
 //! * The helper keeps its identity (it must read /proc and kill the whole tree). It is a
 //!   child subreaper in its own session (with `--pty`, the PTY on fd 0 becomes the
 //!   controlling terminal), so nothing the program forks or daemonizes escapes it.
