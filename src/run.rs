@@ -371,7 +371,7 @@ impl Runner {
             &BTreeMap::new(),
         );
         let mut with_loader = vars.to_vec();
-        with_loader.push(("loader", p.loader.as_str()));
+        with_loader.push(("loader", p.loader.text.as_str()));
         let argv = expand_command(&p.command, &with_loader, &[]);
         let proc = exec::spawn(
             &self.sandbox,

@@ -12,7 +12,7 @@ use common::*;
 use serde_json::{Value, json};
 
 /// What the pool's helpers and interpreters carry on their command line (the loader's first
-/// line, in prompts/python.toml).
+/// line, prompts/python/pool_loader.py).
 const MARK: &str = "replbox warm pool";
 
 fn cmdline(pid: i32) -> String {

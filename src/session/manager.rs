@@ -447,21 +447,19 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
         let ctl_s = ctl.display().to_string();
         let work_s = work.display().to_string();
-        let out_s = out.display().to_string();
-        let max_images = self.config.max_images.to_string();
-        let bootstrap = expand(
-            &spec.bootstrap,
-            &[
-                ("nonce", &nonce),
-                ("ctl", &ctl_s),
-                ("work", &work_s),
-                ("out", &out_s),
-                ("max_images", &max_images),
-            ],
+        // The bootstrap and init lines are code: their placeholders become literals.
+        let values = spec.values(
+            &nonce,
+            &ctl,
+            &work,
+            &out,
+            &cwd,
+            u64::from(self.config.max_images),
         );
-        let boot_path = ctl.join(&spec.bootstrap_file);
-        std::fs::write(&boot_path, bootstrap)
+        let boot_path = ctl.join(&spec.bootstrap.file);
+        std::fs::write(&boot_path, values.expand(&spec.bootstrap.text))
             .map_err(|e| format!("cannot write the bootstrap: {e}"))?;
+        let init = spec.init.iter().map(|l| values.expand(l)).collect();
         let exe = exe_path.display().to_string();
         let boot_s = boot_path.display().to_string();
         let cache_dir = self.workspace.cache_dir(lang.id(), uid);
@@ -531,6 +529,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             cwd: cwd.clone(),
             ctl,
             nonce,
+            init,
             spec: spec.clone(),
             output_cap: self.config.output_cap,
         });
