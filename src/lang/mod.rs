@@ -58,7 +58,7 @@ TOML to <id>/{LANGUAGE_FILE} beside {name:?}"
 #[derive(Debug)]
 pub struct Language {
     pub spec: LangSpec,
-    /// `builtin:python.toml` or the path of an override file.
+    /// `builtin:prompts/python/language.toml` or the path of an override file.
     pub origin: String,
     /// The first of `programs` found on PATH, or why none was.
     pub program: Result<PathBuf, String>,
