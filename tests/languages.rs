@@ -35,6 +35,8 @@ struct Row {
     print_cwd: &'static str,
     /// Print `LIT` on a line, and the literal format (of placeholders) LIT is written in.
     print_literal: (&'static str, Format),
+    /// A command that checks the syntax of the source file given after it (none: no check).
+    syntax_check: &'static [&'static str],
 }
 
 const ROWS: &[Row] = &[
@@ -52,6 +54,11 @@ const ROWS: &[Row] = &[
         many_lines: "for i in range(200000): print('line', i)",
         print_cwd: "import os; print(os.getcwd())",
         print_literal: ("print(LIT)", Format::Json),
+        syntax_check: &[
+            "python3",
+            "-c",
+            "import ast, sys; ast.parse(open(sys.argv[1]).read())",
+        ],
     },
     Row {
         language: "javascript",
@@ -67,6 +74,7 @@ const ROWS: &[Row] = &[
         many_lines: "for (let i = 0; i < 200000; i++) console.log('line', i)",
         print_cwd: "console.log(process.cwd())",
         print_literal: ("console.log(LIT)", Format::Json),
+        syntax_check: &["node", "--check"],
     },
     Row {
         language: "ruby",
@@ -82,6 +90,7 @@ const ROWS: &[Row] = &[
         many_lines: "200000.times { |i| puts \"line #{i}\" }\nnil",
         print_cwd: "puts Dir.pwd",
         print_literal: ("puts LIT", Format::Ruby),
+        syntax_check: &["ruby", "-c"],
     },
     Row {
         language: "haskell",
@@ -97,6 +106,7 @@ const ROWS: &[Row] = &[
         many_lines: "mapM_ (\\i -> putStrLn (\"line \" ++ show i)) [0 .. 199999 :: Int]",
         print_cwd: "System.Directory.getCurrentDirectory >>= putStrLn",
         print_literal: ("putStrLn LIT", Format::Haskell),
+        syntax_check: &[],
     },
     Row {
         language: "shellscript",
@@ -112,6 +122,7 @@ const ROWS: &[Row] = &[
         many_lines: "seq -f 'line %g' 0 199999",
         print_cwd: "pwd",
         print_literal: ("printf '%s\\n' LIT", Format::Shell),
+        syntax_check: &["bash", "-n"],
     },
 ];
 
@@ -360,6 +371,53 @@ async fn placeholder_literals_read_back_as_the_same_text() {
         );
     }
     s.stop().await;
+}
+
+/// A bootstrap is real source: as it is in prompts/ (its placeholders happen to read as
+/// dict, object or hash literals, so editors and linters take it) and once expanded with
+/// hostile directory names, it parses in its language.
+#[test]
+fn bootstrap_sources_parse_as_they_are_and_expanded() {
+    let registry = replbox::lang::Registry::load(None).expect("the built-in languages load");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let hostile = tmp.path().join(HOSTILE);
+    for row in installed() {
+        let Some((program, args)) = row.syntax_check.split_first() else {
+            continue;
+        };
+        let lang = registry
+            .all()
+            .iter()
+            .find(|l| l.id() == row.language)
+            .expect("a registered language");
+        let session = lang.spec.session.as_ref().expect("a session language");
+        let values = session.values(
+            "0123456789abcdef",
+            &hostile,
+            &hostile,
+            &hostile,
+            &hostile,
+            8,
+        );
+        for (what, text) in [
+            ("as it is", session.bootstrap.text.clone()),
+            ("expanded", values.expand(&session.bootstrap.text)),
+        ] {
+            let file = tmp.path().join(&session.bootstrap.file);
+            std::fs::write(&file, &text).expect("write");
+            let out = std::process::Command::new(program)
+                .args(args)
+                .arg(&file)
+                .output()
+                .expect("run the syntax check");
+            assert!(
+                out.status.success(),
+                "{} {what}: {}",
+                row.language,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
 }
 
 /// The caller's `cwd` and the operator's work directory end up in paths the bootstrap is
