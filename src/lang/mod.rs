@@ -447,7 +447,6 @@ pub fn parse_spec(origin: &str, text: &str, folder: Folder<'_>) -> anyhow::Resul
     if let Some(s) = spec.session.as_mut() {
         load("session.bootstrap", &mut s.bootstrap)?;
     }
-    let spec = spec;
     let id_ok = |s: &str| {
         !s.is_empty()
             && s.chars()
@@ -782,6 +781,70 @@ eval = "run {n}"
 "#;
 
     const SESSION_FILES: Folder<'static> = Folder::Builtin(&[("boot", "")]);
+
+    #[test]
+    fn source_placeholders_are_checked_where_they_are() {
+        let with =
+            |boot: &str, text: &str| parse_spec("s.toml", text, Folder::Builtin(&[("boot", boot)]));
+        with("d = {ctl:json}; n = {sync_base}", SESSION_LANG).unwrap_or_else(|e| panic!("{e}"));
+        for (boot, text, field) in [
+            ("d = '{ctl}'", SESSION_LANG.to_string(), "session.bootstrap"),
+            (
+                "",
+                SESSION_LANG.replace("run {n}", "run {n} {cell}"),
+                "session.eval",
+            ),
+            (
+                "",
+                SESSION_LANG.replace("[session]", "[session]\ninit = ['cd {cwd}']"),
+                "session.init",
+            ),
+            (
+                "",
+                SESSION_LANG.replace("[session]", "[session]\nbootstrap_file = 'b'"),
+                "session.bootstrap_file",
+            ),
+        ] {
+            let e = with(boot, &text).unwrap_err().to_string();
+            assert!(e.contains(&format!("s.toml: field `{field}`")), "{e}");
+        }
+        // The eval line's path as a literal is fine.
+        with("", &SESSION_LANG.replace("run {n}", "run {n} {cell:json}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
+    fn a_prompts_dir_holds_folders_and_lone_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let write = |rel: &str, text: &str| {
+            let p = dir.path().join(rel);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(p, text).expect("write");
+        };
+        write("x/language.toml", SESSION_LANG);
+        write("x/boot", "boot {nonce:shell}");
+        write(
+            "plain.toml",
+            "id = 'plain'\nname = 'P'\nprograms = ['p']\n[run]\nfile = 'a'\ncommand = ['p']\n",
+        );
+        write("notes.txt", "ignored");
+        write(".hidden/language.toml", "not read");
+        let r = Registry::load(Some(dir.path())).unwrap_or_else(|e| panic!("{e}"));
+        let x = r.all().iter().find(|l| l.id() == "x").expect("x loaded");
+        assert_eq!(
+            x.spec.session.as_ref().map(|s| s.bootstrap.text.as_str()),
+            Some("boot {nonce:shell}")
+        );
+        assert!(x.origin.ends_with("x/language.toml"), "{}", x.origin);
+        assert!(r.all().iter().any(|l| l.id() == "plain"));
+        // A folder named otherwise than its id, or without a language.toml, is an error.
+        std::fs::rename(dir.path().join("x"), dir.path().join("y")).expect("rename");
+        let e = Registry::load(Some(dir.path())).unwrap_err().to_string();
+        assert!(e.contains("must be the name of its folder"), "{e}");
+        std::fs::remove_file(dir.path().join("y/language.toml")).expect("rm");
+        let e = Registry::load(Some(dir.path())).unwrap_err().to_string();
+        assert!(e.contains("needs a language.toml"), "{e}");
+    }
 
     #[test]
     fn session_programs_are_validated() {
