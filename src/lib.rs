@@ -1,7 +1,6 @@
 //! replbox: an MCP server for persistent interpreter sessions and one-shot code runs.
 
 pub mod app;
-pub mod bench;
 pub mod config;
 pub mod exec;
 pub mod http;

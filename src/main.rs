@@ -1,5 +1,5 @@
 //! Command line: `serve` (MCP over stdio, or streamable HTTP with `--http`), `run`,
-//! `languages`, `bench`, and the hidden `__exec` helper every child runs under.
+//! `languages`, and the hidden `__exec` helper every child runs under.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -7,7 +7,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use replbox::app::App;
-use replbox::bench::{self, BenchArgs};
 use replbox::config::{Config, HttpConfig};
 use replbox::exec::helper::{self, HelperArgs};
 use replbox::mcp::ReplboxServer;
@@ -61,9 +60,6 @@ enum Command {
         #[command(flatten)]
         config: Config,
     },
-    /// Measure this binary on this machine (run-code through MCP against spawning the
-    /// interpreter directly, server start) and print medians, p10, p90 and ratios.
-    Bench(BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -117,7 +113,6 @@ fn main() -> ExitCode {
                 config,
             } => run(config, language, code, file, stdin, timeout_ms, args).await,
             Command::Languages { config } => languages(config).await,
-            Command::Bench(args) => bench(args).await,
         }
     });
     // Do not wait for stray blocking tasks (a stdin read) at exit.
@@ -248,19 +243,6 @@ fn exit_code_for(report: &replbox::run::RunReport) -> ExitCode {
         return ExitCode::from((128 + n) as u8);
     }
     ExitCode::from(125)
-}
-
-async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
-    let json = args.json;
-    let report = bench::run(args).await?;
-    let mut out = std::io::stdout().lock();
-    if json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
-    } else {
-        bench::print_table(&report, &mut out)?;
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 async fn languages(config: Config) -> anyhow::Result<ExitCode> {
