@@ -580,7 +580,7 @@ command = ["{exe}", "{file}"]
 command = ["{exe}", "-c", "exit 3"]
 bootstrap_file = "bootstrap.sh"
 cell_file = "cell-{n}.sh"
-eval = "x"
+eval = "x {n}"
 prompt = "\u001b_rbx;{nonce};p\u001b\\"
 bootstrap = ""
 "#,
