@@ -53,7 +53,7 @@ impl Workspace {
 
     /// A fresh directory for one `run-code` call, belonging to `owner` when given.
     pub fn new_run_dir(&self, owner: Option<u32>) -> std::io::Result<PrivateDir> {
-        let dir = PrivateDir::create(
+        let mut dir = PrivateDir::create(
             self.root
                 .path()
                 .join("runs")
@@ -61,6 +61,10 @@ impl Workspace {
             0o700,
         )?;
         chown(dir.path(), owner)?;
+        // Beside the run's directory, not in it: a program sees only its own files there.
+        dir.cache = dir.path().with_extension("cache");
+        std::fs::DirBuilder::new().mode(0o700).create(&dir.cache)?;
+        chown(&dir.cache, owner)?;
         Ok(dir)
     }
 
@@ -95,20 +99,10 @@ impl Workspace {
 }
 
 /// The cache directory for a language's tools (`MPLCONFIGDIR`, build caches) of one run or
-/// session: inside its private directory (a session's `cache/`, a run's `.cache/`), so it is
-/// removed with it. Created for `owner`.
+/// session: a session's `cache/`, a run's `<run>.cache/` beside it, removed with the private
+/// directory. Created for `owner`.
 pub fn cache_dir(private: &PrivateDir, lang: &str, owner: Option<u32>) -> PathBuf {
-    let session_cache = private.path().join("cache");
-    let base = if session_cache.is_dir() {
-        session_cache
-    } else {
-        let b = private.path().join(".cache");
-        if std::fs::DirBuilder::new().mode(0o700).create(&b).is_ok() {
-            let _ = chown(&b, owner);
-        }
-        b
-    };
-    let p = base.join(lang);
+    let p = private.cache.join(lang);
     if std::fs::DirBuilder::new().mode(0o700).create(&p).is_ok() {
         let _ = chown(&p, owner);
     }
@@ -140,12 +134,15 @@ pub fn chown(path: &Path, owner: Option<u32>) -> std::io::Result<()> {
 #[derive(Debug)]
 pub struct PrivateDir {
     path: PathBuf,
+    /// Where its tools' caches go (`cache_dir`), removed with it.
+    cache: PathBuf,
 }
 
 impl PrivateDir {
     fn create(path: PathBuf, mode: u32) -> std::io::Result<Self> {
         std::fs::DirBuilder::new().mode(mode).create(&path)?;
-        Ok(Self { path })
+        let cache = path.join("cache");
+        Ok(Self { path, cache })
     }
 
     pub fn path(&self) -> &Path {
@@ -157,6 +154,9 @@ impl Drop for PrivateDir {
     fn drop(&mut self) {
         // remove_dir_all does not follow symlinks that user code may have left in it.
         let _ = std::fs::remove_dir_all(&self.path);
+        if !self.cache.starts_with(&self.path) {
+            let _ = std::fs::remove_dir_all(&self.cache);
+        }
     }
 }
 

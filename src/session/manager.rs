@@ -434,13 +434,13 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         let work = dir.path().join("work");
         let ctl = dir.path().join("ctl");
         let out = dir.path().join("out");
-        // The caller's cwd and files, with the session's rights (never the server's).
         // Handles on the session's own directories, opened with the server's rights: every
         // directory on the way is the server's, so nothing user code made is followed.
         let own = |p: &std::path::Path| {
             hostfs::open_dir_path(p).map_err(|e| format!("cannot open the session directory: {e}"))
         };
         let (work_fd, out_fd) = (own(&work)?, own(&out)?);
+        // The caller's cwd and files, with the session's rights (never the server's).
         let prepared = hostfs::as_uid(uid, {
             let policy = self.cwd_policy.clone();
             let (cwd, files, local) = (req.cwd.clone(), req.files, caller.is_local());
