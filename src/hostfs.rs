@@ -267,7 +267,7 @@ pub struct Walk {
     pub into_workspaces: bool,
 }
 
-/// Why a walk stopped, for messages.
+/// Whether a walk stopped at a link, a non-directory or a mount point (for messages).
 pub fn is_link_error(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
