@@ -3,6 +3,7 @@
 pub mod app;
 pub mod config;
 pub mod exec;
+pub mod hostfs;
 pub mod http;
 pub mod lang;
 pub mod mcp;

@@ -277,7 +277,7 @@ impl Runner {
             .workspace
             .new_run_dir(uid)
             .map_err(|e| format!("cannot create a working directory: {e}"))?;
-        let cache_dir = self.workspace.cache_dir(lang.id(), uid);
+        let cache_dir = crate::workspace::cache_dir(&dir, lang.id(), uid);
         let jail = Jail {
             uid,
             rw: vec![dir.path().to_path_buf(), cache_dir.clone()],

@@ -320,7 +320,7 @@ impl Interp {
             Some(t) => crate::lang::expand(t, &[("code", code), ("n", &n_s)]),
             None => code.to_string(),
         };
-        if let Err(e) = std::fs::write(&cell, body) {
+        if let Err(e) = crate::workspace::write_ctl(&cell, body) {
             return self.fail_now(format!("cannot write the cell file: {e}"));
         }
         let background = {
@@ -536,7 +536,7 @@ impl Interp {
         // Tell the bootstrap before interrupting: a REPL that goes on with input it has
         // queued (ghci runs the rest of a macro's commands after "Interrupted.") can look
         // for this file and stop there. Removed when the evaluation ends.
-        let _ = std::fs::write(interrupt_flag(&self.launch.ctl, n), b"");
+        let _ = crate::workspace::write_ctl(&interrupt_flag(&self.launch.ctl, n), b"");
         if !self.send_interrupt().await {
             return match self.wait_exit().await {
                 Ending::Exited(st) => Recovery::Exited(st),
