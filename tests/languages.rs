@@ -433,8 +433,16 @@ async fn hostile_directory_names_stay_data() {
         std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o777))
             .expect("chmod");
     }
+    // The session's uid must reach the cwd, which lies in a tree the sandbox hides unless the
+    // operator allows it.
+    std::fs::set_permissions(
+        parent.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
     let work_arg = work_dir.to_str().expect("UTF-8");
-    let s = TestServer::start_with(&["--work-dir", work_arg], &[]).await;
+    let allow = parent.path().to_str().expect("UTF-8");
+    let s = TestServer::start_with(&["--work-dir", work_arg, "--allow-cwd", allow], &[]).await;
     for row in installed() {
         let lang = row.language;
         for start in [

@@ -565,8 +565,11 @@ async fn finding_3_files_are_written_as_the_session_uid_through_no_link() {
 /// A prompts directory with a session language whose interpreter exits at once.
 fn broken_language() -> tempfile::TempDir {
     let d = tempfile::tempdir().expect("tempdir");
+    let lang = d.path().join("brokenrepl");
+    std::fs::create_dir(&lang).expect("mkdir");
+    std::fs::write(lang.join("bootstrap.sh"), "").expect("write");
     std::fs::write(
-        d.path().join("brokenrepl.toml"),
+        lang.join("language.toml"),
         r#"id = "brokenrepl"
 name = "Broken REPL"
 programs = ["bash"]
@@ -578,15 +581,15 @@ command = ["{exe}", "{file}"]
 
 [session]
 command = ["{exe}", "-c", "exit 3"]
-bootstrap_file = "bootstrap.sh"
+bootstrap = { file = "bootstrap.sh" }
 cell_file = "cell-{n}.sh"
 eval = "x {n}"
 prompt = "\u001b_rbx;{nonce};p\u001b\\"
-bootstrap = ""
 "#,
     )
     .expect("write");
     chmod(d.path(), 0o755);
+    chmod(&lang, 0o755);
     d
 }
 

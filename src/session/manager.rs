@@ -478,8 +478,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             u64::from(self.config.max_images),
         );
         let boot_path = ctl.join(&spec.bootstrap.file);
-        if let Err(e) =
-            crate::workspace::write_ctl(&boot_path, values.expand(&spec.bootstrap.text))
+        if let Err(e) = crate::workspace::write_ctl(&boot_path, values.expand(&spec.bootstrap.text))
         {
             return Err(undo(format!("cannot write the bootstrap: {e}")).await);
         }
