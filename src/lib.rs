@@ -5,6 +5,7 @@ pub mod bench;
 pub mod config;
 pub mod exec;
 pub mod http;
+pub mod install;
 pub mod lang;
 pub mod mcp;
 pub mod output;
