@@ -164,10 +164,19 @@ fn deploy_config(instances: &[SocketAddr], listen: SocketAddr) -> String {
 
 impl Nginx {
     async fn start(instances: &[SocketAddr]) -> Self {
+        // nginx takes a fixed port: pick a free one, and pick again if another process took
+        // it before nginx bound it.
+        for _ in 0..3 {
+            if let Some(nginx) = Self::try_start(instances).await {
+                return nginx;
+            }
+        }
+        panic!("nginx did not start on three free ports");
+    }
+
+    async fn try_start(instances: &[SocketAddr]) -> Option<Self> {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path().display();
-        // A free loopback port for nginx (it takes a fixed port; the gap before it binds is
-        // the only race, and a lost race fails the start loudly).
         let addr = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("free port");
@@ -209,19 +218,25 @@ impl Nginx {
             addr,
             _dir: dir,
         };
-        // Up when it accepts connections (bounded).
+        // Up when replbox's /healthz answers through it (bounded); gone if it could not bind.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
+        loop {
             if let Ok(Some(st)) = nginx.child.try_wait() {
-                panic!("nginx exited at start: {st}");
+                eprintln!("nginx exited at start ({st}); trying another port");
+                return None;
+            }
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                let h = raw(addr, "GET", "/healthz", &[], "").await;
+                if h.status == 200 && h.body.contains("\"status\":\"ok\"") {
+                    return Some(nginx);
+                }
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "nginx did not listen on {addr}"
+                "nginx did not serve on {addr}"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        nginx
     }
 
     fn url(&self) -> String {
