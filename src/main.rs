@@ -74,6 +74,7 @@ fn main() -> ExitCode {
             }
         }
     }
+    drop_own_python_env_from_path();
     let cli = Cli::parse();
     // A network server says where it listens: HTTP mode logs replbox's own info lines.
     let http_mode =
@@ -123,6 +124,20 @@ fn main() -> ExitCode {
             eprintln!("replbox: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Installed from a wheel, replbox must not take its own environment's Python for the
+/// user's (see `replbox::install`).
+fn drop_own_python_env_from_path() {
+    let (Some(path), Ok(exe)) = (std::env::var_os("PATH"), std::env::current_exe()) else {
+        return;
+    };
+    let active = std::env::var_os("VIRTUAL_ENV");
+    if let Some(new) = replbox::install::path_without_own_env(&path, &exe, active.as_deref()) {
+        // SAFETY: called first thing in `main`, before the runtime or any other thread
+        // exists, so nothing reads the environment concurrently.
+        unsafe { std::env::set_var("PATH", new) };
     }
 }
 
