@@ -119,6 +119,17 @@ pub struct Config {
     )]
     pub mask: Vec<PathBuf>,
 
+    /// A tree a session's `cwd` may lie in although the sandbox masks it (say, a projects
+    /// folder under /home); repeatable, colon-separated in the variable. The session's user
+    /// must still be able to reach it.
+    #[arg(
+        long = "allow-cwd",
+        env = "REPLBOX_ALLOW_CWD",
+        value_name = "DIR",
+        value_delimiter = ':'
+    )]
+    pub allow_cwd: Vec<PathBuf>,
+
     /// Figures returned as images by one evaluation (1 to 100); more are left out and the
     /// result says how many.
     #[arg(long, env = "REPLBOX_MAX_IMAGES", default_value_t = 8,
@@ -167,6 +178,7 @@ impl Default for Config {
             uid_base: 100_000,
             uids: 256,
             mask: Vec::new(),
+            allow_cwd: Vec::new(),
 
             max_images: 8,
             max_image_bytes: 1024 * 1024,
@@ -260,6 +272,10 @@ impl Config {
             args.push("--mask".into());
             args.push(dir.into());
         }
+        for dir in &self.allow_cwd {
+            args.push("--allow-cwd".into());
+            args.push(dir.into());
+        }
         args
     }
 }
@@ -309,6 +325,7 @@ mod tests {
             uid_base: 11,
             uids: 12,
             mask: vec!["/m/ask".into(), "/other".into()],
+            allow_cwd: vec!["/a/llow".into()],
 
             max_images: 5,
             max_image_bytes: 6,

@@ -1,15 +1,40 @@
 //! replbox: an MCP server for persistent interpreter sessions and one-shot code runs.
 
+// replbox is built on Linux interfaces throughout (bubblewrap, Landlock, seccomp, /proc,
+// PTYs, fs credentials), so on any other target this is the one error a build reports:
+// every module below is left out there.
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "replbox runs on Linux only (it needs bubblewrap, Landlock, seccomp and /proc); \
+     macOS and Windows are not supported yet. Build it on Linux, or run it in a Linux \
+     container or VM."
+);
+
+#[cfg(target_os = "linux")]
 pub mod app;
-pub mod bench;
+#[cfg(target_os = "linux")]
 pub mod config;
+#[cfg(target_os = "linux")]
 pub mod exec;
+#[cfg(target_os = "linux")]
+pub mod hostfs;
+#[cfg(target_os = "linux")]
 pub mod http;
+#[cfg(target_os = "linux")]
+pub mod install;
+#[cfg(target_os = "linux")]
 pub mod lang;
+#[cfg(target_os = "linux")]
 pub mod mcp;
+#[cfg(target_os = "linux")]
 pub mod output;
+#[cfg(target_os = "linux")]
 pub mod pool;
+#[cfg(target_os = "linux")]
 pub mod run;
+#[cfg(target_os = "linux")]
 pub mod sandbox;
+#[cfg(target_os = "linux")]
 pub mod session;
+#[cfg(target_os = "linux")]
 pub mod workspace;

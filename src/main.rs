@@ -1,6 +1,6 @@
 //! Command line: `serve` (MCP over stdio, or streamable HTTP with `--http`), `run`,
-//! `languages` and `bench`. (Every child runs under the helper, the `replbox-exec` binary
-//! installed beside this one.)
+//! and `languages`. (Every child runs under the helper, the `replbox-exec` binary installed
+//! beside this one.)
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -8,7 +8,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use replbox::app::App;
-use replbox::bench::{self, BenchArgs};
 use replbox::config::{Config, HttpConfig};
 use replbox::mcp::ReplboxServer;
 use replbox::run::RunRequest;
@@ -61,12 +60,10 @@ enum Command {
         #[command(flatten)]
         config: Config,
     },
-    /// Measure this binary on this machine (run-code through MCP against spawning the
-    /// interpreter directly, server start) and print medians, p10, p90 and ratios.
-    Bench(BenchArgs),
 }
 
 fn main() -> ExitCode {
+    drop_own_python_env_from_path();
     let cli = Cli::parse();
     // A network server says where it listens: HTTP mode logs replbox's own info lines.
     let http_mode =
@@ -106,7 +103,6 @@ fn main() -> ExitCode {
                 config,
             } => run(config, language, code, file, stdin, timeout_ms, args).await,
             Command::Languages { config } => languages(config).await,
-            Command::Bench(args) => bench(args).await,
         }
     });
     // Do not wait for stray blocking tasks (a stdin read) at exit.
@@ -117,6 +113,20 @@ fn main() -> ExitCode {
             eprintln!("replbox: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Installed from a wheel, replbox must not take its own environment's Python for the
+/// user's (see `replbox::install`).
+fn drop_own_python_env_from_path() {
+    let (Some(path), Ok(exe)) = (std::env::var_os("PATH"), std::env::current_exe()) else {
+        return;
+    };
+    let active = std::env::var_os("VIRTUAL_ENV");
+    if let Some(new) = replbox::install::path_without_own_env(&path, &exe, active.as_deref()) {
+        // SAFETY: called first thing in `main`, before the runtime or any other thread
+        // exists, so nothing reads the environment concurrently.
+        unsafe { std::env::set_var("PATH", new) };
     }
 }
 
@@ -237,19 +247,6 @@ fn exit_code_for(report: &replbox::run::RunReport) -> ExitCode {
         return ExitCode::from((128 + n) as u8);
     }
     ExitCode::from(125)
-}
-
-async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
-    let json = args.json;
-    let report = bench::run(args).await?;
-    let mut out = std::io::stdout().lock();
-    if json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
-    } else {
-        bench::print_table(&report, &mut out)?;
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 async fn languages(config: Config) -> anyhow::Result<ExitCode> {

@@ -277,7 +277,7 @@ impl Runner {
             .workspace
             .new_run_dir(uid)
             .map_err(|e| format!("cannot create a working directory: {e}"))?;
-        let cache_dir = self.workspace.cache_dir(lang.id(), uid);
+        let cache_dir = crate::workspace::cache_dir(&dir, lang.id(), uid);
         let jail = Jail {
             uid,
             rw: vec![dir.path().to_path_buf(), cache_dir.clone()],
@@ -371,7 +371,7 @@ impl Runner {
             &BTreeMap::new(),
         );
         let mut with_loader = vars.to_vec();
-        with_loader.push(("loader", p.loader.as_str()));
+        with_loader.push(("loader", p.loader.text.as_str()));
         let argv = expand_command(&p.command, &with_loader, &[]);
         let proc = exec::spawn(
             &self.sandbox,

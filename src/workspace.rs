@@ -1,15 +1,19 @@
 //! Private directories: one root per server, one directory per run and per session, all
 //! removed when they are done with.
 //!
-//! When user code runs as a pool uid (server as root), the root and its `runs/`, `sessions/`
-//! and `cache/` are 0711: a pool uid can pass through to its own directory but not list the
-//! others. A run's directory and a session's `work/` belong to its uid (0700); a session's
-//! `ctl/`, where the server writes the bootstrap and the cells, stays the server's and is
-//! read-only to the session, so user code cannot plant a symlink there for the server to
-//! write through.
+//! When user code runs as a pool uid (server as root), the root and its `runs/` and
+//! `sessions/` are 0711: a pool uid can pass through to its own directory but not list the
+//! others. A run's directory and a session's `work/`, `out/` and `cache/` belong to its uid
+//! (0700). A session's `ctl/`, where the server writes the bootstrap and the cells, is root's
+//! with the session's gid (02750, files 0640): the session reads it, no other session does, and
+//! user code cannot plant a symlink there for the server to write through. Caches live and
+//! die with their run or session, so nothing one leaves there reaches the next user of the uid.
+//! The root holds [`WORKSPACE_MARKER`], by which every server recognises a workspace.
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+pub use crate::hostfs::WORKSPACE_MARKER;
 
 /// The server's root directory (`replbox-XXXX` in the temp dir), removed on drop.
 #[derive(Debug)]
@@ -33,11 +37,16 @@ impl Workspace {
         let root = b.tempdir_in(parent)?;
         // Traversable, not listable: pool uids reach their own directories only.
         std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o711))?;
-        for sub in ["runs", "sessions", "cache"] {
+        for sub in ["runs", "sessions"] {
             std::fs::DirBuilder::new()
                 .mode(0o711)
                 .create(root.path().join(sub))?;
         }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(root.path().join(WORKSPACE_MARKER))?;
         Ok(Self { root })
     }
 
@@ -47,7 +56,7 @@ impl Workspace {
 
     /// A fresh directory for one `run-code` call, belonging to `owner` when given.
     pub fn new_run_dir(&self, owner: Option<u32>) -> std::io::Result<PrivateDir> {
-        let dir = PrivateDir::create(
+        let mut dir = PrivateDir::create(
             self.root
                 .path()
                 .join("runs")
@@ -55,27 +64,33 @@ impl Workspace {
             0o700,
         )?;
         chown(dir.path(), owner)?;
+        // Beside the run's directory, not in it: a program sees only its own files there.
+        dir.cache = dir.path().with_extension("cache");
+        std::fs::DirBuilder::new().mode(0o700).create(&dir.cache)?;
+        chown(&dir.cache, owner)?;
         Ok(dir)
     }
 
     /// A fresh directory for one session, with `work/` (the code's), `ctl/` (the server's:
-    /// bootstrap and cells, which the interpreter only reads) and `out/` (what the
-    /// interpreter hands back to the server, such as figures). `work/` and `out/` belong to
-    /// `owner` when given.
+    /// bootstrap and cells, which the interpreter only reads), `out/` (what the interpreter
+    /// hands back to the server, such as figures) and `cache/` (tools' caches). All but
+    /// `ctl/` belong to `owner` when given; `ctl/` is then root's with `owner`'s group.
     pub fn new_session_dir(&self, id: &str, owner: Option<u32>) -> std::io::Result<PrivateDir> {
         let mode = if owner.is_some() { 0o711 } else { 0o700 };
         let dir = PrivateDir::create(self.root.path().join("sessions").join(id), mode)?;
-        let b = |m| {
-            let mut b = std::fs::DirBuilder::new();
-            b.mode(m);
-            b
-        };
-        b(0o700).create(dir.path().join("work"))?;
-        chown(&dir.path().join("work"), owner)?;
-        b(if owner.is_some() { 0o755 } else { 0o700 }).create(dir.path().join("ctl"))?;
-        // What the interpreter hands back to the server (figures): the session's to write.
-        b(0o700).create(dir.path().join("out"))?;
-        chown(&dir.path().join("out"), owner)?;
+        for sub in ["work", "out", "cache"] {
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(dir.path().join(sub))?;
+            chown(&dir.path().join(sub), owner)?;
+        }
+        let ctl = dir.path().join("ctl");
+        std::fs::DirBuilder::new().mode(0o700).create(&ctl)?;
+        if let Some(uid) = owner {
+            std::os::unix::fs::chown(&ctl, Some(0), Some(uid))?;
+            // setgid: what the server writes there takes the session's group.
+            std::fs::set_permissions(&ctl, std::fs::Permissions::from_mode(0o2750))?;
+        }
         Ok(dir)
     }
 
@@ -84,27 +99,30 @@ impl Workspace {
     pub fn root_id(&self) -> Option<DirId> {
         DirId::of(self.root.path())
     }
+}
 
-    /// A cache directory for a language's tools (build caches), kept while the server runs;
-    /// one per pool uid when given (a uid cannot write another's files, and concurrent runs
-    /// do not share one).
-    pub fn cache_dir(&self, lang: &str, owner: Option<u32>) -> PathBuf {
-        let base = self.root.path().join("cache");
-        let p = match owner {
-            Some(uid) => {
-                let mine = base.join(uid.to_string());
-                if std::fs::DirBuilder::new().mode(0o700).create(&mine).is_ok() {
-                    let _ = chown(&mine, Some(uid));
-                }
-                mine.join(lang)
-            }
-            None => base.join(lang),
-        };
-        if std::fs::create_dir_all(&p).is_ok() {
-            let _ = chown(&p, owner);
-        }
-        p
+/// The cache directory for a language's tools (`MPLCONFIGDIR`, build caches) of one run or
+/// session: a session's `cache/`, a run's `<run>.cache/` beside it, removed with the private
+/// directory. Created for `owner`.
+pub fn cache_dir(private: &PrivateDir, lang: &str, owner: Option<u32>) -> PathBuf {
+    let p = private.cache.join(lang);
+    if std::fs::DirBuilder::new().mode(0o700).create(&p).is_ok() {
+        let _ = chown(&p, owner);
     }
+    p
+}
+
+/// Write a file of a session's `ctl/` (the server's directory): mode 0640, so that only the
+/// session's group (the directory's, by setgid) reads it.
+pub fn write_ctl(path: &Path, data: impl AsRef<[u8]>) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    std::io::Write::write_all(&mut f, data.as_ref())
 }
 
 /// Give `path` to `owner` (uid and gid alike); nothing when None.
@@ -119,12 +137,15 @@ pub fn chown(path: &Path, owner: Option<u32>) -> std::io::Result<()> {
 #[derive(Debug)]
 pub struct PrivateDir {
     path: PathBuf,
+    /// Where its tools' caches go (`cache_dir`), removed with it.
+    cache: PathBuf,
 }
 
 impl PrivateDir {
     fn create(path: PathBuf, mode: u32) -> std::io::Result<Self> {
         std::fs::DirBuilder::new().mode(mode).create(&path)?;
-        Ok(Self { path })
+        let cache = path.join("cache");
+        Ok(Self { path, cache })
     }
 
     pub fn path(&self) -> &Path {
@@ -136,6 +157,9 @@ impl Drop for PrivateDir {
     fn drop(&mut self) {
         // remove_dir_all does not follow symlinks that user code may have left in it.
         let _ = std::fs::remove_dir_all(&self.path);
+        if !self.cache.starts_with(&self.path) {
+            let _ = std::fs::remove_dir_all(&self.cache);
+        }
     }
 }
 
@@ -151,6 +175,13 @@ impl DirId {
         std::fs::symlink_metadata(path)
             .ok()
             .map(|m| Self::from_meta(&m))
+    }
+
+    pub fn from_stat(st: &rustix::fs::Stat) -> Self {
+        Self {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        }
     }
 
     pub fn from_meta(m: &std::fs::Metadata) -> Self {
@@ -193,57 +224,6 @@ pub fn check_relative(rel: &str) -> Result<Vec<&str>, String> {
     Ok(parts)
 }
 
-/// Open the regular file `parts` (path components, already checked by [`check_relative`])
-/// beneath `root`, read-only, following no symbolic link on the way: code in a session can
-/// plant links, and a link must never lead the server (which may have more rights than the
-/// code) outside the directory. Each component is opened relative to the previous one, so a
-/// directory swapped for a link while this runs is refused too. A directory in `forbidden`
-/// is not entered.
-pub fn open_beneath(
-    root: &Path,
-    parts: &[&str],
-    forbidden: &[DirId],
-) -> std::io::Result<std::fs::File> {
-    use nix::fcntl::{OFlag, open, openat};
-    use nix::sys::stat::Mode;
-    let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let Some((last, dirs)) = parts.split_last() else {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "no file named",
-        ));
-    };
-    let check = |fd: std::os::fd::OwnedFd| -> std::io::Result<std::os::fd::OwnedFd> {
-        let meta = std::fs::File::from(fd.try_clone()?).metadata()?;
-        if forbidden.contains(&DirId::from_meta(&meta)) {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::PermissionDenied,
-                "the server's own directories are not served",
-            ));
-        }
-        Ok(fd)
-    };
-    let mut dir = check(open(root, dir_flags, Mode::empty())?)?;
-    for d in dirs {
-        dir = check(openat(&dir, *d, dir_flags, Mode::empty())?)?;
-    }
-    // O_NONBLOCK: opening a FIFO planted under the name must not hang the server.
-    let fd = openat(
-        &dir,
-        *last,
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
-        Mode::empty(),
-    )?;
-    let file = std::fs::File::from(fd);
-    if !file.metadata()?.is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    Ok(file)
-}
-
 /// Read at most `cap` bytes of `file`; `Err(size)` when the file is larger.
 pub fn read_capped(file: std::fs::File, cap: u64) -> std::io::Result<Result<Vec<u8>, u64>> {
     use std::io::Read;
@@ -272,29 +252,5 @@ mod tests {
         assert!(check_relative("/etc/passwd").is_err());
         assert!(check_relative("").is_err());
         assert!(check_relative("./").is_err());
-    }
-
-    #[test]
-    fn open_beneath_follows_no_link() {
-        let root = tempfile::tempdir().unwrap();
-        let outside = tempfile::tempdir().unwrap();
-        std::fs::write(outside.path().join("secret"), "s").unwrap();
-        std::fs::create_dir(root.path().join("d")).unwrap();
-        std::fs::write(root.path().join("d/ok.txt"), "ok").unwrap();
-        std::os::unix::fs::symlink(outside.path().join("secret"), root.path().join("link"))
-            .unwrap();
-        std::os::unix::fs::symlink(outside.path(), root.path().join("dirlink")).unwrap();
-        let f = open_beneath(root.path(), &["d", "ok.txt"], &[]).unwrap();
-        assert_eq!(read_capped(f, 10).unwrap().unwrap(), b"ok");
-        assert!(open_beneath(root.path(), &["link"], &[]).is_err());
-        assert!(open_beneath(root.path(), &["dirlink", "secret"], &[]).is_err());
-        assert!(
-            open_beneath(root.path(), &["d"], &[]).is_err(),
-            "a directory"
-        );
-        let f = open_beneath(root.path(), &["d", "ok.txt"], &[]).unwrap();
-        assert_eq!(read_capped(f, 1).unwrap(), Err(2));
-        let d = DirId::of(&root.path().join("d")).unwrap();
-        assert!(open_beneath(root.path(), &["d", "ok.txt"], &[d]).is_err());
     }
 }

@@ -495,8 +495,15 @@ async fn session_start_brings_files_in() {
     if !require_data_stack() {
         return;
     }
-    let s = TestServer::start().await;
+    // Host files are read as the session's user: a directory it can reach, which the
+    // operator allows as a cwd too (it lies under /tmp, which the sandbox masks).
     let host = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        host.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let s = TestServer::start_with(&["--allow-cwd", host.path().to_str().unwrap()], &[]).await;
     let csv = host.path().join("sales.csv");
     std::fs::write(&csv, "region,amount\nnorth,10\nsouth,32\n").unwrap();
     let o = s

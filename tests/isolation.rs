@@ -1200,13 +1200,16 @@ async fn a_callers_cwd_grants_visibility_not_privilege() {
         eprintln!("SKIP: the cwd rules for a root server need the tests to run as root");
         return;
     }
-    let private = tempfile::tempdir().expect("tempdir");
+    // Under /tmp, which the sandbox masks: the operator allows the tree.
+    let allowed = world_writable_tempdir();
+    let allow = allowed.path().to_str().expect("UTF-8").to_string();
+    let private = tempfile::tempdir_in(allowed.path()).expect("tempdir");
     std::fs::set_permissions(
         private.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o700),
     )
     .expect("chmod");
-    let shared = tempfile::tempdir().expect("tempdir");
+    let shared = tempfile::tempdir_in(allowed.path()).expect("tempdir");
     std::fs::set_permissions(
         shared.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
@@ -1214,7 +1217,7 @@ async fn a_callers_cwd_grants_visibility_not_privilege() {
     .expect("chmod");
     std::fs::write(shared.path().join("data.txt"), "readable").expect("write");
     for setup in setups(ALL).into_iter().filter(|s| s.root) {
-        let Some(s) = start(setup, &[], &[]).await else {
+        let Some(s) = start(setup, &["--allow-cwd", &allow], &[]).await else {
             continue;
         };
         let o = session(&s, setup, "python", json!({"cwd": private.path()})).await;
@@ -1227,6 +1230,7 @@ async fn a_callers_cwd_grants_visibility_not_privilege() {
         assert!(o.text.contains("cannot enter"), "{setup:?}: {}", o.text);
         let o = session(&s, setup, "python", json!({"cwd": shared.path()})).await;
         assert!(!o.is_error, "{setup:?}: {}", o.text);
+        assert_eq!(o.structured["cwd_writable"], false, "{setup:?}");
         let id = o.s("session_id").to_string();
         let o = eval(
             &s,

@@ -474,11 +474,18 @@ async fn a_broken_driver_fails_cleanly() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let python =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/prompts/python.toml"))
-            .unwrap()
-            .replace("eval = \"__rbx_eval({n})\"", "eval = \"__rbx_eval({n}\"");
-    std::fs::write(dir.path().join("python.toml"), python).unwrap();
+    // The built-in python folder, with its eval line broken.
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("prompts/python");
+    let folder = dir.path().join("python");
+    std::fs::create_dir(&folder).unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, folder.join(path.file_name().unwrap())).unwrap();
+    }
+    let python = std::fs::read_to_string(folder.join("language.toml"))
+        .unwrap()
+        .replace("eval = \"__rbx_eval({n})\"", "eval = \"__rbx_eval({n}\"");
+    std::fs::write(folder.join("language.toml"), python).unwrap();
     let s = TestServer::start_with(&["--prompts", dir.path().to_str().unwrap()], &[]).await;
     let t = Instant::now();
     let o = s.call("session_start", json!({"language": "python"})).await;

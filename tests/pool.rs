@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{Value, json};
 
-/// What the pool's interpreters carry on their command line (the loader's first line, in
-/// prompts/python.toml). Their helpers do not: the helper gets its program as data.
+/// What the pool's interpreters carry on their command line (the loader's first line,
+/// prompts/python/pool_loader.py). Their helpers do not: the helper gets its program as data.
 const MARK: &str = "replbox warm pool";
 
 fn cmdline(pid: i32) -> String {

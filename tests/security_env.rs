@@ -2,13 +2,14 @@
 //! confinement, never a process that runs before it (bwrap, the helper), which run as root
 //! when the server does.
 //!
-//! The attack: a run writes a real shared object (built here with gcc) into its build cache,
-//! then later calls name it in `LD_PRELOAD`, `LD_AUDIT` or `LD_LIBRARY_PATH`. Its
-//! constructor leaves a mark when it runs in a process that is not yet confined (euid 0,
-//! bwrap, or the helper): a file in a host directory, a file in `/tmp` (the sandbox's own,
-//! for the helper inside bwrap, which sessions then look for) and a line on stderr (which is
-//! a run's stderr). Every level, the server as root and not, over stdio and over HTTP, for
-//! `run-code` and `session_start`; the program itself must still get the variable.
+//! The attack: real shared objects (built here with gcc, in a directory every uid can read)
+//! named in `LD_PRELOAD`, `LD_AUDIT` or `LD_LIBRARY_PATH`. Their constructor leaves a mark
+//! when it runs in a process that is not yet confined (euid 0, bwrap, or the helper): a file
+//! in a host directory, a file in `/tmp` (the sandbox's own, for the helper inside bwrap,
+//! which sessions then look for) and a line on stderr (which is a run's stderr). Every
+//! level, the server as root and not, over stdio and over HTTP, for `run-code` and
+//! `session_start`; the program itself must still get the variable (and, where it can see the
+//! directory, run the constructor: sessions work in it, runs see it at level `none`).
 
 mod common;
 
@@ -30,9 +31,6 @@ const LEVELS: &[&str] = &["bwrap", "landlock", "none"];
 const TOKEN: &str = "token-of-the-env-test-0123456789";
 /// Unprivileged servers each get a uid of their own (tests run in parallel).
 static NEXT_UID: AtomicU32 = AtomicU32::new(61_000);
-/// Root servers each get a uid range of their own, of one uid: every call of a test then
-/// runs as the same uid and finds the same build cache.
-static NEXT_UID_BASE: AtomicU32 = AtomicU32::new(230_000);
 
 /// The constructor: marks a run before confinement, says so on stderr otherwise.
 const CTOR: &str = r#"
@@ -72,12 +70,11 @@ __attribute__((constructor)) static void rbx_init(void) {
 unsigned int la_version(unsigned int version) { return version; }
 "#;
 
-/// The shared objects of one test: the preload/audit object and, for `LD_LIBRARY_PATH`,
-/// look-alikes (same name, symbols and versions, stub bodies, the constructor) of every
-/// library bwrap and the helper load besides libc.
+/// The shared objects of one test, in a directory every uid can read: the preload/audit
+/// object and, for `LD_LIBRARY_PATH`, look-alikes (same name, symbols and versions, stub
+/// bodies, the constructor) of every library bwrap and the helper load besides libc.
 struct Objects {
-    /// (file name, bytes)
-    files: Vec<(String, Vec<u8>)>,
+    dir: tempfile::TempDir,
     marks: tempfile::TempDir,
 }
 
@@ -185,13 +182,15 @@ fn tag(marks: &Path) -> String {
 }
 
 fn build() -> Result<Objects, String> {
+    let world = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .map_err(|e| e.to_string())
+    };
     let marks = tempfile::tempdir_in("/tmp").map_err(|e| e.to_string())?;
     // Writable by whoever the server runs as: only a process before confinement writes here.
-    std::fs::set_permissions(
-        marks.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .map_err(|e| e.to_string())?;
+    world(marks.path(), 0o777)?;
+    let dir = tempfile::tempdir_in("/tmp").map_err(|e| e.to_string())?;
+    world(dir.path(), 0o755)?;
     let work = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut files = vec![(
         "rbx-e.so".to_string(),
@@ -215,7 +214,12 @@ fn build() -> Result<Objects, String> {
             gcc(work.path(), &name, &src, &script, marks.path())?,
         ));
     }
-    Ok(Objects { files, marks })
+    for (name, bytes) in files {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).map_err(|e| e.to_string())?;
+        world(&p, 0o644)?;
+    }
+    Ok(Objects { dir, marks })
 }
 
 fn which(program: &str) -> Option<PathBuf> {
@@ -236,21 +240,6 @@ impl Objects {
                     .collect()
             })
             .unwrap_or_default()
-    }
-
-    /// Python that writes every object into the run's build cache and prints its path.
-    fn install_code(&self) -> String {
-        use base64::Engine;
-        let mut code =
-            String::from("import base64, os\nd = os.path.dirname(os.environ['MPLCONFIGDIR'])\n");
-        for (name, bytes) in &self.files {
-            let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
-            code.push_str(&format!(
-                "open(os.path.join(d, {name:?}), 'wb').write(base64.b64decode('{b64}'))\n"
-            ));
-        }
-        code.push_str("print(d)\n");
-        code
     }
 }
 
@@ -306,17 +295,10 @@ struct Setup {
 }
 
 fn server_args(setup: Setup) -> Vec<String> {
-    let mut a = vec!["--sandbox".to_string(), setup.level.to_string()];
-    if setup.root {
-        let base = NEXT_UID_BASE.fetch_add(16, Ordering::Relaxed);
-        a.extend([
-            "--uid-base".into(),
-            base.to_string(),
-            "--uids".into(),
-            "1".into(),
-        ]);
-    }
-    a
+    // Sessions work in the objects' directory, under the masked /tmp.
+    ["--sandbox", setup.level, "--allow-cwd", "/tmp"]
+        .map(String::from)
+        .to_vec()
 }
 
 async fn start_http(setup: Setup, uid: Option<u32>) -> Result<Conn, String> {
@@ -408,25 +390,13 @@ fn setups() -> Vec<Setup> {
     v
 }
 
-/// One server: install the objects, then attack run-code and session_start with each
-/// variable; no process before confinement may run the constructor, the program must.
+/// One server: attack run-code and session_start with each variable; no process before
+/// confinement may run the constructor, the program must get the variable.
 async fn attack(setup: Setup, objects: &Objects) {
     let Some(s) = start(setup).await else {
         return;
     };
-    let o = s
-        .call(
-            "run-code",
-            json!({"languageId": "python", "code": objects.install_code()}),
-        )
-        .await;
-    assert_eq!(
-        o.structured["sandbox"], setup.level,
-        "{setup:?}: {}",
-        o.text
-    );
-    assert_eq!(o.structured["exit_code"], 0, "{setup:?}: {}", o.text);
-    let dir = o.s("stdout").trim().to_string();
+    let dir = objects.dir.path().display().to_string();
     let so = format!("{dir}/rbx-e.so");
     for (var, value) in [
         ("LD_PRELOAD", &so),
@@ -443,6 +413,11 @@ async fn attack(setup: Setup, objects: &Objects) {
                 }),
             )
             .await;
+        assert_eq!(
+            o.structured["sandbox"], setup.level,
+            "{setup:?}: {}",
+            o.text
+        );
         let stderr = o.s("stderr");
         assert!(!stderr.contains("RBX-HIT"), "{setup:?} {var}: {}", o.text);
         assert_eq!(
@@ -451,7 +426,8 @@ async fn attack(setup: Setup, objects: &Objects) {
             "{setup:?} {var}: {}",
             o.text
         );
-        if var != "LD_LIBRARY_PATH" {
+        // A run sees the objects' directory (under the masked /tmp) at level none only.
+        if var != "LD_LIBRARY_PATH" && setup.level == "none" {
             assert!(stderr.contains("RBX-RAN"), "{setup:?} {var}: {}", o.text);
         }
         assert_eq!(objects.hits(), Vec::<String>::new(), "{setup:?} {var}");
@@ -459,7 +435,7 @@ async fn attack(setup: Setup, objects: &Objects) {
     let o = s
         .call(
             "session_start",
-            json!({"language": "python", "env": {
+            json!({"language": "python", "cwd": dir, "env": {
                 "LD_PRELOAD": so, "LD_AUDIT": so, "LD_LIBRARY_PATH": dir,
             }}),
         )

@@ -856,7 +856,15 @@ async fn a_busy_session_says_so_at_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn directories_and_cleanup() {
-    let s = TestServer::start().await;
+    // Callers' directories live under /tmp here, which the sandbox masks: the operator
+    // allows this one tree (searchable by the sessions' users).
+    let allowed = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        allowed.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let s = TestServer::start_with(&["--allow-cwd", allowed.path().to_str().unwrap()], &[]).await;
     each_lang!(s, lang, {
         // A private directory, removed at close, with the process tree.
         let start = s.call("session_start", json!({"language": lang})).await;
@@ -915,7 +923,7 @@ async fn directories_and_cleanup() {
 
         // An existing directory is used and kept. User code runs as an unprivileged user, so
         // the directory must let it write (a caller's cwd grants visibility, not privilege).
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir_in(allowed.path()).unwrap();
         std::fs::set_permissions(
             dir.path(),
             std::os::unix::fs::PermissionsExt::from_mode(0o777),

@@ -1,12 +1,59 @@
-//! The shape of one `prompts/<language>.toml` file.
+//! The shape of one `prompts/<language>/language.toml` file.
 //!
 //! A language is data: how to find its interpreter, how `run-code` runs a program of it, and
 //! (for session languages) how its REPL is started, bootstrapped, typed to and split.
-//! Placeholders in command templates are expanded by [`expand`].
+//! Source code (a bootstrap, the pool's loader) lives in files of the language's folder,
+//! named with `{ file = "…" }`. Placeholders in command templates are expanded by
+//! [`expand`]; those in source text by [`super::protocol`], which writes values as literals.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use serde::Deserialize;
+
+use super::protocol::{self, SessionValues, Value};
+
+/// Source code kept in a file of the language's folder: `loader = { file = "pool_loader.py" }`.
+/// `text` is filled in when the language is loaded.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(try_from = "SourceField")]
+pub struct Source {
+    /// File name inside the language's folder (and, for a bootstrap, the name it is
+    /// written under in the session's control directory).
+    pub file: String,
+    pub text: String,
+}
+
+/// What the TOML may hold where a [`Source`] goes: only the file form is accepted; source
+/// inline in the TOML (how languages were written before they were folders) is refused
+/// with the way to convert it.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SourceField {
+    File {
+        file: String,
+    },
+    /// Only recognised, to be refused with advice.
+    Inline(#[allow(dead_code)] String),
+}
+
+impl TryFrom<SourceField> for Source {
+    type Error = String;
+    fn try_from(f: SourceField) -> Result<Self, String> {
+        match f {
+            SourceField::File { file } => Ok(Source {
+                file,
+                text: String::new(),
+            }),
+            SourceField::Inline(_) => {
+                Err("source inline in the TOML is no longer read: put it in a \
+file of the language's folder (`<id>/language.toml` beside it) and name that file, e.g. \
+`bootstrap = { file = \"bootstrap.py\" }` (placeholders in it: docs/bootstrap-protocol.md)"
+                    .into())
+            }
+        }
+    }
+}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -92,8 +139,8 @@ pub struct PoolSpec {
     /// Command line; the same placeholders as `run.command` (not `{args}`), plus
     /// `{loader}`, the loader's source.
     pub command: Vec<String>,
-    /// The loader's source.
-    pub loader: String,
+    /// The loader's source file, passed whole as `{loader}`.
+    pub loader: Source,
     /// Caller variables that change how the interpreter starts (read before the loader
     /// runs): a run that sets one starts cold. A trailing `*` matches a prefix. Variables
     /// every interpreter reads at start (LD_*, LC_*, LANG, TZ, HOME, PATH, ...) are always
@@ -118,14 +165,16 @@ pub struct SessionSpec {
     pub programs: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// File name of the bootstrap inside the session's control directory.
-    pub bootstrap_file: String,
-    /// Bootstrap source. Placeholders: `{nonce}`, `{ctl}` (control directory, read-only to
-    /// the interpreter), `{work}`, `{out}` (where the interpreter leaves files for the
-    /// server: the images an end marker names) and `{max_images}` (images one evaluation
-    /// may return).
-    pub bootstrap: String,
-    /// Lines typed once after start, before the first evaluation (each gets a newline).
+    /// The bootstrap's source file, written under the same name into the session's control
+    /// directory. Its placeholders (see [`protocol::SESSION_VARS`]) are written as literals
+    /// of the language: `{ctl:json}`, `{nonce:shell}`, `{max_images}`.
+    pub bootstrap: Source,
+    /// Before languages were folders: the bootstrap's name in the control directory. Only
+    /// read to say how to convert such a file.
+    #[serde(default)]
+    pub bootstrap_file: Option<toml::Value>,
+    /// Lines typed once after start, before the first evaluation (each gets a newline);
+    /// the bootstrap's placeholders.
     #[serde(default)]
     pub init: Vec<String>,
     /// The prompt the bootstrap installs; must contain `{nonce}`. Removed from output.
@@ -140,7 +189,8 @@ pub struct SessionSpec {
     /// Used by REPLs whose loader wants a wrapper around the code.
     #[serde(default)]
     pub cell_template: Option<String>,
-    /// The one short line typed per evaluation. Placeholders: `{n}`, `{cell}` (path).
+    /// The one short line typed per evaluation. Placeholders: `{n}`, `{cell:FORMAT}` (the
+    /// cell file's path as a literal).
     pub eval: String,
     /// Bytes written to interrupt (default Ctrl-C). Just before they are written, the empty
     /// file `interrupted-N` is created in the control directory (N: the evaluation's
@@ -189,6 +239,58 @@ fn default_input_wait() -> Vec<InputWait> {
         InputWait::Epoll,
         InputWait::Raw,
     ]
+}
+
+impl SessionSpec {
+    /// The prompt of a session with this nonce.
+    pub fn prompt_for(&self, nonce: &str) -> String {
+        expand(&self.prompt, &[("nonce", nonce)])
+    }
+
+    /// The continuation prompt of a session with this nonce, if the REPL has one.
+    pub fn continuation_for(&self, nonce: &str) -> Option<String> {
+        self.continuation
+            .as_deref()
+            .map(|c| expand(c, &[("nonce", nonce)]))
+    }
+
+    /// The name of evaluation `n`'s cell file in the control directory.
+    pub fn cell_name(&self, n: u64) -> String {
+        expand(&self.cell_file, &[("n", &n.to_string())])
+    }
+
+    /// The values of a session's source placeholders.
+    pub fn values(
+        &self,
+        nonce: &str,
+        ctl: &Path,
+        work: &Path,
+        out: &Path,
+        cwd: &Path,
+        max_images: u64,
+    ) -> SessionValues {
+        let s = |p: &Path| p.display().to_string();
+        SessionValues {
+            nonce: nonce.to_string(),
+            prompt: self.prompt_for(nonce),
+            continuation: self.continuation_for(nonce).unwrap_or_default(),
+            ctl: s(ctl),
+            work: s(work),
+            out: s(out),
+            cwd: s(cwd),
+            cell_file: self.cell_file.clone(),
+            max_images,
+        }
+    }
+
+    /// The line typed to run evaluation `n`, whose code is in `cell`.
+    pub fn eval_line(&self, n: u64, cell: &Path) -> String {
+        let cell = cell.display().to_string();
+        protocol::expand_source(
+            &self.eval,
+            &[("n", Value::Number(n)), ("cell", Value::Text(&cell))],
+        )
+    }
 }
 
 fn default_interrupt() -> String {

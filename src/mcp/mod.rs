@@ -156,6 +156,29 @@ impl ReplboxServer {
             }
             route.attr.input_schema = Arc::new(schema);
         }
+        // session_start names the session languages installed on this host.
+        let sessions = session_languages(&app);
+        if let Some(route) = tool_router.map.get_mut("session_start") {
+            route.attr.description = Some(
+                format!(
+                    "Start a persistent interpreter session in a fresh private directory (or \
+`cwd`). Session languages installed here (id and aliases): {sessions}. {SESSION_START_REST}"
+                )
+                .into(),
+            );
+            let mut schema = (*route.attr.input_schema).clone();
+            if let Some(Value::Object(props)) = schema.get_mut("properties")
+                && let Some(Value::Object(lang)) = props.get_mut("language")
+            {
+                lang.insert(
+                    "description".into(),
+                    Value::from(format!(
+                        "Session language, by id or alias. Installed here: {sessions}."
+                    )),
+                );
+            }
+            route.attr.input_schema = Arc::new(schema);
+        }
         let instructions = Arc::new(instructions(&app));
         Self {
             app,
@@ -218,10 +241,8 @@ calls; use session_start/session_eval to keep state.",
     /// Start a persistent interpreter session.
     #[tool(
         name = "session_start",
-        description = "Start a persistent interpreter session (python, javascript/node, ruby, haskell/ghci, \
-shellscript/bash, where installed) in a fresh private directory (or `cwd`). Variables, imports, functions and \
-loaded data stay alive across session_eval calls, so load data once and explore it step by step. \
-Close it with session_close when done; idle sessions are closed after idle_timeout_s.",
+        // Replaced in `build` by one that names the languages installed here.
+        description = "Start a persistent interpreter session in a fresh private directory (or `cwd`).",
         output_schema = schema_for_output::<StartReport>(),
         annotations(title = "Start session", read_only_hint = false, destructive_hint = false,
                     idempotent_hint = false, open_world_hint = false)
@@ -480,9 +501,37 @@ impl ReplboxServer {
     }
 }
 
+/// What session_start's description says after the languages.
+const SESSION_START_REST: &str = "Variables, imports, functions and loaded data stay alive across \
+session_eval calls, so load data once and explore it step by step. Close it with session_close when \
+done; idle sessions are closed after idle_timeout_s.";
+
+/// The session languages installed here, each with its aliases:
+/// `python (py, python3), shellscript (bash, sh, shell)`.
+fn session_languages(app: &App) -> String {
+    let list: Vec<String> = app
+        .registry
+        .all()
+        .iter()
+        .filter(|l| l.session_available())
+        .map(|l| match l.spec.aliases.as_slice() {
+            [] => l.id().to_string(),
+            aliases => format!("{} ({})", l.id(), aliases.join(", ")),
+        })
+        .collect();
+    if list.is_empty() {
+        "none: no session language is installed on this host".into()
+    } else {
+        list.join(", ")
+    }
+}
+
 fn instructions(app: &App) -> String {
     let installed = app.registry.installed_ids().join(", ");
-    let sessions = app.registry.session_ids().join(", ");
+    let sessions = match app.registry.session_ids() {
+        ids if ids.is_empty() => "no session language is installed here".to_string(),
+        ids => ids.join(", "),
+    };
     format!(
         "replbox runs code for you.\n\
 - run-code: run a snippet once (fresh process, private directory, nothing kept). Use it for one-off checks. \

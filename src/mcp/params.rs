@@ -31,8 +31,8 @@ pub struct RunCodeParams {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionStartParams {
-    /// Session language: python, javascript (node), ruby, haskell (ghci) or shellscript (bash),
-    /// where installed. Aliases such as py, js, node, rb, hs, bash work too.
+    /// Session language, by id or alias (the server's schema lists those installed on its
+    /// host).
     pub language: String,
     /// Run in this existing directory instead of a fresh private one (it is kept at close).
     #[serde(default)]

@@ -194,17 +194,10 @@ impl Sandbox {
         }
     }
 
-    /// Whether `dir` may be a caller's `cwd`: not the server's workspace, not inside it, not
-    /// containing it (that would expose other sessions' directories).
-    pub fn check_cwd(&self, dir: &Path, workspace: &Path) -> Result<(), String> {
-        if dir.starts_with(workspace) || workspace.starts_with(dir) {
-            return Err(format!(
-                "cwd {} overlaps the server's own working area {}: give a directory outside it",
-                dir.display(),
-                workspace.display()
-            ));
-        }
-        Ok(())
+    /// The existing directories hidden from user code (canonical): a caller's `cwd` may not
+    /// lie in one unless the operator allows it (see `hostfs::check_cwd`).
+    pub fn masked(&self) -> &[PathBuf] {
+        &self.masked
     }
 
     /// One line for the server's instructions.

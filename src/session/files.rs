@@ -7,12 +7,15 @@
 //! keep their caches there) or `__pycache__`/`node_modules`, and leaves hidden files out.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+
+use rustix::fs::{AtFlags, FileType};
 
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use crate::hostfs::{self, Walk};
 use crate::workspace::DirId;
 
 /// What is recorded of one file: a change in any of these is a modification.
@@ -37,61 +40,78 @@ const SKIP_DIRS: &[&str] = &["__pycache__", "node_modules"];
 /// Depth below which the walk does not go.
 const MAX_DEPTH: usize = 32;
 
-/// Walk `root`, looking at no more than `max_entries` entries, not entering the directories
-/// in `skip` (the server's workspace, should a caller's cwd contain it).
-pub fn snapshot(root: &Path, max_entries: usize, skip: &[DirId]) -> Snapshot {
+/// Walk the directory `root` (a handle, as the calling thread's user: run it through
+/// [`as_uid`](crate::hostfs::as_uid)), looking at no more than `max_entries` entries, following
+/// no link, staying on its filesystem, not entering the directories in `skip` (the server's
+/// workspace, should a caller's cwd contain it), any replbox workspace, or what that user may
+/// not read.
+pub fn snapshot(root: BorrowedFd<'_>, max_entries: usize, skip: &[DirId]) -> Snapshot {
     let mut snap = Snapshot {
         files: BTreeMap::new(),
         complete: true,
     };
+    let walk = Walk {
+        same_mount: true,
+        forbidden: skip.to_vec(),
+        into_workspaces: false,
+    };
+    let Ok(top) = hostfs::open_dir_beneath(root, &walk) else {
+        return snap;
+    };
     let mut seen = 0usize;
-    let mut stack: Vec<(PathBuf, String, usize)> = vec![(root.to_path_buf(), String::new(), 0)];
+    let mut stack: Vec<(OwnedFd, String, usize)> = vec![(top, String::new(), 0)];
     while let Some((dir, prefix, depth)) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&dir) else {
+        let Ok(mut rd) = rustix::fs::Dir::read_from(&dir) else {
             continue; // unreadable or gone meanwhile: nothing to list there
         };
-        for entry in rd.flatten() {
+        while let Some(Ok(entry)) = rd.read() {
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
             seen += 1;
             if seen > max_entries {
                 snap.complete = false;
                 return snap;
             }
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else {
+            let Ok(name) = std::str::from_utf8(name) else {
                 continue; // not UTF-8: cannot be named in a URI or JSON faithfully
             };
             if name.starts_with('.') {
                 continue;
             }
-            let Ok(ft) = entry.file_type() else { continue };
             let rel = if prefix.is_empty() {
                 name.to_string()
             } else {
                 format!("{prefix}/{name}")
             };
-            if ft.is_dir() {
-                let skipped = depth + 1 >= MAX_DEPTH
-                    || SKIP_DIRS.contains(&name)
-                    || (!skip.is_empty()
-                        && entry
-                            .metadata()
-                            .is_ok_and(|m| skip.contains(&DirId::from_meta(&m))));
-                if !skipped {
-                    stack.push((entry.path(), rel, depth + 1));
+            // lstat: a link is neither a directory nor a file here.
+            let Ok(st) = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
+                continue;
+            };
+            match FileType::from_raw_mode(st.st_mode) {
+                FileType::Directory => {
+                    if depth + 1 >= MAX_DEPTH || SKIP_DIRS.contains(&name) {
+                        continue;
+                    }
+                    if let Ok(sub) = hostfs::open_subdir(dir.as_fd(), name, &walk) {
+                        stack.push((sub, rel, depth + 1));
+                    }
                 }
-            } else if ft.is_file() {
-                // DirEntry::metadata does not follow links (lstat), and ft says this is no link.
-                if let Ok(m) = entry.metadata() {
+                FileType::RegularFile => {
+                    // The stat fields' types differ by architecture.
+                    #[allow(clippy::unnecessary_cast)]
                     snap.files.insert(
                         rel,
                         Stamp {
-                            size: m.len(),
-                            mtime_s: m.mtime(),
-                            mtime_ns: m.mtime_nsec(),
-                            ino: m.ino(),
+                            size: st.st_size as u64,
+                            mtime_s: st.st_mtime as i64,
+                            mtime_ns: st.st_mtime_nsec as i64,
+                            ino: st.st_ino,
                         },
                     );
                 }
+                _ => {}
             }
         }
     }
@@ -291,6 +311,11 @@ mod tests {
         std::fs::create_dir(p.join(".cache")).unwrap();
         std::fs::create_dir(p.join("ctl")).unwrap();
         let skip = [DirId::of(&p.join("ctl")).unwrap()];
+        let fd = hostfs::open_dir_path(&std::fs::canonicalize(p).unwrap()).unwrap();
+        let snapshot = |p: &std::path::Path, max, skip: &[DirId]| {
+            assert!(p.is_dir());
+            super::snapshot(fd.as_fd(), max, skip)
+        };
         let before = snapshot(p, 100, &skip);
         assert!(before.complete);
         std::fs::write(p.join("change.txt"), "bb").unwrap();
@@ -342,19 +367,82 @@ pub struct InFile {
 pub const MAX_IN_FILES: usize = 100;
 
 enum Source {
-    Host(PathBuf),
+    /// Opened (as the session's user) while checking.
+    Host(PathBuf, std::fs::File),
     Text(String),
 }
 
-/// Files checked and ready to be written.
-pub struct Plan {
-    items: Vec<(Vec<String>, Source)>,
+/// Files brought in, to take away again if the session does not start.
+#[derive(Debug, Default)]
+pub struct Written {
+    /// The files, relative to the directory.
+    pub names: Vec<String>,
+    /// Directories made for them, in the order they were made.
+    dirs: Vec<String>,
 }
 
-/// Check what `session_start` was asked to bring in, before anything is started.
-/// `host_paths`: whether this caller may have the server copy files of its machine (the
-/// server may read what the session's code could not).
-pub fn plan(files: Vec<InFile>, dest: &Path, host_paths: bool) -> Result<Plan, String> {
+impl Written {
+    /// Remove what was brought in (as the session's user, beneath the directory).
+    pub fn remove(&self, dest: BorrowedFd<'_>) {
+        for name in &self.names {
+            let parts: Vec<&str> = name.split('/').collect();
+            let _ = hostfs::remove_beneath(dest, &parts, false);
+        }
+        for d in self.dirs.iter().rev() {
+            let parts: Vec<&str> = d.split('/').collect();
+            let _ = hostfs::remove_beneath(dest, &parts, true);
+        }
+    }
+}
+
+/// Bring the files `session_start` was asked for into the directory `dest`, as the calling
+/// thread's user (run it through [`as_uid`](crate::hostfs::as_uid)): everything is checked
+/// first (names, sources, that nothing is overwritten or reached through a link, that the
+/// user may write there), then written beneath `dest`. On any failure nothing stays.
+/// `host_paths`: whether this caller may copy files of the server's machine; `user` names
+/// the session's user in messages.
+pub fn bring_in(
+    files: Vec<InFile>,
+    dest: BorrowedFd<'_>,
+    host_paths: bool,
+    user: &str,
+) -> Result<Written, String> {
+    let items = plan(files, dest, host_paths, user)?;
+    let mut done = Written::default();
+    for (parts, source) in items {
+        let name = parts.join("/");
+        let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+        let from = match &source {
+            Source::Host(p, _) => format!(" from {}", p.display()),
+            Source::Text(_) => String::new(),
+        };
+        let res = (|| -> std::io::Result<()> {
+            let (mut out, made) = hostfs::create_beneath(dest, &refs)?;
+            done.dirs.extend(made);
+            done.names.push(name.clone());
+            match source {
+                Source::Host(_, mut input) => {
+                    std::io::copy(&mut input, &mut out)?;
+                }
+                Source::Text(ref t) => std::io::Write::write_all(&mut out, t.as_bytes())?,
+            }
+            Ok(())
+        })();
+        if let Err(e) = res {
+            done.remove(dest);
+            return Err(format!("cannot bring in {name}{from}: {e}"));
+        }
+    }
+    Ok(done)
+}
+
+/// Check every entry before anything is written.
+fn plan(
+    files: Vec<InFile>,
+    dest: BorrowedFd<'_>,
+    host_paths: bool,
+    user: &str,
+) -> Result<Vec<(Vec<String>, Source)>, String> {
     if files.len() > MAX_IN_FILES {
         return Err(format!(
             "files: {} entries; at most {MAX_IN_FILES} can be brought in at start (put many files \
@@ -379,22 +467,13 @@ content (the text to write), not both or neither"
 allowed to the local client; send the data as content instead"
                         .into()));
                 }
-                let meta = std::fs::metadata(&path)
-                    .map_err(|e| at(format!("cannot read {}: {e}", path.display())))?;
-                if meta.is_dir() {
-                    return Err(at(format!(
-                        "{} is a directory; to work in a folder pass it as cwd",
-                        path.display()
-                    )));
-                }
-                if !meta.is_file() {
-                    return Err(at(format!("{} is not a regular file", path.display())));
-                }
+                let file = hostfs::open_host_file(&path)
+                    .map_err(|e| at(format!("cannot read {} as {user}: {e}", path.display())))?;
                 let name = path
                     .file_name()
                     .and_then(|n| n.to_str())
                     .map(str::to_string);
-                (Source::Host(path), name)
+                (Source::Host(path, file), name)
             }
             (None, Some(text)) => (Source::Text(text), None),
         };
@@ -409,62 +488,67 @@ allowed to the local client; send the data as content instead"
         if items.iter().any(|(p, _)| *p == parts) {
             return Err(at(format!("{name:?} is given twice")));
         }
-        let target = parts.iter().fold(dest.to_path_buf(), |p, s| p.join(s));
-        if std::fs::symlink_metadata(&target).is_ok() {
-            return Err(at(format!(
-                "{} already exists in the session's directory; it is not overwritten",
-                parts.join("/")
-            )));
-        }
+        check_target(dest, &parts, user).map_err(at)?;
         items.push((parts, source));
     }
-    Ok(Plan { items })
+    Ok(items)
 }
 
-impl Plan {
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
-    /// Write the files under `dest` (blocking); returns their names. On failure, the files
-    /// already written are removed again.
-    pub fn write(self, dest: &Path) -> Result<Vec<String>, String> {
-        let mut done: Vec<PathBuf> = Vec::new();
-        let mut names = Vec::new();
-        for (parts, source) in self.items {
-            let name = parts.join("/");
-            let target = parts.iter().fold(dest.to_path_buf(), |p, s| p.join(s));
-            let res = (|| -> std::io::Result<()> {
-                if let Some(parent) = target.parent() {
-                    std::fs::create_dir_all(parent)?;
-                }
-                // create_new: never overwrite, even a file that appeared since the check.
-                let mut out = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(&target)?;
-                match &source {
-                    Source::Host(p) => {
-                        let mut input = std::fs::File::open(p)?;
-                        std::io::copy(&mut input, &mut out)?;
-                    }
-                    Source::Text(t) => std::io::Write::write_all(&mut out, t.as_bytes())?,
-                }
-                Ok(())
-            })();
-            if let Err(e) = res {
-                for p in &done {
-                    let _ = std::fs::remove_file(p);
-                }
-                let from = match &source {
-                    Source::Host(p) => format!(" from {}", p.display()),
-                    Source::Text(_) => String::new(),
-                };
-                return Err(format!("cannot bring in {name}{from}: {e}"));
+/// The target must be new, reached through real directories only, in a directory the
+/// user may write.
+fn check_target(dest: BorrowedFd<'_>, parts: &[String], user: &str) -> Result<(), String> {
+    let walk = Walk::default();
+    let shown = parts.join("/");
+    let mut held: Option<OwnedFd> = None;
+    let mut depth = 0;
+    for (k, part) in parts.iter().enumerate() {
+        let dir = held.as_ref().map_or(dest, |f| f.as_fd());
+        let last = k + 1 == parts.len();
+        match rustix::fs::statat(dir, part.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Err(rustix::io::Errno::NOENT) => break,
+            Err(e) => return Err(format!("{shown}: {e}")),
+            Ok(_) if last => {
+                return Err(format!(
+                    "{shown} already exists in the session's directory; it is not overwritten"
+                ));
             }
-            done.push(target);
-            names.push(name);
+            Ok(st) => match FileType::from_raw_mode(st.st_mode) {
+                FileType::Directory => {
+                    let sub = hostfs::open_subdir(dir, part, &walk)
+                        .map_err(|e| format!("{shown}: {}: {e}", parts[..=k].join("/")))?;
+                    held = Some(sub);
+                    depth = k + 1;
+                }
+                FileType::Symlink => {
+                    return Err(format!(
+                        "{shown} goes through a symbolic link ({}); links are not followed",
+                        parts[..=k].join("/")
+                    ));
+                }
+                _ => {
+                    return Err(format!(
+                        "{shown}: {} is not a directory",
+                        parts[..=k].join("/")
+                    ));
+                }
+            },
         }
-        Ok(names)
     }
+    let dir = held.as_ref().map_or(dest, |f| f.as_fd());
+    if !hostfs::may(
+        dir,
+        rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+    ) {
+        let place = if depth == 0 {
+            "the session's directory".to_string()
+        } else {
+            parts[..depth].join("/")
+        };
+        return Err(format!(
+            "{user} may not write in {place}, so {shown} cannot be brought in (the directory is \
+read-only for the session: give it write permission for that user, or leave cwd out to use a \
+private directory)"
+        ));
+    }
+    Ok(())
 }

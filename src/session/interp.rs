@@ -18,8 +18,9 @@ use super::scan::{EndMarker, Event, Scanner};
 use super::stdin_wait;
 use crate::exec::pty::{self, PtyMaster, ReadOutcome};
 use crate::exec::{self, Proc, SpawnSpec, Stdio3};
+use crate::lang::SessionSpec;
+use crate::lang::protocol::{INTERRUPT_FILE, SYNC_BASE};
 use crate::lang::spec::InputWait;
-use crate::lang::{SessionSpec, expand};
 use crate::output::{Rendered, Renderer};
 use crate::sandbox::{Jail, Sandbox};
 
@@ -33,6 +34,8 @@ pub struct Launch {
     pub cwd: PathBuf,
     pub ctl: PathBuf,
     pub nonce: String,
+    /// `spec.init` with its placeholders filled in.
+    pub init: Vec<String>,
     pub spec: SessionSpec,
     pub output_cap: usize,
 }
@@ -171,8 +174,6 @@ pub struct Interp {
     in_sync: bool,
 }
 
-const SYNC_BASE: u64 = 1 << 40;
-
 impl Drop for Interp {
     fn drop(&mut self) {
         self.reader.abort();
@@ -206,11 +207,8 @@ impl Interp {
             state: Mutex::new(StreamState {
                 scanner: Scanner::new(
                     &launch.nonce,
-                    &expand(&spec.prompt, &[("nonce", &launch.nonce)]),
-                    spec.continuation
-                        .as_deref()
-                        .map(|c| expand(c, &[("nonce", &launch.nonce)]))
-                        .as_deref(),
+                    &spec.prompt_for(&launch.nonce),
+                    spec.continuation_for(&launch.nonce).as_deref(),
                 ),
                 current: None,
                 out: Renderer::new(launch.output_cap),
@@ -239,15 +237,8 @@ impl Interp {
             paused: None,
             in_sync: false,
         };
-        for line in &me.launch.spec.init {
-            let line = expand(
-                line,
-                &[
-                    ("nonce", &me.launch.nonce),
-                    ("ctl", &path_str(&me.launch.ctl)),
-                ],
-            );
-            me.type_line(&line).await?;
+        for line in &me.launch.init {
+            me.type_line(line).await?;
         }
         let deadline = Instant::now() + timeout;
         let never = CancellationToken::new();
@@ -324,15 +315,12 @@ impl Interp {
     ) -> Outcome {
         let spec = &self.launch.spec;
         let n_s = n.to_string();
-        let cell = self
-            .launch
-            .ctl
-            .join(expand(&spec.cell_file, &[("n", &n_s)]));
+        let cell = self.launch.ctl.join(spec.cell_name(n));
         let body = match &spec.cell_template {
-            Some(t) => expand(t, &[("code", code), ("n", &n_s)]),
+            Some(t) => crate::lang::expand(t, &[("code", code), ("n", &n_s)]),
             None => code.to_string(),
         };
-        if let Err(e) = std::fs::write(&cell, body) {
+        if let Err(e) = crate::workspace::write_ctl(&cell, body) {
             return self.fail_now(format!("cannot write the cell file: {e}"));
         }
         let background = {
@@ -347,7 +335,7 @@ impl Interp {
                 Renderer::new(self.launch.output_cap / 4),
             )
         };
-        let line = expand(&spec.eval, &[("n", &n_s), ("cell", &path_str(&cell))]);
+        let line = spec.eval_line(n, &cell);
         let ending = match self.type_line(&line).await {
             Err(_) => self.wait_exit().await,
             Ok(()) => self.wait(n, deadline, cancel, progress, detect_input).await,
@@ -415,12 +403,7 @@ impl Interp {
         } else {
             st.current = None;
             drop(st);
-            let n_s = n.to_string();
-            let cell = self
-                .launch
-                .ctl
-                .join(expand(&self.launch.spec.cell_file, &[("n", &n_s)]));
-            let _ = std::fs::remove_file(cell);
+            let _ = std::fs::remove_file(self.launch.ctl.join(self.launch.spec.cell_name(n)));
             let _ = std::fs::remove_file(interrupt_flag(&self.launch.ctl, n));
         }
         part.finish()
@@ -553,7 +536,7 @@ impl Interp {
         // Tell the bootstrap before interrupting: a REPL that goes on with input it has
         // queued (ghci runs the rest of a macro's commands after "Interrupted.") can look
         // for this file and stop there. Removed when the evaluation ends.
-        let _ = std::fs::write(interrupt_flag(&self.launch.ctl, n), b"");
+        let _ = crate::workspace::write_ctl(&interrupt_flag(&self.launch.ctl, n), b"");
         if !self.send_interrupt().await {
             return match self.wait_exit().await {
                 Ending::Exited(st) => Recovery::Exited(st),
@@ -790,9 +773,8 @@ async fn read_loop(master: Arc<PtyMaster>, shared: Arc<Shared>) {
 
 /// The file that exists in the control directory while evaluation `n` is being interrupted.
 pub fn interrupt_flag(ctl: &Path, n: u64) -> PathBuf {
-    ctl.join(format!("interrupted-{n}"))
-}
-
-fn path_str(p: &Path) -> String {
-    p.display().to_string()
+    ctl.join(crate::lang::expand(
+        INTERRUPT_FILE,
+        &[("n", &n.to_string())],
+    ))
 }

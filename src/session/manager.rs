@@ -1,6 +1,7 @@
 //! The table of sessions: lifecycle, ownership, limits and the idle reaper.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -17,6 +18,7 @@ use super::report::{
 };
 use crate::config::Config;
 use crate::exec::env as cenv;
+use crate::hostfs::{self, CwdPolicy};
 use crate::lang::{Language, Registry, expand, expand_command};
 use crate::sandbox::{Jail, Lease, Sandbox};
 use crate::workspace::{DirId, PrivateDir, Workspace};
@@ -112,12 +114,17 @@ pub struct Session {
     pub lang: Arc<Language>,
     pub version: String,
     pub cwd: PathBuf,
+    /// A handle on `cwd`: its files are listed and read beneath it, as `uid`.
+    cwd_fd: Arc<OwnedFd>,
+    /// The uid the interpreter runs as (None: the server's own, when not root).
+    uid: Option<u32>,
     pub created_at: SystemTime,
     pub idle_timeout: Duration,
     /// The session's private directory (work and control), removed when dropped.
     _dir: PrivateDir,
-    /// Where the interpreter leaves what it hands back (the figures' PNG files).
-    out: PathBuf,
+    /// A handle on the directory where the interpreter leaves what it hands back (the
+    /// figures' PNG files).
+    out_fd: Arc<OwnedFd>,
     /// The files of `cwd` as the previous evaluation left them; None when change tracking
     /// is off (the directory is too big to walk at every evaluation).
     files: Mutex<Option<Snapshot>>,
@@ -220,6 +227,8 @@ pub struct SessionManager {
     /// Sessions that ended, so a later call can say how (bounded).
     ended: DashMap<String, (Caller, Gone)>,
     starting: Starting,
+    /// What a caller's cwd may be.
+    cwd_policy: Arc<CwdPolicy>,
 }
 
 impl SessionManager {
@@ -229,6 +238,11 @@ impl SessionManager {
         workspace: Arc<Workspace>,
         sandbox: Arc<Sandbox>,
     ) -> Self {
+        let cwd_policy = Arc::new(CwdPolicy::new(
+            workspace.root(),
+            sandbox.masked(),
+            &config.allow_cwd,
+        ));
         Self {
             config,
             registry,
@@ -237,6 +251,7 @@ impl SessionManager {
             sessions: DashMap::new(),
             ended: DashMap::new(),
             starting: Mutex::new(HashMap::new()),
+            cwd_policy,
         }
     }
 
@@ -397,20 +412,6 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         for (k, v) in &req.env {
             cenv::validate_name(k).and_then(|_| cenv::validate_value(k, v))?;
         }
-        let cwd = match &req.cwd {
-            Some(dir) => {
-                let meta =
-                    std::fs::metadata(dir).map_err(|e| format!("cwd {}: {e}", dir.display()))?;
-                if !meta.is_dir() {
-                    return Err(format!("cwd {} is not a directory", dir.display()));
-                }
-                let dir = std::fs::canonicalize(dir)
-                    .map_err(|e| format!("cwd {}: {e}", dir.display()))?;
-                self.sandbox.check_cwd(&dir, self.workspace.root())?;
-                Some(dir)
-            }
-            None => None,
-        };
         let detected = lang
             .detect()
             .await
@@ -435,39 +436,59 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             .map_err(|e| format!("cannot create the session directory: {e}"))?;
         let work = dir.path().join("work");
         let ctl = dir.path().join("ctl");
-        let caller_cwd = cwd.clone();
         let out = dir.path().join("out");
-        let cwd = cwd.unwrap_or_else(|| work.clone());
-        let brought = if req.files.is_empty() {
-            Vec::new()
-        } else {
-            let plan = files::plan(req.files, &cwd, caller.is_local())?;
-            let dest = cwd.clone();
-            tokio::task::spawn_blocking(move || plan.write(&dest))
-                .await
-                .map_err(|e| format!("bringing the files in failed: {e}"))??
+        // Handles on the session's own directories, opened with the server's rights: every
+        // directory on the way is the server's, so nothing user code made is followed.
+        let own = |p: &std::path::Path| {
+            hostfs::open_dir_path(p).map_err(|e| format!("cannot open the session directory: {e}"))
+        };
+        let (work_fd, out_fd) = (own(&work)?, own(&out)?);
+        // The caller's cwd and files, with the session's rights (never the server's).
+        let prepared = hostfs::as_uid(uid, {
+            let policy = self.cwd_policy.clone();
+            let (cwd, files, local) = (req.cwd.clone(), req.files, caller.is_local());
+            move || prepare_dirs(&policy, uid, cwd, work_fd, out_fd, files, local)
+        })
+        .await??;
+        let Prepared {
+            caller_cwd,
+            cwd_fd,
+            out_fd,
+            writable,
+            brought,
+        } = prepared;
+        let cwd = caller_cwd.clone().unwrap_or_else(|| work.clone());
+        // Until the session is up, a failure takes the files brought in away again.
+        let undo = |e: String| {
+            let (fd, names) = (cwd_fd.clone(), brought.clone());
+            async move {
+                if !names.names.is_empty() {
+                    let _ = hostfs::as_uid(uid, move || names.remove(fd.as_fd())).await;
+                }
+                e
+            }
         };
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
         let ctl_s = ctl.display().to_string();
         let work_s = work.display().to_string();
-        let out_s = out.display().to_string();
-        let max_images = self.config.max_images.to_string();
-        let bootstrap = expand(
-            &spec.bootstrap,
-            &[
-                ("nonce", &nonce),
-                ("ctl", &ctl_s),
-                ("work", &work_s),
-                ("out", &out_s),
-                ("max_images", &max_images),
-            ],
+        // The bootstrap and init lines are code: their placeholders become literals.
+        let values = spec.values(
+            &nonce,
+            &ctl,
+            &work,
+            &out,
+            &cwd,
+            u64::from(self.config.max_images),
         );
-        let boot_path = ctl.join(&spec.bootstrap_file);
-        std::fs::write(&boot_path, bootstrap)
-            .map_err(|e| format!("cannot write the bootstrap: {e}"))?;
+        let boot_path = ctl.join(&spec.bootstrap.file);
+        if let Err(e) = crate::workspace::write_ctl(&boot_path, values.expand(&spec.bootstrap.text))
+        {
+            return Err(undo(format!("cannot write the bootstrap: {e}")).await);
+        }
+        let init = spec.init.iter().map(|l| values.expand(l)).collect();
         let exe = exe_path.display().to_string();
         let boot_s = boot_path.display().to_string();
-        let cache_dir = self.workspace.cache_dir(lang.id(), uid);
+        let cache_dir = crate::workspace::cache_dir(&dir, lang.id(), uid);
         let cache = cache_dir.display().to_string();
         let vars = [
             ("exe", exe.as_str()),
@@ -534,14 +555,22 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             cwd: cwd.clone(),
             ctl,
             nonce,
+            init,
             spec: spec.clone(),
             output_cap: self.config.output_cap,
         });
-        let interp = Interp::start(launch, Duration::from_millis(spec.start_timeout_ms)).await?;
+        let interp = match Interp::start(launch, Duration::from_millis(spec.start_timeout_ms)).await
+        {
+            Ok(i) => i,
+            Err(e) => return Err(undo(e).await),
+        };
         // The baseline for the first evaluation's file changes: taken once the interpreter
         // is up, so what it wrote while starting is not taken for the code's doing.
         let mut notes = Vec::new();
-        let baseline = self.baseline(&cwd).await;
+        if !writable {
+            notes.push(read_only_note(&cwd, uid));
+        }
+        let baseline = self.baseline(uid, &cwd_fd).await;
         if baseline.is_none() && self.config.max_tracked_files > 0 {
             notes.push(self.untracked_note());
         }
@@ -555,10 +584,12 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             lang: lang.clone(),
             version: detected.version.clone(),
             cwd: cwd.clone(),
+            cwd_fd,
+            uid,
             created_at: now,
             idle_timeout,
             _dir: dir,
-            out,
+            out_fd,
             files: Mutex::new(baseline),
             interp: tokio::sync::Mutex::new(Some(interp)),
             pid: AtomicU64::new(pid as u64),
@@ -578,23 +609,24 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             version: detected.version,
             pid,
             cwd: cwd.display().to_string(),
+            cwd_writable: writable,
             idle_timeout_s: idle_timeout.as_secs(),
             sandbox: self.sandbox.level,
-            files: brought,
+            files: brought.names.clone(),
             notes,
         })
     }
 
     /// A snapshot of `cwd` to compare the next evaluation against; None when the directory
     /// has more entries than tracking looks at (or tracking is off).
-    async fn baseline(&self, cwd: &std::path::Path) -> Option<Snapshot> {
+    async fn baseline(&self, uid: Option<u32>, cwd: &Arc<OwnedFd>) -> Option<Snapshot> {
         let max = self.config.max_tracked_files;
         if max == 0 {
             return None;
         }
-        let cwd = cwd.to_path_buf();
+        let cwd = cwd.clone();
         let skip = self.skip_dirs();
-        tokio::task::spawn_blocking(move || files::snapshot(&cwd, max, &skip))
+        hostfs::as_uid(uid, move || files::snapshot(cwd.as_fd(), max, &skip))
             .await
             .ok()
             .filter(|s| s.complete)
@@ -891,17 +923,18 @@ file in the session's directory and read it from there instead",
         if refs.is_empty() && old.is_none() {
             return;
         }
-        let out = session.out.clone();
-        let cwd = session.cwd.clone();
+        let out = session.out_fd.clone();
+        let cwd = session.cwd_fd.clone();
         let skip = self.skip_dirs();
         let id = session.id.clone();
         let max_images = self.config.max_images as usize;
         let max_bytes = self.config.max_image_bytes;
         let max_entries = self.config.max_tracked_files;
-        let job = tokio::task::spawn_blocking(move || {
-            let images = read_images(&out, refs, max_images, max_bytes);
+        // As the session's uid: both directories are the session code's to write.
+        let job = hostfs::as_uid(session.uid, move || {
+            let images = read_images(out.as_fd(), refs, max_images, max_bytes);
             let tracked = old.map(|old| {
-                let new = files::snapshot(&cwd, max_entries, &skip);
+                let new = files::snapshot(cwd.as_fd(), max_entries, &skip);
                 let changes = new.complete.then(|| files::diff(&id, &old, &new));
                 (new, changes)
             });
@@ -958,27 +991,26 @@ more than {} files and folders (--max-tracked-files)",
     /// The files of the caller's sessions (session id, path, size), for `resources/list`;
     /// each session's walk is bounded like change tracking's.
     pub async fn list_files(&self, caller: &Caller) -> Vec<(String, String, u64)> {
-        let mut mine: Vec<(SystemTime, String, PathBuf)> = self
+        let mut mine: Vec<(SystemTime, String, Arc<OwnedFd>, Option<u32>)> = self
             .sessions
             .iter()
             .filter(|s| s.owner == *caller)
-            .map(|s| (s.created_at, s.id.clone(), s.cwd.clone()))
+            .map(|s| (s.created_at, s.id.clone(), s.cwd_fd.clone(), s.uid))
             .collect();
         mine.sort_by_key(|m| m.0);
         let max = self.config.max_tracked_files.max(1);
-        let skip = self.skip_dirs();
-        tokio::task::spawn_blocking(move || {
-            let mut out = Vec::new();
-            for (_, id, cwd) in mine {
-                let snap = files::snapshot(&cwd, max, &skip);
-                for (path, stamp) in snap.files {
-                    out.push((id.clone(), path, stamp.size));
-                }
+        let mut out = Vec::new();
+        // Each session's directory as its own uid.
+        for (_, id, cwd, uid) in mine {
+            let skip = self.skip_dirs();
+            let snap = hostfs::as_uid(uid, move || files::snapshot(cwd.as_fd(), max, &skip))
+                .await
+                .unwrap_or_default();
+            for (path, stamp) in snap.files {
+                out.push((id.clone(), path, stamp.size));
             }
-            out
-        })
-        .await
-        .unwrap_or_default()
+        }
+        out
     }
 
     /// Read a file of one of the caller's sessions, by path relative to its directory,
@@ -995,19 +1027,26 @@ more than {} files and folders (--max-tracked-files)",
             .map(str::to_string)
             .collect();
         let session = self.lookup(caller, id).map_err(FileError::NotFound)?;
-        let cwd = session.cwd.clone();
-        let skip = self.skip_dirs();
+        let cwd = session.cwd_fd.clone();
+        let walk = hostfs::Walk {
+            same_mount: true,
+            forbidden: self.skip_dirs(),
+            into_workspaces: false,
+        };
         let cap = self.config.max_resource_bytes;
         let shown = path.to_string();
         let sid = id.to_string();
-        tokio::task::spawn_blocking(move || {
+        // As the session's uid, beneath its directory, on its filesystem, through no link.
+        hostfs::as_uid(session.uid, move || {
             let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
-            let file = crate::workspace::open_beneath(&cwd, &refs, &skip).map_err(|e| {
+            let file = hostfs::open_beneath(cwd.as_fd(), &refs, &walk).map_err(|e| {
                 match e.raw_os_error() {
-                    Some(libc::ELOOP) | Some(libc::ENOTDIR) => FileError::Invalid(format!(
-                        "{shown:?} in session {sid} goes through a symbolic link; links are not \
-followed"
-                    )),
+                    Some(libc::ELOOP) | Some(libc::ENOTDIR) | Some(libc::EXDEV) => {
+                        FileError::Invalid(format!(
+                            "{shown:?} in session {sid} goes through a symbolic link or into \
+another filesystem; links and mount points are not followed"
+                        ))
+                    }
                     Some(libc::ENOENT) => FileError::NotFound(format!(
                         "session {sid} has no file {shown:?}; resources/list shows its files"
                     )),
@@ -1166,7 +1205,7 @@ struct ImagesRead {
 /// the caps, removing each file once read. Code in the session could forge a marker, so a
 /// name is only ever a plain file name in that directory, opened without following links.
 fn read_images(
-    out_dir: &std::path::Path,
+    out_dir: std::os::fd::BorrowedFd<'_>,
     refs: Vec<ImageRef>,
     max_images: usize,
     max_bytes: u64,
@@ -1185,7 +1224,7 @@ fn read_images(
         if out.images.len() >= max_images {
             out.over_count += 1;
         } else {
-            let read = crate::workspace::open_beneath(out_dir, &[file], &[])
+            let read = hostfs::open_beneath(out_dir, &[file], &hostfs::Walk::default())
                 .and_then(|f| crate::workspace::read_capped(f, max_bytes));
             match read {
                 Ok(Ok(data)) => match png_size(&data) {
@@ -1208,7 +1247,7 @@ fn read_images(
                 Err(e) => tracing::warn!(file, error = %e, "cannot read an image"),
             }
         }
-        let _ = std::fs::remove_file(out_dir.join(file));
+        let _ = hostfs::remove_beneath(out_dir, &[file], false);
     }
     out
 }
@@ -1222,4 +1261,60 @@ fn png_size(data: &[u8]) -> Option<(u32, u32)> {
     let w = u32::from_be_bytes(data[16..20].try_into().ok()?);
     let h = u32::from_be_bytes(data[20..24].try_into().ok()?);
     Some((w, h))
+}
+
+/// A session's directories once the caller's cwd and files are dealt with.
+struct Prepared {
+    /// The caller's cwd, canonical (None: the private `work/`).
+    caller_cwd: Option<PathBuf>,
+    cwd_fd: Arc<OwnedFd>,
+    out_fd: Arc<OwnedFd>,
+    /// Whether the session's uid may write in its cwd.
+    writable: bool,
+    brought: Arc<files::Written>,
+}
+
+/// Decide the caller's cwd (else the session's `work/`) and bring the files in: run as the
+/// session's uid (through [`hostfs::as_uid`]).
+fn prepare_dirs(
+    policy: &CwdPolicy,
+    uid: Option<u32>,
+    cwd: Option<PathBuf>,
+    work_fd: OwnedFd,
+    out_fd: OwnedFd,
+    in_files: Vec<InFile>,
+    local: bool,
+) -> Result<Prepared, String> {
+    let (caller_cwd, cwd_fd, writable) = match cwd {
+        Some(p) => {
+            let c = hostfs::check_cwd(policy, &p, uid)?;
+            (Some(c.path), c.dir, c.writable)
+        }
+        None => (None, work_fd, true),
+    };
+    let brought = if in_files.is_empty() {
+        files::Written::default()
+    } else {
+        files::bring_in(in_files, cwd_fd.as_fd(), local, &hostfs::user_name(uid))?
+    };
+    Ok(Prepared {
+        caller_cwd,
+        cwd_fd: Arc::new(cwd_fd),
+        out_fd: Arc::new(out_fd),
+        writable,
+        brought: Arc::new(brought),
+    })
+}
+
+/// What the start result says about a cwd the session may not write.
+fn read_only_note(cwd: &std::path::Path, uid: Option<u32>) -> String {
+    let who = uid.map_or("the server's user".to_string(), |u| format!("uid {u}"));
+    format!(
+        "cwd {} is read-only for this session: its code runs as {who}, which may not write \
+there; it can read the files. To let sessions write there, give the directory write permission \
+for that user (for example an ACL, setfacl -m u:{}:rwx, or mode 1777), or leave cwd out to work \
+in a private directory",
+        cwd.display(),
+        uid.map_or("USER".to_string(), |u| u.to_string()),
+    )
 }

@@ -246,6 +246,9 @@ pub struct StartReport {
     /// Process id of the interpreter.
     pub pid: u32,
     pub cwd: String,
+    /// Whether the session's code may create and change files in `cwd` (a caller's directory
+    /// its user may not write is used read-only).
+    pub cwd_writable: bool,
     pub idle_timeout_s: u64,
     /// The isolation level the interpreter runs under.
     pub sandbox: crate::sandbox::Level,

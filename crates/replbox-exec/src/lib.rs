@@ -40,6 +40,7 @@ pub use args::{ExecArgs, LandlockMode, MAX_PROGRAM_BYTES, PROGRAM_FD, Program, R
 pub use supervise::run;
 
 /// The binary's entry point: parse the command line and run; returns only on a bad one.
+#[cfg(target_os = "linux")]
 pub fn main() -> i32 {
     // glibc hands the arguments to std before `main` runs, so `args_os` works without
     // Rust's runtime start-up.

@@ -1,149 +1,9 @@
-# Python (placeholders are described in README.md, "Adding a language")
-id = "python"
-name = "Python"
-aliases = ["py", "python3"]
-programs = ["python3", "python"]
-version = { args = ["--version"], regex = 'Python (\S+)' }
-resolve = { args = ["-c", "import sys; print(sys.executable)"] }
-
-[env]
-PYTHONUNBUFFERED = "1"
-PYTHONDONTWRITEBYTECODE = "1"
-PYTHONIOENCODING = "utf-8"
-MPLBACKEND = "agg"
-# matplotlib's font cache, built once per server rather than in every run's or session's HOME.
-MPLCONFIGDIR = "{cache}/matplotlib"
-
-[run]
-file = "main.py"
-command = ["{exe}", "-u", "{file}", "{args}"]
-
-# The warm pool: `{exe} -u -c LOADER` started ahead of time in a run's directory. The loader
-# reads one request on stdin (see `pool::request` in src/pool.rs), then runs main.py as
-# `{exe} -u main.py ARGS` would: the run's environment in the same order, sys.argv,
-# sys.orig_argv, sys.path[0], fresh `__main__` globals with __file__ and a SourceFileLoader,
-# the rest of stdin as the program's input; an uncaught exception is reported by
-# sys.excepthook without the loader's frames (and KeyboardInterrupt still ends the process
-# with SIGINT), SystemExit is Python's own. What stays different: the loader's two frames
-# sit below the program's (inspect.stack(), traceback.print_stack()); the objects of
-# start-up are in the collector's permanent generation (gc.freeze(), so gc.get_freeze_count()
-# is not 0); and /proc/self/cmdline and /proc/self/environ show how the interpreter started.
-[run.pool]
-command = ["{exe}", "-u", "-c", "{loader}"]
-cold_env = ["PYTHON*"]
-loader = '''
-# replbox warm pool: this interpreter was started ahead of time. It waits on stdin for one
-# request, then runs the program the way `python3 -u main.py ARGS` would have.
-def __rbx_pool():
-    import os, sys
-    def take(n):
-        data = b""
-        while len(data) < n:
-            chunk = os.read(0, n - len(data))
-            if not chunk:
-                os._exit(0)  # the pool let this one go unused
-            data += chunk
-        return data
-    # What start-up allocated is kept for good: moved out of the collector's generations, so
-    # the collections of the program and of the interpreter's exit do not walk it again
-    # (with pyenv's python, whose start-up imports ~100 modules, that halves a pooled run).
-    loaded = "gc" in sys.modules
-    gc = __import__("gc")
-    if not loaded:
-        del sys.modules["gc"]
-    gc.collect()
-    gc.freeze()
-    del gc, loaded
-    # The CPU limit is the run's, set below; the interpreter started with the largest.
-    loaded = "resource" in sys.modules
-    resource = __import__("resource")
-    if not loaded:
-        del sys.modules["resource"]
-    setrlimit, RLIMIT_CPU = resource.setrlimit, resource.RLIMIT_CPU
-    del resource, loaded
-    head = b""
-    while not head.endswith(b"\n"):
-        head += take(1)
-    fields = take(int(head)).decode("utf-8", "surrogateescape").split("\0")
-    file, cpu, k, m = fields[0], int(fields[1]), int(fields[2]), int(fields[3])
-    argv, env = fields[4:4 + m], fields[4 + m:]
-    # As the helper sets it for a cold run: SIGXCPU at the limit, SIGKILL a second later.
-    setrlimit(RLIMIT_CPU, (cpu, cpu + 1))
-    # The run's environment, with the same variables in the same order. The sandbox may set
-    # PWD as it starts a process (bwrap does, replacing or appending it): do the same.
-    pwd = os.environ.get("PWD")
-    os.environ.clear()
-    os.environ.update(kv.partition("=")[::2] for kv in env)
-    if pwd is not None:
-        os.environ["PWD"] = pwd
-    path = os.path.join(os.getcwd(), file)
-    sys.argv = argv[m - k - 1:]
-    sys.orig_argv = argv
-    sys.path[0] = os.path.dirname(os.path.realpath(path))
-    # Directories may have changed since start-up (a package installed): forget their listings.
-    [f.invalidate_caches() for f in sys.meta_path if hasattr(f, "invalidate_caches")]
-    # A new __main__: the one start-up made is frozen with the rest, and what the program
-    # keeps in its globals must be torn down at exit as in a cold start.
-    main = type(sys)("__main__")
-    g = main.__dict__
-    mine = (sys._getframe(0).f_code, sys._getframe(1).f_code)
-    g.update(
-        __name__="__main__",
-        __doc__=None,
-        __package__=None,
-        __loader__=sys.modules["_frozen_importlib_external"].SourceFileLoader("__main__", path),
-        __spec__=None,
-        __annotations__={},
-        __builtins__=sys.modules["builtins"],
-        __file__=path,
-        __cached__=None,
-    )
-    sys.modules["__main__"] = main
-    del head, fields, env, k, m, argv, cpu, setrlimit, RLIMIT_CPU, pwd
-    try:
-        with open(path, "rb") as f:
-            code = compile(f.read(), path, "exec", dont_inherit=True)
-        del f
-        exec(code, g)
-    except SystemExit:
-        raise
-    except BaseException:
-        # Report it as the interpreter would, without this loader's frames.
-        hook = sys.excepthook
-        def report(t, v, tb):
-            sys.excepthook = hook
-            while tb is not None and tb.tb_frame.f_code in mine:
-                tb = tb.tb_next
-            if isinstance(v, BaseException):
-                v.__traceback__ = tb
-            hook(t, v, tb)
-        sys.excepthook = report
-        raise
-__rbx_pool()
-'''
-
-# The REPL behind a PTY. The bootstrap is run by `python3 -i`, then the REPL takes over with
-# the prompts it set. Each evaluation types `__rbx_eval(N)`, which runs ctl/cell-N.py the way
-# the REPL would and ends with the end marker ESC _ rbx;NONCE;e;N;STATUS;PAYLOAD ESC \.
-# The payload (base64 JSON) carries the error ({type, message}) and the figures the cell drew
-# ({images: [{file, figure}], images_omitted}), saved as PNG files in the session's out/
-# directory (placeholder {out}).
-# pandas, numpy and matplotlib are never imported here: an import hook adjusts them only
-# once the user's code imports them.
-[session]
-command = ["{exe}", "-q", "-u", "-i", "{bootstrap}"]
-bootstrap_file = "bootstrap.py"
-cell_file = "cell-{n}.py"
-eval = "__rbx_eval({n})"
-prompt = "\u001b_rbx;{nonce};p\u001b\\"
-continuation = "\u001b_rbx;{nonce};c\u001b\\"
-error_pattern = '(?m)^Traceback \(most recent call last\):'
-announces_start = true
-
-bootstrap = '''
+# replbox's bootstrap for `python3 -i` (see docs/bootstrap-protocol.md). Before writing it
+# into the session's control directory, replbox replaces the placeholders below: text ones,
+# marked `:json`, by Python string literals; numbers by numbers.
 def __rbx_setup():
     import ast, asyncio, base64, builtins, inspect, json, linecache, os, sys, traceback
-    nonce, ctl, out = "{nonce}", "{ctl}", "{out}"
+    nonce, ctl, out, cell_file = {nonce:json}, {ctl:json}, {out:json}, {cell_file:json}
     boot = os.path.abspath(__file__) if "__file__" in globals() else ""
     main = sys.modules["__main__"]
     g = main.__dict__
@@ -157,15 +17,11 @@ def __rbx_setup():
         readline.write_history_file = lambda *a, **k: None
     except Exception:
         pass
-    sys.ps1 = "\x1b_rbx;" + nonce + ";p\x1b\\"
-    sys.ps2 = "\x1b_rbx;" + nonce + ";c\x1b\\"
+    sys.ps1, sys.ps2 = {prompt:json}, {continuation:json}
     loop = None
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-    try:
-        max_images = int("{max_images}")
-    except ValueError:
-        max_images = 8
-    user_limit = 1 << 40  # internal evaluations (resynchronisation) are numbered from here
+    max_images = {max_images}
+    user_limit = {sync_base}  # internal evaluations (resynchronisation) are numbered from here
     cell = {"n": 0, "shots": [], "omitted": 0, "force": None}
     tuned = set()
 
@@ -366,7 +222,7 @@ def __rbx_setup():
         cell.update(n=n, shots=[], omitted=0, force=None)
         os.write(1, ("\x1b_rbx;%s;s;%d\x1b\\" % (nonce, n)).encode())
         try:
-            path = os.path.join(ctl, "cell-%d.py" % n)
+            path = os.path.join(ctl, cell_file.replace("{n}", str(n)))
             with open(path, encoding="utf-8") as f:
                 src = f.read()
             linecache.cache[name] = (len(src), None, src.splitlines(True), name)
@@ -416,10 +272,3 @@ def __rbx_setup():
 
 __rbx_setup()
 del __rbx_setup
-'''
-
-[session.env]
-PYTHON_BASIC_REPL = "1"
-PYTHON_COLORS = "0"
-NO_COLOR = "1"
-PAGER = "cat"

@@ -1,11 +1,17 @@
-//! `replbox bench` runs every section and reports well-formed numbers. Nothing here asserts
-//! on speed: timings on a shared machine are too noisy for that.
+//! `replbox-bench` runs every section against the built server and reports well-formed
+//! numbers. Nothing here asserts on speed: timings on a shared machine are too noisy for that.
+//!
+//! The tests that start servers run the bench for minutes, so they run only with
+//! `REPLBOX_BENCH_TEST=1` (they build the server first, `cargo build -p replbox`, so that
+//! the bench finds it beside itself); without it they say they were skipped.
 
+use std::path::Path;
 use std::process::Command;
+use std::sync::OnceLock;
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_replbox");
+const BENCH: &str = env!("CARGO_BIN_EXE_replbox-bench");
 
 fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
@@ -13,12 +19,45 @@ fn on_path(program: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether the slow tests run (`REPLBOX_BENCH_TEST=1`); when they do, the server binary is
+/// built beside the bench's (in the same profile), where the bench looks for it.
+fn slow_test(name: &str) -> bool {
+    if std::env::var("REPLBOX_BENCH_TEST").as_deref() != Ok("1") {
+        eprintln!(
+            "SKIP: {name}: it runs the bench against a built server for minutes; \
+             set REPLBOX_BENCH_TEST=1 to run it"
+        );
+        return false;
+    }
+    // Once per test process (the tests run on threads of one process).
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut build = Command::new(env!("CARGO"));
+        build
+            .arg("build")
+            .arg("--manifest-path")
+            .arg(root.join("Cargo.toml"))
+            .args(["-p", "replbox", "--bins"]);
+        if !cfg!(debug_assertions) {
+            build.arg("--release");
+        }
+        let status = build.status().expect("run cargo build -p replbox");
+        assert!(status.success(), "cargo build -p replbox failed: {status}");
+    });
+    let beside = Path::new(BENCH).with_file_name("replbox");
+    assert!(beside.is_file(), "no server at {}", beside.display());
+    true
+}
+
 #[test]
 fn bench_json_has_every_section_with_its_samples() {
+    if !slow_test("bench_json_has_every_section_with_its_samples") {
+        return;
+    }
     // Every section, kept small (and without the peer, which needs the npm registry).
-    let out = Command::new(BIN)
+    let out = Command::new(BENCH)
         .args([
-            "bench",
             "--iterations",
             "2",
             "--json",
@@ -31,7 +70,7 @@ fn bench_json_has_every_section_with_its_samples() {
             "--no-peer",
         ])
         .output()
-        .expect("run replbox bench");
+        .expect("run replbox-bench");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -149,7 +188,7 @@ fn bench_json_has_every_section_with_its_samples() {
             metric("big_output:session", "truncation_flagged"),
             Some(1.0)
         );
-        // Every target of the design is judged, met or not (two per sandbox level measured).
+        // Every performance target is judged, met or not (two per sandbox level measured).
         let targets = report["targets"].as_array().expect("targets");
         let levels = names
             .iter()
@@ -175,18 +214,14 @@ fn bench_json_has_every_section_with_its_samples() {
 }
 
 #[test]
-fn only_selects_sections_and_rejects_unknown_ones() {
-    let out = Command::new(BIN)
-        .args([
-            "bench",
-            "--iterations",
-            "1",
-            "--json",
-            "--only",
-            "initialize",
-        ])
+fn only_selects_sections() {
+    if !slow_test("only_selects_sections") {
+        return;
+    }
+    let out = Command::new(BENCH)
+        .args(["--iterations", "1", "--json", "--only", "initialize"])
         .output()
-        .expect("run replbox bench");
+        .expect("run replbox-bench");
     assert!(out.status.success(), "{out:?}");
     let report: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     let names: Vec<&str> = report["sections"]
@@ -197,13 +232,48 @@ fn only_selects_sections_and_rejects_unknown_ones() {
         .collect();
     assert_eq!(names, ["initialize"]);
     assert!(report["targets"].as_array().is_some_and(|t| t.len() == 1));
+    // The server measured is the one beside the bench, and says what it is.
+    let beside = Path::new(BENCH).with_file_name("replbox");
+    let beside = std::fs::canonicalize(beside).expect("server path");
+    assert_eq!(
+        report["machine"]["server"].as_str(),
+        beside.to_str(),
+        "{report:#}"
+    );
+    assert_eq!(report["replbox_version"], env!("CARGO_PKG_VERSION"));
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    assert_eq!(report["build"], profile);
+}
 
-    let out = Command::new(BIN)
-        .args(["bench", "--only", "no_such_section"])
+/// Fast: nothing is measured, so this runs in every `cargo test`.
+#[test]
+fn rejects_unknown_sections_and_a_missing_server() {
+    let out = Command::new(BENCH)
+        .args(["--only", "no_such_section"])
         .output()
-        .expect("run replbox bench");
+        .expect("run replbox-bench");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("run_code"), "lists the sections: {stderr}");
     assert!(stderr.contains("soak"), "lists the sections: {stderr}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("replbox");
+    let out = Command::new(BENCH)
+        .arg("--server")
+        .arg(&missing)
+        .args(["--only", "initialize"])
+        .output()
+        .expect("run replbox-bench");
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("no replbox binary at {}", missing.display())),
+        "{stderr}"
+    );
 }

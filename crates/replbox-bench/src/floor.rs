@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use tokio::process::{Child, Command};
 
-use super::client::CALL_TIMEOUT;
-use crate::config::Config;
-use crate::exec::env as cenv;
-use crate::exec::pty::{self, PtyMaster, ReadOutcome};
-use crate::lang::Registry;
+use replbox::config::Config;
+use replbox::exec::env as cenv;
+use replbox::exec::pty::{self, PtyMaster, ReadOutcome};
+use replbox::lang::Registry;
+
+use crate::client::CALL_TIMEOUT;
+use crate::langs::RawReplSpec;
 
 /// An interpreter found exactly as the server finds it (its language file's `programs`,
 /// then its `resolve` probe, so shims such as pyenv's are skipped the same way).
@@ -119,67 +121,6 @@ impl Interpreter {
             bail!("{} {args:?} failed: {}", self.exe.display(), out.status);
         }
         Ok((elapsed, out.stdout.len()))
-    }
-}
-
-/// How to drive a language's own REPL by hand for the raw round-trip floor.
-pub struct RawReplSpec {
-    pub args: &'static [&'static str],
-    pub env: &'static [(&'static str, &'static str)],
-    /// The REPL's prompt, which ends every answer.
-    pub prompt: &'static str,
-}
-
-/// The raw REPLs known to the bench, by language id.
-pub fn raw_repl(language: &str) -> Option<RawReplSpec> {
-    match language {
-        "python" => Some(RawReplSpec {
-            args: &["-q", "-u", "-i"],
-            env: &[
-                ("PYTHON_BASIC_REPL", "1"),
-                ("PYTHON_COLORS", "0"),
-                ("NO_COLOR", "1"),
-            ],
-            prompt: ">>> ",
-        }),
-        "javascript" => Some(RawReplSpec {
-            args: &["-i"],
-            env: &[
-                ("NODE_NO_READLINE", "1"),
-                ("NODE_REPL_HISTORY", ""),
-                ("NO_COLOR", "1"),
-            ],
-            prompt: "> ",
-        }),
-        // irb reading the terminal line by line (no Reline), with its simple prompt.
-        "ruby" => Some(RawReplSpec {
-            args: &[
-                "-e",
-                "require 'irb'; IRB.start('irb')",
-                "--",
-                "-f",
-                "--nomultiline",
-                "--nosingleline",
-                "--nocolorize",
-                "--noautocomplete",
-                "--prompt",
-                "simple",
-            ],
-            env: &[("NO_COLOR", "1"), ("PAGER", "cat")],
-            prompt: ">> ",
-        }),
-        // ghci's own prompt (`ghci> `) ends like this.
-        "haskell" => Some(RawReplSpec {
-            args: &["-ignore-dot-ghci", "-fno-ghci-history", "-v0"],
-            env: &[("NO_COLOR", "1")],
-            prompt: "> ",
-        }),
-        "shellscript" => Some(RawReplSpec {
-            args: &["--noprofile", "--norc", "--noediting", "-i"],
-            env: &[("PS1", "$ ")],
-            prompt: "$ ",
-        }),
-        _ => None,
     }
 }
 

@@ -1,39 +1,9 @@
-# Ruby (placeholders are described in README.md, "Adding a language")
-id = "ruby"
-name = "Ruby"
-aliases = ["rb", "irb"]
-programs = ["ruby"]
-version = { args = ["--version"], regex = 'ruby (\S+)' }
-
-[run]
-file = "main.rb"
-command = ["{exe}", "{file}", "{args}"]
-
-# The REPL is irb, started the way its own executable starts it (`require "irb"; IRB.start`)
-# by the same ruby that runs programs, with its plain line reader (no reline: the default
-# line editor asks the terminal for the cursor position and redraws), no colours, no ~/.irbrc
-# and no history. The bootstrap, loaded with -r before irb builds its context, installs the
-# prompts and `__rbx_eval(N)`, which evaluates ctl/cell-N.rb in irb's main binding (local
-# variables persist and `_` is the last value), shows the value as irb does (`=> 2`; an
-# assignment truncated as irb truncates it; nil is not shown, as Python's None is not), and
-# ends with the end marker: `ok`, `error` with the exception's class and message, or
-# `interrupted` (Ctrl-C raises IRB::Abort in irb, reported as Interrupt).
-# `exit N` (irb's own command, which would exit 0) and Kernel#exit end ruby with status N.
-# irb's own echo is off (conf.echo = false), because the typed line's value is not the cell's.
-# Note: `#{...}` in the bootstrap must not spell a placeholder name, hence `nc`, not `nonce`.
-[session]
-command = ["{exe}", "-e", "require 'irb'; IRB.start('irb')", "--", "-f", "--nomultiline", "--nosingleline", "--nocolorize", "--noautocomplete", "-r", "{bootstrap}"]
-bootstrap_file = "bootstrap.rb"
-cell_file = "cell-{n}.rb"
-eval = "__rbx_eval({n})"
-announces_start = true
-prompt = "\u001b_rbx;{nonce};p\u001b\\"
-continuation = "\u001b_rbx;{nonce};c\u001b\\"
-bootstrap = '''
-nc, dir = "{nonce}", "{ctl}"
+# replbox's bootstrap for irb (see docs/bootstrap-protocol.md). Before writing it into the
+# session's control directory, replbox replaces the placeholders below, marked `:ruby`, by
+# Ruby string literals (in which nothing interpolates).
+nc, dir, cell_file = {nonce:ruby}, {ctl:ruby}, {cell_file:ruby}
 boot = File.expand_path(__FILE__)
-marker = "\e_rbx;#{nc};p\e\\"
-cont = "\e_rbx;#{nc};c\e\\"
+marker, cont = {prompt:ruby}, {continuation:ruby}
 IRB.conf[:PROMPT][:RBX] = { PROMPT_I: marker, PROMPT_N: cont, PROMPT_S: cont, PROMPT_C: cont, RETURN: "=> %s\n" }
 IRB.conf[:PROMPT_MODE] = :RBX
 IRB.conf[:ECHO] = false
@@ -85,7 +55,7 @@ Object.send(:define_method, :__rbx_eval) do |n|
   ctx = IRB.CurrentContext
   status, err, value, exiting = "ok", nil, nil, false
   begin
-    src = File.read(File.join(dir, "cell-#{n}.rb"), encoding: "UTF-8")
+    src = File.read(File.join(dir, cell_file.sub("{n}", n.to_s)), encoding: "UTF-8")
     done = false
     # irb's `exit` throws :IRB_EXIT, and irb then exits 0 whatever the argument.
     code = catch(:IRB_EXIT) do
@@ -112,8 +82,3 @@ Object.send(:define_method, :__rbx_eval) do |n|
   value
 end
 Object.send(:private, :__rbx_eval)
-'''
-
-[session.env]
-NO_COLOR = "1"
-PAGER = "cat"

@@ -180,22 +180,58 @@ pub fn text_of(result: &CallToolResult) -> String {
 
 /// The processes under `root` and their CPU ticks in total, as a comparable snapshot.
 fn tree_cpu(root: u32) -> (Vec<i32>, u64) {
-    let mut pids: Vec<i32> = replbox_exec::procfs::descendants(root)
-        .into_iter()
-        .map(|p| p as i32)
-        .collect();
+    let mut pids = descendants(root as i32);
     pids.sort_unstable();
     let ticks = pids.iter().filter_map(|p| cpu_ticks(*p)).sum();
     (pids, ticks)
 }
 
-/// utime + stime of a process, in clock ticks (from /proc/PID/stat).
-pub fn cpu_ticks(pid: i32) -> Option<u64> {
+/// The live processes below `root`, from /proc (a snapshot: processes come and go).
+fn descendants(root: i32) -> Vec<i32> {
+    let mut parent_of: Vec<(i32, i32)> = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+                continue;
+            };
+            if let Some((ppid, state)) = ppid_state(pid)
+                && state != "Z"
+            {
+                parent_of.push((pid, ppid));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for &(pid, ppid) in &parent_of {
+            if ppid == p {
+                out.push(pid);
+                frontier.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// The fields of /proc/PID/stat after the command name (which may hold spaces and
+/// parentheses, so they start after the last `)`): state first, then ppid, ...
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
     let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
     let close = stat.iter().rposition(|&b| b == b')')?;
     let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+fn ppid_state(pid: i32) -> Option<(i32, String)> {
+    let f = stat_fields(pid)?;
+    Some((f.get(1)?.parse().ok()?, f.first()?.clone()))
+}
+
+/// utime + stime of a process, in clock ticks (from /proc/PID/stat).
+pub fn cpu_ticks(pid: i32) -> Option<u64> {
     // Fields after the command: state is field 3, utime 14 and stime 15.
-    let f: Vec<&str> = rest.split_whitespace().collect();
+    let f = stat_fields(pid)?;
     let utime: u64 = f.get(11)?.parse().ok()?;
     let stime: u64 = f.get(12)?.parse().ok()?;
     Some(utime + stime)

@@ -1,21 +1,20 @@
-//! `replbox bench`: measure this binary, on this machine, against the floor of what it does.
+//! The sections of the bench and how they run.
 //!
 //! A bench is a list of [`SECTIONS`]. Each one has a name (what `--only` takes) and a
 //! measurement that returns one or more rows (one per language where that applies), each
 //! with its samples, the samples of a floor to compare with when there is one (for
 //! `run-code`, spawning the same interpreter directly), and named figures (memory, counts).
 //! [`run`] runs the chosen sections and turns the rows into a [`Report`], which also judges
-//! the design's targets; [`print_table`] prints it.
+//! the performance targets; [`report::print_table`] prints it.
+//!
+//! Every server measured is the `replbox` binary ([`Ctx::server`]) started as `replbox
+//! serve` and driven through MCP, as a client drives it.
 //!
 //! To add a section: write an `async fn(&Ctx) -> Result<Vec<Row>>` and list it in
 //! [`SECTIONS`]. [`McpServer`] starts a stdio MCP server (replbox or a peer) and times tool
 //! calls; [`alternate`] interleaves our measurement with its floor so that machine noise
 //! hits both alike; [`McpServer::wait_quiet`] waits until the server's children (a warm
 //! pool refilling) use no CPU, so that they do not compete with a sample.
-
-mod client;
-mod floor;
-mod report;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -26,23 +25,26 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use replbox::config::Config;
+use replbox::lang::Registry;
+use replbox::sandbox::Mode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
-use crate::config::Config;
-use crate::lang::Registry;
-use crate::sandbox::Mode;
+use crate::client::{self, Handle, McpServer, ProcStats};
+use crate::floor::{Interpreter, RawRepl};
+use crate::langs::{LANGS, Lang};
+use crate::report::{self, FloorReport, Machine, Report, SectionReport, Series, Stats};
+use crate::server::Server;
 
-pub use client::{Handle, McpServer, ProcStats};
-pub use floor::{Interpreter, RawRepl, raw_repl};
-pub use report::{
-    FloorReport, Machine, Report, SectionReport, Series, Stats, TargetReport, print_table,
-};
-
-/// `replbox bench` flags.
+/// `replbox-bench` flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
+    /// The replbox binary to measure (default: `replbox` beside this program, else
+    /// target/release/replbox).
+    #[arg(long, value_name = "PATH")]
+    pub server: Option<PathBuf>,
     /// Measured repetitions per section (after a short warm-up). Sections whose samples
     /// take a second or more take at most 10.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
@@ -186,8 +188,8 @@ pub struct Ctx {
     pub iterations: usize,
     pub config: Config,
     pub args: BenchArgs,
-    /// This binary: the server measured is the one running the bench.
-    pub exe: PathBuf,
+    /// The `replbox` binary measured.
+    pub server: PathBuf,
     /// Things the report should say (a section skipped, and why).
     pub notes: Mutex<Vec<String>>,
 }
@@ -200,7 +202,7 @@ impl Ctx {
 
     /// `replbox serve` with other settings.
     pub fn serve_with(&self, config: &Config) -> Command {
-        let mut cmd = Command::new(&self.exe);
+        let mut cmd = Command::new(&self.server);
         cmd.arg("serve").args(config.to_args());
         cmd
     }
@@ -235,12 +237,12 @@ impl Ctx {
 
 /// Run the chosen sections (all when `--only` is not given).
 pub async fn run(args: BenchArgs) -> Result<Report> {
-    let exe = std::env::current_exe().context("cannot find the replbox executable")?;
+    let server = Server::find(args.server.as_deref()).await?;
     let ctx = Ctx {
         iterations: args.iterations as usize,
         config: args.config.clone(),
         args: args.clone(),
-        exe,
+        server: server.path.clone(),
         notes: Mutex::new(Vec::new()),
     };
     let load_before = report::load_average();
@@ -273,12 +275,8 @@ pub async fn run(args: BenchArgs) -> Result<Report> {
     let notes = ctx.notes.lock().map(|n| n.clone()).unwrap_or_default();
     let targets = report::targets(&sections);
     Ok(Report {
-        replbox_version: env!("CARGO_PKG_VERSION"),
-        build: if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        },
+        replbox_version: server.version,
+        build: server.build,
         iterations: ctx.iterations,
         machine: Machine {
             cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -286,7 +284,8 @@ pub async fn run(args: BenchArgs) -> Result<Report> {
             load_after: report::load_average(),
             seconds: started.elapsed().as_secs(),
             pool: ctx.config.pool,
-            helper: crate::sandbox::helper_exe().display().to_string(),
+            server: server.path.display().to_string(),
+            helper: server.helper.display().to_string(),
             interpreters,
         },
         sections,
@@ -341,69 +340,6 @@ const SLOW: Duration = Duration::from_millis(500);
 
 /// Longest wait for the server's children to calm down before a sample.
 const QUIET: Duration = Duration::from_secs(20);
-
-/// The languages the bench drives: every session language of the built-in set.
-struct Lang {
-    id: &'static str,
-    /// A program printing 2, for run-code, and how the floor runs the same directly (in a
-    /// directory holding `floor_file`, when there is one).
-    program: &'static str,
-    floor_args: &'static [&'static str],
-    floor_file: Option<(&'static str, &'static str)>,
-    /// A trivial evaluation for `session_eval`, the text replbox returns for it, and what the
-    /// raw REPL prints for it.
-    expr: &'static str,
-    answer: &'static str,
-    raw_answer: &'static str,
-}
-
-const LANGS: &[Lang] = &[
-    Lang {
-        id: "python",
-        program: "print(1+1)",
-        floor_args: &["-c", "print(1+1)"],
-        floor_file: None,
-        expr: "1+1",
-        answer: "2\n",
-        raw_answer: "2",
-    },
-    Lang {
-        id: "javascript",
-        program: "console.log(1+1)",
-        floor_args: &["-e", "console.log(1+1)"],
-        floor_file: None,
-        expr: "1+1",
-        answer: "2\n",
-        raw_answer: "2",
-    },
-    Lang {
-        id: "ruby",
-        program: "puts 1+1",
-        floor_args: &["-e", "puts 1+1"],
-        floor_file: None,
-        expr: "1+1",
-        answer: "=> 2\n",
-        raw_answer: "=> 2",
-    },
-    Lang {
-        id: "haskell",
-        program: "main = print (1+1)",
-        floor_args: &["Main.hs"],
-        floor_file: Some(("Main.hs", "main = print (1+1)\n")),
-        expr: "1+1",
-        answer: "2\n",
-        raw_answer: "2",
-    },
-    Lang {
-        id: "shellscript",
-        program: "echo $((1+1))",
-        floor_args: &["-c", "echo $((1+1))"],
-        floor_file: None,
-        expr: "echo $((1+1))",
-        answer: "2\n",
-        raw_answer: "2",
-    },
-];
 
 /// The bench languages installed here (with a REPL when `need_session`, with a warm pool
 /// when `need_pool`); the ones not installed are noted once.
@@ -648,17 +584,15 @@ async fn session_eval(ctx: &Ctx) -> Result<Vec<Row>> {
     let measured = async {
         let mut rows = Vec::new();
         for l in langs {
-            let Some(raw_spec) = raw_repl(l.id) else {
-                continue;
-            };
+            let raw_spec = &l.raw;
             let interp = Interpreter::resolve_session(&ctx.config, l.id).await?;
             let id = start_session(&server, l.id).await?;
-            let mut raw = RawRepl::start(&interp, &raw_spec).await?;
+            let mut raw = RawRepl::start(&interp, raw_spec).await?;
             let h = server.handle();
             let result = async {
                 for _ in 0..WARMUP {
                     eval_expecting(&h, &id, l.expr, l.answer).await?;
-                    raw.round_trip(l.expr, l.raw_answer).await?;
+                    raw.round_trip(l.expr, l.raw.answer).await?;
                 }
                 server.wait_quiet(QUIET).await;
                 let raw = std::sync::Arc::new(tokio::sync::Mutex::new(&mut raw));
@@ -667,7 +601,7 @@ async fn session_eval(ctx: &Ctx) -> Result<Vec<Row>> {
                     || eval_expecting(&h, &id, l.expr, l.answer),
                     || {
                         let raw = raw.clone();
-                        async move { raw.lock().await.round_trip(l.expr, l.raw_answer).await }
+                        async move { raw.lock().await.round_trip(l.expr, l.raw.answer).await }
                     },
                 )
                 .await?;
@@ -1302,7 +1236,7 @@ async fn peer(ctx: &Ctx) -> Result<Vec<Row>> {
         return Ok(Vec::new());
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
-    if crate::lang::which("npx", &path).is_none() {
+    if replbox::lang::which("npx", &path).is_none() {
         ctx.note(format!("{PEER}: not measured (npx is not on PATH)"));
         return Ok(Vec::new());
     }

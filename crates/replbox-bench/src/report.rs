@@ -126,6 +126,8 @@ pub struct Machine {
     pub seconds: u64,
     /// `--pool` of the servers measured (sections about sessions run with 0).
     pub pool: usize,
+    /// The replbox binary measured.
+    pub server: String,
     /// The helper every child runs under.
     pub helper: String,
     /// `language version (executable)` of the interpreters measured.
@@ -139,7 +141,7 @@ pub fn load_average() -> Option<[f64; 3]> {
     Some([it.next()??, it.next()??, it.next()??])
 }
 
-/// One performance target of the design, and what this run measured for it.
+/// One performance target of replbox, and what this run measured for it.
 #[derive(Debug, Serialize)]
 pub struct TargetReport {
     pub what: String,
@@ -148,8 +150,8 @@ pub struct TargetReport {
     pub met: bool,
 }
 
-/// The design's targets ("Performance targets" in DESIGN.md), judged on the rows measured;
-/// a target whose row was not measured is left out.
+/// replbox's performance targets (README.md, "Performance"), judged on the rows measured; a
+/// target whose row was not measured is left out.
 pub fn targets(sections: &[SectionReport]) -> Vec<TargetReport> {
     let find = |name: &str| sections.iter().find(|s| s.name == name);
     let mut out = Vec::new();
@@ -172,7 +174,7 @@ pub fn targets(sections: &[SectionReport]) -> Vec<TargetReport> {
         "4 sessions each sleeping 1 s at once",
         1100.0,
     );
-    // Issue budget for confinement: about 10 ms per run-code, nothing per evaluation.
+    // The budget for confinement: about 10 ms per run-code, nothing per evaluation.
     for level in ["landlock", "bwrap"] {
         for (row, what, limit_ms, target) in [
             ("run_code", "run-code", 10.0, "<= 10 ms per call"),
@@ -277,11 +279,13 @@ the same 8 pythons spawned directly at once: {:.1} ms",
     out
 }
 
-/// Everything one `replbox bench` run measured.
+/// Everything one `replbox-bench` run measured.
 #[derive(Debug, Serialize)]
 pub struct Report {
-    pub replbox_version: &'static str,
-    /// `debug` or `release`: the server measured is this same binary.
+    /// What the server measured says it is.
+    pub replbox_version: String,
+    /// `debug` or `release`: the cargo profile directory the server measured lies in
+    /// (`unknown` elsewhere).
     pub build: &'static str,
     pub iterations: usize,
     pub machine: Machine,
@@ -343,7 +347,7 @@ pub fn print_table(report: &Report, out: &mut impl Write) -> io::Result<()> {
     }
     if !report.targets.is_empty() {
         writeln!(out)?;
-        writeln!(out, "TARGET (DESIGN.md)")?;
+        writeln!(out, "TARGET")?;
         for t in &report.targets {
             writeln!(
                 out,
@@ -364,12 +368,13 @@ pub fn print_table(report: &Report, out: &mut impl Write) -> io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "machine: {} cpus, load average {} at the start, {} at the end; {} s in all; pool {}; helper {}",
+        "machine: {} cpus, load average {} at the start, {} at the end; {} s in all; pool {}; server {}; helper {}",
         m.cpus,
         load(&m.load_before),
         load(&m.load_after),
         m.seconds,
         m.pool,
+        m.server,
         m.helper
     )?;
     for i in &m.interpreters {
@@ -424,7 +429,7 @@ mod tests {
         assert_eq!(without.ratio, None);
         let sections = vec![with_floor, without];
         let report = Report {
-            replbox_version: "0",
+            replbox_version: "0".into(),
             build: "debug",
             iterations: 3,
             machine: Machine {
@@ -433,7 +438,8 @@ mod tests {
                 load_after: None,
                 seconds: 1,
                 pool: 2,
-                helper: "replbox-exec".into(),
+                server: "/t/replbox".into(),
+                helper: "/t/replbox-exec".into(),
                 interpreters: vec!["python 3 (/usr/bin/python3)".into()],
             },
             targets: targets(&sections),
@@ -447,6 +453,10 @@ mod tests {
         assert!(text.contains("floor of a: the floor"), "{text}");
         assert!(text.contains("figures of b: per_session_kib=150"), "{text}");
         assert!(text.contains("load average 1.00 2.00 3.00"), "{text}");
+        assert!(
+            text.contains("server /t/replbox; helper /t/replbox-exec"),
+            "{text}"
+        );
         assert!(text.contains("note: peer: not measured"), "{text}");
         let json = serde_json::to_value(&report).expect("serializes");
         assert_eq!(json["sections"][0]["median_ms"], 6.0);

@@ -1,32 +1,6 @@
-# JavaScript (Node.js) (placeholders are described in README.md, "Adding a language")
-id = "javascript"
-name = "JavaScript (Node.js)"
-aliases = ["js", "node", "nodejs"]
-programs = ["node", "nodejs"]
-version = { args = ["--version"], regex = 'v(\S+)' }
-
-[env]
-NODE_DISABLE_COLORS = "1"
-NODE_NO_WARNINGS = "1"
-FORCE_COLOR = "0"
-
-[run]
-file = "main.js"
-command = ["{exe}", "{file}", "{args}"]
-
-# The REPL behind a PTY: the bootstrap starts node's own REPL (line mode, no colours) and
-# replaces its eval so that the typed line `__rbx_eval(N)` evaluates ctl/cell-N.js with the
-# REPL's default evaluator (let/const persist, top-level await, node's printing), then
-# prints the end marker with the status (errors and unhandled rejections are `error`).
-[session]
-command = ["{exe}", "{bootstrap}"]
-bootstrap_file = "bootstrap.js"
-cell_file = "cell-{n}.js"
-eval = "__rbx_eval({n})"
-prompt = "\u001b_rbx;{nonce};p\u001b\\"
-error_pattern = '(?m)^Uncaught '
-announces_start = true
-bootstrap = '''
+// replbox's bootstrap for node's REPL (see docs/bootstrap-protocol.md). Before writing it
+// into the session's control directory, replbox replaces the placeholders below, marked
+// `:json`, by JavaScript string literals.
 "use strict";
 (() => {
   const repl = require("repl");
@@ -35,8 +9,9 @@ bootstrap = '''
   const tty = require("tty");
   const { PassThrough } = require("stream");
   const path = require("path");
-  const NONCE = "{nonce}";
-  const CTL = "{ctl}";
+  const NONCE = {nonce:json};
+  const CTL = {ctl:json};
+  const CELL_FILE = {cell_file:json};
   const SELF = __filename;
   const LINE = /^__rbx_eval\((\d+)\)\s*$/;
 
@@ -96,7 +71,7 @@ bootstrap = '''
   const r = repl.start({
     input: feed,
     output: process.stdout,
-    prompt: "\x1b_rbx;" + NONCE + ";p\x1b\\",
+    prompt: {prompt:json},
     terminal: false,
     useColors: false,
     ignoreUndefined: true,
@@ -210,7 +185,7 @@ bootstrap = '''
     process.removeListener("SIGINT", onSigint);
     let src;
     try {
-      src = fs.readFileSync(path.join(CTL, "cell-" + c.n + ".js"), "utf8");
+      src = fs.readFileSync(path.join(CTL, CELL_FILE.replace("{n}", c.n)), "utf8");
     } catch (e) {
       fail(c, e);
       cb(e);
@@ -236,9 +211,3 @@ bootstrap = '''
     }
   };
 })();
-'''
-
-[session.env]
-NODE_NO_READLINE = "1"
-NODE_REPL_HISTORY = ""
-NO_COLOR = "1"
