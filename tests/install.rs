@@ -11,8 +11,9 @@ use std::process::Command;
 use common::BIN;
 
 /// A Python environment's layout in the target directory (same filesystem as the built
-/// binary, so it can be hard-linked): `pyvenv.cfg`, `bin/replbox`, and a `bin/python3`
-/// that says it is Python 3.99.0 and that it is its own executable.
+/// binary, so it can be hard-linked): `pyvenv.cfg`, `bin/replbox` with its helper
+/// `bin/replbox-exec`, and a `bin/python3` that says it is Python 3.99.0 and that it is its
+/// own executable.
 fn fake_env() -> (tempfile::TempDir, PathBuf) {
     let t = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let root = t.path().join("env");
@@ -20,8 +21,13 @@ fn fake_env() -> (tempfile::TempDir, PathBuf) {
     std::fs::create_dir_all(&bin).expect("mkdir");
     std::fs::write(root.join("pyvenv.cfg"), "home = /usr/bin\n").expect("pyvenv.cfg");
     // current_exe() resolves symlinks: the binary itself must be in bin/.
-    if std::fs::hard_link(BIN, bin.join("replbox")).is_err() {
-        std::fs::copy(BIN, bin.join("replbox")).expect("copy replbox");
+    for (built, name) in [
+        (BIN, "replbox"),
+        (env!("CARGO_BIN_EXE_replbox-exec"), "replbox-exec"),
+    ] {
+        if std::fs::hard_link(built, bin.join(name)).is_err() {
+            std::fs::copy(built, bin.join(name)).expect("copy the binary");
+        }
     }
     let python = bin.join("python3");
     std::fs::write(

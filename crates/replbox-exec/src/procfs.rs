@@ -176,10 +176,11 @@ mod tests {
             .spawn()
             .expect("sh");
         let sh = child.id();
-        // The shell's own child appears once it has forked.
+        // The shell's own child appears once it has forked, and is `sleep` once it has run it.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let started = |t: &[u32]| t.len() == 1 && comm(t[0]).as_deref() == Some("sleep");
         let mut tree = descendants(sh);
-        while tree.is_empty() && std::time::Instant::now() < deadline {
+        while !started(&tree) && std::time::Instant::now() < deadline {
             std::thread::yield_now();
             tree = descendants(sh);
         }
