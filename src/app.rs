@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::config::Config;
 use crate::lang::Registry;
-use crate::pool::Pool;
 use crate::run::Runner;
+use crate::run::pool::Pool;
 use crate::sandbox::Sandbox;
 use crate::session::SessionManager;
 use crate::workspace::Workspace;

@@ -1,24 +1,26 @@
 //! `run-code`: one program, in a fresh private directory, with a clean environment, a
 //! deadline that kills the whole tree, and bounded, separate stdout and stderr.
 
+pub mod pool;
+pub mod report;
+mod supervise;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use schemars::JsonSchema;
-use serde::Serialize;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::exec::{self, SpawnSpec, Stdio3, env as cenv};
+use crate::exec::{self, env as cenv};
 use crate::lang::{Language, Registry, expand, expand_command};
-use crate::output::HeadTail;
-use crate::pool::{self, Pool, Warm};
-use crate::sandbox::{Jail, Lease, Level, Sandbox};
-use crate::session::interp::Progress;
+use crate::progress::Progress;
+use crate::sandbox::{Jail, Lease, Sandbox};
 use crate::workspace::{PrivateDir, Workspace};
+use pool::{Pool, Warm};
+pub use report::{Phase, RunReport};
+use supervise::pipes;
 
 /// What the caller asked for.
 #[derive(Debug, Clone, Default)]
@@ -28,98 +30,6 @@ pub struct RunRequest {
     pub args: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub timeout: Duration,
-}
-
-/// Which step a result comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Phase {
-    Compile,
-    Run,
-}
-
-/// The result of one `run-code` call (also its `structuredContent`).
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct RunReport {
-    /// Canonical id of the language that ran.
-    pub language: String,
-    /// Standard output (head and tail kept when over the cap, with a line saying how many
-    /// bytes were left out).
-    pub stdout: String,
-    pub stderr: String,
-    /// Exit code, when the program exited (null when it was killed by a signal).
-    pub exit_code: Option<i32>,
-    /// Name of the signal that ended the program (for example SIGKILL after a timeout).
-    pub signal: Option<String>,
-    pub timed_out: bool,
-    pub duration_ms: u64,
-    /// True when stdout or stderr was cut to the cap.
-    pub truncated: bool,
-    /// `compile` when a compiled language failed to build (exit_code is the compiler's),
-    /// else `run`.
-    pub phase: Phase,
-    /// Set when the program could not be started at all, or the call was cancelled.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// The isolation level the program ran under.
-    pub sandbox: Level,
-}
-
-impl RunReport {
-    /// The program ran and exited 0.
-    pub fn success(&self) -> bool {
-        self.exit_code == Some(0)
-            && !self.timed_out
-            && self.error.is_none()
-            && self.phase == Phase::Run
-    }
-
-    /// The text content: exactly stdout on a clean success (as mcp-server-code-runner
-    /// returns it), else stdout, stderr and a trailer saying how it ended.
-    pub fn text(&self) -> String {
-        if self.success() && self.stderr.is_empty() {
-            return self.stdout.clone();
-        }
-        let mut t = self.stdout.clone();
-        if !self.stderr.is_empty() {
-            end_line(&mut t);
-            t.push_str("[stderr]\n");
-            t.push_str(&self.stderr);
-        }
-        end_line(&mut t);
-        t.push_str(&self.trailer());
-        t
-    }
-
-    fn trailer(&self) -> String {
-        let during = if self.phase == Phase::Compile {
-            " while compiling"
-        } else {
-            ""
-        };
-        if self.timed_out {
-            return format!("[timed out after {} ms{during}]", self.duration_ms);
-        }
-        if let Some(e) = &self.error {
-            return format!("[{e}]");
-        }
-        let how = match (&self.exit_code, &self.signal) {
-            (Some(c), _) => format!("exit code {c}"),
-            (None, Some(s)) => format!("killed by {s}"),
-            (None, None) => "ended".to_string(),
-        };
-        if self.phase == Phase::Compile {
-            format!("[compile error: {how}]")
-        } else {
-            format!("[{how}]")
-        }
-    }
-}
-
-fn end_line(t: &mut String) {
-    if !t.is_empty() && !t.ends_with('\n') {
-        t.push('\n');
-    }
 }
 
 /// Runs programs. Cheap to clone; every call is independent.
@@ -135,13 +45,13 @@ pub struct Runner {
 /// Where a run happens: its directory, the uid it runs as (when the server is root), the
 /// placeholders of its command lines and the confinement of its processes.
 pub struct Place {
-    dir: PrivateDir,
+    pub(super) dir: PrivateDir,
     /// Held for its drop: the uid goes back to the pool after the directory is removed.
     _lease: Option<Lease>,
     exe: String,
     dir_s: String,
     cache: String,
-    jail: Jail,
+    pub(super) jail: Jail,
 }
 
 impl Place {
@@ -153,15 +63,6 @@ impl Place {
             ("cache", self.cache.as_str()),
         ]
     }
-}
-
-struct Step {
-    status: Option<std::process::ExitStatus>,
-    stdout: HeadTail,
-    stderr: HeadTail,
-    timed_out: bool,
-    cancelled: bool,
-    spawn_error: Option<String>,
 }
 
 impl Runner {
@@ -385,30 +286,6 @@ impl Runner {
         })
     }
 
-    fn fill(report: &mut RunReport, step: Step) {
-        let (stdout, o1) = step.stdout.finish();
-        let (stderr, o2) = step.stderr.finish();
-        report.stdout = stdout;
-        report.stderr = stderr;
-        report.truncated = o1 > 0 || o2 > 0;
-        report.timed_out = step.timed_out;
-        if let Some(status) = &step.status {
-            let (code, sig) = exec::describe_status(status);
-            report.exit_code = code;
-            report.signal = sig;
-        }
-        if step.timed_out {
-            // The tree was killed; whatever status the helper mirrored, it was our SIGKILL.
-            report.exit_code = None;
-            report.signal = Some("SIGKILL".into());
-        }
-        if let Some(e) = step.spawn_error {
-            report.error = Some(e);
-        } else if step.cancelled {
-            report.error = Some("cancelled by the client".into());
-        }
-    }
-
     /// The environment of a child: the allowlist, the language's settings, then the caller's.
     fn child_env(
         &self,
@@ -432,221 +309,5 @@ impl Runner {
             cenv::set(&mut env, k, v.clone());
         }
         env
-    }
-
-    async fn step(
-        &self,
-        spec: SpawnSpec,
-        stdin: Option<Vec<u8>>,
-        deadline: tokio::time::Instant,
-        cancel: &CancellationToken,
-        progress: Option<&Progress>,
-    ) -> Step {
-        let program = spec.argv.first().cloned().unwrap_or_default();
-        match exec::spawn(&self.sandbox, spec) {
-            Ok(proc) => {
-                self.supervise(proc, stdin.unwrap_or_default(), deadline, cancel, progress)
-                    .await
-            }
-            Err(e) => {
-                let mut step = self.empty_step();
-                step.spawn_error = Some(format!("failed to start {program}: {e}"));
-                step
-            }
-        }
-    }
-
-    fn empty_step(&self) -> Step {
-        let cap = self.config.output_cap;
-        Step {
-            status: None,
-            stdout: HeadTail::new(cap),
-            stderr: HeadTail::new(cap),
-            timed_out: false,
-            cancelled: false,
-            spawn_error: None,
-        }
-    }
-
-    /// Feed `stdin` (then close it), capture both streams, and wait for the end, the
-    /// deadline or a cancel (which kill the tree).
-    async fn supervise(
-        &self,
-        mut proc: exec::Proc,
-        stdin: Vec<u8>,
-        deadline: tokio::time::Instant,
-        cancel: &CancellationToken,
-        progress: Option<&Progress>,
-    ) -> Step {
-        let cap = self.config.output_cap;
-        let mut step = self.empty_step();
-        if let Some(mut pipe) = proc.child.stdin.take() {
-            tokio::spawn(async move {
-                // A program that does not read its input is not an error.
-                let _ = pipe.write_all(&stdin).await;
-                let _ = pipe.shutdown().await;
-            });
-        }
-        // The last bytes written to either stream, for progress messages.
-        let recent = Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
-        let out_task = proc
-            .child
-            .stdout
-            .take()
-            .map(|p| tokio::spawn(capture(p, cap, recent.clone())));
-        let err_task = proc
-            .child
-            .stderr
-            .take()
-            .map(|p| tokio::spawn(capture(p, cap, recent.clone())));
-
-        let every = Duration::from_millis(500);
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        loop {
-            tokio::select! {
-                status = proc.wait() => { step.status = status.ok(); break; }
-                _ = tokio::time::sleep_until(deadline) => {
-                    step.timed_out = true;
-                    step.status = proc.kill_tree().await;
-                    break;
-                }
-                _ = cancel.cancelled() => {
-                    step.cancelled = true;
-                    step.status = proc.kill_tree().await;
-                    break;
-                }
-                _ = tick.tick(), if progress.is_some() => {
-                    if let Some(report) = progress {
-                        let bytes = recent.lock().map(|b| b.clone()).unwrap_or_default();
-                        report(last_line(&bytes));
-                    }
-                }
-            }
-        }
-        // The helper has killed the tree, so the pipes close; bound the wait anyway in case
-        // something outside the tree holds them.
-        for (task, slot) in [(out_task, &mut step.stdout), (err_task, &mut step.stderr)] {
-            if let Some(task) = task {
-                match tokio::time::timeout(Duration::from_secs(2), task).await {
-                    Ok(Ok(buf)) => *slot = buf,
-                    _ => slot.push(b"\n[output stream did not close; capture stopped]\n"),
-                }
-            }
-        }
-        step
-    }
-}
-
-/// A program with its three streams on pipes; stdin is closed after its input (if any).
-fn pipes(argv: Vec<String>, env: Vec<(String, String)>, jail: &Jail, cwd: &Path) -> SpawnSpec {
-    SpawnSpec {
-        argv,
-        env,
-        cwd: cwd.to_path_buf(),
-        stdio: Stdio3::Pipes,
-        jail: jail.clone(),
-    }
-}
-
-/// Read a pipe to its end, keeping head and tail, and the most recent bytes in `recent`.
-async fn capture(
-    mut pipe: impl AsyncRead + Unpin,
-    cap: usize,
-    recent: Arc<std::sync::Mutex<Vec<u8>>>,
-) -> HeadTail {
-    const RECENT: usize = 512;
-    let mut buf = HeadTail::new(cap);
-    let mut chunk = vec![0u8; 64 * 1024];
-    loop {
-        match pipe.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                buf.push(&chunk[..n]);
-                if let Ok(mut r) = recent.lock() {
-                    r.extend_from_slice(&chunk[n.saturating_sub(RECENT)..n]);
-                    let excess = r.len().saturating_sub(RECENT);
-                    r.drain(..excess);
-                }
-            }
-        }
-    }
-    buf
-}
-
-/// The last non-empty line of some output, as a person would read it.
-fn last_line(bytes: &[u8]) -> String {
-    let text = crate::output::render_all(bytes, 4096).text;
-    text.trim_end()
-        .rsplit('\n')
-        .next()
-        .unwrap_or("")
-        .chars()
-        .take(200)
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn report() -> RunReport {
-        RunReport {
-            language: "python".into(),
-            stdout: "out\n".into(),
-            stderr: String::new(),
-            exit_code: Some(0),
-            signal: None,
-            timed_out: false,
-            duration_ms: 12,
-            truncated: false,
-            phase: Phase::Run,
-            error: None,
-            sandbox: Level::Bwrap,
-        }
-    }
-
-    #[test]
-    fn clean_success_is_exactly_stdout() {
-        assert_eq!(report().text(), "out\n");
-        let mut r = report();
-        r.stdout = "no newline".into();
-        assert_eq!(r.text(), "no newline");
-    }
-
-    #[test]
-    fn stderr_and_exit_code_are_kept() {
-        let mut r = report();
-        r.stderr = "warn".into();
-        assert!(r.success());
-        assert_eq!(r.text(), "out\n[stderr]\nwarn\n[exit code 0]");
-        r.exit_code = Some(3);
-        r.stdout = "partial".into();
-        r.stderr.clear();
-        assert!(!r.success());
-        assert_eq!(r.text(), "partial\n[exit code 3]");
-    }
-
-    #[test]
-    fn trailers() {
-        let mut r = report();
-        r.timed_out = true;
-        r.exit_code = None;
-        r.signal = Some("SIGKILL".into());
-        r.duration_ms = 2003;
-        assert!(r.text().ends_with("[timed out after 2003 ms]"));
-        let mut r = report();
-        r.phase = Phase::Compile;
-        r.exit_code = Some(1);
-        r.stdout.clear();
-        r.stderr = "main.c:1: error".into();
-        assert_eq!(
-            r.text(),
-            "[stderr]\nmain.c:1: error\n[compile error: exit code 1]"
-        );
-        let mut r = report();
-        r.exit_code = None;
-        r.signal = Some("SIGSEGV".into());
-        assert!(r.text().ends_with("[killed by SIGSEGV]"));
     }
 }

@@ -6,22 +6,28 @@
 //! process (the PTY reports EIO once the whole tree is gone). An evaluation writes the code
 //! to a cell file, types the one eval line, and waits on the shared state.
 
+mod recover;
+mod stream;
+
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::scan::{EndMarker, Event, Scanner};
+use super::scan::{EndMarker, Scanner};
 use super::stdin_wait;
-use crate::exec::pty::{self, PtyMaster, ReadOutcome};
+use crate::exec::pty::{self, PtyMaster};
 use crate::exec::{self, Proc, SpawnSpec, Stdio3};
 use crate::lang::spec::InputWait;
 use crate::lang::{SessionSpec, expand};
 use crate::output::{Rendered, Renderer};
+use crate::progress::Progress;
 use crate::sandbox::{Jail, Sandbox};
+use recover::Recovery;
+use stream::{Check, Shared, StreamState, read_loop};
 
 /// How to (re)start the interpreter.
 #[derive(Debug, Clone)]
@@ -35,82 +41,6 @@ pub struct Launch {
     pub nonce: String,
     pub spec: SessionSpec,
     pub output_cap: usize,
-}
-
-/// State shared between the reader task and evaluations.
-struct StreamState {
-    scanner: Scanner,
-    /// Protocol number of the evaluation in flight.
-    current: Option<u64>,
-    out: Renderer,
-    /// The bootstrap announced that evaluation N began running.
-    started: Option<u64>,
-    end: Option<EndMarker>,
-    /// Output that arrived between evaluations (shown before the next one's).
-    background: Renderer,
-    prompts: u64,
-    continuation: bool,
-    closed: bool,
-}
-
-struct Shared {
-    state: Mutex<StreamState>,
-    tick: watch::Sender<u64>,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, StreamState> {
-        // A panic while holding this lock would be a bug in this module; keep serving.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-impl StreamState {
-    fn feed(&mut self, bytes: &[u8]) {
-        let st = self;
-        let events = st.scanner.feed(bytes);
-        for ev in events {
-            match ev {
-                Event::Data(d) => {
-                    if st.current.is_some() && st.end.is_none() {
-                        st.out.push(&d);
-                    } else {
-                        st.background.push(&d);
-                    }
-                }
-                Event::Prompt => st.prompts += 1,
-                Event::Continuation => st.continuation = true,
-                Event::Started(n) => {
-                    if st.current == Some(n) {
-                        st.started = Some(n);
-                    }
-                }
-                Event::End(m) => {
-                    if st.current == Some(m.n) && st.end.is_none() {
-                        st.end = Some(m);
-                    }
-                    // Otherwise stale (an interrupted evaluation finishing late): ignore.
-                }
-            }
-        }
-    }
-}
-
-impl Shared {
-    fn close(&self) {
-        let mut st = self.lock();
-        let rest = st.scanner.pending().to_vec();
-        if !rest.is_empty() {
-            if st.current.is_some() && st.end.is_none() {
-                st.out.push(&rest);
-            } else {
-                st.background.push(&rest);
-            }
-        }
-        st.closed = true;
-        drop(st);
-        self.tick.send_modify(|v| *v = v.wrapping_add(1));
-    }
 }
 
 /// How an evaluation ended, before it is turned into a report.
@@ -134,15 +64,10 @@ pub enum Ending {
     AwaitingInput,
 }
 
-/// Receives the latest output line of a running evaluation, about twice a second.
-pub type Progress = dyn Fn(String) + Send + Sync;
-
 /// How often a running evaluation checks whether it is blocked reading the terminal.
 const INPUT_POLL: Duration = Duration::from_millis(200);
 /// How often progress is reported.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
-/// How often an unanswered interrupt is repeated.
-const REPEAT_INTERRUPT: Duration = Duration::from_secs(1);
 
 pub struct Outcome {
     pub ending: Ending,
@@ -524,119 +449,6 @@ impl Interp {
         }
     }
 
-    /// Send the interrupt, wait briefly for the REPL to come back (its end marker, or a
-    /// fresh prompt), re-synchronise with an empty evaluation, and replace the interpreter
-    /// if it does not come back.
-    async fn interrupt_and_recover(&mut self, n: u64) -> Recovery {
-        let grace = Duration::from_millis(self.launch.spec.interrupt_grace_ms);
-        // Interrupt only user code: until the cell announced its start the REPL may still be
-        // reading or preparing it, and an interrupt then can hit the REPL itself.
-        if self.launch.spec.announces_start {
-            let until = Instant::now() + grace;
-            let mut rx = self.shared.tick.subscribe();
-            loop {
-                {
-                    let st = self.shared.lock();
-                    if st.started == Some(n)
-                        || st.closed
-                        || st.end.as_ref().is_some_and(|e| e.n == n)
-                    {
-                        break;
-                    }
-                }
-                if tokio::time::timeout_at(until, rx.changed()).await.is_err() {
-                    break; // never started: the interrupt below finds out whether it is stuck
-                }
-            }
-        }
-        let prompts_before = self.shared.lock().prompts;
-        // Tell the bootstrap before interrupting: a REPL that goes on with input it has
-        // queued (ghci runs the rest of a macro's commands after "Interrupted.") can look
-        // for this file and stop there. Removed when the evaluation ends.
-        let _ = std::fs::write(interrupt_flag(&self.launch.ctl, n), b"");
-        if !self.send_interrupt().await {
-            return match self.wait_exit().await {
-                Ending::Exited(st) => Recovery::Exited(st),
-                _ => Recovery::Exited(None),
-            };
-        }
-        let until = Instant::now() + grace;
-        // An interrupt that arrives at a bad moment (or gets lost on a loaded machine) is
-        // repeated every second until the grace period ends; only then is the tree killed.
-        let mut again =
-            tokio::time::interval_at(Instant::now() + REPEAT_INTERRUPT, REPEAT_INTERRUPT);
-        let mut rx = self.shared.tick.subscribe();
-        let marker = loop {
-            match self.check_since(n, prompts_before) {
-                Check::End(end) => break Some(end),
-                Check::Prompt => break None,
-                Check::Closed => {
-                    return match self.wait_exit().await {
-                        Ending::Exited(st) => Recovery::Exited(st),
-                        _ => Recovery::Exited(None),
-                    };
-                }
-                Check::Continuation | Check::Pending => {}
-            }
-            tokio::select! {
-                changed = rx.changed() => { if changed.is_err() { break None; } }
-                _ = again.tick() => { let _ = self.send_interrupt().await; }
-                _ = tokio::time::sleep_until(until) => {
-                    return match self.restart().await {
-                        Ok(()) => Recovery::Restarted("the interpreter did not stop when interrupted".into()),
-                        Err(e) => Recovery::Restarted(e),
-                    };
-                }
-            }
-        };
-        self.after_interrupt(marker, grace).await
-    }
-
-    /// Deliver the interrupt; false when the terminal is gone.
-    async fn send_interrupt(&self) -> bool {
-        let interrupt = &self.launch.spec.interrupt;
-        // A program reading keys in raw mode gets Ctrl-C as data; deliver what the key would
-        // have delivered with the terminal in its normal mode: SIGINT to the foreground group.
-        if interrupt == "\u{3}"
-            && !self.master.signals_enabled()
-            && let Some(pgrp) = self.master.foreground_pgrp()
-        {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pgrp),
-                nix::sys::signal::Signal::SIGINT,
-            );
-            return true;
-        }
-        self.master.write_all(interrupt.as_bytes()).await.is_ok()
-    }
-
-    /// After the REPL answered an interrupt: keep what the interrupted evaluation printed,
-    /// then drain any stray output of the interrupt with an empty evaluation.
-    async fn after_interrupt(&mut self, marker: Option<EndMarker>, grace: Duration) -> Recovery {
-        // Keep what the interrupted evaluation printed; then drain any stray output of the
-        // interrupt (a REPL that was already idle prints its own notice) with an empty
-        // evaluation whose output is thrown away.
-        let kept = std::mem::replace(&mut self.shared.lock().out, Renderer::new(0));
-        let sync = self
-            .sync(Instant::now() + grace, &CancellationToken::new())
-            .await;
-        self.shared.lock().out = kept;
-        match sync.ending {
-            Ending::Done(_) => {
-                // Output between the interrupt and the sync is noise of the interrupt.
-                self.shared.lock().background = Renderer::new(self.launch.output_cap / 4);
-                Recovery::Back(marker)
-            }
-            Ending::Exited(st) => Recovery::Exited(st),
-            _ => match self.restart().await {
-                Ok(()) => {
-                    Recovery::Restarted("the interpreter did not recover after an interrupt".into())
-                }
-                Err(e) => Recovery::Restarted(e),
-            },
-        }
-    }
-
     /// Let the reader deliver what is still buffered: return once nothing new has arrived
     /// for a moment (bounded).
     async fn settle(&self) {
@@ -683,36 +495,6 @@ impl Interp {
         }
     }
 
-    /// What the stream says about evaluation `n` right now.
-    fn check(&self, n: u64) -> Check {
-        self.check_since(n, u64::MAX)
-    }
-
-    /// Like [`check`](Self::check), also reporting a prompt printed after `prompts_before`.
-    fn check_since(&self, n: u64, prompts_before: u64) -> Check {
-        let st = self.shared.lock();
-        if let Some(end) = st.end.as_ref().filter(|e| e.n == n) {
-            Check::End(end.clone())
-        } else if st.closed {
-            Check::Closed
-        } else if st.continuation {
-            Check::Continuation
-        } else if prompts_before != u64::MAX && st.prompts > prompts_before {
-            Check::Prompt
-        } else {
-            Check::Pending
-        }
-    }
-
-    /// Kill this interpreter's tree and start a fresh one in its place.
-    async fn restart(&mut self) -> Result<(), String> {
-        self.kill().await;
-        let timeout = Duration::from_millis(self.launch.spec.start_timeout_ms);
-        let fresh = Box::pin(Interp::start(self.launch.clone(), timeout)).await?;
-        *self = fresh;
-        Ok(())
-    }
-
     /// The process ended: collect its status (the helper mirrors the interpreter's).
     async fn wait_exit(&mut self) -> Ending {
         match tokio::time::timeout(Duration::from_secs(3), self.proc.wait()).await {
@@ -739,47 +521,6 @@ impl Interp {
     /// The last line printed so far by the evaluation in flight.
     pub fn last_line(&self) -> String {
         self.shared.lock().out.last_line()
-    }
-}
-
-enum Check {
-    End(EndMarker),
-    Closed,
-    Continuation,
-    Prompt,
-    Pending,
-}
-
-enum Recovery {
-    Back(Option<EndMarker>),
-    Exited(Option<std::process::ExitStatus>),
-    Restarted(String),
-}
-
-async fn read_loop(master: Arc<PtyMaster>, shared: Arc<Shared>) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        // Read and file the bytes under the stream lock, so that whoever holds the lock
-        // sees either the bytes still unread in the terminal or their effect, never neither.
-        let res = master
-            .on_readable(|m| {
-                let mut st = shared.lock();
-                match m.read_now(&mut buf)? {
-                    ReadOutcome::Data(n) => {
-                        st.feed(&buf[..n]);
-                        Ok(true)
-                    }
-                    ReadOutcome::Closed => Ok(false),
-                }
-            })
-            .await;
-        match res {
-            Ok(true) => shared.tick.send_modify(|v| *v = v.wrapping_add(1)),
-            Ok(false) | Err(_) => {
-                shared.close();
-                return;
-            }
-        }
     }
 }
 
