@@ -3,6 +3,7 @@
 pub mod app;
 pub mod bench;
 pub mod config;
+pub mod error;
 pub mod exec;
 pub mod http;
 pub mod identity;

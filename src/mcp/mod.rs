@@ -9,23 +9,23 @@ use std::sync::Arc;
 
 use base64::Engine;
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::handler::server::tool::{IntoCallToolResult, ToolCallContext};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation,
-    ListResourceTemplatesResult, ListResourcesResult, PaginatedRequestParams,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
-    ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, Implementation, ListResourceTemplatesResult,
+    ListResourcesResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
+    ReadResourceResult, Resource, ResourceContents, ResourceTemplate, ServerCapabilities,
+    ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool_handler};
 use serde_json::Value;
 
 use crate::app::App;
+use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 use crate::lang::LookupError;
 use crate::session::FileError;
 use crate::session::files::{URI_TEMPLATE, file_uri, parse_uri};
-pub use reply::error_result;
 
 /// One MCP connection's handler. Cheap to clone; all state lives in [`App`].
 #[derive(Clone)]
@@ -98,34 +98,34 @@ impl ReplboxServer {
 
 impl ReplboxServer {
     /// The principal this request comes from.
-    pub(super) fn caller(
-        &self,
-        ctx: &RequestContext<RoleServer>,
-    ) -> Result<Caller, CallToolResult> {
+    fn caller(&self, ctx: &RequestContext<RoleServer>) -> Option<Caller> {
         match &self.caller {
-            CallerSource::Fixed(c) => Ok(c.clone()),
-            CallerSource::PerRequest => request_caller(ctx).ok_or_else(|| {
-                tracing::error!("an HTTP request reached a tool without an authenticated caller");
-                error_result("this request carries no authenticated caller; it was refused")
-            }),
+            CallerSource::Fixed(c) => Some(c.clone()),
+            CallerSource::PerRequest => request_caller(ctx),
         }
     }
 
     /// The caller of a request that is not a tool call.
     fn caller_or_refuse(&self, ctx: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
-        self.caller(ctx).map_err(|_| {
+        self.caller(ctx).ok_or_else(|| {
             ErrorData::invalid_request("this request carries no authenticated caller", None)
         })
     }
 
-    pub(super) fn lookup_message(&self, e: &LookupError) -> String {
+    pub(super) fn lookup_error(&self, e: &LookupError) -> ToolError {
         let available = self.app.registry.available_names().join(", ");
         match e {
-            LookupError::Unknown(name) => format!(
-                "unknown language {name:?}. Available language ids on this host: {available}"
+            LookupError::Unknown(name) => ToolError::new(
+                ErrorKind::UnsupportedLanguage,
+                format!(
+                    "unknown language {name:?}. Available language ids on this host: {available}"
+                ),
             ),
-            LookupError::NotInstalled { id, reason } => format!(
-                "language {id:?} is not installed on this host ({reason}). Available language ids: {available}"
+            LookupError::NotInstalled { id, reason } => ToolError::new(
+                ErrorKind::NotInstalled,
+                format!(
+                    "language {id:?} is not installed on this host ({reason}). Available language ids: {available}"
+                ),
             ),
         }
     }
@@ -156,12 +156,21 @@ of each stream.\n\
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for ReplboxServer {
     /// Every tool call, counted while it runs (shutdown drains them; /healthz shows them).
+    /// The caller is resolved here, once, and handed to the tools as `Extension<Caller>`.
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
+        mut context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let _running = self.app.calls.enter();
+        let Some(caller) = self.caller(&context) else {
+            tracing::error!("an HTTP request reached a tool without an authenticated caller");
+            return ToolError::internal(
+                "this request carries no authenticated caller; it was refused",
+            )
+            .into_call_tool_result();
+        };
+        context.extensions.insert(caller);
         let tcc = ToolCallContext::new(self, request, context);
         self.tool_router.call(tcc).await
     }

@@ -2,12 +2,14 @@
 //! results with their images, errors, and progress notifications while it runs.
 
 use base64::Engine;
-use rmcp::RoleServer;
-use rmcp::model::{CallToolResult, ContentBlock, ProgressNotificationParam};
+use rmcp::handler::server::tool::IntoCallToolResult;
+use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, ProgressNotificationParam};
 use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::error::ToolError;
 use crate::progress::Progress;
 use crate::session::EvalReport;
 
@@ -69,7 +71,17 @@ pub(super) fn progress_reporter(
     }))
 }
 
-/// A failure the agent should read: `isError` with a message saying what to do.
-pub fn error_result(message: impl Into<String>) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(message.into())])
+/// A failure the agent should read: `isError`, the message as the text (it says what to do
+/// next) and `{"error": {kind, message, …}}` as the structured content, to branch on.
+pub(super) fn error_result(e: &ToolError) -> CallToolResult {
+    let mut r = CallToolResult::structured_error(serde_json::json!({ "error": e }));
+    r.content = vec![ContentBlock::text(e.message.clone())];
+    r
+}
+
+/// Tools return `Result<_, ToolError>`; the error side becomes [`error_result`].
+impl IntoCallToolResult for ToolError {
+    fn into_call_tool_result(self) -> Result<CallToolResponse, ErrorData> {
+        Ok(error_result(&self).into())
+    }
 }

@@ -1,7 +1,7 @@
 //! The tools: each translates its parameters into a call of `run` or `session` and the
 //! answer into a tool result.
 
-use rmcp::handler::server::tool::schema_for_output;
+use rmcp::handler::server::tool::{Extension, schema_for_output};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
@@ -11,7 +11,9 @@ use super::ReplboxServer;
 use super::params::{
     RunCodeParams, SessionEvalParams, SessionIdParams, SessionInputParams, SessionStartParams,
 };
-use super::reply::{error_result, eval_result, progress_reporter, result};
+use super::reply::{eval_result, progress_reporter, result};
+use crate::error::ToolError;
+use crate::identity::Caller;
 use crate::run::{RunReport, RunRequest};
 use crate::session::{
     CloseReport, EvalReport, InFile, InterruptReport, ListReport, StartReport, StartRequest,
@@ -40,17 +42,16 @@ calls; use session_start/session_eval to keep state.",
         &self,
         Parameters(p): Parameters<RunCodeParams>,
         ctx: RequestContext<RoleServer>,
-    ) -> CallToolResult {
-        let lang = match self.app.registry.get(&p.language_id) {
-            Ok(l) => l,
-            Err(e) => return error_result(self.lookup_message(&e)),
-        };
+    ) -> Result<CallToolResult, ToolError> {
+        let lang = self
+            .app
+            .registry
+            .get(&p.language_id)
+            .map_err(|e| self.lookup_error(&e))?;
         for (k, v) in &p.env {
-            if let Err(msg) = crate::exec::env::validate_name(k)
+            crate::exec::env::validate_name(k)
                 .and_then(|_| crate::exec::env::validate_value(k, v))
-            {
-                return error_result(msg);
-            }
+                .map_err(ToolError::invalid)?;
         }
         let timeout = self.app.config.timeout(p.timeout_ms);
         let req = RunRequest {
@@ -66,7 +67,7 @@ calls; use session_start/session_eval to keep state.",
             .runner
             .run(&lang, req, &ctx.ct, progress.as_deref())
             .await;
-        result(report.text(), &report, !report.success())
+        Ok(result(report.text(), &report, !report.success()))
     }
 
     /// Start a persistent interpreter session.
@@ -83,12 +84,8 @@ Close it with session_close when done; idle sessions are closed after idle_timeo
     async fn session_start(
         &self,
         Parameters(p): Parameters<SessionStartParams>,
-        ctx: RequestContext<RoleServer>,
-    ) -> CallToolResult {
-        let caller = match self.caller(&ctx) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
+        Extension(caller): Extension<Caller>,
+    ) -> Result<CallToolResult, ToolError> {
         let req = StartRequest {
             language: p.language,
             cwd: p.cwd.map(std::path::PathBuf::from),
@@ -104,22 +101,18 @@ Close it with session_close when done; idle sessions are closed after idle_timeo
                 })
                 .collect(),
         };
-        match self.app.sessions.start(&caller, req).await {
-            Ok(r) => {
-                let mut text = format!(
-                    "session {} started: {} {} (pid {}) in {} (sandbox: {})",
-                    r.session_id, r.language, r.version, r.pid, r.cwd, r.sandbox
-                );
-                if !r.files.is_empty() {
-                    text.push_str(&format!("\nfiles brought in: {}", r.files.join(", ")));
-                }
-                for n in &r.notes {
-                    text.push_str(&format!("\n[{n}]"));
-                }
-                result(text, &r, false)
-            }
-            Err(e) => error_result(e),
+        let r = self.app.sessions.start(&caller, req).await?;
+        let mut text = format!(
+            "session {} started: {} {} (pid {}) in {} (sandbox: {})",
+            r.session_id, r.language, r.version, r.pid, r.cwd, r.sandbox
+        );
+        if !r.files.is_empty() {
+            text.push_str(&format!("\nfiles brought in: {}", r.files.join(", ")));
         }
+        for n in &r.notes {
+            text.push_str(&format!("\n[{n}]"));
+        }
+        Ok(result(text, &r, false))
     }
 
     /// Evaluate code in a session.
@@ -136,15 +129,12 @@ awaiting_input (the code is reading stdin).",
     async fn session_eval(
         &self,
         Parameters(p): Parameters<SessionEvalParams>,
+        Extension(caller): Extension<Caller>,
         ctx: RequestContext<RoleServer>,
-    ) -> CallToolResult {
-        let caller = match self.caller(&ctx) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
+    ) -> Result<CallToolResult, ToolError> {
         let timeout = self.app.config.timeout(p.timeout_ms);
         let progress = progress_reporter(&ctx, timeout);
-        match self
+        let r = self
             .app
             .sessions
             .eval(
@@ -155,11 +145,8 @@ awaiting_input (the code is reading stdin).",
                 &ctx.ct,
                 progress.as_deref(),
             )
-            .await
-        {
-            Ok(r) => eval_result(&r),
-            Err(e) => error_result(e),
-        }
+            .await?;
+        Ok(eval_result(&r))
     }
 
     /// Answer a program waiting for input.
@@ -175,15 +162,12 @@ shape as session_eval, with the output printed after the answer.",
     async fn session_input(
         &self,
         Parameters(p): Parameters<SessionInputParams>,
+        Extension(caller): Extension<Caller>,
         ctx: RequestContext<RoleServer>,
-    ) -> CallToolResult {
-        let caller = match self.caller(&ctx) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
+    ) -> Result<CallToolResult, ToolError> {
         let timeout = self.app.config.timeout(p.timeout_ms);
         let progress = progress_reporter(&ctx, timeout);
-        match self
+        let r = self
             .app
             .sessions
             .input(
@@ -194,11 +178,8 @@ shape as session_eval, with the output printed after the answer.",
                 &ctx.ct,
                 progress.as_deref(),
             )
-            .await
-        {
-            Ok(r) => eval_result(&r),
-            Err(e) => error_result(e),
-        }
+            .await?;
+        Ok(eval_result(&r))
     }
 
     /// Interrupt a session's evaluation.
@@ -213,34 +194,26 @@ in another call. The session keeps its state.",
     async fn session_interrupt(
         &self,
         Parameters(p): Parameters<SessionIdParams>,
-        ctx: RequestContext<RoleServer>,
-    ) -> CallToolResult {
-        let caller = match self.caller(&ctx) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
-        match self.app.sessions.interrupt(&caller, &p.session_id).await {
-            Ok(r) => {
-                if let Some(res) = &r.result {
-                    // The paused evaluation's own result, images included.
-                    let mut out = eval_result(res);
-                    out.structured_content = serde_json::to_value(&r).ok();
-                    out.is_error = Some(false);
-                    return out;
-                }
-                let text = if r.interrupted {
-                    format!(
-                        "interrupted evaluation {} of session {}",
-                        r.eval_id.unwrap_or_default(),
-                        r.session_id
-                    )
-                } else {
-                    format!("session {} has nothing to interrupt", r.session_id)
-                };
-                result(text, &r, false)
-            }
-            Err(e) => error_result(e),
+        Extension(caller): Extension<Caller>,
+    ) -> Result<CallToolResult, ToolError> {
+        let r = self.app.sessions.interrupt(&caller, &p.session_id).await?;
+        if let Some(res) = &r.result {
+            // The paused evaluation's own result, images included.
+            let mut out = eval_result(res);
+            out.structured_content = serde_json::to_value(&r).ok();
+            out.is_error = Some(false);
+            return Ok(out);
         }
+        let text = if r.interrupted {
+            format!(
+                "interrupted evaluation {} of session {}",
+                r.eval_id.unwrap_or_default(),
+                r.session_id
+            )
+        } else {
+            format!("session {} has nothing to interrupt", r.session_id)
+        };
+        Ok(result(text, &r, false))
     }
 
     /// Close a session.
@@ -255,16 +228,14 @@ directory is removed.",
     async fn session_close(
         &self,
         Parameters(p): Parameters<SessionIdParams>,
-        ctx: RequestContext<RoleServer>,
-    ) -> CallToolResult {
-        let caller = match self.caller(&ctx) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
-        match self.app.sessions.close(&caller, &p.session_id).await {
-            Ok(r) => result(format!("session {} closed", r.session_id), &r, false),
-            Err(e) => error_result(e),
-        }
+        Extension(caller): Extension<Caller>,
+    ) -> Result<CallToolResult, ToolError> {
+        let r = self.app.sessions.close(&caller, &p.session_id).await?;
+        Ok(result(
+            format!("session {} closed", r.session_id),
+            &r,
+            false,
+        ))
     }
 
     /// List open sessions.
@@ -276,11 +247,7 @@ an evaluation is running.",
         annotations(title = "List sessions", read_only_hint = true, destructive_hint = false,
                     idempotent_hint = true, open_world_hint = false)
     )]
-    async fn session_list(&self, ctx: RequestContext<RoleServer>) -> CallToolResult {
-        let caller = match self.caller(&ctx) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
+    async fn session_list(&self, Extension(caller): Extension<Caller>) -> CallToolResult {
         let r = self.app.sessions.list(&caller);
         let mut text = String::new();
         if r.sessions.is_empty() {

@@ -155,7 +155,9 @@ more than {} files and folders (--max-tracked-files)",
             .into_iter()
             .map(str::to_string)
             .collect();
-        let session = self.lookup(caller, id).map_err(FileError::NotFound)?;
+        let session = self
+            .lookup(caller, id)
+            .map_err(|e| FileError::NotFound(e.message))?;
         let cwd = session.cwd.clone();
         let skip = self.skip_dirs();
         let cap = self.config.max_resource_bytes;

@@ -12,6 +12,7 @@ use super::manager::SessionManager;
 use super::report::{
     ErrorInfo, EvalReport, EvalStatus, InterruptReport, apply_marker, marker_images,
 };
+use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 use crate::progress::Progress;
 
@@ -24,22 +25,25 @@ pub(super) fn release(session: &Session) {
 }
 
 impl SessionManager {
-    fn busy_message(&self, session: &Session) -> String {
-        let what = lock(&session.busy)
+    fn busy_error(&self, session: &Session) -> ToolError {
+        let busy = lock(&session.busy)
             .as_ref()
-            .map(|b| {
-                format!(
-                    "evaluation {} (running for {:.1} s)",
-                    b.eval_id,
-                    b.since.elapsed().as_secs_f64()
-                )
-            })
-            .unwrap_or_else(|| "another call".into());
-        format!(
+            .map(|b| (b.eval_id, b.since.elapsed()));
+        let what = match busy {
+            Some((eval_id, running)) => format!(
+                "evaluation {eval_id} (running for {:.1} s)",
+                running.as_secs_f64()
+            ),
+            None => "another call".into(),
+        };
+        let message = format!(
             "session {} is busy with {what}. Wait for it to finish, stop it with session_interrupt, \
 or use another session.",
             session.id
-        )
+        );
+        ToolError::new(ErrorKind::Busy, message)
+            .session(&session.id)
+            .eval(busy.map(|b| b.0))
     }
 
     /// Evaluate code in a session.
@@ -51,10 +55,10 @@ or use another session.",
         timeout: Duration,
         cancel: &CancellationToken,
         progress: Option<&Progress>,
-    ) -> Result<EvalReport, String> {
+    ) -> Result<EvalReport, ToolError> {
         let session = self.lookup(caller, id)?;
         if let Some(a) = lock(&session.awaiting).as_ref() {
-            return Err(format!(
+            let message = format!(
                 "session {id} is waiting for input to evaluation {}{}. Answer it with session_input, \
 or stop it with session_interrupt, before evaluating more code.",
                 a.eval_id,
@@ -63,13 +67,16 @@ or stop it with session_interrupt, before evaluating more code.",
                 } else {
                     format!(" (it asked: {:?})", a.prompt)
                 }
-            ));
+            );
+            return Err(ToolError::new(ErrorKind::AwaitingInput, message)
+                .session(id)
+                .eval(Some(a.eval_id)));
         }
         let Ok(mut guard) = session.interp.try_lock() else {
-            return Err(self.busy_message(&session));
+            return Err(self.busy_error(&session));
         };
         if guard.is_none() {
-            return Err(self.gone_message(&session));
+            return Err(self.gone_error(&session));
         }
         let eval_id = session.evals.fetch_add(1, Ordering::Relaxed) + 1;
         let token = self.begin(&session, eval_id, cancel);
@@ -77,7 +84,7 @@ or stop it with session_interrupt, before evaluating more code.",
         let deadline = tokio::time::Instant::now() + timeout;
         let outcome = match guard.as_mut() {
             Some(interp) => interp.eval(eval_id, code, deadline, &token, progress).await,
-            None => return Err(self.gone_message(&session)),
+            None => return Err(self.gone_error(&session)),
         };
         let mut report = self.conclude(&session, &mut guard, eval_id, started, outcome);
         // Still under the interpreter's lock: the next evaluation's files and images must
@@ -96,22 +103,24 @@ or stop it with session_interrupt, before evaluating more code.",
         timeout: Duration,
         cancel: &CancellationToken,
         progress: Option<&Progress>,
-    ) -> Result<EvalReport, String> {
+    ) -> Result<EvalReport, ToolError> {
         let session = self.lookup(caller, id)?;
         if let Some(long) = text.split('\n').find(|l| l.len() > 4000) {
-            return Err(format!(
+            return Err(ToolError::invalid(format!(
                 "a line of {} bytes is too long for a terminal (4000 at most); write the data to a \
 file in the session's directory and read it from there instead",
                 long.len()
-            ));
+            )));
         }
         let Ok(mut guard) = session.interp.try_lock() else {
-            return Err(self.busy_message(&session));
+            return Err(self.busy_error(&session));
         };
         let Some(eval_id) = lock(&session.awaiting).as_ref().map(|a| a.eval_id) else {
-            return Err(format!(
-                "session {id} is not waiting for input. Use session_eval to run code."
-            ));
+            return Err(ToolError::new(
+                ErrorKind::NotAwaitingInput,
+                format!("session {id} is not waiting for input. Use session_eval to run code."),
+            )
+            .session(id));
         };
         *lock(&session.awaiting) = None;
         let token = self.begin(&session, eval_id, cancel);
@@ -119,7 +128,7 @@ file in the session's directory and read it from there instead",
         let deadline = tokio::time::Instant::now() + timeout;
         let outcome = match guard.as_mut() {
             Some(interp) => interp.resume(text, deadline, &token, progress).await,
-            None => return Err(self.gone_message(&session)),
+            None => return Err(self.gone_error(&session)),
         };
         let mut report = self.conclude(&session, &mut guard, eval_id, started, outcome);
         self.collect(&session, &mut report).await;
@@ -128,7 +137,7 @@ file in the session's directory and read it from there instead",
     }
 
     /// Interrupt the evaluation that is waiting for input, or the one running in another call.
-    pub async fn interrupt(&self, caller: &Caller, id: &str) -> Result<InterruptReport, String> {
+    pub async fn interrupt(&self, caller: &Caller, id: &str) -> Result<InterruptReport, ToolError> {
         let session = self.lookup(caller, id)?;
         let mut report = InterruptReport {
             session_id: id.to_string(),
@@ -146,7 +155,7 @@ file in the session's directory and read it from there instead",
                 let started = Instant::now();
                 let outcome = match guard.as_mut() {
                     Some(interp) => interp.interrupt_paused().await,
-                    None => return Err(self.gone_message(&session)),
+                    None => return Err(self.gone_error(&session)),
                 };
                 report.interrupted = true;
                 report.eval_id = Some(eval_id);

@@ -13,9 +13,10 @@ use super::files::{self, InFile};
 use super::interp::{Interp, Launch};
 use super::manager::SessionManager;
 use super::report::StartReport;
+use crate::error::{ErrorKind, ToolError};
 use crate::exec::env as cenv;
 use crate::identity::Caller;
-use crate::lang::{expand, expand_command};
+use crate::lang::{LookupError, expand, expand_command};
 use crate::sandbox::Jail;
 
 /// What the caller asked `session_start` for.
@@ -31,64 +32,87 @@ pub struct StartRequest {
 
 impl SessionManager {
     /// Start a session; errors are messages for the agent.
-    pub async fn start(&self, caller: &Caller, req: StartRequest) -> Result<StartReport, String> {
+    pub async fn start(
+        &self,
+        caller: &Caller,
+        req: StartRequest,
+    ) -> Result<StartReport, ToolError> {
         let _slot = self.admit(caller).await?;
         let lang = self.registry.get(&req.language).map_err(|e| match e {
-            crate::lang::LookupError::Unknown(n) => format!(
-                "unknown language {n:?}. Session languages on this host: {}",
-                self.registry.session_ids().join(", ")
+            LookupError::Unknown(n) => ToolError::new(
+                ErrorKind::UnsupportedLanguage,
+                format!(
+                    "unknown language {n:?}. Session languages on this host: {}",
+                    self.registry.session_ids().join(", ")
+                ),
             ),
-            crate::lang::LookupError::NotInstalled { id, reason } => format!(
-                "language {id:?} is not installed on this host ({reason}). Session languages: {}",
-                self.registry.session_ids().join(", ")
+            LookupError::NotInstalled { id, reason } => ToolError::new(
+                ErrorKind::NotInstalled,
+                format!(
+                    "language {id:?} is not installed on this host ({reason}). Session languages: {}",
+                    self.registry.session_ids().join(", ")
+                ),
             ),
         })?;
         let Some(spec) = lang.spec.session.clone() else {
-            return Err(format!(
-                "{} has no REPL driver, so it cannot hold a session; use run-code for it. Session languages: {}",
-                lang.id(),
-                self.registry.session_ids().join(", ")
+            return Err(ToolError::new(
+                ErrorKind::UnsupportedLanguage,
+                format!(
+                    "{} has no REPL driver, so it cannot hold a session; use run-code for it. Session languages: {}",
+                    lang.id(),
+                    self.registry.session_ids().join(", ")
+                ),
             ));
         };
         for (k, v) in &req.env {
-            cenv::validate_name(k).and_then(|_| cenv::validate_value(k, v))?;
+            cenv::validate_name(k)
+                .and_then(|_| cenv::validate_value(k, v))
+                .map_err(ToolError::invalid)?;
         }
         let cwd = match &req.cwd {
             Some(dir) => {
-                let meta =
-                    std::fs::metadata(dir).map_err(|e| format!("cwd {}: {e}", dir.display()))?;
+                let meta = std::fs::metadata(dir)
+                    .map_err(|e| ToolError::invalid(format!("cwd {}: {e}", dir.display())))?;
                 if !meta.is_dir() {
-                    return Err(format!("cwd {} is not a directory", dir.display()));
+                    return Err(ToolError::invalid(format!(
+                        "cwd {} is not a directory",
+                        dir.display()
+                    )));
                 }
                 let dir = std::fs::canonicalize(dir)
-                    .map_err(|e| format!("cwd {}: {e}", dir.display()))?;
-                self.sandbox.check_cwd(&dir, self.workspace.root())?;
+                    .map_err(|e| ToolError::invalid(format!("cwd {}: {e}", dir.display())))?;
+                self.sandbox
+                    .check_cwd(&dir, self.workspace.root())
+                    .map_err(ToolError::invalid)?;
                 Some(dir)
             }
             None => None,
         };
+        let not_installed = |m: String| ToolError::new(ErrorKind::NotInstalled, m);
         let detected = lang
             .detect()
             .await
-            .ok_or_else(|| format!("{} is not installed", lang.id()))?
+            .ok_or_else(|| not_installed(format!("{} is not installed", lang.id())))?
             .clone();
         let exe_path = lang.session_exe(&detected).map_err(|e| {
-            format!(
+            not_installed(format!(
                 "{} sessions cannot start on this host: {e} (run-code still works). Session languages: {}",
                 lang.id(),
                 self.registry.session_ids().join(", ")
-            )
+            ))
         })?;
         if !self.sandbox.can_run(&exe_path) {
-            return Err(self.sandbox.cannot_run_reason(&exe_path));
+            return Err(not_installed(self.sandbox.cannot_run_reason(&exe_path)));
         }
-        let lease = self.sandbox.lease()?;
+        let lease = self
+            .sandbox
+            .lease()
+            .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
         let uid = lease.as_ref().map(|l| l.uid);
         let id = uuid::Uuid::new_v4().to_string();
-        let dir = self
-            .workspace
-            .new_session_dir(&id, uid)
-            .map_err(|e| format!("cannot create the session directory: {e}"))?;
+        let dir = self.workspace.new_session_dir(&id, uid).map_err(|e| {
+            ToolError::internal(format!("cannot create the session directory: {e}"))
+        })?;
         let work = dir.path().join("work");
         let ctl = dir.path().join("ctl");
         let caller_cwd = cwd.clone();
@@ -97,11 +121,13 @@ impl SessionManager {
         let brought = if req.files.is_empty() {
             Vec::new()
         } else {
-            let plan = files::plan(req.files, &cwd, caller.is_local())?;
+            let plan =
+                files::plan(req.files, &cwd, caller.is_local()).map_err(ToolError::invalid)?;
             let dest = cwd.clone();
             tokio::task::spawn_blocking(move || plan.write(&dest))
                 .await
-                .map_err(|e| format!("bringing the files in failed: {e}"))??
+                .map_err(|e| ToolError::internal(format!("bringing the files in failed: {e}")))?
+                .map_err(ToolError::invalid)?
         };
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
         let ctl_s = ctl.display().to_string();
@@ -120,7 +146,7 @@ impl SessionManager {
         );
         let boot_path = ctl.join(&spec.bootstrap_file);
         std::fs::write(&boot_path, bootstrap)
-            .map_err(|e| format!("cannot write the bootstrap: {e}"))?;
+            .map_err(|e| ToolError::internal(format!("cannot write the bootstrap: {e}")))?;
         let exe = exe_path.display().to_string();
         let boot_s = boot_path.display().to_string();
         let cache_dir = self.workspace.cache_dir(lang.id(), uid);
@@ -193,7 +219,9 @@ impl SessionManager {
             spec: spec.clone(),
             output_cap: self.config.output_cap,
         });
-        let interp = Interp::start(launch, Duration::from_millis(spec.start_timeout_ms)).await?;
+        let interp = Interp::start(launch, Duration::from_millis(spec.start_timeout_ms))
+            .await
+            .map_err(|m| ToolError::new(ErrorKind::StartFailed, m))?;
         // The baseline for the first evaluation's file changes: taken once the interpreter
         // is up, so what it wrote while starting is not taken for the code's doing.
         let mut notes = Vec::new();

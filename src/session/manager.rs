@@ -10,6 +10,7 @@ use dashmap::DashMap;
 use super::entry::{Gone, Session, lock};
 use super::report::{CloseReport, ListReport, SessionInfo};
 use crate::config::Config;
+use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 use crate::lang::Registry;
 use crate::sandbox::Sandbox;
@@ -114,7 +115,7 @@ impl SessionManager {
 
     /// Take a place under the session limits: the caller's own (per principal), then the
     /// server's, where the idlest session is evicted when configured to.
-    pub(super) async fn admit(&self, caller: &Caller) -> Result<Slot<'_>, String> {
+    pub(super) async fn admit(&self, caller: &Caller) -> Result<Slot<'_>, ToolError> {
         loop {
             {
                 let mut starting = lock(&self.starting);
@@ -123,15 +124,18 @@ impl SessionManager {
                 if limit > 0 {
                     let mine = self.sessions.iter().filter(|s| s.owner == *caller).count();
                     if mine + mine_starting >= limit {
-                        return Err(format!(
-                            "session limit reached: you already have {mine} open session(s){} and \
+                        return Err(ToolError::new(
+                            ErrorKind::Limit,
+                            format!(
+                                "session limit reached: you already have {mine} open session(s){} and \
 the limit per client is {limit} (max_sessions_per_principal). Close one you no longer need with \
 session_close (session_list shows them), or reuse one with session_eval.",
-                            if mine_starting > 0 {
-                                format!(" and {mine_starting} starting")
-                            } else {
-                                String::new()
-                            }
+                                if mine_starting > 0 {
+                                    format!(" and {mine_starting} starting")
+                                } else {
+                                    String::new()
+                                }
+                            ),
                         ));
                     }
                 }
@@ -163,7 +167,7 @@ session_close (session_list shows them), or reuse one with session_eval.",
                     )
                     .await;
                 }
-                _ => return Err(self.limit_message(caller)),
+                _ => return Err(ToolError::new(ErrorKind::Limit, self.limit_message(caller))),
             }
         }
     }
@@ -202,11 +206,15 @@ session_close ({yours}), or wait for idle sessions to be closed.",
 
     /// Find a session of this caller. Another principal's session is "no session", so
     /// its existence is not revealed.
-    pub(super) fn lookup(&self, caller: &Caller, id: &str) -> Result<Arc<Session>, String> {
+    pub(super) fn lookup(&self, caller: &Caller, id: &str) -> Result<Arc<Session>, ToolError> {
         let unknown = || {
-            format!(
-                "no session {id:?}. Start one with session_start, or see session_list for the open ones."
+            ToolError::new(
+                ErrorKind::UnknownSession,
+                format!(
+                    "no session {id:?}. Start one with session_start, or see session_list for the open ones."
+                ),
             )
+            .session(id)
         };
         if let Some(s) = self.sessions.get(id) {
             if s.owner != *caller {
@@ -215,16 +223,17 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             return Ok(s.clone());
         }
         match self.ended.get(id).map(|g| g.clone()) {
-            Some((owner, how)) if owner == *caller => Err(how.message(id)),
+            Some((owner, how)) if owner == *caller => {
+                Err(ToolError::new(ErrorKind::EndedSession, how.message(id)).session(id))
+            }
             _ => Err(unknown()),
         }
     }
 
-    pub(super) fn gone_message(&self, session: &Session) -> String {
-        lock(&session.gone)
-            .clone()
-            .unwrap_or(Gone::Closed)
-            .message(&session.id)
+    /// The error for a call on a session that has ended since it was looked up.
+    pub(super) fn gone_error(&self, session: &Session) -> ToolError {
+        let how = lock(&session.gone).clone().unwrap_or(Gone::Closed);
+        ToolError::new(ErrorKind::EndedSession, how.message(&session.id)).session(&session.id)
     }
 
     /// Record that a session is gone (the first reason wins) and drop it from the table.
@@ -257,7 +266,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
     }
 
     /// Close a session: kill its interpreter's tree and remove its directory.
-    pub async fn close(&self, caller: &Caller, id: &str) -> Result<CloseReport, String> {
+    pub async fn close(&self, caller: &Caller, id: &str) -> Result<CloseReport, ToolError> {
         let session = self.lookup(caller, id)?;
         let exit_code = self.end(&session, Gone::Closed).await;
         Ok(CloseReport {
