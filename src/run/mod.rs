@@ -6,17 +6,18 @@ pub mod report;
 mod supervise;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::exec::{self, env as cenv};
+use crate::exec;
+use crate::exec::child::{Child, ChildBuilder};
 use crate::lang::{Language, Registry, expand, expand_command};
 use crate::progress::Progress;
-use crate::sandbox::{Jail, Lease, Sandbox};
+use crate::sandbox::{Lease, Sandbox};
 use crate::workspace::{PrivateDir, Workspace};
 use pool::{Pool, Warm};
 pub use report::{Phase, RunReport};
@@ -43,24 +44,27 @@ pub struct Runner {
 }
 
 /// Where a run happens: its directory, the uid it runs as (when the server is root), the
-/// placeholders of its command lines and the confinement of its processes.
+/// interpreter, the build cache and the CPU limit of its processes.
 pub struct Place {
     pub(super) dir: PrivateDir,
-    /// Held for its drop: the uid goes back to the pool after the directory is removed.
-    _lease: Option<Lease>,
-    exe: String,
+    /// After `dir`: the uid goes back to the pool once the directory is removed.
+    lease: Option<Lease>,
+    exe: PathBuf,
+    cache: PathBuf,
+    cpu_s: u64,
+    /// The placeholders of its command lines.
+    exe_s: String,
     dir_s: String,
-    cache: String,
-    pub(super) jail: Jail,
+    cache_s: String,
 }
 
 impl Place {
     fn vars<'a>(&'a self, lang: &'a Language) -> [(&'a str, &'a str); 4] {
         [
-            ("exe", self.exe.as_str()),
+            ("exe", self.exe_s.as_str()),
             ("file", lang.spec.run.file.as_str()),
             ("dir", self.dir_s.as_str()),
-            ("cache", self.cache.as_str()),
+            ("cache", self.cache_s.as_str()),
         ]
     }
 }
@@ -119,11 +123,11 @@ impl Runner {
             return fail(report, format!("cannot write the program: {e}"));
         }
         let vars = place.vars(lang);
-        let env = self.child_env(lang, &detected.exe, place.dir.path(), &vars, &req.env);
+        let child = self.child(&place, lang, &req.env);
 
         if let Some(compile) = &spec.compile {
             let argv = expand_command(compile, &vars, &[]);
-            let spawn = pipes(argv, env.clone(), &place.jail, place.dir.path());
+            let spawn = pipes(argv, &child, place.dir.path());
             let step = self.step(spawn, None, deadline, cancel, progress).await;
             let ok = step.status.is_some_and(|s| s.success()) && !step.timed_out;
             if !ok || step.cancelled || step.spawn_error.is_some() {
@@ -139,12 +143,13 @@ impl Runner {
         let input = req.stdin.map(String::into_bytes).unwrap_or_default();
         let step = match warm {
             Some(proc) => {
+                let env = child.env.merged();
                 let mut data = pool::request(&spec.file, cpu_s, req.args.len(), &argv, &env);
                 data.extend_from_slice(&input);
                 self.supervise(proc, data, deadline, cancel, progress).await
             }
             None => {
-                let spawn = pipes(argv, env, &place.jail, place.dir.path());
+                let spawn = pipes(argv, &child, place.dir.path());
                 self.step(spawn, Some(input), deadline, cancel, progress)
                     .await
             }
@@ -178,22 +183,32 @@ impl Runner {
             .workspace
             .new_run_dir(uid)
             .map_err(|e| format!("cannot create a working directory: {e}"))?;
-        let cache_dir = self.workspace.cache_dir(lang.id(), uid);
-        let jail = Jail {
-            uid,
-            rw: vec![dir.path().to_path_buf(), cache_dir.clone()],
-            ro: self.sandbox.interpreter_dirs(exe),
-            cpu_s: Some(cpu_s),
-            dirty: lease.as_ref().map(|l| l.dirty_flag()),
-        };
+        let cache = self.workspace.cache_dir(lang.id(), uid);
         Ok(Place {
-            exe: exe.display().to_string(),
+            exe_s: exe.display().to_string(),
             dir_s: dir.path().display().to_string(),
-            cache: cache_dir.display().to_string(),
+            cache_s: cache.display().to_string(),
+            exe: exe.to_path_buf(),
+            cache,
+            cpu_s,
             dir,
-            _lease: lease,
-            jail,
+            lease,
         })
+    }
+
+    /// What a run's processes start with in `place`: the allowlist, the language's
+    /// settings and, as their own layer, the caller's variables; confined to the place's
+    /// directory and build cache, as its uid, under its CPU limit.
+    fn child(&self, place: &Place, lang: &Language, caller: &BTreeMap<String, String>) -> Child {
+        let vars = place.vars(lang);
+        let language = lang.spec.env.iter().chain(lang.spec.run.env.iter());
+        ChildBuilder::new(&self.sandbox, place.lease.as_ref(), place.dir.path())
+            .interpreters(&[&place.exe])
+            .writable([place.cache.clone()])
+            .cpu_limit(place.cpu_s)
+            .language_env(language.map(|(k, v)| (k.clone(), expand(v, &vars))))
+            .caller_env(caller)
+            .build()
     }
 
     /// Whether a pooled interpreter can run this request exactly as a cold start would.
@@ -264,50 +279,16 @@ impl Runner {
         }
         let place = self.place(lang, &detected.exe, self.cpu_limit(self.max_timeout()))?;
         let vars = place.vars(lang);
-        let env = self.child_env(
-            lang,
-            &detected.exe,
-            place.dir.path(),
-            &vars,
-            &BTreeMap::new(),
-        );
+        let child = self.child(&place, lang, &BTreeMap::new());
         let mut with_loader = vars.to_vec();
         with_loader.push(("loader", p.loader.as_str()));
         let argv = expand_command(&p.command, &with_loader, &[]);
-        let proc = exec::spawn(
-            &self.sandbox,
-            pipes(argv, env, &place.jail, place.dir.path()),
-        )
-        .map_err(|e| format!("cannot start {}: {e}", detected.exe.display()))?;
+        let proc = exec::spawn(&self.sandbox, pipes(argv, &child, place.dir.path()))
+            .map_err(|e| format!("cannot start {}: {e}", detected.exe.display()))?;
         Ok(Warm {
             proc,
             place,
             born: Instant::now(),
         })
-    }
-
-    /// The environment of a child: the allowlist, the language's settings, then the caller's.
-    fn child_env(
-        &self,
-        lang: &Language,
-        exe: &Path,
-        home: &Path,
-        vars: &[(&str, &str)],
-        caller: &BTreeMap<String, String>,
-    ) -> Vec<(String, String)> {
-        let mut env = cenv::base_env(home, "dumb");
-        // The interpreter's own directory first, so `python3`/`pip` in a subprocess match it.
-        if let Some(bin) = exe.parent() {
-            let path = format!("{}:{}", bin.display(), cenv::server_path());
-            cenv::set(&mut env, "PATH", path);
-        }
-        cenv::set(&mut env, "TMPDIR", home.display().to_string());
-        for (k, v) in lang.spec.env.iter().chain(lang.spec.run.env.iter()) {
-            cenv::set(&mut env, k, expand(v, vars));
-        }
-        for (k, v) in caller {
-            cenv::set(&mut env, k, v.clone());
-        }
-        env
     }
 }

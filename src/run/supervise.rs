@@ -9,10 +9,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::{RunReport, Runner};
+use crate::exec::child::Child;
 use crate::exec::{self, SpawnSpec, Stdio3};
 use crate::output::HeadTail;
 use crate::progress::Progress;
-use crate::sandbox::Jail;
 
 pub(super) struct Step {
     pub(super) status: Option<std::process::ExitStatus>,
@@ -153,18 +153,13 @@ impl Runner {
 }
 
 /// A program with its three streams on pipes; stdin is closed after its input (if any).
-pub(super) fn pipes(
-    argv: Vec<String>,
-    env: Vec<(String, String)>,
-    jail: &Jail,
-    cwd: &Path,
-) -> SpawnSpec {
+pub(super) fn pipes(argv: Vec<String>, child: &Child, cwd: &Path) -> SpawnSpec {
     SpawnSpec {
         argv,
-        env,
+        env: child.env.merged(),
         cwd: cwd.to_path_buf(),
         stdio: Stdio3::Pipes,
-        jail: jail.clone(),
+        jail: child.jail.clone(),
     }
 }
 

@@ -14,10 +14,10 @@ use super::interp::{Interp, Launch};
 use super::manager::SessionManager;
 use super::report::StartReport;
 use crate::error::{ErrorKind, ToolError};
+use crate::exec::child::ChildBuilder;
 use crate::exec::env as cenv;
 use crate::identity::Caller;
 use crate::lang::{LookupError, expand, expand_command};
-use crate::sandbox::Jail;
 
 /// What the caller asked `session_start` for.
 #[derive(Debug, Clone, Default)]
@@ -160,59 +160,23 @@ impl SessionManager {
             ("nonce", nonce.as_str()),
         ];
         let argv = expand_command(&spec.command, &vars, &[]);
-        let mut env = cenv::base_env(&work, "dumb");
-        // The interpreter's own directory first, so that the tools it runs (a compiler, a
-        // package manager) come from the same installation.
-        let mut bins: Vec<&std::path::Path> = Vec::new();
-        for bin in [exe_path.parent(), detected.exe.parent()]
-            .into_iter()
-            .flatten()
-        {
-            if !bins.contains(&bin) {
-                bins.push(bin);
-            }
-        }
-        if !bins.is_empty() {
-            let mut path = String::new();
-            for bin in bins {
-                path.push_str(&bin.display().to_string());
-                path.push(':');
-            }
-            path.push_str(&cenv::server_path());
-            cenv::set(&mut env, "PATH", path);
-        }
-        cenv::set(&mut env, "TMPDIR", work_s.clone());
-        for (k, v) in lang.spec.env.iter().chain(spec.env.iter()) {
-            cenv::set(&mut env, k, expand(v, &vars));
-        }
-        for (k, v) in &req.env {
-            cenv::set(&mut env, k, v.clone());
-        }
-        // Writable: the session's own directory, a caller's cwd (the kernel still decides what
-        // the session's uid may do there), the build cache. Readable: the control directory
-        // and the interpreter's prefix when a mask would hide it.
-        let mut rw = vec![work.clone(), out.clone(), cache_dir];
-        rw.extend(caller_cwd);
-        let mut ro = vec![ctl.clone()];
-        for exe in [&exe_path, &detected.exe] {
-            for d in self.sandbox.interpreter_dirs(exe) {
-                if !ro.contains(&d) {
-                    ro.push(d);
-                }
-            }
-        }
-        let jail = Jail {
-            uid,
-            rw,
-            ro,
-            cpu_s: None,
-            dirty: lease.as_ref().map(|l| l.dirty_flag()),
-        };
+        let language = lang.spec.env.iter().chain(spec.env.iter());
+        // Writable: the session's own directory, what it hands back, the build cache and a
+        // caller's cwd (the kernel still decides what the session's uid may do there).
+        // Readable: the control directory.
+        let child = ChildBuilder::new(&self.sandbox, lease.as_ref(), &work)
+            .interpreters(&[&exe_path, &detected.exe])
+            .writable([out.clone(), cache_dir])
+            .writable(caller_cwd)
+            .readable([ctl.clone()])
+            .language_env(language.map(|(k, v)| (k.clone(), expand(v, &vars))))
+            .caller_env(&req.env)
+            .build();
         let launch = Arc::new(Launch {
             sandbox: self.sandbox.clone(),
-            jail,
+            jail: child.jail,
             argv,
-            env,
+            env: child.env,
             cwd: cwd.clone(),
             ctl,
             nonce,

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::scan::{EndMarker, Scanner};
 use super::stdin_wait;
+use crate::exec::child::ChildEnv;
 use crate::exec::pty::{self, PtyMaster};
 use crate::exec::{self, Proc, SpawnSpec, Stdio3};
 use crate::lang::spec::InputWait;
@@ -35,7 +36,7 @@ pub struct Launch {
     pub sandbox: Arc<Sandbox>,
     pub jail: Jail,
     pub argv: Vec<String>,
-    pub env: Vec<(String, String)>,
+    pub env: ChildEnv,
     pub cwd: PathBuf,
     pub ctl: PathBuf,
     pub nonce: String,
@@ -119,7 +120,7 @@ impl Interp {
             &launch.sandbox,
             SpawnSpec {
                 argv: launch.argv.clone(),
-                env: launch.env.clone(),
+                env: launch.env.merged(),
                 cwd: launch.cwd.clone(),
                 stdio: Stdio3::Pty(slave),
                 jail: launch.jail.clone(),
