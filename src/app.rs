@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::config::Config;
 use crate::lang::Registry;
 use crate::run::Runner;
-use crate::run::pool::Pool;
+use crate::run::warm::WarmPool;
 use crate::sandbox::Sandbox;
 use crate::session::SessionManager;
 use crate::workspace::Workspace;
@@ -63,7 +63,7 @@ impl App {
         let runner = Runner {
             config: config.clone(),
             workspace: workspace.clone(),
-            pool: Arc::new(Pool::new(config.pool)),
+            pool: Arc::new(WarmPool::new(config.pool)),
             sandbox: sandbox.clone(),
         };
         let sessions = Arc::new(SessionManager::new(

@@ -4,6 +4,7 @@
 pub mod pool;
 pub mod report;
 mod supervise;
+pub mod warm;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,15 +14,14 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::exec;
 use crate::exec::child::{Child, ChildBuilder};
-use crate::lang::{Language, Registry, expand, expand_command};
+use crate::lang::{Language, expand, expand_command};
 use crate::progress::Progress;
 use crate::sandbox::{Lease, Sandbox};
 use crate::workspace::{PrivateDir, Workspace};
-use pool::{Pool, Warm};
 pub use report::{Phase, RunReport};
 use supervise::pipes;
+use warm::WarmPool;
 
 /// What the caller asked for.
 #[derive(Debug, Clone, Default)]
@@ -40,7 +40,7 @@ pub struct Runner {
     pub workspace: Arc<Workspace>,
     pub sandbox: Arc<Sandbox>,
     /// Interpreters started ahead of time for languages with a `[run.pool]`.
-    pub pool: Arc<Pool>,
+    pub pool: Arc<WarmPool>,
 }
 
 /// Where a run happens: its directory, the uid it runs as (when the server is root), the
@@ -144,7 +144,7 @@ impl Runner {
         let step = match warm {
             Some(proc) => {
                 let env = child.env.merged();
-                let mut data = pool::request(&spec.file, cpu_s, req.args.len(), &argv, &env);
+                let mut data = warm::request(&spec.file, cpu_s, req.args.len(), &argv, &env);
                 data.extend_from_slice(&input);
                 self.supervise(proc, data, deadline, cancel, progress).await
             }
@@ -211,84 +211,8 @@ impl Runner {
             .build()
     }
 
-    /// Whether a pooled interpreter can run this request exactly as a cold start would.
-    fn poolable(&self, lang: &Language, req: &RunRequest, cpu_s: u64) -> bool {
-        let Some(p) = &lang.spec.run.pool else {
-            return false;
-        };
-        self.pool.enabled()
-            && lang.spec.run.compile.is_none()
-            // Pooled interpreters start with the largest CPU limit and lower it to the run's.
-            && cpu_s <= self.cpu_limit(self.max_timeout())
-            // NUL cannot be passed to a cold start either; let it fail the cold way.
-            && !req.code.contains('\0')
-            && !req.args.iter().any(|a| a.contains('\0'))
-            && !req
-                .env
-                .keys()
-                .any(|k| pool::starts_differently(k, &p.cold_env))
-    }
-
     /// The longest a run can take (callers' timeouts are clamped to it).
     fn max_timeout(&self) -> Duration {
         Duration::from_millis(self.config.max_timeout_ms.max(1))
-    }
-
-    /// Start filling the pools of every installed language that has one (`serve` does this
-    /// once it is up; from then on every run refills what it used).
-    pub fn fill_pools(&self, registry: &Registry) {
-        if !self.pool.enabled() {
-            return;
-        }
-        self.pool.activate();
-        for lang in registry.all() {
-            if lang.installed() && lang.spec.run.pool.is_some() {
-                self.refill(lang);
-            }
-        }
-    }
-
-    /// Start as many pooled interpreters of `lang` as it lacks, in the background.
-    pub fn refill(&self, lang: &Arc<Language>) {
-        if lang.spec.run.pool.is_none() {
-            return;
-        }
-        for _ in 0..self.pool.reserve(lang.id()) {
-            let me = self.clone();
-            let lang = lang.clone();
-            tokio::spawn(async move {
-                let warm = me.start_warm(&lang).await;
-                me.pool.started(lang.id(), warm);
-            });
-        }
-    }
-
-    /// Start one pooled interpreter: a fresh place, the environment of a run there (without
-    /// any caller's variables), and the language's loader, through `exec::spawn` (so in the
-    /// sandbox, as the run's uid) like every other child.
-    async fn start_warm(&self, lang: &Language) -> Result<Warm, String> {
-        let Some(p) = &lang.spec.run.pool else {
-            return Err("the language has no pool".into());
-        };
-        let detected = lang
-            .detect()
-            .await
-            .ok_or_else(|| format!("{} is not installed", lang.id()))?;
-        if !self.sandbox.can_run(&detected.exe) {
-            return Err(self.sandbox.cannot_run_reason(&detected.exe));
-        }
-        let place = self.place(lang, &detected.exe, self.cpu_limit(self.max_timeout()))?;
-        let vars = place.vars(lang);
-        let child = self.child(&place, lang, &BTreeMap::new());
-        let mut with_loader = vars.to_vec();
-        with_loader.push(("loader", p.loader.as_str()));
-        let argv = expand_command(&p.command, &with_loader, &[]);
-        let proc = exec::spawn(&self.sandbox, pipes(argv, &child, place.dir.path()))
-            .map_err(|e| format!("cannot start {}: {e}", detected.exe.display()))?;
-        Ok(Warm {
-            proc,
-            place,
-            born: Instant::now(),
-        })
     }
 }

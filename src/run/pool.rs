@@ -1,87 +1,82 @@
-//! The warm pool for `run-code`: per language (those whose file has a `[run.pool]` section) a
-//! few interpreters started ahead of time, each in its own private run directory, each used
+//! The warm pool's books: per language, a few interpreters started ahead of time, each used
 //! for one run and then gone, and replaced in the background after that run.
 //!
-//! A pooled interpreter is an ordinary child: it is spawned through `exec::spawn` (so under
-//! the helper, with the run's environment and directory, like any cold run) running the
-//! language's loader, which waits on stdin for one request and then runs the program the
-//! way the language's `run.command` would (see [`request`] for the format). This module
-//! only keeps the books: which interpreters are ready, how many are starting, and when the
-//! pool is closed. Spawning and running are `run::Runner`'s.
+//! The pool is generic over what a ready interpreter is ([`Ready`]) and over how one is
+//! started (the future given to [`Pool::refill`]), so its bookkeeping is tested without
+//! spawning anything. What `run-code` keeps in it, and how it starts and uses one, is in
+//! `run::warm`.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::exec::Proc;
-use crate::run::Place;
-
-/// A pooled interpreter waiting for its program. Dropping it kills its tree (the helper
-/// tears it down on SIGTERM) and removes its directory.
-pub struct Warm {
-    pub proc: Proc,
-    /// Where it runs: its private directory (the run's directory once it is used) and its
-    /// uid. Dropped after `proc`, so the uid is returned once its processes are gone.
-    pub place: Place,
-    pub born: Instant,
-}
-
-impl Warm {
-    /// Whether the interpreter has ended (it cannot run anything any more).
-    fn ended(&mut self) -> bool {
-        !matches!(self.proc.child.try_wait(), Ok(None))
-    }
+/// An interpreter waiting for its program. Dropping it kills it.
+pub trait Ready: Send + 'static {
+    /// Whether it has ended (it cannot run anything any more).
+    fn ended(&mut self) -> bool;
+    /// When it was started.
+    fn born(&self) -> Instant;
+    /// Its process id, for logs.
+    fn pid(&self) -> u32;
 }
 
 /// An interpreter idle for longer than this is replaced rather than used, so that a run never
 /// sees a machine older than a few minutes (files installed meanwhile, a changed time zone).
 pub const MAX_IDLE: Duration = Duration::from_secs(300);
 
-#[derive(Default)]
-struct Slot {
-    ready: VecDeque<Warm>,
+/// Refilling stops after this many consecutive failed starts of a language's interpreter.
+const MAX_FAILURES: u32 = 3;
+
+struct Slot<W> {
+    ready: VecDeque<W>,
     /// Interpreters being started for this language.
     starting: usize,
     /// Consecutive failures to start one: refilling stops after a few, until a start works.
     failures: u32,
 }
 
-/// The pools of every language, each holding up to `size` interpreters.
-pub struct Pool {
-    size: usize,
-    state: Mutex<State>,
+impl<W> Default for Slot<W> {
+    fn default() -> Self {
+        Self {
+            ready: VecDeque::new(),
+            starting: 0,
+            failures: 0,
+        }
+    }
 }
 
-#[derive(Default)]
-struct State {
-    slots: HashMap<String, Slot>,
+struct State<W> {
+    slots: HashMap<String, Slot<W>>,
     /// Filling has begun (`serve` fills; a one-shot `replbox run` never does).
     active: bool,
     closed: bool,
 }
 
-/// Refilling stops after this many consecutive failed starts of a language's interpreter.
-const MAX_FAILURES: u32 = 3;
+/// The pools of every language, each holding up to `size` interpreters.
+pub struct Pool<W> {
+    size: usize,
+    state: Mutex<State<W>>,
+}
 
-impl Pool {
+impl<W: Ready> Pool<W> {
     pub fn new(size: usize) -> Self {
         Self {
             size,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                slots: HashMap::new(),
+                active: false,
+                closed: false,
+            }),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<W>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn enabled(&self) -> bool {
         self.size > 0
-    }
-
-    /// Interpreters kept ready per language.
-    pub fn size(&self) -> usize {
-        self.size
     }
 
     /// Let refills happen from now on (until [`close`](Self::close)).
@@ -94,7 +89,12 @@ impl Pool {
 
     /// Take a ready interpreter of `lang`, the oldest first; ones that ended or idled too
     /// long are dropped on the way.
-    pub fn take(&self, lang: &str) -> Option<Warm> {
+    pub fn take(&self, lang: &str) -> Option<W> {
+        self.take_at(lang, Instant::now())
+    }
+
+    /// [`take`](Self::take) as of `now`.
+    fn take_at(&self, lang: &str, now: Instant) -> Option<W> {
         let mut discarded = Vec::new();
         let taken = {
             let mut st = self.lock();
@@ -102,9 +102,9 @@ impl Pool {
             loop {
                 let mut w = slot.ready.pop_front()?;
                 if w.ended() {
-                    tracing::warn!(lang, pid = w.proc.pid, "a pooled interpreter ended unused");
+                    tracing::warn!(lang, pid = w.pid(), "a pooled interpreter ended unused");
                     discarded.push(w);
-                } else if w.born.elapsed() > MAX_IDLE {
+                } else if now.saturating_duration_since(w.born()) > MAX_IDLE {
                     discarded.push(w);
                 } else {
                     break Some(w);
@@ -116,9 +116,27 @@ impl Pool {
         taken
     }
 
+    /// Start as many interpreters of `lang` as it lacks, each with `start`, in the
+    /// background; each joins the pool when its start has finished.
+    pub fn refill<F, Fut>(self: &Arc<Self>, lang: &str, start: F)
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<W, String>> + Send + 'static,
+    {
+        for _ in 0..self.reserve(lang) {
+            let pool = self.clone();
+            let lang = lang.to_string();
+            let starting = start();
+            tokio::spawn(async move {
+                let warm = starting.await;
+                pool.started(&lang, warm);
+            });
+        }
+    }
+
     /// How many interpreters of `lang` to start now to bring it back to full; they count as
     /// starting until [`started`](Self::started) is called once for each.
-    pub fn reserve(&self, lang: &str) -> usize {
+    fn reserve(&self, lang: &str) -> usize {
         let size = self.size;
         let mut st = self.lock();
         if !st.active || st.closed {
@@ -135,7 +153,7 @@ impl Pool {
 
     /// One reserved start has finished: its interpreter joins the pool (unless the pool was
     /// closed meanwhile, when it is dropped, which kills it).
-    pub fn started(&self, lang: &str, warm: Result<Warm, String>) {
+    fn started(&self, lang: &str, warm: Result<W, String>) {
         let mut rejected = None;
         {
             let mut st = self.lock();
@@ -157,14 +175,9 @@ impl Pool {
         drop(rejected);
     }
 
-    /// Interpreters of `lang` ready now.
-    pub fn ready(&self, lang: &str) -> usize {
-        self.lock().slots.get(lang).map_or(0, |s| s.ready.len())
-    }
-
     /// Stop refilling and kill every pooled interpreter.
     pub fn close(&self) {
-        let drained: Vec<Warm> = {
+        let drained: Vec<W> = {
             let mut st = self.lock();
             st.closed = true;
             st.active = false;
@@ -177,125 +190,50 @@ impl Pool {
     }
 }
 
-/// The request a pooled interpreter reads on stdin: the decimal length of the payload and a
-/// newline, then the payload, NUL-separated UTF-8 fields:
-///
-/// 1. the program's file name, as `run.command` names it (relative to the directory);
-/// 2. the run's CPU limit in seconds (the interpreter was started with the largest a run
-///    can have, and lowers it to this, soft and hard, as the helper would have set it);
-/// 3. K, the number of the caller's arguments;
-/// 4. M, the length of the cold command line, then its M words (`run.command` expanded,
-///    the caller's arguments being its last K words);
-/// 5. the run's whole environment, `NAME=VALUE` each, in the order a cold run's process
-///    gets it (sorted by name).
-///
-/// What follows the payload on stdin is the program's own input; then stdin is closed.
-pub fn request(
-    file: &str,
-    cpu_s: u64,
-    nargs: usize,
-    argv: &[String],
-    env: &[(String, String)],
-) -> Vec<u8> {
-    let mut fields: Vec<String> = Vec::with_capacity(4 + argv.len() + env.len());
-    fields.push(file.to_string());
-    fields.push(cpu_s.to_string());
-    fields.push(nargs.to_string());
-    fields.push(argv.len().to_string());
-    fields.extend(argv.iter().cloned());
-    let mut env: Vec<&(String, String)> = env.iter().collect();
-    env.sort_by(|a, b| a.0.cmp(&b.0));
-    fields.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
-    let payload = fields.join("\0");
-    let mut out = format!("{}\n", payload.len()).into_bytes();
-    out.extend_from_slice(payload.as_bytes());
-    out
-}
-
-/// Whether a caller's variable changes how an interpreter starts (so a pooled interpreter,
-/// started without it, cannot honour it): the dynamic loader's and libc's, the locale, the
-/// time zone, and the variables the run itself sets (HOME, TMPDIR, PATH, TERM), plus the
-/// language's own list (`run.pool.cold_env`). A pattern ending in `*` matches a prefix.
-pub fn starts_differently(name: &str, language_patterns: &[String]) -> bool {
-    const ALWAYS: &[&str] = &[
-        "LD_*",
-        "MALLOC_*",
-        "GLIBC_TUNABLES",
-        "LANG",
-        "LANGUAGE",
-        "LC_*",
-        "TZ",
-        "HOME",
-        "TMPDIR",
-        "PATH",
-        "TERM",
-    ];
-    let matches = |p: &str| match p.strip_suffix('*') {
-        Some(prefix) => name.starts_with(prefix),
-        None => name == p,
-    };
-    ALWAYS.iter().copied().any(matches) || language_patterns.iter().any(|p| matches(p))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
-    #[test]
-    fn request_format() {
-        let argv: Vec<String> = ["/py", "-u", "main.py", "a b", ""]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let env = vec![
-            ("PATH".to_string(), "/bin".to_string()),
-            ("HOME".to_string(), "/h=x".to_string()),
-        ];
-        let r = request("main.py", 31, 2, &argv, &env);
-        let text = String::from_utf8(r).expect("utf-8");
-        let (len, payload) = text.split_once('\n').expect("length line");
-        assert_eq!(len.parse::<usize>().expect("number"), payload.len());
-        let fields: Vec<&str> = payload.split('\0').collect();
-        assert_eq!(
-            fields,
-            [
-                "main.py",
-                "31",
-                "2",
-                "5",
-                "/py",
-                "-u",
-                "main.py",
-                "a b",
-                "",
-                "HOME=/h=x",
-                "PATH=/bin"
-            ]
-        );
+    /// A ready interpreter that is only books: a number, whether it ended, when it was
+    /// born, and a count of the ones dropped (killed).
+    struct Fake {
+        n: u32,
+        ended: bool,
+        born: Instant,
+        dropped: Arc<AtomicUsize>,
     }
 
-    #[test]
-    fn cold_variables() {
-        let py = vec!["PYTHON*".to_string()];
-        for name in [
-            "PYTHONPATH",
-            "LD_PRELOAD",
-            "LC_ALL",
-            "LANG",
-            "TZ",
-            "HOME",
-            "PATH",
-        ] {
-            assert!(starts_differently(name, &py), "{name}");
+    impl Ready for Fake {
+        fn ended(&mut self) -> bool {
+            self.ended
         }
-        for name in ["GREETING", "PYTHO", "MY_PYTHONPATH", "LANGX", "DEBUG"] {
-            assert!(!starts_differently(name, &py), "{name}");
+        fn born(&self) -> Instant {
+            self.born
+        }
+        fn pid(&self) -> u32 {
+            self.n
+        }
+    }
+
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            self.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn fake(n: u32, born: Instant, dropped: &Arc<AtomicUsize>) -> Fake {
+        Fake {
+            n,
+            ended: false,
+            born,
+            dropped: dropped.clone(),
         }
     }
 
     #[test]
     fn books() {
-        let pool = Pool::new(2);
+        let pool: Pool<Fake> = Pool::new(2);
         assert_eq!(pool.reserve("python"), 0, "inactive until activated");
         pool.activate();
         assert_eq!(pool.reserve("python"), 2);
@@ -305,5 +243,94 @@ mod tests {
         pool.close();
         assert_eq!(pool.reserve("python"), 0);
         assert!(pool.take("python").is_none());
+    }
+
+    #[test]
+    fn takes_the_oldest_and_drops_the_ended_and_the_expired() {
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let pool = Pool::new(4);
+        pool.activate();
+        assert_eq!(pool.reserve("python"), 4);
+        let t0 = Instant::now();
+        let mut ended = fake(1, t0, &dropped);
+        ended.ended = true;
+        pool.started("python", Ok(ended));
+        pool.started("python", Ok(fake(2, t0, &dropped)));
+        pool.started("python", Ok(fake(3, t0 + MAX_IDLE, &dropped)));
+        pool.started("python", Ok(fake(4, t0 + MAX_IDLE, &dropped)));
+        assert!(pool.take_at("ruby", t0).is_none(), "pools are per language");
+        // 1 has ended: killed on the way; 2, idle for exactly MAX_IDLE, is still good.
+        let w = pool.take_at("python", t0 + MAX_IDLE).expect("one is ready");
+        assert_eq!(w.n, 2);
+        assert_eq!(dropped.load(Ordering::SeqCst), 1);
+        drop(w);
+        // A second past their MAX_IDLE, 3 and 4 are killed rather than used.
+        let later = t0 + MAX_IDLE * 2 + Duration::from_secs(1);
+        assert!(pool.take_at("python", later).is_none());
+        assert_eq!(dropped.load(Ordering::SeqCst), 4, "all killed");
+        assert_eq!(pool.reserve("python"), 4, "and all to replace");
+    }
+
+    #[test]
+    fn a_closed_pool_kills_what_it_had_and_what_arrives() {
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let pool = Pool::new(2);
+        pool.activate();
+        assert_eq!(pool.reserve("python"), 2);
+        let t0 = Instant::now();
+        pool.started("python", Ok(fake(1, t0, &dropped)));
+        pool.close();
+        assert_eq!(dropped.load(Ordering::SeqCst), 1);
+        pool.started("python", Ok(fake(2, t0, &dropped)));
+        assert_eq!(dropped.load(Ordering::SeqCst), 2, "a late start is killed");
+        pool.activate();
+        assert_eq!(pool.reserve("python"), 0, "closed for good");
+    }
+
+    #[test]
+    fn refilling_stops_after_repeated_failures_until_a_start_works() {
+        let pool: Pool<Fake> = Pool::new(1);
+        pool.activate();
+        for _ in 0..MAX_FAILURES {
+            assert_eq!(pool.reserve("python"), 1);
+            pool.started("python", Err("no interpreter".into()));
+        }
+        assert_eq!(pool.reserve("python"), 0, "given up");
+        assert_eq!(pool.reserve("ruby"), 1, "other languages are not affected");
+    }
+
+    #[tokio::test]
+    async fn refill_starts_what_is_missing() {
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let starts = Arc::new(AtomicUsize::new(0));
+        let pool = Arc::new(Pool::new(3));
+        pool.activate();
+        let refill = |pool: &Arc<Pool<Fake>>| {
+            pool.refill("python", || {
+                let n = starts.fetch_add(1, Ordering::SeqCst) as u32;
+                let dropped = dropped.clone();
+                async move { Ok(fake(n, Instant::now(), &dropped)) }
+            });
+        };
+        let ready = |pool: &Pool<Fake>| pool.lock().slots["python"].ready.len();
+        refill(&pool);
+        assert_eq!(starts.load(Ordering::SeqCst), 3);
+        // The starts join the pool from their tasks: let them run.
+        for _ in 0..100 {
+            if ready(&pool) == 3 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(ready(&pool), 3);
+        refill(&pool);
+        assert_eq!(starts.load(Ordering::SeqCst), 3, "full: nothing started");
+        assert_eq!(pool.take("python").map(|w| w.n), Some(0), "the oldest");
+        refill(&pool);
+        assert_eq!(
+            starts.load(Ordering::SeqCst),
+            4,
+            "the one taken is replaced"
+        );
     }
 }
