@@ -14,19 +14,18 @@ use crate::workspace::Workspace;
 pub struct App {
     pub config: Arc<Config>,
     pub registry: Arc<Registry>,
-    pub workspace: Arc<Workspace>,
-    pub sandbox: Arc<Sandbox>,
+    pub(crate) sandbox: Arc<Sandbox>,
     pub runner: Runner,
-    pub sessions: Arc<SessionManager>,
+    pub(crate) sessions: Arc<SessionManager>,
     /// Tool calls running now, over every connection.
-    pub calls: InFlight,
+    pub(crate) calls: InFlight,
 }
 
 /// A count of work in progress; [`InFlight::enter`] returns a guard that counts while held.
 #[derive(Default, Clone)]
-pub struct InFlight(Arc<AtomicUsize>);
+pub(crate) struct InFlight(Arc<AtomicUsize>);
 
-pub struct InFlightGuard(Arc<AtomicUsize>);
+pub(crate) struct InFlightGuard(Arc<AtomicUsize>);
 
 impl InFlight {
     pub fn enter(&self) -> InFlightGuard {
@@ -69,14 +68,13 @@ impl App {
         let sessions = Arc::new(SessionManager::new(
             config.clone(),
             registry.clone(),
-            workspace.clone(),
+            workspace,
             sandbox.clone(),
         ));
         sessions.spawn_reaper();
         Ok(Arc::new(Self {
             config,
             registry,
-            workspace,
             sandbox,
             runner,
             sessions,

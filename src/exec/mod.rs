@@ -1,7 +1,7 @@
 //! Spawning: the `__exec` helper every child runs under, the server-side spawner, child
 //! environments and PTYs.
 
-pub mod child;
+pub(crate) mod child;
 pub mod env;
 pub mod helper;
 pub mod pty;

@@ -10,7 +10,7 @@
 //! there on every call. So the principal is per request, never per MCP session, and the
 //! stateless 2026-07-28 path (no MCP session at all) works the same way.
 
-pub mod auth;
+mod auth;
 mod policy;
 
 use std::future::Future;

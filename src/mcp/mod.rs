@@ -1,7 +1,7 @@
 //! The MCP surface: parameter and result types and the tool router. It only translates;
 //! the work happens in `run`, `session` and `lang`.
 
-pub mod params;
+mod params;
 mod reply;
 mod tools;
 
@@ -49,7 +49,7 @@ enum CallerSource {
 }
 
 /// The caller the HTTP layer attached to this request, if any.
-pub fn request_caller(ctx: &RequestContext<RoleServer>) -> Option<Caller> {
+fn request_caller(ctx: &RequestContext<RoleServer>) -> Option<Caller> {
     ctx.extensions
         .get::<axum::http::request::Parts>()
         .and_then(|parts| parts.extensions.get::<Caller>())
@@ -59,17 +59,12 @@ pub fn request_caller(ctx: &RequestContext<RoleServer>) -> Option<Caller> {
 impl ReplboxServer {
     /// A handler for a connection of the local principal (stdio).
     pub fn new(app: Arc<App>) -> Self {
-        Self::for_caller(app, Caller::local())
-    }
-
-    /// A handler whose sessions belong to `caller`.
-    pub fn for_caller(app: Arc<App>, caller: Caller) -> Self {
-        Self::build(app, CallerSource::Fixed(caller))
+        Self::build(app, CallerSource::Fixed(Caller::local()))
     }
 
     /// A handler for the HTTP transport: every request names its caller (see
     /// [`request_caller`]); a request that does not is refused.
-    pub fn per_request(app: Arc<App>) -> Self {
+    pub(crate) fn per_request(app: Arc<App>) -> Self {
         Self::build(app, CallerSource::PerRequest)
     }
 

@@ -1,10 +1,10 @@
 //! `run-code`: one program, in a fresh private directory, with a clean environment, a
 //! deadline that kills the whole tree, and bounded, separate stdout and stderr.
 
-pub mod pool;
-pub mod report;
+pub(crate) mod pool;
+mod report;
 mod supervise;
-pub mod warm;
+pub(crate) mod warm;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,16 +36,16 @@ pub struct RunRequest {
 /// Runs programs. Cheap to clone; every call is independent.
 #[derive(Clone)]
 pub struct Runner {
-    pub config: Arc<Config>,
-    pub workspace: Arc<Workspace>,
-    pub sandbox: Arc<Sandbox>,
+    pub(crate) config: Arc<Config>,
+    pub(crate) workspace: Arc<Workspace>,
+    pub(crate) sandbox: Arc<Sandbox>,
     /// Interpreters started ahead of time for languages with a `[run.pool]`.
-    pub pool: Arc<WarmPool>,
+    pub(crate) pool: Arc<WarmPool>,
 }
 
 /// Where a run happens: its directory, the uid it runs as (when the server is root), the
 /// interpreter, the build cache and the CPU limit of its processes.
-pub struct Place {
+pub(crate) struct Place {
     pub(super) dir: PrivateDir,
     /// After `dir`: the uid goes back to the pool once the directory is removed.
     lease: Option<Lease>,

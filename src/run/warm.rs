@@ -66,7 +66,7 @@ impl Runner {
 
     /// Start filling the pools of every installed language that has one (`serve` does this
     /// once it is up; from then on every run refills what it used).
-    pub fn fill_pools(&self, registry: &Registry) {
+    pub(crate) fn fill_pools(&self, registry: &Registry) {
         if !self.pool.enabled() {
             return;
         }
@@ -79,7 +79,7 @@ impl Runner {
     }
 
     /// Start as many pooled interpreters of `lang` as it lacks, in the background.
-    pub fn refill(&self, lang: &Arc<Language>) {
+    pub(crate) fn refill(&self, lang: &Arc<Language>) {
         if lang.spec.run.pool.is_none() {
             return;
         }

@@ -72,7 +72,6 @@ pub struct Session {
     pub id: String,
     pub owner: Caller,
     pub lang: Arc<Language>,
-    pub version: String,
     pub cwd: PathBuf,
     pub created_at: SystemTime,
     pub idle_timeout: Duration,

@@ -422,10 +422,6 @@ allowed to the local client; send the data as content instead"
 }
 
 impl Plan {
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
     /// Write the files under `dest` (blocking); returns their names. On failure, the files
     /// already written are removed again.
     pub fn write(self, dest: &Path) -> Result<Vec<String>, String> {

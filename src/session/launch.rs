@@ -200,7 +200,6 @@ impl SessionManager {
             id: id.clone(),
             owner: caller.clone(),
             lang: lang.clone(),
-            version: detected.version.clone(),
             cwd: cwd.clone(),
             created_at: now,
             idle_timeout,

@@ -12,12 +12,8 @@ pub mod report;
 pub mod scan;
 pub mod stdin_wait;
 
-pub use artifacts::{FileData, FileError};
-pub use entry::Session;
+pub use artifacts::FileError;
 pub use files::InFile;
 pub use launch::StartRequest;
 pub use manager::SessionManager;
-pub use report::{
-    Attachment, CloseReport, ErrorInfo, EvalReport, EvalStatus, ImageInfo, InterruptReport,
-    ListReport, SessionInfo, StartReport,
-};
+pub use report::{CloseReport, EvalReport, InterruptReport, ListReport, StartReport};

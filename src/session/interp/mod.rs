@@ -325,11 +325,6 @@ impl Interp {
         Outcome { ending, output }
     }
 
-    /// The evaluation number waiting for input, if any.
-    pub fn paused(&self) -> Option<u64> {
-        self.paused
-    }
-
     /// Collect the output of this part of evaluation `n`; unless it paused for input, the
     /// evaluation is over.
     fn end_part(&mut self, n: u64, ending: &Ending) -> Rendered {
@@ -505,11 +500,6 @@ impl Interp {
                 Ending::Exited(None)
             }
         }
-    }
-
-    /// Whether the process has ended (the PTY closed).
-    pub fn closed(&self) -> bool {
-        self.shared.lock().closed
     }
 
     /// Kill the whole tree and reap it.
