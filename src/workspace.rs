@@ -112,28 +112,53 @@ pub fn chown(path: &Path, owner: Option<u32>) -> std::io::Result<()> {
     }
 }
 
-/// A directory removed (with everything in it) when dropped.
+/// A directory removed (with everything in it) when done with: by [`remove`](Self::remove),
+/// or when dropped. Removal is blocking work, so inside the runtime it runs on the blocking
+/// pool, never on an async worker.
 #[derive(Debug)]
 pub struct PrivateDir {
     path: PathBuf,
+    removed: bool,
 }
 
 impl PrivateDir {
     fn create(path: PathBuf, mode: u32) -> std::io::Result<Self> {
         std::fs::DirBuilder::new().mode(mode).create(&path)?;
-        Ok(Self { path })
+        Ok(Self {
+            path,
+            removed: false,
+        })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Remove the directory now (blocking work).
+    pub fn remove_blocking(mut self) {
+        self.removed = true;
+        remove_tree(&self.path);
+    }
 }
 
 impl Drop for PrivateDir {
     fn drop(&mut self) {
-        // remove_dir_all does not follow symlinks that user code may have left in it.
-        let _ = std::fs::remove_dir_all(&self.path);
+        if self.removed {
+            return;
+        }
+        let path = std::mem::take(&mut self.path);
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn_blocking(move || remove_tree(&path));
+            }
+            Err(_) => remove_tree(&path),
+        }
     }
+}
+
+fn remove_tree(path: &Path) {
+    // remove_dir_all does not follow symlinks that user code may have left in it.
+    let _ = std::fs::remove_dir_all(path);
 }
 
 /// A directory's identity (device, inode), to recognise it whatever path leads to it.

@@ -19,7 +19,7 @@ pub const BUILTIN: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/builtin
 #[derive(Debug)]
 pub struct Language {
     pub spec: LangSpec,
-    /// `builtin:python.toml` or the path of an override file.
+    /// `builtin:prompts/python.toml` or the path of an override file.
     pub origin: String,
     /// The first of `programs` found on PATH, or why none was.
     pub program: Result<PathBuf, String>,
@@ -336,16 +336,16 @@ impl Registry {
         }
     }
 
-    /// Detect every installed language and wait for all.
+    /// Detect every language, all at once, and return when each is done.
     pub async fn detect_all(&self) {
-        let futs = self.langs.iter().map(|l| l.detect());
-        let mut set = Vec::new();
-        for f in futs {
-            set.push(f);
+        let mut probes = tokio::task::JoinSet::new();
+        for lang in &self.langs {
+            let lang = lang.clone();
+            probes.spawn(async move {
+                lang.detect().await;
+            });
         }
-        for f in set {
-            f.await;
-        }
+        while probes.join_next().await.is_some() {}
     }
 }
 

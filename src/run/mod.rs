@@ -59,6 +59,17 @@ pub(crate) struct Place {
 }
 
 impl Place {
+    /// Remove the directory, then return the uid (its processes are gone by now): blocking
+    /// work, done on the blocking pool.
+    async fn release(self) {
+        let Place { dir, lease, .. } = self;
+        let _ = tokio::task::spawn_blocking(move || {
+            dir.remove_blocking();
+            drop(lease);
+        })
+        .await;
+    }
+
     fn vars<'a>(&'a self, lang: &'a Language) -> [(&'a str, &'a str); 4] {
         [
             ("exe", self.exe_s.as_str()),
@@ -119,7 +130,8 @@ impl Runner {
             },
         };
         let spec = &lang.spec.run;
-        if let Err(e) = std::fs::write(place.dir.path().join(&spec.file), &req.code) {
+        let program = place.dir.path().join(&spec.file);
+        if let Err(e) = tokio::fs::write(program, &req.code).await {
             return fail(report, format!("cannot write the program: {e}"));
         }
         let vars = place.vars(lang);
@@ -156,8 +168,7 @@ impl Runner {
         };
         Self::fill(&mut report, step);
         report.duration_ms = started.elapsed().as_millis() as u64;
-        // The directory, then the uid (its processes are gone by now).
-        drop(place);
+        place.release().await;
         // Replace what this run used (or what the pool dropped), now that the run is over.
         self.refill(lang);
         report

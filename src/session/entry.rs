@@ -75,8 +75,9 @@ pub struct Session {
     pub cwd: PathBuf,
     pub created_at: SystemTime,
     pub idle_timeout: Duration,
-    /// The session's private directory (work and control), removed when dropped.
-    pub(super) _dir: PrivateDir,
+    /// The session's private directory (work, control, out), removed by
+    /// [`dispose`](Self::dispose) or when dropped.
+    pub(super) dir: PrivateDir,
     /// Where the interpreter leaves what it hands back (the figures' PNG files).
     pub(super) out: PathBuf,
     /// The files of `cwd` as the previous evaluation left them; None when change tracking
@@ -93,7 +94,7 @@ pub struct Session {
     pub(super) interrupt: Mutex<Option<CancellationToken>>,
     /// The uid the interpreter runs as; returned (after a sweep) when the session is gone.
     /// Last, so it is dropped after the interpreter.
-    pub(super) _lease: Option<Lease>,
+    pub(super) lease: Option<Lease>,
 }
 
 /// Lock a std mutex, recovering from poisoning (a panic elsewhere must not wedge sessions).
@@ -102,6 +103,21 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Session {
+    /// For a session that is gone: if this is its last reference, remove its directory and
+    /// then return its uid, on the blocking pool, and wait for both; otherwise the last
+    /// holder's drop does it.
+    pub(super) async fn dispose(self: Arc<Self>) {
+        let Ok(session) = Arc::try_unwrap(self) else {
+            return;
+        };
+        let Session { dir, lease, .. } = session;
+        let _ = tokio::task::spawn_blocking(move || {
+            dir.remove_blocking();
+            drop(lease);
+        })
+        .await;
+    }
+
     pub(super) fn touch(&self) {
         *lock(&self.last_used) = (SystemTime::now(), Instant::now());
     }

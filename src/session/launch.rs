@@ -145,7 +145,8 @@ impl SessionManager {
             ],
         );
         let boot_path = ctl.join(&spec.bootstrap_file);
-        std::fs::write(&boot_path, bootstrap)
+        tokio::fs::write(&boot_path, bootstrap)
+            .await
             .map_err(|e| ToolError::internal(format!("cannot write the bootstrap: {e}")))?;
         let exe = exe_path.display().to_string();
         let boot_s = boot_path.display().to_string();
@@ -203,7 +204,7 @@ impl SessionManager {
             cwd: cwd.clone(),
             created_at: now,
             idle_timeout,
-            _dir: dir,
+            dir,
             out,
             files: Mutex::new(baseline),
             interp: tokio::sync::Mutex::new(Some(interp)),
@@ -214,7 +215,7 @@ impl SessionManager {
             gone: Mutex::new(None),
             awaiting: Mutex::new(None),
             interrupt: Mutex::new(None),
-            _lease: lease,
+            lease,
         });
         self.sessions.insert(id.clone(), session);
         Ok(StartReport {

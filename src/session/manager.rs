@@ -103,7 +103,7 @@ impl SessionManager {
             let idle = s.idle_for();
             tracing::info!(session = %s.id, idle_s = idle.as_secs(), "closing idle session");
             self.end(
-                &s,
+                s,
                 Gone::Reaped {
                     at: SystemTime::now(),
                     idle,
@@ -159,7 +159,7 @@ session_close (session_list shows them), or reuse one with session_eval.",
                     let idle = victim.idle_for();
                     tracing::info!(session = %victim.id, "evicting the idlest session");
                     self.end(
-                        &victim,
+                        victim,
                         Gone::Evicted {
                             at: SystemTime::now(),
                             idle,
@@ -257,18 +257,18 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         true
     }
 
-    /// End a session for `how`: forget it and kill its tree.
-    pub(super) async fn end(&self, session: &Session, how: Gone) -> Option<i32> {
-        if !self.mark_gone(session, how) {
+    /// End a session for `how`: forget it, kill its tree, remove its directory.
+    async fn end(&self, session: Arc<Session>, how: Gone) -> Option<i32> {
+        if !self.mark_gone(&session, how) {
             return None;
         }
-        kill_session(session).await
+        finish(session).await
     }
 
     /// Close a session: kill its interpreter's tree and remove its directory.
     pub async fn close(&self, caller: &Caller, id: &str) -> Result<CloseReport, ToolError> {
         let session = self.lookup(caller, id)?;
-        let exit_code = self.end(&session, Gone::Closed).await;
+        let exit_code = self.end(session, Gone::Closed).await;
         Ok(CloseReport {
             session_id: id.to_string(),
             closed: true,
@@ -294,15 +294,21 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         let mut tasks = Vec::new();
         for s in all {
             if self.mark_gone(&s, Gone::Closed) {
-                tasks.push(tokio::spawn(async move {
-                    kill_session(&s).await;
-                }));
+                tasks.push(tokio::spawn(finish(s)));
             }
         }
         for t in tasks {
             let _ = t.await;
         }
     }
+}
+
+/// Kill a gone session's tree; then, unless a call still holds it, remove its directory and
+/// return its uid.
+async fn finish(session: Arc<Session>) -> Option<i32> {
+    let exit_code = kill_session(&session).await;
+    session.dispose().await;
+    exit_code
 }
 
 /// Kill a session's interpreter tree, even while an evaluation holds it.

@@ -239,10 +239,7 @@ mod tests {
                 .unwrap_or(false)
         }));
         // A pipe is not a character device, so it never matches a terminal.
-        assert_eq!(
-            tree_reader(std::process::id(), 0, &[InputWait::Read]),
-            None
-        );
+        assert_eq!(tree_reader(std::process::id(), 0, &[InputWait::Read]), None);
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(b"x\n");
         }

@@ -258,7 +258,7 @@ impl Interp {
             Some(t) => expand(t, &[("code", code), ("n", &n_s)]),
             None => code.to_string(),
         };
-        if let Err(e) = std::fs::write(&cell, body) {
+        if let Err(e) = tokio::fs::write(&cell, body).await {
             return self.fail_now(format!("cannot write the cell file: {e}"));
         }
         let background = {
@@ -341,8 +341,13 @@ impl Interp {
                 .launch
                 .ctl
                 .join(expand(&self.launch.spec.cell_file, &[("n", &n_s)]));
-            let _ = std::fs::remove_file(cell);
-            let _ = std::fs::remove_file(interrupt_flag(&self.launch.ctl, n));
+            let flag = interrupt_flag(&self.launch.ctl, n);
+            // Blocking work, on the blocking pool; nothing waits for it (the next
+            // evaluation has another number).
+            tokio::task::spawn_blocking(move || {
+                let _ = std::fs::remove_file(cell);
+                let _ = std::fs::remove_file(flag);
+            });
         }
         part.finish()
     }

@@ -44,7 +44,7 @@ impl Interp {
         // Tell the bootstrap before interrupting: a REPL that goes on with input it has
         // queued (ghci runs the rest of a macro's commands after "Interrupted.") can look
         // for this file and stop there. Removed when the evaluation ends.
-        let _ = std::fs::write(interrupt_flag(&self.launch.ctl, n), b"");
+        let _ = tokio::fs::write(interrupt_flag(&self.launch.ctl, n), b"").await;
         if !self.send_interrupt().await {
             return match self.wait_exit().await {
                 Ending::Exited(st) => Recovery::Exited(st),
