@@ -11,6 +11,8 @@
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use tokio::task::JoinHandle;
+
 /// The server's root directory (`replbox-XXXX` in the temp dir), removed on drop.
 #[derive(Debug)]
 pub struct Workspace {
@@ -112,9 +114,9 @@ pub fn chown(path: &Path, owner: Option<u32>) -> std::io::Result<()> {
     }
 }
 
-/// A directory removed (with everything in it) when done with: by [`remove`](Self::remove),
-/// or when dropped. Removal is blocking work, so inside the runtime it runs on the blocking
-/// pool, never on an async worker.
+/// A directory removed (with everything in it) when dropped, or by
+/// [`remove_then`](Self::remove_then). Removal is blocking work: inside the runtime it runs
+/// on the blocking pool, never on an async worker.
 #[derive(Debug)]
 pub struct PrivateDir {
     path: PathBuf,
@@ -134,10 +136,25 @@ impl PrivateDir {
         &self.path
     }
 
-    /// Remove the directory now (blocking work).
-    pub fn remove_blocking(mut self) {
+    /// Remove the directory, then drop `after` (what must outlive it, such as the lease of
+    /// the uid that owns it). Inside the runtime both happen on the blocking pool, and the
+    /// task returned ends when they are done; outside it, here.
+    pub fn remove_then<T: Send + 'static>(mut self, after: T) -> Option<JoinHandle<()>> {
         self.removed = true;
-        remove_tree(&self.path);
+        let path = std::mem::take(&mut self.path);
+        off_the_workers(move || {
+            remove_tree(&path);
+            drop(after);
+        })
+    }
+
+    /// Move the directory out, leaving nothing to remove behind (for an owner that orders
+    /// its removal in its own drop).
+    pub fn take(&mut self) -> PrivateDir {
+        PrivateDir {
+            path: std::mem::take(&mut self.path),
+            removed: std::mem::replace(&mut self.removed, true),
+        }
     }
 }
 
@@ -147,11 +164,17 @@ impl Drop for PrivateDir {
             return;
         }
         let path = std::mem::take(&mut self.path);
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn_blocking(move || remove_tree(&path));
-            }
-            Err(_) => remove_tree(&path),
+        off_the_workers(move || remove_tree(&path));
+    }
+}
+
+/// Run blocking `work` on the blocking pool when inside the runtime, else here.
+fn off_the_workers(work: impl FnOnce() + Send + 'static) -> Option<JoinHandle<()>> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => Some(rt.spawn_blocking(work)),
+        Err(_) => {
+            work();
+            None
         }
     }
 }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use axum::routing::get;
@@ -86,49 +86,18 @@ pub async fn serve(
     let local = listener.local_addr()?;
 
     let mcp_ct = CancellationToken::new();
-    let mut rmcp_config = StreamableHttpServerConfig::default()
-        .with_cancellation_token(mcp_ct.child_token())
-        .with_max_request_body_bytes(cfg.http_max_body);
-    // The guard checks Host and Origin first; rmcp checks the same lists again.
-    rmcp_config = match &hosts {
-        HostPolicy::Any => rmcp_config.disable_allowed_hosts(),
-        HostPolicy::List { raw, .. } => rmcp_config.with_allowed_hosts(raw.clone()),
-    };
-    rmcp_config = rmcp_config.with_allowed_origins(cfg.allowed_origins.clone());
-    if cfg.allowed_origins.is_empty() {
-        rmcp_config = rmcp_config.enforce_origin_validation();
-    }
-    let mut manager = LocalSessionManager::default();
-    // An MCP session must outlive the longest evaluation it may be waiting for.
-    let floor = Duration::from_millis(app.config.max_timeout_ms) + Duration::from_secs(60);
-    manager.session_config.keep_alive =
-        Some(Duration::from_secs(cfg.http_session_idle_s).max(floor));
-    let manager = Arc::new(manager);
-    let factory_app = app.clone();
-    let service = StreamableHttpService::new(
-        move || Ok(ReplboxServer::per_request(factory_app.clone())),
-        manager.clone(),
-        rmcp_config,
-    );
-
-    let principals = tokens.principals();
-    let authenticated = !tokens.is_empty();
     let shared = Arc::new(Shared {
         app: app.clone(),
         tokens,
         hosts,
         origins,
         owners: DashMap::new(),
-        mcp: manager,
+        mcp: mcp_sessions(&app, cfg),
         requests: InFlight::default(),
         draining: AtomicBool::new(false),
         started: Instant::now(),
     });
-    let router = Router::new()
-        .route_service("/mcp", service)
-        .route_layer(axum::middleware::from_fn_with_state(shared.clone(), guard))
-        .route("/healthz", get(healthz))
-        .with_state(shared.clone());
+    let router = router(&shared, cfg, mcp_ct.child_token());
 
     let stop_accepting = CancellationToken::new();
     let mut server = tokio::spawn(
@@ -136,22 +105,7 @@ pub async fn serve(
             .with_graceful_shutdown(stop_accepting.clone().cancelled_owned())
             .into_future(),
     );
-    if authenticated {
-        tracing::info!(principals, "bearer-token authentication on");
-    } else {
-        tracing::warn!(
-            "no token configured: every local user and process that can reach {local} can run \
-             code as this user (all as principal \"local\"); give --token or --tokens-file on a \
-             shared host"
-        );
-    }
-    if addr.ip().is_unspecified() && cfg.allowed_hosts.is_empty() {
-        tracing::warn!(
-            "listening on every interface, but only loopback Host headers are accepted: give \
-             the names clients use with --allowed-host (or REPLBOX_ALLOWED_HOSTS)"
-        );
-    }
-    tracing::info!("listening on http://{local}/mcp");
+    announce(&shared.tokens, local, cfg);
     app.start_background();
     let pruner = tokio::spawn(prune_owners(shared.clone()));
 
@@ -166,12 +120,107 @@ pub async fn serve(
             anyhow::bail!("the HTTP server stopped unexpectedly");
         }
     }
+    let t0 = Instant::now();
+    drain(&shared, cfg, &stop_accepting, &mcp_ct).await;
+    pruner.abort();
+    app.shutdown().await;
+    match tokio::time::timeout(Duration::from_secs(3), &mut server).await {
+        Ok(Ok(Err(e))) => tracing::warn!("HTTP server: {e}"),
+        Ok(_) => {}
+        Err(_) => {
+            tracing::warn!("connections still open after shutdown; closing them");
+            server.abort();
+        }
+    }
+    tracing::info!(
+        elapsed_ms = t0.elapsed().as_millis() as u64,
+        "shut down: all sessions closed"
+    );
+    Ok(())
+}
 
-    // Drain: refuse new work, stop accepting connections, let calls in flight finish
-    // (bounded), then end the MCP sessions, close every REPL session and go.
+/// `/mcp` (rmcp's service, one handler per MCP session, behind the guard) and `/healthz`.
+fn router(shared: &Arc<Shared>, cfg: &HttpConfig, cancel: CancellationToken) -> Router {
+    let app = shared.app.clone();
+    let service = StreamableHttpService::new(
+        move || Ok(ReplboxServer::per_request(app.clone())),
+        shared.mcp.clone(),
+        rmcp_config(cfg, &shared.hosts, cancel),
+    );
+    Router::new()
+        .route_service("/mcp", service)
+        .route_layer(axum::middleware::from_fn_with_state(shared.clone(), guard))
+        .route("/healthz", get(healthz))
+        .with_state(shared.clone())
+}
+
+/// rmcp's side of the transport: cancelled with `cancel`, the body size limit, and the same
+/// Host and Origin lists as the guard, which checks them first.
+fn rmcp_config(
+    cfg: &HttpConfig,
+    hosts: &HostPolicy,
+    cancel: CancellationToken,
+) -> StreamableHttpServerConfig {
+    let mut c = StreamableHttpServerConfig::default()
+        .with_cancellation_token(cancel)
+        .with_max_request_body_bytes(cfg.http_max_body);
+    c = match hosts {
+        HostPolicy::Any => c.disable_allowed_hosts(),
+        HostPolicy::List { raw, .. } => c.with_allowed_hosts(raw.clone()),
+    };
+    c = c.with_allowed_origins(cfg.allowed_origins.clone());
+    if cfg.allowed_origins.is_empty() {
+        c = c.enforce_origin_validation();
+    }
+    c
+}
+
+/// rmcp's MCP sessions, kept while idle for `--http-session-idle-s`, and at least as long
+/// as the longest evaluation one may be waiting for.
+fn mcp_sessions(app: &App, cfg: &HttpConfig) -> Arc<LocalSessionManager> {
+    let mut manager = LocalSessionManager::default();
+    let floor = Duration::from_millis(app.config.max_timeout_ms) + Duration::from_secs(60);
+    manager.session_config.keep_alive =
+        Some(Duration::from_secs(cfg.http_session_idle_s).max(floor));
+    Arc::new(manager)
+}
+
+/// Say where the server listens and who can reach it.
+fn announce(tokens: &Tokens, local: SocketAddr, cfg: &HttpConfig) {
+    if tokens.is_empty() {
+        tracing::warn!(
+            "no token configured: every local user and process that can reach {local} can run \
+             code as this user (all as principal \"local\"); give --token or --tokens-file on a \
+             shared host"
+        );
+    } else {
+        tracing::info!(
+            principals = tokens.principals(),
+            "bearer-token authentication on"
+        );
+    }
+    if local.ip().is_unspecified() && cfg.allowed_hosts.is_empty() {
+        tracing::warn!(
+            "listening on every interface, but only loopback Host headers are accepted: give \
+             the names clients use with --allowed-host (or REPLBOX_ALLOWED_HOSTS)"
+        );
+    }
+    tracing::info!("listening on http://{local}/mcp");
+}
+
+/// Drain: refuse new work, stop accepting connections, let calls in flight finish (bounded
+/// by `--drain-timeout-ms`), then cancel the MCP sessions and give the cancelled calls a
+/// moment to stop their children.
+async fn drain(
+    shared: &Shared,
+    cfg: &HttpConfig,
+    stop_accepting: &CancellationToken,
+    mcp_ct: &CancellationToken,
+) {
     let t0 = Instant::now();
     shared.draining.store(true, Ordering::SeqCst);
     stop_accepting.cancel();
+    let app = &shared.app;
     let deadline = t0 + Duration::from_millis(cfg.drain_timeout_ms);
     let busy = || shared.requests.get() + app.calls.get();
     tracing::info!(
@@ -194,21 +243,6 @@ pub async fn serve(
     while app.calls.get() > 0 && Instant::now() < cancel_deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    pruner.abort();
-    app.shutdown().await;
-    match tokio::time::timeout(Duration::from_secs(3), &mut server).await {
-        Ok(Ok(Err(e))) => tracing::warn!("HTTP server: {e}"),
-        Ok(_) => {}
-        Err(_) => {
-            tracing::warn!("connections still open after shutdown; closing them");
-            server.abort();
-        }
-    }
-    tracing::info!(
-        elapsed_ms = t0.elapsed().as_millis() as u64,
-        "shut down: all sessions closed"
-    );
-    Ok(())
 }
 
 /// `host:port` or `ip:port`; a name is resolved and its first address used.
@@ -261,64 +295,9 @@ fn unknown_session() -> Response {
 
 /// In front of `/mcp`: Host, Origin, token, MCP session ownership, in-flight count.
 async fn guard(State(s): State<Arc<Shared>>, mut req: Request, next: Next) -> Response {
-    if s.draining.load(Ordering::SeqCst) {
-        let mut r = plain(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "Service Unavailable: the server is shutting down",
-        );
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return r;
-    }
-    if !s.hosts.allows(req.headers()) {
-        tracing::warn!(
-            host = ?req.headers().get(header::HOST),
-            "refused a request with a Host header that is not allowed"
-        );
-        return plain(
-            StatusCode::FORBIDDEN,
-            "Forbidden: Host header is not allowed",
-        );
-    }
-    if !s.origins.allows(req.headers()) {
-        tracing::warn!(
-            origin = ?req.headers().get(header::ORIGIN),
-            "refused a request with an Origin header that is not allowed"
-        );
-        return plain(
-            StatusCode::FORBIDDEN,
-            "Forbidden: Origin header is not allowed",
-        );
-    }
-    let caller = if s.tokens.is_empty() {
-        Caller::local()
-    } else {
-        let value = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
-        match auth::presented(value) {
-            Presented::Missing => return unauthorized(None),
-            Presented::Malformed => return unauthorized(Some("invalid_request")),
-            Presented::Bearer(token) => match s.tokens.verify(token) {
-                Some(c) => c,
-                None => {
-                    tracing::warn!("refused a request with an unknown token");
-                    return unauthorized(Some("invalid_token"));
-                }
-            },
-        }
-    };
-    // An MCP session id is usable only by the principal that created it.
-    let session = match req.headers().get(SESSION_HEADER) {
-        None => None,
-        Some(v) => match v.to_str() {
-            Ok(id) if s.owners.get(id).is_some_and(|o| *o == caller) => Some(id.to_string()),
-            _ => {
-                tracing::debug!(principal = %caller.principal, "unknown or foreign MCP session id");
-                return unknown_session();
-            }
-        },
+    let (caller, session) = match admit(&s, req.headers()) {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused.response(),
     };
     let method = req.method().clone();
     tracing::debug!(principal = %caller.principal, %method, "MCP request");
@@ -343,6 +322,95 @@ async fn guard(State(s): State<Arc<Shared>>, mut req: Request, next: Next) -> Re
         // Counted until the response body (an SSE stream for a call) is finished.
         Some(g) => response.map(|inner| Body::new(Counted { inner, _guard: g })),
         None => response,
+    }
+}
+
+/// Why the guard refuses a request.
+enum Refused {
+    Draining,
+    Host,
+    Origin,
+    /// No valid token; the `error` of the challenge, if any.
+    Unauthorized(Option<&'static str>),
+    /// A session id that does not exist, or belongs to another principal.
+    UnknownSession,
+}
+
+impl Refused {
+    fn response(self) -> Response {
+        match self {
+            Refused::Draining => {
+                let mut r = plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "Service Unavailable: the server is shutting down",
+                );
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                r
+            }
+            Refused::Host => plain(
+                StatusCode::FORBIDDEN,
+                "Forbidden: Host header is not allowed",
+            ),
+            Refused::Origin => plain(
+                StatusCode::FORBIDDEN,
+                "Forbidden: Origin header is not allowed",
+            ),
+            Refused::Unauthorized(error) => unauthorized(error),
+            Refused::UnknownSession => unknown_session(),
+        }
+    }
+}
+
+/// Whether a request to `/mcp` may go on, and for whom: the server is not draining, Host
+/// and Origin are allowed, the token is valid, and the MCP session it names (if any) was
+/// created by the same principal. The caller and that session id.
+fn admit(s: &Shared, headers: &HeaderMap) -> Result<(Caller, Option<String>), Refused> {
+    if s.draining.load(Ordering::SeqCst) {
+        return Err(Refused::Draining);
+    }
+    if !s.hosts.allows(headers) {
+        tracing::warn!(
+            host = ?headers.get(header::HOST),
+            "refused a request with a Host header that is not allowed"
+        );
+        return Err(Refused::Host);
+    }
+    if !s.origins.allows(headers) {
+        tracing::warn!(
+            origin = ?headers.get(header::ORIGIN),
+            "refused a request with an Origin header that is not allowed"
+        );
+        return Err(Refused::Origin);
+    }
+    let caller = authenticate(&s.tokens, headers)?;
+    // An MCP session id is usable only by the principal that created it.
+    let session = match headers.get(SESSION_HEADER) {
+        None => None,
+        Some(v) => match v.to_str() {
+            Ok(id) if s.owners.get(id).is_some_and(|o| *o == caller) => Some(id.to_string()),
+            _ => {
+                tracing::debug!(principal = %caller.principal, "unknown or foreign MCP session id");
+                return Err(Refused::UnknownSession);
+            }
+        },
+    };
+    Ok((caller, session))
+}
+
+/// The principal of the request's bearer token (`local` when no token is configured).
+fn authenticate(tokens: &Tokens, headers: &HeaderMap) -> Result<Caller, Refused> {
+    if tokens.is_empty() {
+        return Ok(Caller::local());
+    }
+    let value = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    match auth::presented(value) {
+        Presented::Missing => Err(Refused::Unauthorized(None)),
+        Presented::Malformed => Err(Refused::Unauthorized(Some("invalid_request"))),
+        Presented::Bearer(token) => tokens.verify(token).ok_or_else(|| {
+            tracing::warn!("refused a request with an unknown token");
+            Refused::Unauthorized(Some("invalid_token"))
+        }),
     }
 }
 

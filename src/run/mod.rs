@@ -14,13 +14,14 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::exec::Proc;
 use crate::exec::child::{Child, ChildBuilder};
 use crate::lang::{Language, expand, expand_command};
 use crate::progress::Progress;
 use crate::sandbox::{Lease, Sandbox};
 use crate::workspace::{PrivateDir, Workspace};
 pub use report::{Phase, RunReport};
-use supervise::pipes;
+use supervise::{Watch, pipes};
 use warm::WarmPool;
 
 /// What the caller asked for.
@@ -44,10 +45,10 @@ pub struct Runner {
 }
 
 /// Where a run happens: its directory, the uid it runs as (when the server is root), the
-/// interpreter, the build cache and the CPU limit of its processes.
+/// interpreter, the build cache and the CPU limit of its processes. Dropping it removes the
+/// directory, then returns the uid (its processes are gone by then), on the blocking pool.
 pub(crate) struct Place {
     pub(super) dir: PrivateDir,
-    /// After `dir`: the uid goes back to the pool once the directory is removed.
     lease: Option<Lease>,
     exe: PathBuf,
     cache: PathBuf,
@@ -58,16 +59,18 @@ pub(crate) struct Place {
     cache_s: String,
 }
 
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.dir.take().remove_then(self.lease.take());
+    }
+}
+
 impl Place {
-    /// Remove the directory, then return the uid (its processes are gone by now): blocking
-    /// work, done on the blocking pool.
-    async fn release(self) {
-        let Place { dir, lease, .. } = self;
-        let _ = tokio::task::spawn_blocking(move || {
-            dir.remove_blocking();
-            drop(lease);
-        })
-        .await;
+    /// Drop the place and wait until its directory is removed and its uid returned.
+    async fn release(mut self) {
+        if let Some(task) = self.dir.take().remove_then(self.lease.take()) {
+            let _ = task.await;
+        }
     }
 
     fn vars<'a>(&'a self, lang: &'a Language) -> [(&'a str, &'a str); 4] {
@@ -81,6 +84,8 @@ impl Place {
 }
 
 impl Runner {
+    /// Run `req` once: in a pooled interpreter when the pool can honour it, else in a fresh
+    /// place; compile first for compiled languages.
     pub async fn run(
         &self,
         lang: &Arc<Language>,
@@ -89,45 +94,21 @@ impl Runner {
         progress: Option<&Progress>,
     ) -> RunReport {
         let started = Instant::now();
-        let deadline = tokio::time::Instant::from_std(started + req.timeout);
-        let mut report = RunReport {
-            language: lang.id().to_string(),
-            stdout: String::new(),
-            stderr: String::new(),
-            exit_code: None,
-            signal: None,
-            timed_out: false,
-            duration_ms: 0,
-            truncated: false,
-            phase: Phase::Run,
-            error: None,
-            sandbox: self.sandbox.level,
+        let watch = Watch {
+            deadline: tokio::time::Instant::from_std(started + req.timeout),
+            cancel,
+            progress,
         };
+        let mut report = RunReport::new(lang.id(), self.sandbox.level);
         let fail = |mut r: RunReport, msg: String| {
             r.error = Some(msg);
             r.duration_ms = started.elapsed().as_millis() as u64;
             r
         };
-        let Some(detected) = lang.detect().await else {
-            return fail(report, format!("{} is not installed", lang.id()));
-        };
-        if !self.sandbox.can_run(&detected.exe) {
-            let why = self.sandbox.cannot_run_reason(&detected.exe);
-            return fail(report, why);
-        }
         let cpu_s = self.cpu_limit(req.timeout);
-        // A pooled interpreter when the pool can honour the request, else a cold start.
-        let warm = if self.poolable(lang, &req, cpu_s) {
-            self.pool.take(lang.id())
-        } else {
-            None
-        };
-        let (place, warm) = match warm {
-            Some(w) => (w.place, Some(w.proc)),
-            None => match self.place(lang, &detected.exe, cpu_s) {
-                Ok(p) => (p, None),
-                Err(e) => return fail(report, e),
-            },
+        let (place, warm) = match self.place_for(lang, &req, cpu_s).await {
+            Ok(p) => p,
+            Err(e) => return fail(report, e),
         };
         let spec = &lang.spec.run;
         let program = place.dir.path().join(&spec.file);
@@ -136,11 +117,10 @@ impl Runner {
         }
         let vars = place.vars(lang);
         let child = self.child(&place, lang, &req.env);
-
         if let Some(compile) = &spec.compile {
             let argv = expand_command(compile, &vars, &[]);
             let spawn = pipes(argv, &child, place.dir.path());
-            let step = self.step(spawn, None, deadline, cancel, progress).await;
+            let step = self.step(spawn, None, watch).await;
             let ok = step.status.is_some_and(|s| s.success()) && !step.timed_out;
             if !ok || step.cancelled || step.spawn_error.is_some() {
                 report.phase = Phase::Compile;
@@ -158,12 +138,11 @@ impl Runner {
                 let env = child.env.merged();
                 let mut data = warm::request(&spec.file, cpu_s, req.args.len(), &argv, &env);
                 data.extend_from_slice(&input);
-                self.supervise(proc, data, deadline, cancel, progress).await
+                self.supervise(proc, data, watch).await
             }
             None => {
                 let spawn = pipes(argv, &child, place.dir.path());
-                self.step(spawn, Some(input), deadline, cancel, progress)
-                    .await
+                self.step(spawn, Some(input), watch).await
             }
         };
         Self::fill(&mut report, step);
@@ -172,6 +151,31 @@ impl Runner {
         // Replace what this run used (or what the pool dropped), now that the run is over.
         self.refill(lang);
         report
+    }
+
+    /// Where to run: a pooled interpreter's place when the pool can honour the request
+    /// (with the interpreter), else a fresh one.
+    async fn place_for(
+        &self,
+        lang: &Language,
+        req: &RunRequest,
+        cpu_s: u64,
+    ) -> Result<(Place, Option<Proc>), String> {
+        let Some(detected) = lang.detect().await else {
+            return Err(format!("{} is not installed", lang.id()));
+        };
+        if !self.sandbox.can_run(&detected.exe) {
+            return Err(self.sandbox.cannot_run_reason(&detected.exe));
+        }
+        let warm = if self.poolable(lang, req, cpu_s) {
+            self.pool.take(lang.id())
+        } else {
+            None
+        };
+        match warm {
+            Some(w) => Ok((w.place, Some(w.proc))),
+            None => Ok((self.place(lang, &detected.exe, cpu_s)?, None)),
+        }
     }
 
     /// RLIMIT_CPU of a run's processes.

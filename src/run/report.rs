@@ -41,6 +41,23 @@ pub struct RunReport {
 }
 
 impl RunReport {
+    /// A report for a run of `language` under `sandbox` that has not happened yet.
+    pub(super) fn new(language: &str, sandbox: Level) -> Self {
+        Self {
+            language: language.to_string(),
+            stdout: String::new(),
+            stderr: String::new(),
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            duration_ms: 0,
+            truncated: false,
+            phase: Phase::Run,
+            error: None,
+            sandbox,
+        }
+    }
+
     /// The program ran and exited 0.
     pub fn success(&self) -> bool {
         self.exit_code == Some(0)

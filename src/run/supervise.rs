@@ -14,6 +14,15 @@ use crate::exec::{self, SpawnSpec, Stdio3};
 use crate::output::HeadTail;
 use crate::progress::Progress;
 
+/// What a step is watched for: its deadline, the call's cancellation, and whom to tell
+/// its progress.
+#[derive(Clone, Copy)]
+pub(super) struct Watch<'a> {
+    pub(super) deadline: tokio::time::Instant,
+    pub(super) cancel: &'a CancellationToken,
+    pub(super) progress: Option<&'a Progress>,
+}
+
 pub(super) struct Step {
     pub(super) status: Option<std::process::ExitStatus>,
     stdout: HeadTail,
@@ -52,16 +61,11 @@ impl Runner {
         &self,
         spec: SpawnSpec,
         stdin: Option<Vec<u8>>,
-        deadline: tokio::time::Instant,
-        cancel: &CancellationToken,
-        progress: Option<&Progress>,
+        watch: Watch<'_>,
     ) -> Step {
         let program = spec.argv.first().cloned().unwrap_or_default();
         match exec::spawn(&self.sandbox, spec) {
-            Ok(proc) => {
-                self.supervise(proc, stdin.unwrap_or_default(), deadline, cancel, progress)
-                    .await
-            }
+            Ok(proc) => self.supervise(proc, stdin.unwrap_or_default(), watch).await,
             Err(e) => {
                 let mut step = self.empty_step();
                 step.spawn_error = Some(format!("failed to start {program}: {e}"));
@@ -88,10 +92,13 @@ impl Runner {
         &self,
         mut proc: exec::Proc,
         stdin: Vec<u8>,
-        deadline: tokio::time::Instant,
-        cancel: &CancellationToken,
-        progress: Option<&Progress>,
+        watch: Watch<'_>,
     ) -> Step {
+        let Watch {
+            deadline,
+            cancel,
+            progress,
+        } = watch;
         let cap = self.config.output_cap;
         let mut step = self.empty_step();
         if let Some(mut pipe) = proc.child.stdin.take() {

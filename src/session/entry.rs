@@ -92,8 +92,8 @@ pub struct Session {
     pub(super) awaiting: Mutex<Option<Awaiting>>,
     /// Interrupts the evaluation in flight (session_interrupt from another call).
     pub(super) interrupt: Mutex<Option<CancellationToken>>,
-    /// The uid the interpreter runs as; returned (after a sweep) when the session is gone.
-    /// Last, so it is dropped after the interpreter.
+    /// The uid the interpreter runs as; returned (after a sweep) when the session is gone,
+    /// after the interpreter and the directory (see [`release`](Self::release)).
     pub(super) lease: Option<Lease>,
 }
 
@@ -102,20 +102,30 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 impl Session {
     /// For a session that is gone: if this is its last reference, remove its directory and
     /// then return its uid, on the blocking pool, and wait for both; otherwise the last
     /// holder's drop does it.
     pub(super) async fn dispose(self: Arc<Self>) {
-        let Ok(session) = Arc::try_unwrap(self) else {
+        let Ok(mut session) = Arc::try_unwrap(self) else {
             return;
         };
-        let Session { dir, lease, .. } = session;
-        let _ = tokio::task::spawn_blocking(move || {
-            dir.remove_blocking();
-            drop(lease);
-        })
-        .await;
+        if let Some(task) = session.release() {
+            let _ = task.await;
+        }
+    }
+
+    /// The interpreter first (its tree told to go, the lease marked for a sweep when it
+    /// was still there), then the directory, then the uid.
+    fn release(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        drop(self.interp.get_mut().take());
+        self.dir.take().remove_then(self.lease.take())
     }
 
     pub(super) fn touch(&self) {

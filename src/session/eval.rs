@@ -9,9 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::entry::{Awaiting, Busy, Gone, Session, lock};
 use super::interp::{Ending, Interp, Outcome};
 use super::manager::SessionManager;
-use super::report::{
-    ErrorInfo, EvalReport, EvalStatus, InterruptReport, apply_marker, marker_images,
-};
+use super::report::{EvalReport, InterruptReport, apply_ending};
 use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 use crate::progress::Progress;
@@ -206,44 +204,12 @@ file in the session's directory and read it from there instead",
         report.output = outcome.output.text;
         report.truncated = outcome.output.omitted > 0;
         report.duration_ms = started.elapsed().as_millis() as u64;
-        let error_pattern = session.lang.error_pattern();
+        apply_ending(&mut report, &outcome.ending, session.lang.error_pattern());
         match outcome.ending {
-            Ending::Done(marker) => apply_marker(&mut report, &marker, error_pattern),
-            Ending::TimedOut { marker } => {
-                report.status = EvalStatus::Timeout;
-                // The interrupted code may still have drawn figures before its marker.
-                if let Some(m) = marker {
-                    (report.pending_images, report.images_omitted) = marker_images(&m);
-                }
-            }
-            Ending::Cancelled => {
-                report.status = EvalStatus::Error;
-                report.error = Some(ErrorInfo {
-                    kind: "Interrupted".into(),
-                    message: "interrupted on request; the session keeps its state".into(),
-                });
-            }
             Ending::Restarted { reason } => {
-                report.status = EvalStatus::Timeout;
-                report.restarted = Some(true);
                 tracing::warn!(session = %session.id, %reason, "interpreter restarted");
             }
-            Ending::Incomplete => {
-                report.status = EvalStatus::Error;
-                report.error = Some(ErrorInfo {
-                    kind: "IncompleteInput".into(),
-                    message: "the REPL expected more input".into(),
-                });
-            }
-            Ending::Failed(reason) => {
-                report.status = EvalStatus::Error;
-                report.error = Some(ErrorInfo {
-                    kind: "ReplboxError".into(),
-                    message: reason,
-                });
-            }
             Ending::AwaitingInput => {
-                report.status = EvalStatus::AwaitingInput;
                 let prompt = report
                     .output
                     .rsplit('\n')
@@ -254,13 +220,7 @@ file in the session's directory and read it from there instead",
                     .collect();
                 *lock(&session.awaiting) = Some(Awaiting { eval_id, prompt });
             }
-            Ending::Exited(status) => {
-                report.status = EvalStatus::Exited;
-                if let Some(st) = status {
-                    let (code, sig) = crate::exec::describe_status(&st);
-                    report.exit_code = code;
-                    report.signal = sig;
-                }
+            Ending::Exited(_) => {
                 *guard = None;
                 self.mark_gone(
                     session,
@@ -270,6 +230,7 @@ file in the session's directory and read it from there instead",
                     },
                 );
             }
+            _ => {}
         }
         if let Some(i) = guard.as_ref() {
             session.pid.store(i.pid as u64, Ordering::Relaxed);

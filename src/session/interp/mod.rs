@@ -10,14 +10,13 @@ mod recover;
 mod stream;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::scan::{EndMarker, Scanner};
+use super::scan::EndMarker;
 use super::stdin_wait;
 use crate::exec::child::ChildEnv;
 use crate::exec::pty::{self, PtyMaster};
@@ -27,8 +26,7 @@ use crate::lang::{SessionSpec, expand};
 use crate::output::{Rendered, Renderer};
 use crate::progress::Progress;
 use crate::sandbox::{Jail, Sandbox};
-use recover::Recovery;
-use stream::{Check, Shared, StreamState, read_loop};
+use stream::{Check, Shared, read_loop};
 
 /// How to (re)start the interpreter.
 #[derive(Debug, Clone)]
@@ -108,47 +106,8 @@ impl Drop for Interp {
 impl Interp {
     /// Start the interpreter and wait until it has answered an empty evaluation.
     pub async fn start(launch: Arc<Launch>, timeout: Duration) -> Result<Self, String> {
-        let (master, slave) = pty::open().map_err(|e| format!("cannot open a terminal: {e}"))?;
-        let tty = pty::rdev(&slave).map_err(|e| format!("cannot inspect the terminal: {e}"))?;
-        // The terminal belongs to the user the session runs as (as login programs do), so the
-        // interpreter can reopen it (node's bootstrap does, through /proc/self/fd/0).
-        if let Some(uid) = launch.jail.uid {
-            pty::give_to(&slave, uid, uid)
-                .map_err(|e| format!("cannot give the terminal to uid {uid}: {e}"))?;
-        }
-        let proc = exec::spawn(
-            &launch.sandbox,
-            SpawnSpec {
-                argv: launch.argv.clone(),
-                env: launch.env.merged(),
-                cwd: launch.cwd.clone(),
-                stdio: Stdio3::Pty(slave),
-                jail: launch.jail.clone(),
-            },
-        )
-        .map_err(|e| format!("cannot start {}: {e}", launch.argv[0]))?;
-        let spec = &launch.spec;
-        let shared = Arc::new(Shared {
-            state: Mutex::new(StreamState {
-                scanner: Scanner::new(
-                    &launch.nonce,
-                    &expand(&spec.prompt, &[("nonce", &launch.nonce)]),
-                    spec.continuation
-                        .as_deref()
-                        .map(|c| expand(c, &[("nonce", &launch.nonce)]))
-                        .as_deref(),
-                ),
-                current: None,
-                out: Renderer::new(launch.output_cap),
-                started: None,
-                end: None,
-                background: Renderer::new(launch.output_cap / 4),
-                prompts: 0,
-                continuation: false,
-                closed: false,
-            }),
-            tick: watch::channel(0).0,
-        });
+        let (proc, master, tty) = spawn_on_pty(&launch)?;
+        let shared = Arc::new(Shared::new(&launch));
         let master = Arc::new(master);
         let reader = tokio::spawn(read_loop(master.clone(), shared.clone()));
         let helper_pid = proc.pid;
@@ -165,43 +124,41 @@ impl Interp {
             paused: None,
             in_sync: false,
         };
-        for line in &me.launch.spec.init {
-            let line = expand(
-                line,
-                &[
-                    ("nonce", &me.launch.nonce),
-                    ("ctl", &path_str(&me.launch.ctl)),
-                ],
-            );
-            me.type_line(&line).await?;
+        me.ready(timeout).await?;
+        Ok(me)
+    }
+
+    /// Type the language's init lines and wait for the answer to an empty evaluation; when
+    /// none comes, kill the tree and say what it printed.
+    async fn ready(&mut self, timeout: Duration) -> Result<(), String> {
+        let ctl = path_str(&self.launch.ctl);
+        for line in &self.launch.spec.init {
+            let line = expand(line, &[("nonce", &self.launch.nonce), ("ctl", &ctl)]);
+            self.type_line(&line).await?;
         }
         let deadline = Instant::now() + timeout;
         let never = CancellationToken::new();
-        let ready = me.sync(deadline, &never).await;
-        match ready.ending {
+        let ready = self.sync(deadline, &never).await;
+        let what = match ready.ending {
             Ending::Done(_) => {
-                me.pid = me.proc.program_pid().unwrap_or(helper_pid);
+                self.pid = self.proc.program_pid().unwrap_or(self.helper_pid);
                 // Whatever the interpreter printed while starting (banners) is not output.
-                me.shared.lock().background = Renderer::new(me.launch.output_cap / 4);
-                Ok(me)
+                self.shared.lock().background = Renderer::new(self.launch.output_cap / 4);
+                return Ok(());
             }
-            other => {
-                tracing::warn!(tree = %describe_tree(helper_pid), "interpreter did not start");
-                me.kill().await;
-                let what = match other {
-                    Ending::Exited(Some(st)) => format!("exited ({st})"),
-                    Ending::Exited(None) => "exited".to_string(),
-                    Ending::Failed(e) => format!("could not be driven ({e})"),
-                    _ => format!("did not answer within {} ms", timeout.as_millis()),
-                };
-                let output = ready.output.text.trim().to_string();
-                Err(if output.is_empty() {
-                    format!("the interpreter {what} while starting")
-                } else {
-                    format!("the interpreter {what} while starting. It printed:\n{output}")
-                })
-            }
-        }
+            Ending::Exited(Some(st)) => format!("exited ({st})"),
+            Ending::Exited(None) => "exited".to_string(),
+            Ending::Failed(e) => format!("could not be driven ({e})"),
+            _ => format!("did not answer within {} ms", timeout.as_millis()),
+        };
+        tracing::warn!(tree = %describe_tree(self.helper_pid), "interpreter did not start");
+        self.kill().await;
+        let output = ready.output.text.trim().to_string();
+        Err(if output.is_empty() {
+            format!("the interpreter {what} while starting")
+        } else {
+            format!("the interpreter {what} while starting. It printed:\n{output}")
+        })
     }
 
     async fn type_line(&self, line: &str) -> Result<(), String> {
@@ -316,11 +273,7 @@ impl Interp {
         let Some(n) = self.paused.take() else {
             return self.fail_now("no evaluation is waiting for input".into());
         };
-        let ending = match self.interrupt_and_recover(n).await {
-            Recovery::Back(_) => Ending::Cancelled,
-            Recovery::Exited(st) => Ending::Exited(st),
-            Recovery::Restarted(reason) => Ending::Restarted { reason },
-        };
+        let ending = self.interrupt_and_recover(n).await.ending(false);
         let output = self.end_part(n, &ending);
         Outcome { ending, output }
     }
@@ -374,12 +327,12 @@ impl Interp {
         let mut input_poll = tokio::time::interval_at(now + INPUT_POLL, INPUT_POLL);
         input_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut progress_tick = tokio::time::interval_at(now + PROGRESS_EVERY, PROGRESS_EVERY);
+        progress_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // A first sighting of "waiting for input", with the output version at that moment:
         // confirmed only if the next poll sees the same with no output in between. Runtimes
         // arm their terminal reads briefly while doing other things (ghci while it prints);
         // a program that waits for input stays silent and stays waiting.
         let mut suspected: Option<u64> = None;
-        progress_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             match self.check(n) {
                 Check::End(end) => return Ending::Done(end),
@@ -399,26 +352,10 @@ impl Interp {
                     }
                 }
                 _ = input_poll.tick() => {
-                    // The helper's own exit is the authority on the tree being gone, whatever
-                    // else may still hold the terminal open.
-                                        if let Ok(Some(_)) = self.proc.child.try_wait() {
-                        self.settle().await;
-                        if let Check::End(end) = self.check(n) {
-                            return Ending::Done(end);
-                        }
-                        // The exact status (the helper's record, not bwrap's summary).
-                        return self.wait_exit().await;
-                    }
-                                                            let version = *rx.borrow();
-                    if detect_input && self.running_user_code(n) && self.waits_for_input()
-                        && self.nothing_unread(n)
-                    {
-                        if suspected == Some(version) {
-                            return Ending::AwaitingInput;
-                        }
-                        suspected = Some(version);
-                    } else {
-                        suspected = None;
+                    let version = *rx.borrow();
+                    let polled = self.poll(n, detect_input, version, &mut suspected).await;
+                    if let Some(ending) = polled {
+                        return ending;
                     }
                 }
                 _ = progress_tick.tick(), if progress.is_some() => {
@@ -426,28 +363,58 @@ impl Interp {
                         report(self.last_line());
                     }
                 }
-                                _ = tokio::time::sleep_until(deadline) => {
-                    if self.in_sync {
-                        return Ending::TimedOut { marker: None };
-                    }
-                    return match self.interrupt_and_recover(n).await {
-                        Recovery::Back(marker) => Ending::TimedOut { marker },
-                        Recovery::Exited(st) => Ending::Exited(st),
-                        Recovery::Restarted(reason) => Ending::Restarted { reason },
-                    };
-                }
-                                _ = cancel.cancelled() => {
-                    if self.in_sync {
-                        return Ending::Cancelled;
-                    }
-                    return match self.interrupt_and_recover(n).await {
-                        Recovery::Back(_) => Ending::Cancelled,
-                        Recovery::Exited(st) => Ending::Exited(st),
-                        Recovery::Restarted(reason) => Ending::Restarted { reason },
-                    };
-                }
+                _ = tokio::time::sleep_until(deadline) => return self.stop(n, true).await,
+                _ = cancel.cancelled() => return self.stop(n, false).await,
             }
         }
+    }
+
+    /// One poll of evaluation `n`'s processes: the end of the tree, or the code waiting for
+    /// input, seen on two polls in a row at the same output `version` (`suspected` keeps
+    /// the version of the first sighting).
+    async fn poll(
+        &mut self,
+        n: u64,
+        detect_input: bool,
+        version: u64,
+        suspected: &mut Option<u64>,
+    ) -> Option<Ending> {
+        // The helper's own exit is the authority on the tree being gone, whatever else may
+        // still hold the terminal open.
+        if let Ok(Some(_)) = self.proc.child.try_wait() {
+            self.settle().await;
+            if let Check::End(end) = self.check(n) {
+                return Some(Ending::Done(end));
+            }
+            // The exact status (the helper's record, not bwrap's summary).
+            return Some(self.wait_exit().await);
+        }
+        if detect_input
+            && self.running_user_code(n)
+            && self.waits_for_input()
+            && self.nothing_unread(n)
+        {
+            if *suspected == Some(version) {
+                return Some(Ending::AwaitingInput);
+            }
+            *suspected = Some(version);
+        } else {
+            *suspected = None;
+        }
+        None
+    }
+
+    /// The deadline passed (`timed_out`) or the call was cancelled: interrupt evaluation
+    /// `n` and get the REPL back. An internal evaluation does not recover by itself.
+    async fn stop(&mut self, n: u64, timed_out: bool) -> Ending {
+        if self.in_sync {
+            return if timed_out {
+                Ending::TimedOut { marker: None }
+            } else {
+                Ending::Cancelled
+            };
+        }
+        self.interrupt_and_recover(n).await.ending(timed_out)
     }
 
     /// Let the reader deliver what is still buffered: return once nothing new has arrived
@@ -518,6 +485,31 @@ impl Interp {
     pub fn last_line(&self) -> String {
         self.shared.lock().out.last_line()
     }
+}
+
+/// Start the interpreter on a new terminal: its master side, and the terminal's device
+/// number (to recognise a process reading it).
+fn spawn_on_pty(launch: &Launch) -> Result<(Proc, PtyMaster, u64), String> {
+    let (master, slave) = pty::open().map_err(|e| format!("cannot open a terminal: {e}"))?;
+    let tty = pty::rdev(&slave).map_err(|e| format!("cannot inspect the terminal: {e}"))?;
+    // The terminal belongs to the user the session runs as (as login programs do), so the
+    // interpreter can reopen it (node's bootstrap does, through /proc/self/fd/0).
+    if let Some(uid) = launch.jail.uid {
+        pty::give_to(&slave, uid, uid)
+            .map_err(|e| format!("cannot give the terminal to uid {uid}: {e}"))?;
+    }
+    let proc = exec::spawn(
+        &launch.sandbox,
+        SpawnSpec {
+            argv: launch.argv.clone(),
+            env: launch.env.merged(),
+            cwd: launch.cwd.clone(),
+            stdio: Stdio3::Pty(slave),
+            jail: launch.jail.clone(),
+        },
+    )
+    .map_err(|e| format!("cannot start {}: {e}", launch.argv[0]))?;
+    Ok((proc, master, tty))
 }
 
 /// The file that exists in the control directory while evaluation `n` is being interrupted.

@@ -143,3 +143,16 @@ pub(super) enum Recovery {
     Exited(Option<std::process::ExitStatus>),
     Restarted(String),
 }
+
+impl Recovery {
+    /// How the evaluation ended, after an interrupt for its deadline (`timed_out`) or for a
+    /// cancel.
+    pub(super) fn ending(self, timed_out: bool) -> Ending {
+        match self {
+            Recovery::Back(marker) if timed_out => Ending::TimedOut { marker },
+            Recovery::Back(_) => Ending::Cancelled,
+            Recovery::Exited(st) => Ending::Exited(st),
+            Recovery::Restarted(reason) => Ending::Restarted { reason },
+        }
+    }
+}

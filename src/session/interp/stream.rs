@@ -5,8 +5,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::watch;
 
-use super::Interp;
+use super::{Interp, Launch};
 use crate::exec::pty::{PtyMaster, ReadOutcome};
+use crate::lang::expand;
 use crate::output::Renderer;
 use crate::session::scan::{EndMarker, Event, Scanner};
 
@@ -32,6 +33,32 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// The state of a fresh interpreter's stream: nothing in flight, the prompt and
+    /// continuation patterns of its language with its nonce.
+    pub(super) fn new(launch: &Launch) -> Self {
+        let spec = &launch.spec;
+        let nonce = [("nonce", launch.nonce.as_str())];
+        let continuation = spec.continuation.as_deref().map(|c| expand(c, &nonce));
+        Shared {
+            state: Mutex::new(StreamState {
+                scanner: Scanner::new(
+                    &launch.nonce,
+                    &expand(&spec.prompt, &nonce),
+                    continuation.as_deref(),
+                ),
+                current: None,
+                out: Renderer::new(launch.output_cap),
+                started: None,
+                end: None,
+                background: Renderer::new(launch.output_cap / 4),
+                prompts: 0,
+                continuation: false,
+                closed: false,
+            }),
+            tick: watch::channel(0).0,
+        }
+    }
+
     pub(super) fn lock(&self) -> MutexGuard<'_, StreamState> {
         // A panic while holding this lock would be a bug in this module; keep serving.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
