@@ -140,6 +140,10 @@ impl PrivateDir {
     /// the uid that owns it). Inside the runtime both happen on the blocking pool, and the
     /// task returned ends when they are done; outside it, here.
     pub fn remove_then<T: Send + 'static>(mut self, after: T) -> Option<JoinHandle<()>> {
+        if self.removed {
+            drop(after);
+            return None;
+        }
         self.removed = true;
         let path = std::mem::take(&mut self.path);
         off_the_workers(move || {
@@ -308,6 +312,42 @@ pub fn read_capped(file: std::fs::File, cap: u64) -> std::io::Result<Result<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_private_dir_dropped_outside_the_runtime_is_removed_at_once() {
+        let parent = tempfile::tempdir().unwrap();
+        let ws = Workspace::new(Some(parent.path())).unwrap();
+        let dir = ws.new_run_dir(None).unwrap();
+        let path = dir.path().to_path_buf();
+        std::fs::write(path.join("f"), "x").unwrap();
+        drop(dir);
+        assert!(!path.exists());
+    }
+
+    #[tokio::test]
+    async fn a_private_dir_is_removed_before_what_must_outlive_it() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        /// Records, when dropped, whether the directory was gone by then.
+        struct After(PathBuf, Arc<AtomicBool>);
+        impl Drop for After {
+            fn drop(&mut self) {
+                self.1.store(!self.0.exists(), Ordering::SeqCst);
+            }
+        }
+        let parent = tempfile::tempdir().unwrap();
+        let ws = Workspace::new(Some(parent.path())).unwrap();
+        let dir = ws.new_run_dir(None).unwrap();
+        let path = dir.path().to_path_buf();
+        std::fs::write(path.join("f"), "x").unwrap();
+        let gone_first = Arc::new(AtomicBool::new(false));
+        let task = dir.remove_then(After(path.clone(), gone_first.clone()));
+        task.expect("inside the runtime: a blocking task")
+            .await
+            .unwrap();
+        assert!(!path.exists());
+        assert!(gone_first.load(Ordering::SeqCst));
+    }
 
     #[test]
     fn relative_paths_are_checked() {
