@@ -7,6 +7,15 @@ use std::path::{Path, PathBuf};
 use super::env as cenv;
 use crate::sandbox::{Jail, Lease, Sandbox};
 
+/// Check a caller's variables before anything is started: names must be non-empty and hold
+/// neither `=` nor NUL, values no NUL.
+pub fn check_caller_env(vars: &BTreeMap<String, String>) -> Result<(), String> {
+    for (k, v) in vars {
+        cenv::validate_name(k).and_then(|_| cenv::validate_value(k, v))?;
+    }
+    Ok(())
+}
+
 /// A child's environment in two layers, kept apart until the spawn: what the server builds,
 /// and what the caller asked for (which must reach only the final program, after
 /// confinement).

@@ -48,11 +48,6 @@ calls; use session_start/session_eval to keep state.",
             .registry
             .get(&p.language_id)
             .map_err(|e| self.lookup_error(&e))?;
-        for (k, v) in &p.env {
-            crate::exec::env::validate_name(k)
-                .and_then(|_| crate::exec::env::validate_value(k, v))
-                .map_err(ToolError::invalid)?;
-        }
         let timeout = self.app.config.timeout(p.timeout_ms);
         let req = RunRequest {
             code: p.code,
@@ -61,6 +56,7 @@ calls; use session_start/session_eval to keep state.",
             env: p.env,
             timeout,
         };
+        req.check()?;
         let progress = progress_reporter(&ctx, timeout);
         let report = self
             .app

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::error::ToolError;
 use crate::exec::Proc;
-use crate::exec::child::{Child, ChildBuilder};
+use crate::exec::child::{Child, ChildBuilder, check_caller_env};
 use crate::lang::{Language, expand, expand_command};
 use crate::progress::Progress;
 use crate::sandbox::{Lease, Sandbox};
@@ -32,6 +33,13 @@ pub struct RunRequest {
     pub args: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub timeout: Duration,
+}
+
+impl RunRequest {
+    /// Refuse what no run can take: an invalid environment variable.
+    pub(crate) fn check(&self) -> Result<(), ToolError> {
+        check_caller_env(&self.env).map_err(ToolError::invalid)
+    }
 }
 
 /// Runs programs. Cheap to clone; every call is independent.

@@ -14,8 +14,7 @@ use super::interp::{Interp, Launch};
 use super::manager::SessionManager;
 use super::report::StartReport;
 use crate::error::{ErrorKind, ToolError};
-use crate::exec::child::ChildBuilder;
-use crate::exec::env as cenv;
+use crate::exec::child::{ChildBuilder, check_caller_env};
 use crate::identity::Caller;
 use crate::lang::{Detected, Language, LookupError, SessionSpec, expand, expand_command};
 use crate::sandbox::Lease;
@@ -63,11 +62,7 @@ impl SessionManager {
     ) -> Result<StartReport, ToolError> {
         let _slot = self.admit(caller).await?;
         let (lang, spec) = self.session_language(&req.language)?;
-        for (k, v) in &req.env {
-            cenv::validate_name(k)
-                .and_then(|_| cenv::validate_value(k, v))
-                .map_err(ToolError::invalid)?;
-        }
+        check_caller_env(&req.env).map_err(ToolError::invalid)?;
         let caller_cwd = self.caller_cwd(req.cwd.as_deref())?;
         let it = self.interpreter(lang, spec).await?;
         let lease = self
