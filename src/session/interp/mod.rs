@@ -93,6 +93,9 @@ pub struct Interp {
     paused: Option<u64>,
     /// An internal evaluation is running (see [`sync`](Self::sync)).
     in_sync: bool,
+    /// Files of finished evaluations (cells, interrupt flags), removed with the next cell's
+    /// write: one trip to the blocking pool per evaluation.
+    finished: Vec<PathBuf>,
 }
 
 const SYNC_BASE: u64 = 1 << 40;
@@ -123,6 +126,7 @@ impl Interp {
             tty,
             paused: None,
             in_sync: false,
+            finished: Vec::new(),
         };
         me.ready(timeout).await?;
         Ok(me)
@@ -215,7 +219,17 @@ impl Interp {
             Some(t) => expand(t, &[("code", code), ("n", &n_s)]),
             None => code.to_string(),
         };
-        if let Err(e) = tokio::fs::write(&cell, body).await {
+        let finished = std::mem::take(&mut self.finished);
+        let path = cell.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            for f in finished {
+                let _ = std::fs::remove_file(f);
+            }
+            std::fs::write(path, body)
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        if let Err(e) = written {
             return self.fail_now(format!("cannot write the cell file: {e}"));
         }
         let background = {
@@ -294,13 +308,8 @@ impl Interp {
                 .launch
                 .ctl
                 .join(expand(&self.launch.spec.cell_file, &[("n", &n_s)]));
-            let flag = interrupt_flag(&self.launch.ctl, n);
-            // Blocking work, on the blocking pool; nothing waits for it (the next
-            // evaluation has another number).
-            tokio::task::spawn_blocking(move || {
-                let _ = std::fs::remove_file(cell);
-                let _ = std::fs::remove_file(flag);
-            });
+            self.finished.push(cell);
+            self.finished.push(interrupt_flag(&self.launch.ctl, n));
         }
         part.finish()
     }
