@@ -224,9 +224,8 @@ impl SessionManager {
         // Handles on the session's own directories, opened with the server's rights: every
         // directory on the way is the server's, so nothing user code made is followed.
         let own = |p: &Path| {
-            hostfs::open_dir_path(p).map_err(|e| {
-                ToolError::internal(format!("cannot open the session directory: {e}"))
-            })
+            hostfs::open_dir_path(p)
+                .map_err(|e| ToolError::internal(format!("cannot open the session directory: {e}")))
         };
         let (work_fd, out_fd) = (own(&work)?, own(&out)?);
         let prepared = hostfs::as_uid(uid, {
@@ -240,10 +239,7 @@ impl SessionManager {
         let dirs = Dirs {
             ctl: dir.path().join("ctl"),
             out,
-            cwd: prepared
-                .caller_cwd
-                .clone()
-                .unwrap_or_else(|| work.clone()),
+            cwd: prepared.caller_cwd.clone().unwrap_or_else(|| work.clone()),
             work,
             caller_cwd: prepared.caller_cwd.clone(),
             dir,
