@@ -200,6 +200,21 @@ impl Sandbox {
         &self.masked
     }
 
+    /// Why the directory `dir` (canonical: a caller's cwd) may not be bound into the sandbox:
+    /// at level bwrap it is mounted by its path, which users other than root must not be able
+    /// to change (see [`bwrap::check_dest`]). Nothing is mounted at the other levels.
+    pub(crate) fn check_bind(&self, dir: &Path) -> Result<(), String> {
+        if !self.wrapped() {
+            return Ok(());
+        }
+        bwrap::check_dest(
+            dir,
+            &bwrap::private_roots(self),
+            &[],
+            &bwrap::trusted_uids(),
+        )
+    }
+
     /// One line for the server's instructions.
     pub fn describe(&self) -> String {
         let what = match self.level {

@@ -230,8 +230,12 @@ impl SessionManager {
         let (work_fd, out_fd) = (own(&work)?, own(&out)?);
         let prepared = hostfs::as_uid(uid, {
             let policy = self.cwd_policy.clone();
+            let sandbox = self.sandbox.clone();
             let local = caller.is_local();
-            move || prepare_dirs(&policy, uid, cwd, work_fd, out_fd, files, local)
+            move || {
+                let bind = |p: &Path| sandbox.check_bind(p);
+                prepare_dirs(&policy, &bind, uid, cwd, work_fd, out_fd, files, local)
+            }
         })
         .await
         .map_err(ToolError::internal)?
@@ -328,9 +332,12 @@ struct Prepared {
 }
 
 /// Decide the caller's cwd (else the session's `work/`) and bring the files in: run as the
-/// session's uid (through [`hostfs::as_uid`]).
+/// session's uid (through [`hostfs::as_uid`]). `bind` says why the sandbox may not bind a
+/// cwd (checked before any file is brought in).
+#[allow(clippy::too_many_arguments)]
 fn prepare_dirs(
     policy: &CwdPolicy,
+    bind: &dyn Fn(&Path) -> Result<(), String>,
     uid: Option<u32>,
     cwd: Option<PathBuf>,
     work_fd: OwnedFd,
@@ -341,6 +348,7 @@ fn prepare_dirs(
     let (caller_cwd, cwd_fd, writable) = match cwd {
         Some(p) => {
             let c = hostfs::check_cwd(policy, &p, uid)?;
+            bind(&c.path).map_err(|e| format!("cwd {}: {e}", p.display()))?;
             (Some(c.path), c.dir, c.writable)
         }
         None => (None, work_fd, true),
@@ -364,9 +372,9 @@ fn read_only_note(cwd: &Path, uid: Option<u32>) -> String {
     let who = uid.map_or("the server's user".to_string(), |u| format!("uid {u}"));
     format!(
         "cwd {} is read-only for this session: its code runs as {who}, which may not write \
-there; it can read the files. To let sessions write there, give the directory write permission \
-for that user (for example an ACL, setfacl -m u:{}:rwx, or mode 1777), or leave cwd out to work \
-in a private directory",
+there; it can read the files. To let sessions write there, give that user write permission with \
+an ACL on the directory (setfacl -m u:{}:rwx DIR; keep the directory and those above it root's), \
+or leave cwd out to work in a private directory",
         cwd.display(),
         uid.map_or("USER".to_string(), |u| u.to_string()),
     )

@@ -1,0 +1,245 @@
+//! Attack tests of an adversarial review of the security fixes: a bind destination raced
+//! into running a caller's program as root (bwrap), a deep tree that aborted the server, a
+//! host file copied out of a masked tree, and a uid handed from one principal to another.
+//! Each drives the built server through the MCP client, as root (where the finding needs
+//! it), at every sandbox level it applies to. A level that cannot start here is skipped with
+//! its reason printed (a failure under REPLBOX_REQUIRE_ALL=1).
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use common::*;
+use serde_json::{Value, json};
+
+fn we_are_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+fn require_all() -> bool {
+    std::env::var("REPLBOX_REQUIRE_ALL").is_ok_and(|v| v == "1")
+}
+
+/// Print why a test cannot run here; under REPLBOX_REQUIRE_ALL=1 that is a failure.
+fn skip(why: &str) {
+    if require_all() {
+        panic!("{why}, and REPLBOX_REQUIRE_ALL=1 requires it");
+    }
+    eprintln!("SKIP: {why}");
+}
+
+fn root() -> bool {
+    if !we_are_root() {
+        skip("these attacks need a root server, so the tests must run as root");
+    }
+    we_are_root()
+}
+
+fn python() -> bool {
+    require("python", "python3")
+}
+
+/// A root server at `level` (with `args`), or None (printed) when the level does not work.
+async fn start(level: &str, args: &[&str], env: &[(&str, &str)]) -> Option<TestServer> {
+    let mut a = vec!["--sandbox", level];
+    a.extend_from_slice(args);
+    match TestServer::try_start(&a, env, None).await {
+        Ok(s) => {
+            let ins = s.instructions();
+            assert!(
+                ins.contains(&format!("Sandbox: {level} (")),
+                "{level}: the server reports another level: {ins}"
+            );
+            Some(s)
+        }
+        Err(e) => {
+            skip(&format!("level {level} does not work here: {e}"));
+            None
+        }
+    }
+}
+
+async fn session(s: &TestServer, extra: Value) -> Out {
+    let mut args = json!({"language": "python"});
+    if let (Some(a), Some(e)) = (args.as_object_mut(), extra.as_object()) {
+        a.extend(e.clone());
+    }
+    s.call("session_start", args).await
+}
+
+async fn eval(s: &TestServer, id: &str, code: &str) -> Out {
+    s.call(
+        "session_eval",
+        json!({"session_id": id, "code": code, "timeout_ms": 120_000}),
+    )
+    .await
+}
+
+fn chmod(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 path")
+}
+
+/// Whether only root can change what `dir`'s path leads to: every directory from `/` to
+/// its parent is root's and writable by no one else.
+fn only_root_changes(dir: &Path) -> bool {
+    dir.ancestors()
+        .skip(1)
+        .all(|a| std::fs::symlink_metadata(a).is_ok_and(|m| m.uid() == 0 && m.mode() & 0o022 == 0))
+}
+
+/// A fresh directory outside every masked tree (in the build's temp dir), root's, `mode`.
+/// None (printed) when that place is masked or others could change the way to it.
+fn outside_masks(mode: u32) -> Option<tempfile::TempDir> {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).expect("target tmp dir");
+    let base = std::fs::canonicalize(&base).expect("canonical");
+    let masked = [
+        "/home", "/root", "/run", "/tmp", "/var/tmp", "/mnt", "/media", "/srv",
+    ];
+    if masked.iter().any(|m| base.starts_with(m)) || !only_root_changes(&base.join("x")) {
+        skip(&format!(
+            "{} is masked or changeable by users other than root: the attack needs a place \
+outside the masks that only root controls",
+            base.display()
+        ));
+        return None;
+    }
+    let d = tempfile::tempdir_in(&base).expect("tempdir");
+    chmod(d.path(), mode);
+    Some(d)
+}
+
+// ----- F1: a bind destination raced into running a caller's program as root (bwrap) -----
+
+/// Session code for the attack: in its cwd P, a directory `x` holding an executable named
+/// like the helper, a link `xl -> ../…/run`, and a process exchanging the two names
+/// without pause (renameat2 RENAME_EXCHANGE). A start with cwd P/x then has bwrap mount
+/// P/x by its path while the name is swapped: the mount lands on /run and hides the
+/// helper bound there, so bwrap (root) runs the planted file instead.
+fn race_setup(depth: usize) -> String {
+    let up = "../".repeat(depth);
+    format!(
+        r#"
+import os
+os.makedirs('x', exist_ok=True); os.chmod('x', 0o777)
+with open('x/replbox-helper', 'w') as f:
+    f.write('#!/bin/sh\n{{ echo PWNED; id; }} > "$(dirname "$0")/PROOF" 2>&1\n')
+os.chmod('x/replbox-helper', 0o755)
+if not os.path.islink('xl'):
+    os.symlink('{up}run', 'xl')
+print('planted')
+"#
+    )
+}
+
+const FLIP: &str = r#"
+import subprocess
+flip = "import ctypes, os\nl = ctypes.CDLL(None, use_errno=True)\nfd = os.open('.', os.O_PATH)\nwhile True: l.renameat2(fd, b'x', fd, b'xl', 2)\n"
+p = subprocess.Popen(['python3', '-c', flip], start_new_session=True,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print('flipping', p.pid)
+"#;
+
+// F1 (critical): the cwd is opened without following links, but bwrap mounts it onto its
+// *path*, which follows links and can be swapped by whoever may rename entries on the way.
+// Won, this ran the caller's file as real root. Now a bind destination whose way others can
+// change is refused outright (deterministic: the race is tried for a bounded number of
+// starts, and every one must be refused before anything is mounted).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cwd_others_can_rename_on_the_way_is_refused_at_bwrap() {
+    if !python() || !root() {
+        return;
+    }
+    let Some(shared) = outside_masks(0o1777) else {
+        return;
+    };
+    let p = std::fs::canonicalize(shared.path()).expect("canonical");
+    let Some(srv) = start("bwrap", &[], &[]).await else {
+        return;
+    };
+    let o = session(&srv, json!({"cwd": p})).await;
+    assert!(!o.is_error, "a root-controlled shared cwd: {}", o.text);
+    let attacker = o.s("session_id").to_string();
+    let depth = p.components().count() - 1;
+    let o = eval(&srv, &attacker, &race_setup(depth)).await;
+    assert_eq!(output(&o), "planted\n", "{}", o.text);
+
+    // Refused outright, before any race: the refusal names the directory and what is safe.
+    let target = p.join("x");
+    let o = session(&srv, json!({ "cwd": target })).await;
+    assert!(o.is_error, "a cwd another user can swap: {}", o.text);
+    assert_eq!(o.error_kind(), "invalid_argument", "{}", o.text);
+    assert!(
+        o.text
+            .contains(&format!("{} (owner uid 0, mode 1777)", p.display()))
+            && o.text.contains("changeable by root only"),
+        "{}",
+        o.text
+    );
+    // And while the names are swapped without pause: every start refused (by whichever check
+    // meets the swap), nothing mounted, the planted file never run.
+    let o = eval(&srv, &attacker, FLIP).await;
+    assert!(output(&o).contains("flipping"), "{}", o.text);
+    for i in 0..40 {
+        let o = session(&srv, json!({ "cwd": target })).await;
+        assert!(
+            o.is_error,
+            "start {i}: a cwd whose name another user can swap was accepted: {}",
+            o.text
+        );
+        assert_eq!(o.error_kind(), "invalid_argument", "{}", o.text);
+        for proof in [p.join("x/PROOF"), p.join("xl/PROOF")] {
+            assert!(!proof.exists(), "the planted file ran: {}", proof.display());
+        }
+    }
+    // A directory root made in the same sticky P cannot be renamed by the session's uid:
+    // accepted, and it is the cwd the session sees.
+    let safe = p.join("by-root");
+    std::fs::create_dir(&safe).expect("mkdir");
+    chmod(&safe, 0o777);
+    let o = session(&srv, json!({ "cwd": safe })).await;
+    assert!(!o.is_error, "root's directory in a sticky one: {}", o.text);
+    let id = o.s("session_id").to_string();
+    let o = eval(&srv, &id, "import os; print(os.getcwd())").await;
+    assert_eq!(output(&o), format!("{}\n", safe.display()), "{}", o.text);
+    srv.call("session_close", json!({ "session_id": id })).await;
+    // Closing the attacker's session ends its flipper with it.
+    srv.call("session_close", json!({ "session_id": attacker }))
+        .await;
+    srv.stop().await;
+}
+
+// F1, every destination: the server's own directories are bound by path too. A work
+// directory under one a non-root user owns would let that user redirect every mount: bwrap
+// refuses to mount there, and says which directory and why.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_workspace_others_can_rename_on_the_way_is_not_mounted_at_bwrap() {
+    if !python() || !root() {
+        return;
+    }
+    let Some(base) = outside_masks(0o755) else {
+        return;
+    };
+    let users = base.path().join("users-dir");
+    std::fs::create_dir(&users).expect("mkdir");
+    std::os::unix::fs::chown(&users, Some(54_321), Some(54_321)).expect("chown");
+    let Some(srv) = start("bwrap", &["--work-dir", s(&users)], &[]).await else {
+        return;
+    };
+    let o = srv.run("python", "print('ran')").await;
+    assert!(o.is_error, "ran under a user's directory: {}", o.text);
+    assert!(
+        o.text.contains(s(&users)) && o.text.contains("uid 54321"),
+        "{}",
+        o.text
+    );
+    let o = session(&srv, json!({})).await;
+    assert!(o.is_error, "started under a user's directory: {}", o.text);
+    assert!(o.text.contains(s(&users)), "{}", o.text);
+    srv.stop().await;
+}
