@@ -105,6 +105,14 @@ impl Workspace {
     }
 }
 
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        // Before the TempDir's own (recursive) removal, which then finds nothing: what runs
+        // and sessions left may be any shape.
+        remove_tree(self.root.path());
+    }
+}
+
 /// The cache directory for a language's tools (`MPLCONFIGDIR`, build caches) of one run or
 /// session: a session's `cache/`, a run's `<run>.cache/` beside it, removed with the private
 /// directory. Created for `owner`.
@@ -213,9 +221,190 @@ fn off_the_workers(work: impl FnOnce() + Send + 'static) -> Option<JoinHandle<()
     }
 }
 
-fn remove_tree(path: &Path) {
-    // remove_dir_all does not follow symlinks that user code may have left in it.
-    let _ = std::fs::remove_dir_all(path);
+/// Remove the tree at `path` (a directory or anything else), logging what it could not.
+pub fn remove_tree(path: &Path) {
+    match remove_tree_iter(path) {
+        Ok(0) => {}
+        Ok(left) => tracing::warn!(
+            "{left} entries under {} could not be removed and were left",
+            path.display()
+        ),
+        Err(e) => tracing::warn!("{} was not removed completely: {e}", path.display()),
+    }
+}
+
+/// Subdirectories one scan of a directory notes for removal; more are found by scanning it
+/// again once those are gone. Bounds the names held per level.
+const PENDING_PER_SCAN: usize = 64;
+
+/// One directory on the way from the top of the removal to the one being emptied.
+struct Level {
+    /// Its name in its parent.
+    name: std::ffi::CString,
+    /// Its identity: going back up through `..` must arrive here.
+    id: DirId,
+    /// Subdirectories noted by the last scan, still to be removed.
+    pending: Vec<std::ffi::CString>,
+    /// Entries that could not be removed (not scanned for again).
+    kept: std::collections::HashSet<std::ffi::CString>,
+}
+
+/// Remove the tree at `path` without recursion and with a bounded number of descriptors
+/// (four at most, whatever its depth): user code decides the tree's shape (a chain of 20,000
+/// directories overflowed a thread's stack in the recursive removal, and needed a descriptor
+/// per level). It descends by handle, holding only the names and identities of the
+/// directories above; it goes up through `..`, checking that it arrives at the directory it
+/// came from (or it stops, leaving the rest); it never follows a link, and does not enter
+/// another filesystem. Returns the number of entries it left.
+fn remove_tree_iter(path: &Path) -> std::io::Result<usize> {
+    use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
+    use rustix::io::Errno;
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(std::io::Error::other("not a removable path"));
+    };
+    let name = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(name))?;
+    let base = rustix::fs::open(parent, dir_flags, Mode::empty())?;
+    let top = match rustix::fs::statat(&base, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        Err(Errno::NOENT) => return Ok(0),
+        r => r?,
+    };
+    if FileType::from_raw_mode(top.st_mode) != FileType::Directory {
+        rustix::fs::unlinkat(&base, name.as_c_str(), AtFlags::empty())?;
+        return Ok(0);
+    }
+    let dev = top.st_dev;
+    let open_checked = |at: &std::os::fd::OwnedFd, name: &std::ffi::CStr| {
+        let fd = rustix::fs::openat(at, name, dir_flags, Mode::empty())?;
+        let st = rustix::fs::fstat(&fd)?;
+        Ok::<_, Errno>((fd, DirId::from_stat(&st), st.st_dev))
+    };
+    let (fd, id, _) = open_checked(&base, &name)?;
+    if id != DirId::from_stat(&top) {
+        return Err(std::io::Error::other("replaced while it was opened"));
+    }
+    // The directory being emptied (read through a `Dir` of its own for each scan).
+    let mut cur = fd;
+    let mut stack = vec![Level {
+        name,
+        id,
+        pending: Vec::new(),
+        kept: Default::default(),
+    }];
+    let mut left = 0usize;
+    loop {
+        let Some(level) = stack.last_mut() else {
+            return Ok(left);
+        };
+        // A subdirectory noted earlier: go down into it.
+        if let Some(sub) = level.pending.pop() {
+            match open_checked(&cur, &sub) {
+                Ok((child, id, child_dev)) if child_dev == dev => {
+                    cur = child;
+                    stack.push(Level {
+                        name: sub,
+                        id,
+                        pending: Vec::new(),
+                        kept: Default::default(),
+                    });
+                }
+                Ok(_) => {
+                    tracing::warn!(
+                        "not removing {:?} under {}: another filesystem is mounted there",
+                        sub,
+                        path.display()
+                    );
+                    level.kept.insert(sub);
+                    left += 1;
+                }
+                Err(Errno::NOENT) => {}
+                Err(e) => {
+                    tracing::debug!("cannot enter {sub:?} under {}: {e}", path.display());
+                    level.kept.insert(sub);
+                    left += 1;
+                }
+            }
+            continue;
+        }
+        // Scan: remove what is not a directory, note up to PENDING_PER_SCAN directories.
+        let here = &cur;
+        let mut dir = Dir::read_from(here)?;
+        while let Some(entry) = dir.read() {
+            let entry = entry?;
+            let n = entry.file_name();
+            if n == c"." || n == c".." || level.kept.contains(n) {
+                continue;
+            }
+            let mut kind = entry.file_type();
+            if kind == FileType::Unknown {
+                kind = match rustix::fs::statat(here, n, AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(st) => FileType::from_raw_mode(st.st_mode),
+                    Err(_) => continue,
+                };
+            }
+            if kind == FileType::Directory {
+                if level.pending.len() < PENDING_PER_SCAN {
+                    level.pending.push(n.to_owned());
+                }
+                continue;
+            }
+            match rustix::fs::unlinkat(here, n, AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                // A directory after all (swapped in since it was read): enter it later, or
+                // find it again in the next scan (there is one when pending is full).
+                Err(Errno::ISDIR) => {
+                    if level.pending.len() < PENDING_PER_SCAN {
+                        level.pending.push(n.to_owned());
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!("cannot remove {n:?} under {}: {e}", path.display());
+                    level.kept.insert(n.to_owned());
+                    left += 1;
+                }
+            }
+        }
+        drop(dir);
+        if !level.pending.is_empty() {
+            continue;
+        }
+        // Empty but for what was kept: remove it from its parent, and go on there.
+        let Some(done) = stack.pop() else {
+            return Ok(left);
+        };
+        let (parent_fd, parent) = match stack.last_mut() {
+            None => (base.try_clone()?, None),
+            Some(p) => {
+                let (up, id, _) = open_checked(&cur, c"..")?;
+                if id != p.id {
+                    return Err(std::io::Error::other(format!(
+                        "a directory was moved while it was removed; {} entries and what lies \
+above the moved one were left",
+                        left + 1
+                    )));
+                }
+                (up, Some(p))
+            }
+        };
+        if done.kept.is_empty() {
+            match rustix::fs::unlinkat(&parent_fd, done.name.as_c_str(), AtFlags::REMOVEDIR) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => {
+                    tracing::debug!("cannot remove {:?}: {e}", done.name);
+                    left += 1;
+                    if let Some(p) = parent {
+                        p.kept.insert(done.name);
+                    }
+                }
+            }
+        } else if let Some(p) = parent {
+            p.kept.insert(done.name);
+        }
+        if stack.is_empty() {
+            return Ok(left);
+        }
+        cur = parent_fd;
+    }
 }
 
 /// Remove a private directory and its cache when the cache lies beside it (a run's).
@@ -341,6 +530,73 @@ mod tests {
             .unwrap();
         assert!(!path.exists());
         assert!(gone_first.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn a_deep_tree_is_removed_with_a_small_stack() {
+        // On a tmpfs where there is one: a disk makes 20,000 directories slowly.
+        let parent = tempfile::tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())
+            .unwrap();
+        let top = parent.path().join("top");
+        // 20,000 levels, siblings on the way (files, links, a FIFO, directories), built
+        // relative to a handle: the path is far longer than PATH_MAX.
+        let mut fd = rustix::fs::open(
+            parent.path(),
+            rustix::fs::OFlags::PATH,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        for (i, name) in std::iter::once("top")
+            .chain(std::iter::repeat_n("d", 20_000))
+            .enumerate()
+        {
+            rustix::fs::mkdirat(&fd, name, rustix::fs::Mode::from_raw_mode(0o700)).unwrap();
+            if i % 1000 == 0 {
+                rustix::fs::symlinkat("/etc", &fd, "link").unwrap();
+                rustix::fs::openat(
+                    &fd,
+                    "file",
+                    rustix::fs::OFlags::CREATE | rustix::fs::OFlags::WRONLY,
+                    rustix::fs::Mode::from_raw_mode(0o600),
+                )
+                .unwrap();
+                rustix::fs::mkdirat(&fd, "sib", rustix::fs::Mode::from_raw_mode(0o700)).ok();
+                rustix::fs::mknodat(
+                    &fd,
+                    "fifo",
+                    rustix::fs::FileType::Fifo,
+                    rustix::fs::Mode::from_raw_mode(0o600),
+                    0,
+                )
+                .unwrap();
+            }
+            fd = rustix::fs::openat(
+                &fd,
+                name,
+                rustix::fs::OFlags::PATH,
+                rustix::fs::Mode::empty(),
+            )
+            .unwrap();
+        }
+        drop(fd);
+        // A wide level too: more subdirectories than one scan notes.
+        for i in 0..(3 * PENDING_PER_SCAN) {
+            std::fs::create_dir_all(top.join(format!("w{i}/x"))).unwrap();
+        }
+        let t = top.clone();
+        // A 64 KiB stack: the recursive removal needs a frame (and a descriptor) per level.
+        std::thread::Builder::new()
+            .stack_size(64 * 1024)
+            .spawn(move || assert_eq!(remove_tree_iter(&t).unwrap(), 0))
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(!top.exists());
+        assert!(
+            std::path::Path::new("/etc/passwd").exists(),
+            "no link was followed"
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
@@ -242,4 +243,183 @@ async fn a_workspace_others_can_rename_on_the_way_is_not_mounted_at_bwrap() {
     assert!(o.is_error, "started under a user's directory: {}", o.text);
     assert!(o.text.contains(s(&users)), "{}", o.text);
     srv.stop().await;
+}
+
+// ----- F2: one call aborted the whole server (a deep directory tree) -----
+
+/// Levels of the tree: std's recursive removal overflowed a runtime worker's stack at about
+/// 13,000 and needs one descriptor per level.
+const DEEP: usize = 20_000;
+
+/// Python that makes a chain of DEEP directories below its working directory and prints
+/// where the chain starts. Made as 200 chains of 100 levels, nested by renaming each into the
+/// bottom of the one before: one mkdir per level at full depth costs time in the depth under
+/// Landlock (its checks walk up to the root), quadratic in all.
+fn deep_tree() -> String {
+    format!(
+        "import os\ntop = os.getcwd()\nN, K = {}, 100\nfor i in range(N):\n    os.makedirs(f'c{{i}}' + '/d' * (K - 1))\nfor i in range(N - 2, -1, -1):\n    os.rename(f'c{{i + 1}}', f'c{{i}}' + '/d' * (K - 1) + '/x')\nprint(top)",
+        DEEP / 100
+    )
+}
+
+/// A root server at `level` whose open-file limit is `nofile` (None: the tests' own), working
+/// in `work` (a tmpfs: on a disk, 20,000 directories take minutes to make and remove).
+async fn start_limited(level: &str, nofile: Option<u64>, work: &Path) -> Option<TestServer> {
+    use rmcp::ServiceExt;
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.args(["serve", "--sandbox", level, "--work-dir"])
+        .arg(work)
+        .env("REPLBOX_POOL", "0")
+        .stderr(std::process::Stdio::inherit());
+    if let Some(n) = nofile {
+        use nix::sys::resource::{Resource, getrlimit, setrlimit};
+        // The soft limit only: the helper raises its own to --open-files.
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+        // SAFETY: setrlimit is async-signal-safe and touches nothing of the parent.
+        unsafe {
+            cmd.pre_exec(move || {
+                setrlimit(Resource::RLIMIT_NOFILE, n, hard).map_err(std::io::Error::from)
+            });
+        }
+    }
+    let transport = rmcp::transport::TokioChildProcess::new(cmd).expect("spawn replbox");
+    let pid = transport.id().expect("pid");
+    let recorder = Recorder::default();
+    match recorder.clone().serve(transport).await {
+        Ok(client) => {
+            let srv = TestServer {
+                client,
+                pid,
+                recorder,
+            };
+            let ins = srv.instructions();
+            assert!(ins.contains(&format!("Sandbox: {level} (")), "{ins}");
+            Some(srv)
+        }
+        Err(e) => {
+            skip(&format!("level {level} does not work here: {e}"));
+            None
+        }
+    }
+}
+
+/// A root-owned directory for a server's work, on a tmpfs of its own (mounted here, detached
+/// when dropped) when the host lets us mount one: on a disk, 20,000 directories take minutes
+/// to make and remove. Not /dev/shm, which level landlock replaces with a private one.
+struct WorkDir {
+    dir: tempfile::TempDir,
+    mounted: bool,
+}
+
+impl WorkDir {
+    fn new() -> Self {
+        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        std::fs::create_dir_all(&base).expect("target tmp dir");
+        let dir = tempfile::tempdir_in(&base).expect("tempdir");
+        chmod(dir.path(), 0o755);
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=512m,mode=0755", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!("NOTE: no tmpfs could be mounted: the deep tree is made on disk (slow)");
+        }
+        Self { dir, mounted }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(self.dir.path())
+                .status();
+        }
+    }
+}
+
+/// Wait (bounded) until `path` is gone.
+async fn gone(path: &Path) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while std::fs::symlink_metadata(path).is_ok() {
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
+}
+
+// F2 (high): a run whose program left a 20,000-level tree aborted the server (stack overflow
+// in the recursive removal of its directory). The removal is now iterative, with a bounded
+// stack and a bounded number of descriptors: the run's directory is gone when the result
+// comes back, and the server goes on serving.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deep_tree_left_by_run_code_is_removed_and_the_server_keeps_serving() {
+    if !python() || !root() {
+        return;
+    }
+    for level in ["none", "landlock", "bwrap"] {
+        let work = WorkDir::new();
+        let Some(srv) = start_limited(level, None, work.path()).await else {
+            continue;
+        };
+        let o = srv
+            .call(
+                "run-code",
+                json!({"languageId": "python", "code": deep_tree(), "timeout_ms": 120_000}),
+            )
+            .await;
+        assert!(!o.is_error, "{level}: {}", o.text);
+        let top = PathBuf::from(o.text.trim());
+        assert!(top.is_absolute(), "{level}: {}", o.text);
+        assert!(
+            std::fs::symlink_metadata(&top).is_err(),
+            "{level}: the run's directory is still there: {}",
+            top.display()
+        );
+        let o = srv.run("python", "print(6 * 7)").await;
+        assert_eq!(o.text, "42\n", "{level}: the server stopped serving");
+        srv.stop().await;
+    }
+}
+
+// F2: the same tree in a session, closed (with a low open-file limit, where the recursive
+// removal ran out of descriptors and left the tree silently).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deep_tree_left_by_a_session_is_removed_at_close_and_the_server_keeps_serving() {
+    if !python() || !root() {
+        return;
+    }
+    for level in ["none", "landlock", "bwrap"] {
+        let work = WorkDir::new();
+        let Some(srv) = start_limited(level, Some(256), work.path()).await else {
+            continue;
+        };
+        let o = session(&srv, json!({})).await;
+        assert!(!o.is_error, "{level}: {}", o.text);
+        let id = o.s("session_id").to_string();
+        let dir = PathBuf::from(o.s("cwd"))
+            .parent()
+            .expect("the session's directory")
+            .to_path_buf();
+        let o = eval(&srv, &id, &deep_tree()).await;
+        assert_eq!(status(&o), "ok", "{level}: {}", o.text);
+        let o = srv.call("session_close", json!({ "session_id": id })).await;
+        assert!(!o.is_error, "{level}: {}", o.text);
+        assert!(
+            gone(&dir).await,
+            "{level}: the session's directory is still there: {}",
+            dir.display()
+        );
+        let o = srv.run("python", "print(6 * 7)").await;
+        assert_eq!(o.text, "42\n", "{level}: the server stopped serving");
+        srv.stop().await;
+    }
 }

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
+use std::rc::Rc;
 
 use rustix::fs::{AtFlags, FileType};
 
@@ -59,9 +60,27 @@ pub fn snapshot(root: BorrowedFd<'_>, max_entries: usize, skip: &[DirId]) -> Sna
         return snap;
     };
     let mut seen = 0usize;
-    let mut stack: Vec<(OwnedFd, String, usize)> = vec![(top, String::new(), 0)];
-    while let Some((dir, prefix, depth)) = stack.pop() {
-        let Ok(mut rd) = rustix::fs::Dir::read_from(&dir) else {
+    // Directories still to list, by name in their parent: a directory's handle lives as long
+    // as some of its subdirectories are still to list, so the handles open at once are those
+    // on one path down (MAX_DEPTH), however wide the tree (one handle per noted directory
+    // ran the server out of descriptors).
+    let mut stack: Vec<(Rc<OwnedFd>, String, String, usize)> = Vec::new();
+    let mut next: Option<(OwnedFd, String, usize)> = Some((top, String::new(), 0));
+    loop {
+        let (dir, prefix, depth) = match next.take() {
+            Some(d) => d,
+            None => {
+                let Some((parent, name, rel, depth)) = stack.pop() else {
+                    break;
+                };
+                match hostfs::open_subdir(parent.as_fd(), &name, &walk) {
+                    Ok(sub) => (sub, rel, depth),
+                    Err(_) => continue, // a link, gone, forbidden or unreadable: not listed
+                }
+            }
+        };
+        let dir = Rc::new(dir);
+        let Ok(mut rd) = rustix::fs::Dir::read_from(&*dir) else {
             continue; // unreadable or gone meanwhile: nothing to list there
         };
         while let Some(Ok(entry)) = rd.read() {
@@ -86,7 +105,7 @@ pub fn snapshot(root: BorrowedFd<'_>, max_entries: usize, skip: &[DirId]) -> Sna
                 format!("{prefix}/{name}")
             };
             // lstat: a link is neither a directory nor a file here.
-            let Ok(st) = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
+            let Ok(st) = rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
                 continue;
             };
             match FileType::from_raw_mode(st.st_mode) {
@@ -94,9 +113,7 @@ pub fn snapshot(root: BorrowedFd<'_>, max_entries: usize, skip: &[DirId]) -> Sna
                     if depth + 1 >= MAX_DEPTH || SKIP_DIRS.contains(&name) {
                         continue;
                     }
-                    if let Ok(sub) = hostfs::open_subdir(dir.as_fd(), name, &walk) {
-                        stack.push((sub, rel, depth + 1));
-                    }
+                    stack.push((dir.clone(), name.to_string(), rel, depth + 1));
                 }
                 FileType::RegularFile => {
                     // The stat fields' types differ by architecture.
@@ -342,6 +359,26 @@ mod tests {
         assert_eq!(changes[2].size, 4);
         let partial = snapshot(p, 2, &skip);
         assert!(!partial.complete);
+    }
+
+    #[test]
+    fn a_wide_tree_is_listed_with_few_descriptors() {
+        // More subdirectories (each with a file) than this process may open descriptors:
+        // a walk holding a handle per directory still to list misses some.
+        let (soft, _) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+        let n = (soft as usize).min(65_536) + 64;
+        let d = tempfile::tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())
+            .unwrap();
+        for i in 0..n {
+            std::fs::create_dir(d.path().join(format!("d{i}"))).unwrap();
+            std::fs::write(d.path().join(format!("d{i}/f")), "x").unwrap();
+        }
+        let fd = hostfs::open_dir_path(&std::fs::canonicalize(d.path()).unwrap()).unwrap();
+        let snap = snapshot(fd.as_fd(), 2 * n + 1, &[]);
+        assert!(snap.complete);
+        assert_eq!(snap.files.len(), n);
     }
 
     #[test]
