@@ -3,8 +3,10 @@
 //!
 //! When user code runs as a pool uid (server as root), the root and its `runs/` and
 //! `sessions/` are 0711: a pool uid can pass through to its own directory but not list the
-//! others. A run's directory and a session's `work/`, `out/` and `cache/` belong to its uid
-//! (0700). A session's `ctl/`, where the server writes the bootstrap and the cells, is root's
+//! others. A run's directory and a session's `work/` and `out/` belong to its uid (0700); the
+//! caches' directory (`cache/`, a run's `<run>.cache/`) is root's (0711) and each language's
+//! cache in it the uid's, so that no directory bwrap mounts by path can be renamed by the uid
+//! that owns its parent. A session's `ctl/`, where the server writes the bootstrap and the cells, is root's
 //! with the session's gid (02750, files 0640): the session reads it, no other session does, and
 //! user code cannot plant a symlink there for the server to write through. Caches live and
 //! die with their run or session, so nothing one leaves there reaches the next user of the uid.
@@ -70,8 +72,7 @@ impl Workspace {
         chown(dir.path(), owner)?;
         // Beside the run's directory, not in it: a program sees only its own files there.
         dir.cache = dir.path().with_extension("cache");
-        std::fs::DirBuilder::new().mode(0o700).create(&dir.cache)?;
-        chown(&dir.cache, owner)?;
+        cache_root(&dir.cache, owner)?;
         Ok(dir)
     }
 
@@ -82,12 +83,13 @@ impl Workspace {
     pub fn new_session_dir(&self, id: &str, owner: Option<u32>) -> std::io::Result<PrivateDir> {
         let mode = if owner.is_some() { 0o711 } else { 0o700 };
         let dir = PrivateDir::create(self.root.path().join("sessions").join(id), mode)?;
-        for sub in ["work", "out", "cache"] {
+        for sub in ["work", "out"] {
             std::fs::DirBuilder::new()
                 .mode(0o700)
                 .create(dir.path().join(sub))?;
             chown(&dir.path().join(sub), owner)?;
         }
+        cache_root(&dir.path().join("cache"), owner)?;
         let ctl = dir.path().join("ctl");
         std::fs::DirBuilder::new().mode(0o700).create(&ctl)?;
         if let Some(uid) = owner {
@@ -111,6 +113,14 @@ impl Drop for Workspace {
         // and sessions left may be any shape.
         remove_tree(self.root.path());
     }
+}
+
+/// The directory holding a run's or session's caches: root's (0711) when they belong to a
+/// pool uid, so that the uid cannot rename the cache directory bwrap mounts by its path
+/// (see `sandbox::bwrap::check_dest`); its own otherwise.
+fn cache_root(path: &Path, owner: Option<u32>) -> std::io::Result<()> {
+    let mode = if owner.is_some() { 0o711 } else { 0o700 };
+    std::fs::DirBuilder::new().mode(mode).create(path)
 }
 
 /// The cache directory for a language's tools (`MPLCONFIGDIR`, build caches) of one run or
