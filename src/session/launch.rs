@@ -18,8 +18,11 @@ use crate::error::{ErrorKind, ToolError};
 use crate::exec::child::{ChildBuilder, check_caller_env};
 use crate::hostfs::{self, CwdPolicy};
 use crate::identity::Caller;
-use crate::lang::{Detected, Language, LookupError, SessionSpec, expand, expand_command};
+use crate::lang::{
+    Detected, InterpreterInfo, Language, LookupError, SessionSpec, Why, expand, expand_command,
+};
 use crate::sandbox::Lease;
+use crate::venv::{self, Venv, VenvPolicy};
 use crate::workspace::PrivateDir;
 
 /// What the caller asked `session_start` for.
@@ -27,6 +30,9 @@ use crate::workspace::PrivateDir;
 pub struct StartRequest {
     pub language: String,
     pub cwd: Option<PathBuf>,
+    /// A Python virtual environment (else a `.venv` in `cwd` is used, for languages that
+    /// take one).
+    pub venv: Option<PathBuf>,
     pub env: BTreeMap<String, String>,
     pub idle_timeout_s: Option<u64>,
     /// Files to put into the session's directory before it starts.
@@ -34,12 +40,42 @@ pub struct StartRequest {
 }
 
 /// The interpreter a session runs: its language, REPL driver, what detection found, and
-/// the program the REPL starts.
+/// the program the REPL starts (a virtual environment's `bin/python` when it runs in one).
 struct Interpreter {
     lang: Arc<Language>,
     spec: SessionSpec,
     detected: Detected,
     exe: PathBuf,
+    version: String,
+    info: InterpreterInfo,
+    venv: Option<Venv>,
+}
+
+impl Interpreter {
+    /// Run in `venv`, chosen for `why`; its version is the one its pyvenv.cfg states.
+    fn in_venv(mut self, venv: Venv, why: Why) -> Self {
+        self.exe = venv.python.clone();
+        self.version = venv.version.clone();
+        self.info = InterpreterInfo {
+            path: venv.python.display().to_string(),
+            why,
+            venv: Some(venv.root.display().to_string()),
+            note: None,
+        };
+        self.venv = Some(venv);
+        self
+    }
+}
+
+/// Which virtual environment a session asks for.
+#[derive(Debug, Clone)]
+enum VenvAsk {
+    /// None: the language takes none, or no cwd to look in.
+    No,
+    /// The caller's `venv`.
+    Given(PathBuf),
+    /// A `.venv` in the caller's cwd, if there is one.
+    Look,
 }
 
 /// The directories of a session being started.
@@ -65,6 +101,17 @@ impl SessionManager {
         let _slot = self.admit(caller).await?;
         let (lang, spec) = self.session_language(&req.language)?;
         check_caller_env(&req.env).map_err(ToolError::invalid)?;
+        let ask = match (req.venv, lang.spec.venv, req.cwd.is_some()) {
+            (Some(_), false, _) => {
+                return Err(ToolError::invalid(format!(
+                    "venv is a Python virtual environment, and {} takes none; leave venv out",
+                    lang.id()
+                )));
+            }
+            (Some(v), true, _) => VenvAsk::Given(v),
+            (None, true, true) => VenvAsk::Look,
+            (None, _, _) => VenvAsk::No,
+        };
         let it = self.interpreter(lang, spec).await?;
         let lease = self
             .sandbox
@@ -72,7 +119,22 @@ impl SessionManager {
             .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
         let uid = lease.as_ref().map(|l| l.uid);
         let id = uuid::Uuid::new_v4().to_string();
-        let (dirs, prepared) = self.dirs(&id, uid, req.cwd, req.files, caller).await?;
+        let policy = VenvPolicy {
+            dirs: (*self.cwd_policy).clone(),
+            // What the default interpreter's sessions already see.
+            trusted: [&it.exe, &it.detected.exe]
+                .iter()
+                .flat_map(|e| self.sandbox.interpreter_dirs(e))
+                .collect(),
+        };
+        let asked = (ask, policy);
+        let (dirs, mut prepared) = self
+            .dirs(&id, uid, req.cwd, req.files, asked, caller)
+            .await?;
+        let it = match prepared.venv.take() {
+            Some((v, why)) => it.in_venv(v, why),
+            None => it,
+        };
         // Until the session is up, a failure takes the files brought in away again.
         let undo = |e: ToolError| {
             let (fd, names) = (prepared.cwd_fd.clone(), prepared.brought.clone());
@@ -94,7 +156,7 @@ impl SessionManager {
             };
         // The baseline for the first evaluation's file changes: taken once the interpreter
         // is up, so what it wrote while starting is not taken for the code's doing.
-        let mut notes = Vec::new();
+        let mut notes: Vec<String> = prepared.venv_note.take().into_iter().collect();
         if !prepared.writable {
             notes.push(read_only_note(&dirs.cwd, uid));
         }
@@ -106,7 +168,8 @@ impl SessionManager {
         let report = StartReport {
             session_id: id.clone(),
             language: it.lang.id().to_string(),
-            version: it.detected.version,
+            version: it.version,
+            interpreter: it.info,
             pid: interp.pid,
             cwd: dirs.cwd.display().to_string(),
             cwd_writable: prepared.writable,
@@ -199,10 +262,13 @@ impl SessionManager {
             return Err(not_installed(self.sandbox.cannot_run_reason(&exe)));
         }
         Ok(Interpreter {
+            info: lang.info(&exe),
+            version: detected.version.clone(),
             lang,
             spec,
             detected,
             exe,
+            venv: None,
         })
     }
 
@@ -214,6 +280,7 @@ impl SessionManager {
         uid: Option<u32>,
         cwd: Option<PathBuf>,
         files: Vec<InFile>,
+        venv: (VenvAsk, VenvPolicy),
         caller: &Caller,
     ) -> Result<(Dirs, Prepared), ToolError> {
         let dir = self.workspace.new_session_dir(id, uid).map_err(|e| {
@@ -231,7 +298,7 @@ impl SessionManager {
         let prepared = hostfs::as_uid(uid, {
             let policy = self.cwd_policy.clone();
             let local = caller.is_local();
-            move || prepare_dirs(&policy, uid, cwd, work_fd, out_fd, files, local)
+            move || prepare_dirs(&policy, uid, cwd, venv, work_fd, out_fd, files, local)
         })
         .await
         .map_err(ToolError::internal)?
@@ -292,9 +359,14 @@ impl SessionManager {
         let language = it.lang.spec.env.iter().chain(spec.env.iter());
         // Writable: the session's own directory, what it hands back, the build cache and a
         // caller's cwd (the kernel still decides what the session's uid may do there).
-        // Readable: the control directory.
-        let child = ChildBuilder::new(&self.sandbox, lease, &dirs.work)
-            .interpreters(&[&it.exe, &it.detected.exe])
+        // Readable: the control directory, the interpreter (a caller's venv as decided by
+        // `venv::inspect`, never looked at with the server's rights).
+        let builder = ChildBuilder::new(&self.sandbox, lease, &dirs.work);
+        let builder = match &it.venv {
+            Some(v) => builder.venv(&v.root, &v.expose),
+            None => builder.interpreters(&[&it.exe, &it.detected.exe]),
+        };
+        let child = builder
             .writable([dirs.out.clone(), cache_dir])
             .writable(dirs.caller_cwd.clone())
             .readable([dirs.ctl.clone()])
@@ -325,14 +397,20 @@ struct Prepared {
     /// Whether the session's uid may write in its cwd.
     writable: bool,
     brought: Arc<files::Written>,
+    /// The virtual environment to run in, and why.
+    venv: Option<(Venv, Why)>,
+    /// Why a `.venv` in the cwd was not used.
+    venv_note: Option<String>,
 }
 
-/// Decide the caller's cwd (else the session's `work/`) and bring the files in: run as the
-/// session's uid (through [`hostfs::as_uid`]).
+/// Decide the caller's cwd (else the session's `work/`) and virtual environment, and bring
+/// the files in: run as the session's uid (through [`hostfs::as_uid`]).
+#[allow(clippy::too_many_arguments)]
 fn prepare_dirs(
     policy: &CwdPolicy,
     uid: Option<u32>,
     cwd: Option<PathBuf>,
+    (ask, venv_policy): (VenvAsk, VenvPolicy),
     work_fd: OwnedFd,
     out_fd: OwnedFd,
     in_files: Vec<InFile>,
@@ -345,6 +423,29 @@ fn prepare_dirs(
         }
         None => (None, work_fd, true),
     };
+    let (mut venv, mut venv_note) = (None, None);
+    match (ask, &caller_cwd) {
+        (VenvAsk::Given(p), _) => {
+            venv = Some((venv::inspect(&venv_policy, &p, uid)?, Why::Venv));
+        }
+        (VenvAsk::Look, Some(dir))
+            if rustix::fs::statat(&cwd_fd, ".venv", rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok() =>
+        {
+            // Not asked for by name: one that cannot be used is said, and the session
+            // starts with the server's Python.
+            match venv::inspect(&venv_policy, &dir.join(".venv"), uid) {
+                Ok(v) => venv = Some((v, Why::CwdVenv)),
+                Err(e) => {
+                    venv_note = Some(format!(
+                        "the .venv in cwd was not used ({e}); this session runs the server's \
+Python. Pass venv to name an environment"
+                    ))
+                }
+            }
+        }
+        _ => {}
+    }
     let brought = if in_files.is_empty() {
         files::Written::default()
     } else {
@@ -356,6 +457,8 @@ fn prepare_dirs(
         out_fd: Arc::new(out_fd),
         writable,
         brought: Arc::new(brought),
+        venv,
+        venv_note,
     })
 }
 
