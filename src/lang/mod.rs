@@ -973,6 +973,7 @@ eval = "run {n}"
             ("ghci", "haskell"),
             ("rb", "ruby"),
             ("irb", "ruby"),
+            ("R", "r"),
         ] {
             match r.get(alias) {
                 Ok(l) => assert_eq!(l.id(), id),
