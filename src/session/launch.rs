@@ -78,6 +78,22 @@ enum VenvAsk {
     Look,
 }
 
+impl VenvAsk {
+    /// What a request for `lang` asks: its `venv` (refused for a language that takes
+    /// none), else a look into its cwd when it has one.
+    fn of(lang: &Language, venv: Option<PathBuf>, has_cwd: bool) -> Result<Self, ToolError> {
+        match (venv, lang.spec.venv) {
+            (Some(_), false) => Err(ToolError::invalid(format!(
+                "venv is a Python virtual environment, and {} takes none; leave venv out",
+                lang.id()
+            ))),
+            (Some(v), true) => Ok(VenvAsk::Given(v)),
+            (None, true) if has_cwd => Ok(VenvAsk::Look),
+            (None, _) => Ok(VenvAsk::No),
+        }
+    }
+}
+
 /// The directories of a session being started.
 struct Dirs {
     /// The session's own directory (`work/`, `ctl/`, `out/`), removed with it.
@@ -101,17 +117,7 @@ impl SessionManager {
         let _slot = self.admit(caller).await?;
         let (lang, spec) = self.session_language(&req.language)?;
         check_caller_env(&req.env).map_err(ToolError::invalid)?;
-        let ask = match (req.venv, lang.spec.venv, req.cwd.is_some()) {
-            (Some(_), false, _) => {
-                return Err(ToolError::invalid(format!(
-                    "venv is a Python virtual environment, and {} takes none; leave venv out",
-                    lang.id()
-                )));
-            }
-            (Some(v), true, _) => VenvAsk::Given(v),
-            (None, true, true) => VenvAsk::Look,
-            (None, _, _) => VenvAsk::No,
-        };
+        let ask = VenvAsk::of(&lang, req.venv, req.cwd.is_some())?;
         let it = self.interpreter(lang, spec).await?;
         let lease = self
             .sandbox
@@ -119,22 +125,9 @@ impl SessionManager {
             .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
         let uid = lease.as_ref().map(|l| l.uid);
         let id = uuid::Uuid::new_v4().to_string();
-        let policy = VenvPolicy {
-            dirs: (*self.cwd_policy).clone(),
-            // What the default interpreter's sessions already see.
-            trusted: [&it.exe, &it.detected.exe]
-                .iter()
-                .flat_map(|e| self.sandbox.interpreter_dirs(e))
-                .collect(),
-        };
-        let asked = (ask, policy);
-        let (dirs, mut prepared) = self
-            .dirs(&id, uid, req.cwd, req.files, asked, caller)
+        let (dirs, mut prepared, it) = self
+            .dirs(&id, uid, req.cwd, req.files, (ask, it), caller)
             .await?;
-        let it = match prepared.venv.take() {
-            Some((v, why)) => it.in_venv(v, why),
-            None => it,
-        };
         // Until the session is up, a failure takes the files brought in away again.
         let undo = |e: ToolError| {
             let (fd, names) = (prepared.cwd_fd.clone(), prepared.brought.clone());
@@ -272,17 +265,31 @@ impl SessionManager {
         })
     }
 
+    /// What decides a caller's venv for a session of `it`: the cwd policy, and the
+    /// installation of the default interpreter, which its sessions already see.
+    fn venv_policy(&self, it: &Interpreter) -> VenvPolicy {
+        VenvPolicy {
+            dirs: (*self.cwd_policy).clone(),
+            trusted: [&it.exe, &it.detected.exe]
+                .iter()
+                .flat_map(|e| self.sandbox.interpreter_dirs(e))
+                .collect(),
+        }
+    }
+
     /// The session's directory, owned by the lease's uid where it writes, and the caller's
-    /// cwd and files, dealt with as that uid (never with the server's rights).
+    /// cwd, virtual environment (which then runs instead of `it`) and files, dealt with as
+    /// that uid (never with the server's rights).
     async fn dirs(
         &self,
         id: &str,
         uid: Option<u32>,
         cwd: Option<PathBuf>,
         files: Vec<InFile>,
-        venv: (VenvAsk, VenvPolicy),
+        (ask, it): (VenvAsk, Interpreter),
         caller: &Caller,
-    ) -> Result<(Dirs, Prepared), ToolError> {
+    ) -> Result<(Dirs, Prepared, Interpreter), ToolError> {
+        let venv = (ask, self.venv_policy(&it));
         let dir = self.workspace.new_session_dir(id, uid).map_err(|e| {
             ToolError::internal(format!("cannot create the session directory: {e}"))
         })?;
@@ -295,7 +302,7 @@ impl SessionManager {
                 .map_err(|e| ToolError::internal(format!("cannot open the session directory: {e}")))
         };
         let (work_fd, out_fd) = (own(&work)?, own(&out)?);
-        let prepared = hostfs::as_uid(uid, {
+        let mut prepared = hostfs::as_uid(uid, {
             let policy = self.cwd_policy.clone();
             let local = caller.is_local();
             move || prepare_dirs(&policy, uid, cwd, venv, work_fd, out_fd, files, local)
@@ -311,7 +318,11 @@ impl SessionManager {
             caller_cwd: prepared.caller_cwd.clone(),
             dir,
         };
-        Ok((dirs, prepared))
+        let it = match prepared.venv.take() {
+            Some((v, why)) => it.in_venv(v, why),
+            None => it,
+        };
+        Ok((dirs, prepared, it))
     }
 
     /// How to start (and restart) the interpreter: its bootstrap, written into `ctl/`, its
