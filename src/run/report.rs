@@ -22,7 +22,7 @@ pub struct RunReport {
     /// bytes were left out).
     pub stdout: String,
     pub stderr: String,
-    /// Exit code, when the program exited (null when it was killed by a signal).
+    /// Exit code, when the program exited (absent when it was killed by a signal).
     pub exit_code: Option<i32>,
     /// Name of the signal that ended the program (for example SIGKILL after a timeout).
     pub signal: Option<String>,
