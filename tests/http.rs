@@ -300,6 +300,12 @@ async fn no_or_wrong_token_is_401_with_www_authenticate() {
         challenge.starts_with("Bearer ") && challenge.contains("realm="),
         "{challenge}"
     );
+    // A static token, not an OAuth flow: no resource metadata to discover, and it says so.
+    assert!(
+        challenge.contains("static bearer token") && !challenge.contains("resource_metadata"),
+        "{challenge}"
+    );
+    assert!(r.body.contains("static token"), "{}", r.body);
     assert!(r.header("mcp-session-id").is_none(), "no session for a 401");
 
     let r = s.post(Some("not-the-token"), None, INITIALIZE).await;

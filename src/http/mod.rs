@@ -269,15 +269,24 @@ fn plain(status: StatusCode, text: &'static str) -> Response {
     r
 }
 
+/// What the challenge and the 401 body say, so that a client (or the person configuring
+/// it) looks for a token and does not start an OAuth flow this server cannot finish.
+const STATIC_TOKEN: &str = "this server takes a static bearer token from its operator \
+(Authorization: Bearer <token>); it has no OAuth authorization server";
+
 fn unauthorized(error: Option<&'static str>) -> Response {
     let (challenge, text) = match error {
         None => (
-            format!("Bearer realm=\"{REALM}\""),
-            "Unauthorized: send Authorization: Bearer <token>",
+            format!("Bearer realm=\"{REALM}\", error_description=\"{STATIC_TOKEN}\""),
+            "Unauthorized: send Authorization: Bearer <token>, a static token from the \
+             server's operator (no OAuth)",
         ),
         Some(e) => (
-            format!("Bearer realm=\"{REALM}\", error=\"{e}\""),
-            "Unauthorized: the token is not valid",
+            format!(
+                "Bearer realm=\"{REALM}\", error=\"{e}\", error_description=\"{STATIC_TOKEN}\""
+            ),
+            "Unauthorized: the token is not valid; ask the server's operator for a static \
+             bearer token (no OAuth)",
         ),
     };
     let mut r = plain(StatusCode::UNAUTHORIZED, text);
