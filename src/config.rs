@@ -392,7 +392,8 @@ pub struct HttpConfig {
     pub allowed_hosts: Vec<String>,
 
     /// A browser Origin to accept, e.g. `https://app.example:443` or
-    /// `http://localhost:*` (repeatable). Default: none, so a request carrying any
+    /// `http://localhost:*` (repeatable). Default: none but, on a loopback address, the
+    /// server's own (`http://localhost:PORT`, 127.0.0.1, [::1]); a request carrying another
     /// Origin header (a browser page) is refused; requests without Origin pass.
     #[arg(
         long = "allowed-origin",

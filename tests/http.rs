@@ -838,6 +838,57 @@ async fn host_and_origin_headers_are_checked() {
     assert_eq!(r.status, 403, "the list replaces the loopback defaults");
 }
 
+/// What the official conformance suite's DNS-rebinding scenario sends: a loopback server
+/// serves pages of its own origin (`localhost`, `127.0.0.1`, `[::1]` with its port) and
+/// refuses every other origin, a rebinding name or another local port alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_loopback_server_accepts_its_own_origin_and_no_other() {
+    let s = HttpServer::start(&[], &[]).await;
+    let port = s.addr.port();
+    for host in ["127.0.0.1", "localhost", "[::1]"] {
+        let authority = format!("{host}:{port}");
+        let origin = format!("http://{authority}");
+        let r = s
+            .raw(
+                "POST",
+                "/mcp",
+                &[("Host", &authority), ("Origin", &origin)],
+                INITIALIZE,
+            )
+            .await;
+        assert_eq!(r.status, 200, "{origin}: {r:?}");
+        assert!(r.body.contains("protocolVersion"), "{origin}: {}", r.body);
+    }
+    let other_port = format!("http://127.0.0.1:{}", port.wrapping_add(1).max(1));
+    let evil = format!("http://evil.example.com:{port}");
+    for origin in [
+        "http://evil.example.com",
+        evil.as_str(),
+        other_port.as_str(),
+        "http://localhost",
+        "null",
+    ] {
+        let r = s
+            .raw("POST", "/mcp", &[("Origin", origin)], INITIALIZE)
+            .await;
+        assert_eq!(r.status, 403, "{origin}: {r:?}");
+        assert!(r.header("mcp-session-id").is_none(), "{origin}");
+    }
+    // A rebinding page sends its own name as Host too.
+    let r = s
+        .raw(
+            "POST",
+            "/mcp",
+            &[
+                ("Host", "evil.example.com"),
+                ("Origin", "http://evil.example.com"),
+            ],
+            INITIALIZE,
+        )
+        .await;
+    assert_eq!(r.status, 403, "{r:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_non_loopback_bind_without_a_token_refuses_to_start() {
     for addr in ["0.0.0.0:0", "[::]:0"] {

@@ -39,7 +39,7 @@ use crate::config::HttpConfig;
 use crate::identity::Caller;
 use crate::mcp::ReplboxServer;
 use auth::{Presented, Tokens};
-use policy::{HostPolicy, OriginPolicy, is_loopback};
+use policy::{HostPolicy, OriginPolicy, is_loopback, loopback_origins};
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const REALM: &str = "replbox";
@@ -78,12 +78,22 @@ pub async fn serve(
         );
     }
     let hosts = HostPolicy::new(&cfg.allowed_hosts, addr.ip())?;
-    let origins = OriginPolicy::new(&cfg.allowed_origins)?;
+    // Checked before binding, so a bad list stops the server before it listens.
+    OriginPolicy::new(&cfg.allowed_origins)?;
 
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr()?;
+    // The operator's origins, and this listener's own when it is on loopback (known once
+    // bound, for port 0).
+    let allowed_origins: Vec<String> = cfg
+        .allowed_origins
+        .iter()
+        .cloned()
+        .chain(loopback_origins(local))
+        .collect();
+    let origins = OriginPolicy::new(&allowed_origins)?;
 
     let mcp_ct = CancellationToken::new();
     let shared = Arc::new(Shared {
@@ -97,7 +107,7 @@ pub async fn serve(
         draining: AtomicBool::new(false),
         started: Instant::now(),
     });
-    let router = router(&shared, cfg, mcp_ct.child_token());
+    let router = router(&shared, cfg, &allowed_origins, mcp_ct.child_token());
 
     let stop_accepting = CancellationToken::new();
     let mut server = tokio::spawn(
@@ -140,12 +150,17 @@ pub async fn serve(
 }
 
 /// `/mcp` (rmcp's service, one handler per MCP session, behind the guard) and `/healthz`.
-fn router(shared: &Arc<Shared>, cfg: &HttpConfig, cancel: CancellationToken) -> Router {
+fn router(
+    shared: &Arc<Shared>,
+    cfg: &HttpConfig,
+    origins: &[String],
+    cancel: CancellationToken,
+) -> Router {
     let app = shared.app.clone();
     let service = StreamableHttpService::new(
         move || Ok(ReplboxServer::per_request(app.clone())),
         shared.mcp.clone(),
-        rmcp_config(cfg, &shared.hosts, cancel),
+        rmcp_config(cfg, &shared.hosts, origins, cancel),
     );
     Router::new()
         .route_service("/mcp", service)
@@ -159,6 +174,7 @@ fn router(shared: &Arc<Shared>, cfg: &HttpConfig, cancel: CancellationToken) -> 
 fn rmcp_config(
     cfg: &HttpConfig,
     hosts: &HostPolicy,
+    origins: &[String],
     cancel: CancellationToken,
 ) -> StreamableHttpServerConfig {
     let mut c = StreamableHttpServerConfig::default()
@@ -168,11 +184,9 @@ fn rmcp_config(
         HostPolicy::Any => c.disable_allowed_hosts(),
         HostPolicy::List { raw, .. } => c.with_allowed_hosts(raw.clone()),
     };
-    c = c.with_allowed_origins(cfg.allowed_origins.clone());
-    if cfg.allowed_origins.is_empty() {
-        c = c.enforce_origin_validation();
-    }
-    c
+    // Enforced even when the list is empty: then every request with an Origin is refused.
+    c.with_allowed_origins(origins.to_vec())
+        .enforce_origin_validation()
 }
 
 /// rmcp's MCP sessions, kept while idle for `--http-session-idle-s`, and at least as long
