@@ -58,6 +58,18 @@ impl RunReport {
         }
     }
 
+    /// Paths in the run's directory shown relative to it in the output, so a traceback
+    /// names `main.py` (as the program was started) rather than where the server keeps its
+    /// runs (interpreters make the script's path absolute).
+    pub(super) fn hide_dir(&mut self, dir: &std::path::Path) {
+        let prefix = format!("{}/", dir.display());
+        for out in [&mut self.stdout, &mut self.stderr] {
+            if out.contains(&prefix) {
+                *out = out.replace(&prefix, "");
+            }
+        }
+    }
+
     /// The program ran and exited 0.
     pub fn success(&self) -> bool {
         self.exit_code == Some(0)
