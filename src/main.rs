@@ -197,7 +197,8 @@ async fn run(
     let app = App::new(config)?;
     let lang = app.registry.get(&language).map_err(|e| {
         anyhow::anyhow!(
-            "{e}; available: {}",
+            "{e}.{} Available: {}",
+            replbox::lang::did_you_mean(app.registry.suggest(&language, false).as_deref()),
             app.registry.available_names().join(", ")
         )
     })?;

@@ -24,7 +24,7 @@ use serde_json::Value;
 use crate::app::App;
 use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
-use crate::lang::LookupError;
+use crate::lang::{LookupError, did_you_mean};
 use crate::session::FileError;
 use crate::session::files::{URI_TEMPLATE, file_uri, parse_uri};
 
@@ -148,7 +148,8 @@ impl ReplboxServer {
             LookupError::Unknown(name) => ToolError::new(
                 ErrorKind::UnsupportedLanguage,
                 format!(
-                    "unknown language {name:?}. Available language ids on this host: {available}"
+                    "unknown language {name:?}.{} Available language ids on this host: {available}",
+                    did_you_mean(self.app.registry.suggest(name, false).as_deref())
                 ),
             ),
             LookupError::NotInstalled { id, reason } => ToolError::new(

@@ -18,7 +18,9 @@ use crate::error::{ErrorKind, ToolError};
 use crate::exec::child::{ChildBuilder, check_caller_env};
 use crate::hostfs::{self, CwdPolicy};
 use crate::identity::Caller;
-use crate::lang::{Detected, Language, LookupError, SessionSpec, expand, expand_command};
+use crate::lang::{
+    Detected, Language, LookupError, SessionSpec, did_you_mean, expand, expand_command,
+};
 use crate::sandbox::Lease;
 use crate::workspace::PrivateDir;
 
@@ -150,7 +152,8 @@ impl SessionManager {
             LookupError::Unknown(n) => ToolError::new(
                 ErrorKind::UnsupportedLanguage,
                 format!(
-                    "unknown language {n:?}. Session languages on this host: {}",
+                    "unknown language {n:?}.{} Session languages on this host: {}",
+                    did_you_mean(self.registry.suggest(&n, true).as_deref()),
                     sessions()
                 ),
             ),
