@@ -356,6 +356,16 @@ impl Config {
     }
 }
 
+/// How log lines on stderr are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line (tracing-subscriber's JSON formatter).
+    Json,
+}
+
 /// Settings of `serve` that only the streamable HTTP transport uses.
 #[derive(clap::Args, Debug, Clone)]
 pub struct HttpConfig {
