@@ -426,6 +426,19 @@ pub struct HttpConfig {
     /// Largest request body accepted on /mcp, in bytes.
     #[arg(long, env = "REPLBOX_HTTP_MAX_BODY", default_value_t = 4 * 1024 * 1024)]
     pub http_max_body: usize,
+
+    /// How long a client may take to send a request's headers, and then its body, in ms; a
+    /// slower or half-sent request is dropped. Also how long an idle kept-alive connection
+    /// stays open.
+    #[arg(long, env = "REPLBOX_HTTP_READ_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_read_timeout_ms: u64,
+
+    /// Connections served at once; more wait, unaccepted, until one closes. Keep it well
+    /// below the open-files limit (`ulimit -n`): sessions need descriptors too.
+    #[arg(long, env = "REPLBOX_HTTP_MAX_CONNECTIONS", default_value_t = 512,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub http_max_connections: u64,
 }
 
 impl Default for HttpConfig {
@@ -439,6 +452,8 @@ impl Default for HttpConfig {
             drain_timeout_ms: 10_000,
             http_session_idle_s: 1800,
             http_max_body: 4 * 1024 * 1024,
+            http_read_timeout_ms: 10_000,
+            http_max_connections: 512,
         }
     }
 }

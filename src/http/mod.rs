@@ -1,7 +1,9 @@
 //! MCP over streamable HTTP: rmcp's `StreamableHttpService` at `/mcp` on axum, behind a
 //! guard that checks Host and Origin, authenticates the bearer token, binds every MCP
-//! session id to the principal that created it, and counts requests in flight; plus
-//! `GET /healthz` and a draining shutdown. Only transport lives here: ownership of REPL
+//! session id to the principal that created it, bounds how long a request body may take,
+//! and counts requests in flight; plus `GET /healthz`, `GET /metrics` and a draining
+//! shutdown. Connections are accepted and served by `listener` (a cap on open connections,
+//! a header read timeout). Only transport lives here: ownership of REPL
 //! sessions and their limits are the session manager's.
 //!
 //! How the principal reaches the tools: the guard puts the authenticated [`Caller`] in
@@ -11,6 +13,7 @@
 //! stateless 2026-07-28 path (no MCP session at all) works the same way.
 
 mod auth;
+mod listener;
 mod policy;
 
 use std::future::Future;
@@ -57,6 +60,8 @@ struct Shared {
     requests: InFlight,
     draining: AtomicBool,
     started: Instant,
+    /// Connections served at once, and how long a request may take to arrive.
+    limits: listener::Limits,
 }
 
 /// Serve MCP over streamable HTTP on `addr` until `terminate` completes, then drain and
@@ -106,15 +111,20 @@ pub async fn serve(
         requests: InFlight::default(),
         draining: AtomicBool::new(false),
         started: Instant::now(),
+        limits: listener::Limits::new(
+            Duration::from_millis(cfg.http_read_timeout_ms),
+            usize::try_from(cfg.http_max_connections).unwrap_or(usize::MAX),
+        ),
     });
     let router = router(&shared, cfg, &allowed_origins, mcp_ct.child_token());
 
     let stop_accepting = CancellationToken::new();
-    let mut server = tokio::spawn(
-        axum::serve(listener, router)
-            .with_graceful_shutdown(stop_accepting.clone().cancelled_owned())
-            .into_future(),
-    );
+    let mut server = tokio::spawn(listener::serve(
+        listener,
+        router,
+        shared.limits.clone(),
+        stop_accepting.clone(),
+    ));
     announce(&shared.tokens, local, cfg);
     app.start_background();
     let pruner = tokio::spawn(prune_owners(shared.clone()));
@@ -122,11 +132,11 @@ pub async fn serve(
     tokio::select! {
         _ = terminate => {}
         ended = &mut server => {
-            // The server stopped by itself: a listener error.
+            // The server stopped by itself: its task failed.
             pruner.abort();
             mcp_ct.cancel();
             app.shutdown().await;
-            ended??;
+            ended?;
             anyhow::bail!("the HTTP server stopped unexpectedly");
         }
     }
@@ -135,8 +145,8 @@ pub async fn serve(
     pruner.abort();
     app.shutdown().await;
     match tokio::time::timeout(Duration::from_secs(3), &mut server).await {
-        Ok(Ok(Err(e))) => tracing::warn!("HTTP server: {e}"),
-        Ok(_) => {}
+        Ok(Err(e)) => tracing::warn!("HTTP server: {e}"),
+        Ok(Ok(())) => {}
         Err(_) => {
             tracing::warn!("connections still open after shutdown; closing them");
             server.abort();
@@ -166,6 +176,7 @@ fn router(
         .route_service("/mcp", service)
         .route_layer(axum::middleware::from_fn_with_state(shared.clone(), guard))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .with_state(shared.clone())
 }
 
@@ -326,6 +337,10 @@ async fn guard(State(s): State<Arc<Shared>>, mut req: Request, next: Next) -> Re
     tracing::debug!(principal = %caller.principal, %method, "MCP request");
     req.extensions_mut().insert(caller.clone());
     let counting = (method == Method::POST).then(|| s.requests.enter());
+    // The body must arrive in time too: a half-sent one would otherwise hold its
+    // connection (and its slot) for as long as the client likes.
+    let read_timeout = s.limits.read_timeout;
+    let req = req.map(|body| Body::new(Deadline::new(body, read_timeout)));
     let response = next.run(req).await;
     if session.is_none()
         && let Some(id) = response
@@ -392,6 +407,23 @@ fn admit(s: &Shared, headers: &HeaderMap) -> Result<(Caller, Option<String>), Re
     if s.draining.load(Ordering::SeqCst) {
         return Err(Refused::Draining);
     }
+    let caller = check_client(s, headers)?;
+    // An MCP session id is usable only by the principal that created it.
+    let session = match headers.get(SESSION_HEADER) {
+        None => None,
+        Some(v) => match v.to_str() {
+            Ok(id) if s.owners.get(id).is_some_and(|o| *o == caller) => Some(id.to_string()),
+            _ => {
+                tracing::debug!(principal = %caller.principal, "unknown or foreign MCP session id");
+                return Err(Refused::UnknownSession);
+            }
+        },
+    };
+    Ok((caller, session))
+}
+
+/// Host, Origin and token: who this request comes from, if it may come at all.
+fn check_client(s: &Shared, headers: &HeaderMap) -> Result<Caller, Refused> {
     if !s.hosts.allows(headers) {
         tracing::warn!(
             host = ?headers.get(header::HOST),
@@ -406,19 +438,7 @@ fn admit(s: &Shared, headers: &HeaderMap) -> Result<(Caller, Option<String>), Re
         );
         return Err(Refused::Origin);
     }
-    let caller = authenticate(&s.tokens, headers)?;
-    // An MCP session id is usable only by the principal that created it.
-    let session = match headers.get(SESSION_HEADER) {
-        None => None,
-        Some(v) => match v.to_str() {
-            Ok(id) if s.owners.get(id).is_some_and(|o| *o == caller) => Some(id.to_string()),
-            _ => {
-                tracing::debug!(principal = %caller.principal, "unknown or foreign MCP session id");
-                return Err(Refused::UnknownSession);
-            }
-        },
-    };
-    Ok((caller, session))
+    authenticate(&s.tokens, headers)
 }
 
 /// The principal of the request's bearer token (`local` when no token is configured).
@@ -463,6 +483,65 @@ impl HttpBody for Counted {
     }
 }
 
+/// A request body that fails once `deadline` has passed before its end.
+struct Deadline {
+    inner: Body,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Deadline {
+    fn new(inner: Body, within: Duration) -> Self {
+        Self {
+            inner,
+            sleep: Box::pin(tokio::time::sleep(within)),
+        }
+    }
+}
+
+impl HttpBody for Deadline {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame);
+        }
+        match self.sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(axum::Error::new(
+                "the request body did not arrive in time",
+            )))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Prometheus metrics: behind Host, Origin and the token like `/mcp` (no MCP session).
+async fn metrics(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    if let Err(refused) = check_client(&s, &headers) {
+        return refused.response();
+    }
+    s.app.metrics.set_http_connections(s.limits.open());
+    let mut r = Response::new(Body::from(s.app.metrics_text()));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+    );
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
 /// Liveness and counts; no token needed, no secrets shown.
 async fn healthz(State(s): State<Arc<Shared>>) -> Response {
     let draining = s.draining.load(Ordering::SeqCst);
@@ -476,6 +555,7 @@ async fn healthz(State(s): State<Arc<Shared>>) -> Response {
         "principals": if s.tokens.is_empty() { 1 } else { s.tokens.principals() },
         "principals_with_sessions": s.app.sessions.owners(),
         "in_flight": s.app.calls.get(),
+        "connections": s.limits.open(),
         "auth": if s.tokens.is_empty() { "none" } else { "bearer" },
     });
     let mut r = Response::new(Body::from(body.to_string()));
