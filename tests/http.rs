@@ -1035,7 +1035,7 @@ async fn measure_eval_round_trip_http_vs_stdio() {
 /// `# HELP`/`# TYPE` comments or `name{label="value",…} number`.
 fn prometheus_samples(text: &str) -> Vec<(String, f64)> {
     let name = r"[a-zA-Z_:][a-zA-Z0-9_:]*";
-    let label = format!(r#"[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*""#);
+    let label = r#"[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*""#;
     let help = regex::Regex::new(&format!(r"^# HELP {name} \S.*$")).unwrap();
     let kind = regex::Regex::new(&format!(
         r"^# TYPE {name} (counter|gauge|histogram|summary|untyped)$"
