@@ -92,8 +92,8 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_OPEN_FILES", default_value_t = 1024)]
     pub open_files: u64,
 
-    /// CPU seconds per process of a `run-code` call (RLIMIT_CPU); 0 means the call's timeout.
-    /// Sessions have none: CPU time is cumulative, and a session lives long.
+    /// CPU seconds per process of a `run-code` call (RLIMIT_CPU); 0 means the call's timeout
+    /// plus a second. Sessions have none: CPU time is cumulative, and a session lives long.
     #[arg(long, env = "REPLBOX_CPU_S", default_value_t = 0)]
     pub cpu_s: u64,
 

@@ -653,3 +653,121 @@ fn serve_on_a_terminal_prints_a_hint() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("waiting for an MCP client"), "{err}");
 }
+
+/// The rows of the Markdown table that follows `header` in `text`, as cells.
+fn table_after(text: &str, header: &str) -> Vec<Vec<String>> {
+    let mut lines = text.lines().skip_while(|l| !l.starts_with(header));
+    assert!(lines.next().is_some(), "no table {header:?}");
+    lines
+        .skip(1) // | --- |
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            l.trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().to_string())
+                .collect()
+        })
+        .collect()
+}
+
+/// `--flag` -> its `[default: …]` in `serve --help` (None: no default shown).
+fn help_defaults() -> std::collections::BTreeMap<String, Option<String>> {
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .expect("serve --help");
+    let help = String::from_utf8_lossy(&out.stdout).to_string();
+    let flag = regex::Regex::new(r"^\s+(?:-\w, )?(--[a-z0-9-]+)").unwrap();
+    let mut found = std::collections::BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in help.lines() {
+        if let Some(c) = flag.captures(line) {
+            current = Some(c[1].to_string());
+            found.insert(c[1].to_string(), None);
+        } else if let (Some(f), Some(d)) = (&current, line.trim().strip_prefix("[default: ")) {
+            found.insert(f.clone(), Some(d.trim_end_matches(']').to_string()));
+        }
+    }
+    found
+}
+
+/// What a README default cell says, as `--help` would print it: a number (with MiB
+/// expanded), a `word`, or nothing ("off", blank, a description).
+fn readme_default(cell: &str) -> Option<String> {
+    let cell = cell.trim();
+    if let Some(word) = cell.strip_prefix('`').and_then(|c| c.strip_suffix('`'))
+        && !word.contains('`')
+    {
+        return Some(word.to_string());
+    }
+    let mut parts = cell.split_whitespace();
+    let n: u64 = parts.next()?.parse().ok()?;
+    Some(match parts.next() {
+        Some("MiB") => (n * 1024 * 1024).to_string(),
+        _ => n.to_string(),
+    })
+}
+
+/// README's tables say what the program does: the configuration defaults are those of
+/// `serve --help`, every flag is documented (README or docs/http.md), and the session
+/// languages' aliases are the registry's.
+#[test]
+fn readme_matches_help_and_the_registry() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README");
+    let http_doc = std::fs::read_to_string(format!("{root}/docs/http.md")).expect("http.md");
+    let help = help_defaults();
+    assert!(
+        help.contains_key("--cpu-s") && help.contains_key("--log-format"),
+        "{help:?}"
+    );
+    for row in table_after(&readme, "| flag | variable | default | what |") {
+        let flags: Vec<&str> = row[0]
+            .split('`')
+            .filter(|f| f.starts_with("--"))
+            .map(|f| f.split_whitespace().next().unwrap_or(f))
+            .collect();
+        let defaults: Vec<&str> = row[2].split(", ").collect();
+        assert!(!flags.is_empty(), "{row:?}");
+        for (i, f) in flags.iter().enumerate() {
+            let shown = help
+                .get(*f)
+                .unwrap_or_else(|| panic!("README lists {f}, which serve --help does not"));
+            let cell = if defaults.len() == flags.len() {
+                defaults[i]
+            } else {
+                &row[2]
+            };
+            assert_eq!(
+                &readme_default(cell),
+                shown,
+                "README's default of {f} ({cell:?}) is not --help's"
+            );
+        }
+    }
+    for f in help
+        .keys()
+        .filter(|f| !["--help", "--version"].contains(&f.as_str()))
+    {
+        assert!(
+            readme.contains(&format!("`{f}")) || http_doc.contains(&format!("`{f}")),
+            "{f} is documented in neither README.md nor docs/http.md"
+        );
+    }
+
+    let registry = replbox::lang::Registry::load(None).expect("built-in languages");
+    let rows = table_after(&readme, "| `language` | aliases |");
+    let session_langs: Vec<_> = registry.all().iter().filter(|l| l.has_session()).collect();
+    assert_eq!(rows.len(), session_langs.len(), "{rows:?}");
+    for lang in session_langs {
+        let row = rows
+            .iter()
+            .find(|r| r[0] == format!("`{}`", lang.id()))
+            .unwrap_or_else(|| panic!("{} is missing from README's session table", lang.id()));
+        let mut listed: Vec<&str> = row[1].split(", ").collect();
+        let mut aliases: Vec<&str> = lang.spec.aliases.iter().map(String::as_str).collect();
+        listed.sort();
+        aliases.sort();
+        assert_eq!(listed, aliases, "aliases of {}", lang.id());
+    }
+}

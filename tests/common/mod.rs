@@ -328,7 +328,8 @@ pub fn on_path(program: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// The languages of the design card: in CI (REPLBOX_REQUIRE_ALL=1) a missing one fails.
+/// The languages the README lists as supported: in CI (REPLBOX_REQUIRE_ALL=1) a missing one
+/// fails.
 pub fn require(language: &str, program: &str) -> bool {
     if on_path(program) {
         return true;
