@@ -500,6 +500,20 @@ async fn files_errors_name_name_path_and_content() {
         .call("session_start", start(json!([{"name": 3, "content": "x"}])))
         .await;
     assert!(invalid(&o).contains("`files[0].name` must be a string, not a whole number"));
+    let twice = json!([{"name": "a.txt", "content": "x"}, {"name": "a.txt", "content": "y"}]);
+    let o = s.call("session_start", start(twice)).await;
+    let t = invalid(&o);
+    assert!(
+        t.contains("files[1]: name: \"a.txt\" is given twice"),
+        "{t}"
+    );
+    let missing = json!([{"path": "/nonexistent/replbox-test.csv"}]);
+    let o = s.call("session_start", start(missing)).await;
+    let t = invalid(&o);
+    assert!(
+        t.contains("files[0]: path: cannot read /nonexistent/replbox-test.csv"),
+        "{t}"
+    );
     s.stop().await;
 }
 
