@@ -155,7 +155,9 @@ fn mismatch(v: &Value, p: &Value, defs: Option<&JsonObject>, path: &str) -> Opti
             let Some(obj) = v.as_object() else {
                 return Some(wrong(path, p, v, defs));
             };
-            if let Some(m) = object(obj, p, defs, &format!("{path}.")) {
+            if let Some(schema) = p.as_object()
+                && let Some(m) = object(obj, schema, defs, &format!("{path}."))
+            {
                 return Some(m);
             }
             true
@@ -173,7 +175,7 @@ fn wrong(path: &str, p: &Value, v: &Value, defs: Option<&JsonObject>) -> String 
 /// others), missing required ones, then each field's type. `prefix` names where it is.
 fn object(
     obj: &serde_json::Map<String, Value>,
-    schema: &Value,
+    schema: &JsonObject,
     defs: Option<&JsonObject>,
     prefix: &str,
 ) -> Option<String> {
@@ -253,8 +255,7 @@ pub(super) fn check(
     let empty = JsonObject::new();
     let args = args.unwrap_or(&empty);
     let defs = schema.get("$defs").and_then(Value::as_object);
-    let root = Value::Object(schema.clone());
-    match object(args, &root, defs, "") {
+    match object(args, schema, defs, "") {
         None => Ok(()),
         Some(problem) => Err(invalid(tool, &problem, schema)),
     }
