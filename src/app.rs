@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::config::Config;
 use crate::hostfs::CwdPolicy;
 use crate::lang::{Registry, Why};
+use crate::metrics::{Gauges, Metrics};
 use crate::run::Runner;
 use crate::run::warm::WarmPool;
 use crate::sandbox::Sandbox;
@@ -20,6 +21,8 @@ pub struct App {
     pub(crate) sessions: Arc<SessionManager>,
     /// Tool calls running now, over every connection.
     pub(crate) calls: InFlight,
+    /// Counters and histograms of the calls, for `GET /metrics`.
+    pub metrics: Metrics,
 }
 
 /// A count of work in progress; [`InFlight::enter`] returns a guard that counts while held.
@@ -105,6 +108,7 @@ impl App {
             runner,
             sessions,
             calls: InFlight::default(),
+            metrics: Metrics::new(),
         }))
     }
 
@@ -115,6 +119,43 @@ impl App {
         self.registry.detect_all_in_background();
         self.sandbox.verify_in_background();
         self.runner.fill_pools(&self.registry);
+    }
+
+    /// The metrics, with the gauges read from the server's state now.
+    pub fn metrics_text(&self) -> String {
+        let level = self.sandbox.level.to_string();
+        self.metrics.encode(Gauges {
+            sessions_open: self.sessions.count(),
+            warm_pool: self.runner.pool.ready(),
+            uids_in_use: self.sandbox.uids_in_use(),
+            sandbox_level: &level,
+        })
+    }
+
+    /// Log, once at start, the sandbox level in force and the limits calls run under.
+    pub fn log_settings(&self) {
+        let c = &self.config;
+        let l = &self.sandbox.limits;
+        tracing::info!(
+            sandbox = %self.sandbox.level,
+            as_root = self.sandbox.root,
+            network = self.sandbox.network,
+            memory_mb = l.memory_mb,
+            processes = l.processes,
+            file_size_mb = l.file_size_mb,
+            open_files = l.open_files,
+            cpu_s = l.cpu_s,
+            tmpfs_mb = l.tmpfs_mb,
+            default_timeout_ms = c.default_timeout_ms,
+            max_timeout_ms = c.max_timeout_ms,
+            output_cap = c.output_cap,
+            max_sessions = c.max_sessions,
+            max_sessions_per_principal = c.max_sessions_per_principal,
+            idle_timeout_s = c.idle_timeout_s,
+            pool = c.pool,
+            uids = c.uids,
+            "sandbox and limits"
+        );
     }
 
     /// Stop everything the server started.

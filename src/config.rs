@@ -98,8 +98,8 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_OPEN_FILES", default_value_t = 1024)]
     pub open_files: u64,
 
-    /// CPU seconds per process of a `run-code` call (RLIMIT_CPU); 0 means the call's timeout.
-    /// Sessions have none: CPU time is cumulative, and a session lives long.
+    /// CPU seconds per process of a `run-code` call (RLIMIT_CPU); 0 means the call's timeout
+    /// plus a second. Sessions have none: CPU time is cumulative, and a session lives long.
     #[arg(long, env = "REPLBOX_CPU_S", default_value_t = 0)]
     pub cpu_s: u64,
 
@@ -368,6 +368,16 @@ impl Config {
     }
 }
 
+/// How log lines on stderr are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line (tracing-subscriber's JSON formatter).
+    Json,
+}
+
 /// Settings of `serve` that only the streamable HTTP transport uses.
 #[derive(clap::Args, Debug, Clone)]
 pub struct HttpConfig {
@@ -404,7 +414,8 @@ pub struct HttpConfig {
     pub allowed_hosts: Vec<String>,
 
     /// A browser Origin to accept, e.g. `https://app.example:443` or
-    /// `http://localhost:*` (repeatable). Default: none, so a request carrying any
+    /// `http://localhost:*` (repeatable). Default: none but, on a loopback address, the
+    /// server's own (`http://localhost:PORT`, 127.0.0.1, [::1]); a request carrying another
     /// Origin header (a browser page) is refused; requests without Origin pass.
     #[arg(
         long = "allowed-origin",
@@ -427,6 +438,19 @@ pub struct HttpConfig {
     /// Largest request body accepted on /mcp, in bytes.
     #[arg(long, env = "REPLBOX_HTTP_MAX_BODY", default_value_t = 4 * 1024 * 1024)]
     pub http_max_body: usize,
+
+    /// How long a client may take to send a request's headers, and then its body, in ms; a
+    /// slower or half-sent request is dropped. Also how long an idle kept-alive connection
+    /// stays open.
+    #[arg(long, env = "REPLBOX_HTTP_READ_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_read_timeout_ms: u64,
+
+    /// Connections served at once; more wait, unaccepted, until one closes. Keep it well
+    /// below the open-files limit (`ulimit -n`): sessions need descriptors too.
+    #[arg(long, env = "REPLBOX_HTTP_MAX_CONNECTIONS", default_value_t = 512,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub http_max_connections: u64,
 }
 
 impl Default for HttpConfig {
@@ -440,6 +464,8 @@ impl Default for HttpConfig {
             drain_timeout_ms: 10_000,
             http_session_idle_s: 1800,
             http_max_body: 4 * 1024 * 1024,
+            http_read_timeout_ms: 10_000,
+            http_max_connections: 512,
         }
     }
 }

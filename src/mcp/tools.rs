@@ -11,7 +11,7 @@ use super::ReplboxServer;
 use super::params::{
     RunCodeParams, SessionEvalParams, SessionIdParams, SessionInputParams, SessionStartParams,
 };
-use super::reply::{eval_result, progress_reporter, result};
+use super::reply::{eval_result, progress_reporter, result, structured_value};
 use crate::error::ToolError;
 use crate::identity::Caller;
 use crate::run::{RunReport, RunRequest};
@@ -201,7 +201,7 @@ in another call. The session keeps its state.",
         if let Some(res) = &r.result {
             // The paused evaluation's own result, images included.
             let mut out = eval_result(res);
-            out.structured_content = serde_json::to_value(&r).ok();
+            out.structured_content = Some(structured_value(&r));
             out.is_error = Some(false);
             return Ok(out);
         }

@@ -188,6 +188,7 @@ impl Runner {
             if !ok || step.cancelled || step.spawn_error.is_some() {
                 report.phase = Phase::Compile;
                 Self::fill(&mut report, step);
+                report.hide_dir(place.dir.path());
                 report.duration_ms = started.elapsed().as_millis() as u64;
                 return Ok(report);
             }
@@ -209,6 +210,7 @@ impl Runner {
             }
         };
         Self::fill(&mut report, step);
+        report.hide_dir(place.dir.path());
         report.duration_ms = started.elapsed().as_millis() as u64;
         place.release().await;
         // Replace what this run used (or what the pool dropped), now that the run is over.

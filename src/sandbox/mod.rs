@@ -212,6 +212,11 @@ impl Sandbox {
         }
     }
 
+    /// Uids of the pool this server holds (0 when it does not run as root).
+    pub fn uids_in_use(&self) -> usize {
+        self.pool.as_ref().map_or(0, |p| p.in_use())
+    }
+
     /// The existing directories hidden from user code (canonical): a caller's `cwd` may not
     /// lie in one unless the operator allows it (see `hostfs::check_cwd`).
     pub fn masked(&self) -> &[PathBuf] {

@@ -63,6 +63,12 @@ impl UidPool {
         })
     }
 
+    /// Uids of the pool this server holds now.
+    pub(super) fn in_use(&self) -> usize {
+        let free = self.free.lock().unwrap_or_else(|p| p.into_inner()).len();
+        (self.size as usize).saturating_sub(free)
+    }
+
     fn try_lock(&self, uid: u32) -> Option<Flock<std::fs::File>> {
         use std::os::unix::fs::OpenOptionsExt;
         let f = std::fs::OpenOptions::new()

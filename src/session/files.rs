@@ -467,8 +467,12 @@ content (the text to write), not both or neither"
 allowed to the local client; send the data as content instead"
                         .into()));
                 }
-                let file = hostfs::open_host_file(&path)
-                    .map_err(|e| at(format!("cannot read {} as {user}: {e}", path.display())))?;
+                let file = hostfs::open_host_file(&path).map_err(|e| {
+                    at(format!(
+                        "path: cannot read {} as {user}: {e}",
+                        path.display()
+                    ))
+                })?;
                 let name = path
                     .file_name()
                     .and_then(|n| n.to_str())
@@ -486,7 +490,7 @@ allowed to the local client; send the data as content instead"
             .map(str::to_string)
             .collect();
         if items.iter().any(|(p, _)| *p == parts) {
-            return Err(at(format!("{name:?} is given twice")));
+            return Err(at(format!("name: {name:?} is given twice")));
         }
         check_target(dest, &parts, user).map_err(at)?;
         items.push((parts, source));

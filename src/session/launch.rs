@@ -19,7 +19,8 @@ use crate::exec::child::{ChildBuilder, check_caller_env};
 use crate::hostfs::{self, CwdPolicy};
 use crate::identity::Caller;
 use crate::lang::{
-    Detected, InterpreterInfo, Language, LookupError, SessionSpec, Why, expand, expand_command,
+    Detected, InterpreterInfo, Language, LookupError, SessionSpec, Why, did_you_mean, expand,
+    expand_command,
 };
 use crate::sandbox::Lease;
 use crate::venv::{self, Venv, VenvPolicy};
@@ -206,7 +207,8 @@ impl SessionManager {
             LookupError::Unknown(n) => ToolError::new(
                 ErrorKind::UnsupportedLanguage,
                 format!(
-                    "unknown language {n:?}. Session languages on this host: {}",
+                    "unknown language {n:?}.{} Session languages on this host: {}",
+                    did_you_mean(self.registry.suggest(&n, true).as_deref()),
                     sessions()
                 ),
             ),

@@ -281,6 +281,14 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         })
     }
 
+    /// The language id of one of the caller's open sessions (for logs and metrics).
+    pub fn language_of(&self, caller: &Caller, id: &str) -> Option<String> {
+        self.sessions
+            .get(id)
+            .filter(|s| s.owner == *caller)
+            .map(|s| s.lang.id().to_string())
+    }
+
     /// The caller's open sessions.
     pub fn list(&self, caller: &Caller) -> ListReport {
         let mut sessions: Vec<SessionInfo> = self

@@ -269,7 +269,7 @@ pub struct StartReport {
 pub struct CloseReport {
     pub session_id: String,
     pub closed: bool,
-    /// The interpreter's exit code (null when it had to be killed).
+    /// The interpreter's exit code (absent when it had to be killed).
     pub exit_code: Option<i32>,
 }
 
