@@ -182,7 +182,7 @@ impl Runner {
         };
         match warm {
             Some(w) => Ok((w.place, Some(w.proc))),
-            None => Ok((self.place(lang, &detected.exe, cpu_s)?, None)),
+            None => Ok((self.place(lang, &detected.exe, cpu_s, true).await?, None)),
         }
     }
 
@@ -199,8 +199,20 @@ impl Runner {
 
     /// A fresh place for a run: a uid from the pool (when the server is root; returned when
     /// the place is dropped, after its processes are gone) and a private directory it owns.
-    fn place(&self, lang: &Language, exe: &Path, cpu_s: u64) -> Result<Place, String> {
-        let lease = self.sandbox.lease()?;
+    /// With `reclaim`, a pool of uids all in use first takes one back from the kept files
+    /// of an ended session.
+    async fn place(
+        &self,
+        lang: &Language,
+        exe: &Path,
+        cpu_s: u64,
+        reclaim: bool,
+    ) -> Result<Place, String> {
+        let lease = if reclaim {
+            self.sandbox.lease_or_reclaim().await?
+        } else {
+            self.sandbox.lease()?
+        };
         let uid = lease.as_ref().map(|l| l.uid);
         let dir = self
             .workspace
