@@ -70,7 +70,9 @@ impl App {
             registry.clone(),
             workspace,
             sandbox.clone(),
-        ));
+        )?);
+        let reclaim: Arc<dyn crate::sandbox::Reclaim> = sessions.clone();
+        sandbox.set_reclaimer(Arc::downgrade(&reclaim));
         sessions.spawn_reaper();
         Ok(Arc::new(Self {
             config,

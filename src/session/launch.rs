@@ -9,9 +9,11 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::entry::Session;
+use super::entry::{Remains, Session};
 use super::files::{self, InFile};
+use super::history::Record;
 use super::interp::{Interp, Launch};
+use super::journal::Writer;
 use super::manager::SessionManager;
 use super::report::StartReport;
 use crate::error::{ErrorKind, ToolError};
@@ -62,16 +64,32 @@ impl SessionManager {
         caller: &Caller,
         req: StartRequest,
     ) -> Result<StartReport, ToolError> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let (report, _) = self.start_as(caller, req, id, None).await?;
+        Ok(report)
+    }
+
+    /// Start session `id`: a new one (`restoring` None: its journal is created), or one
+    /// restored from its journal (which it goes on writing). Every check and limit of a new
+    /// session applies either way.
+    pub(super) async fn start_as(
+        &self,
+        caller: &Caller,
+        req: StartRequest,
+        id: String,
+        restoring: Option<Arc<Writer>>,
+    ) -> Result<(StartReport, Arc<Session>), ToolError> {
         let _slot = self.admit(caller).await?;
         let (lang, spec) = self.session_language(&req.language)?;
         check_caller_env(&req.env).map_err(ToolError::invalid)?;
         let it = self.interpreter(lang, spec).await?;
         let lease = self
             .sandbox
-            .lease()
+            .lease_or_reclaim()
+            .await
             .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
         let uid = lease.as_ref().map(|l| l.uid);
-        let id = uuid::Uuid::new_v4().to_string();
+        let journaled = restoring.is_none().then(|| req.clone());
         let (dirs, prepared) = self.dirs(&id, uid, req.cwd, req.files, caller).await?;
         // Until the session is up, a failure takes the files brought in away again.
         let undo = |e: ToolError| {
@@ -103,6 +121,13 @@ impl SessionManager {
             notes.push(self.untracked_note());
         }
         let idle_timeout = self.config.idle_timeout(req.idle_timeout_s);
+        let journal = match restoring {
+            Some(w) => Some(w),
+            None => match journaled {
+                Some(r) => self.create_journal(&id, caller, &r, &mut notes).await,
+                None => None,
+            },
+        };
         let report = StartReport {
             session_id: id.clone(),
             language: it.lang.id().to_string(),
@@ -116,6 +141,7 @@ impl SessionManager {
             notes,
         };
         let now = SystemTime::now();
+        let (cells, bytes) = self.config.history_bounds();
         let session = Arc::new(Session {
             id: id.clone(),
             owner: caller.clone(),
@@ -125,7 +151,10 @@ impl SessionManager {
             uid,
             created_at: now,
             idle_timeout,
-            dir: dirs.dir,
+            remains: Mutex::new(Some(Remains {
+                dir: dirs.dir,
+                lease,
+            })),
             out_fd: prepared.out_fd,
             files: Mutex::new(baseline),
             pid: AtomicU64::new(interp.pid as u64),
@@ -137,10 +166,11 @@ impl SessionManager {
             gone: Mutex::new(None),
             awaiting: Mutex::new(None),
             interrupt: Mutex::new(None),
-            lease,
+            record: Arc::new(Mutex::new(Record::new(cells, bytes))),
+            journal,
         });
-        self.sessions.insert(id, session);
-        Ok(report)
+        self.sessions.insert(id, session.clone());
+        Ok((report, session))
     }
 
     /// The language asked for, and its REPL driver.

@@ -1,0 +1,567 @@
+//! Sessions that outlive the server (`--state-dir`): each session's journal is written as it
+//! runs; a server that stops leaves its sessions suspended (their journals stay); the next
+//! server on the same directory lists them as `suspended`, and a restore starts the
+//! interpreter again and replays the cells that succeeded, in order. Only session_close
+//! deletes a journal; a session reaped, evicted or exited keeps it, restorable, for
+//! `--keep-journals-s`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Instant, SystemTime};
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::ended::EndedInfo;
+use super::entry::{Busy, Gone, Session, lock, unix};
+use super::files::InFile;
+use super::history::{Cell, Outputs, Pending};
+use super::interp::{Ending, Outcome};
+use super::journal::{self, CellEntry, Entry, FileEntry, Journal, StartEntry, Writer};
+use super::launch::StartRequest;
+use super::manager::SessionManager;
+use super::report::{ErrorInfo, EvalReport, EvalStatus};
+use crate::error::{ErrorKind, ToolError};
+use crate::identity::Caller;
+
+/// A session whose journal can start it again.
+#[derive(Debug, Clone)]
+pub(super) struct Suspended {
+    pub journal: Journal,
+    pub path: PathBuf,
+}
+
+impl Suspended {
+    /// How it stopped: how it ended, or `server_stopped`.
+    pub fn reason(&self) -> &str {
+        self.journal
+            .ended
+            .as_ref()
+            .map_or("server_stopped", |(how, _)| how.as_str())
+    }
+
+    /// Whether the first session_eval restores it by itself (not after its code exited).
+    fn restores_by_itself(&self) -> bool {
+        self.reason() != "exited"
+    }
+
+    fn since(&self) -> u64 {
+        self.journal
+            .ended
+            .as_ref()
+            .map_or(self.journal.modified, |(_, at)| *at)
+    }
+}
+
+/// A cell that did not succeed when it was replayed.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ReplayFailure {
+    pub eval_id: u64,
+    pub status: EvalStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorInfo>,
+    /// The end of what it printed.
+    pub output: String,
+}
+
+/// What `session_restore` returns.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct RestoreReport {
+    pub session_id: String,
+    pub language: String,
+    pub version: String,
+    pub pid: u32,
+    pub cwd: String,
+    pub sandbox: crate::sandbox::Level,
+    /// Cells run again, in order (those that had succeeded).
+    pub replayed: u64,
+    /// Cells not run again because they had failed (or been interrupted).
+    pub skipped: u64,
+    /// Replayed cells that did not succeed this time.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<ReplayFailure>,
+    pub duration_ms: u64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+impl RestoreReport {
+    pub fn text(&self) -> String {
+        let mut t = format!(
+            "session {} restored: {} {} (pid {}) in {}; {} cell(s) replayed",
+            self.session_id, self.language, self.version, self.pid, self.cwd, self.replayed
+        );
+        if self.skipped > 0 {
+            t.push_str(&format!(", {} that had failed skipped", self.skipped));
+        }
+        t.push_str(&format!(" ({} ms)", self.duration_ms));
+        for f in &self.failed {
+            t.push_str(&format!(
+                "\n[cell {} failed on replay: {}]",
+                f.eval_id,
+                f.error
+                    .as_ref()
+                    .map(|e| format!("{}: {}", e.kind, e.message))
+                    .unwrap_or_else(|| format!("{:?}", f.status).to_lowercase())
+            ));
+        }
+        for n in &self.notes {
+            t.push_str(&format!("\n[{n}]"));
+        }
+        t
+    }
+}
+
+fn now_s() -> u64 {
+    unix(SystemTime::now())
+}
+
+impl SessionManager {
+    /// Read the journals of the state directory (at start): each good one is a suspended
+    /// session; a corrupt one is reported, set aside and skipped; an old one is deleted.
+    pub(super) fn load_journals(&self) {
+        let Some(state) = &self.state else { return };
+        let max = self.journal_max();
+        let now = now_s();
+        for id in state.journals() {
+            let path = state.journal_path(&id);
+            match journal::read(&path, &id, max) {
+                Ok(j) => {
+                    let s = Suspended { journal: j, path };
+                    if now.saturating_sub(s.since()) > self.config.keep_journals_s {
+                        tracing::info!(session = %id, "deleting a journal older than --keep-journals-s");
+                        let _ = std::fs::remove_file(&s.path);
+                        continue;
+                    }
+                    if s.journal.torn {
+                        tracing::warn!(session = %id, "the journal's last line was cut short (the server was killed while writing it); it was dropped");
+                    }
+                    self.suspended.insert(id, s);
+                }
+                Err(why) => {
+                    let aside = path.with_extension("journal.corrupt");
+                    tracing::error!(
+                        journal = %path.display(),
+                        %why,
+                        "corrupt session journal skipped; moved to {}",
+                        aside.display()
+                    );
+                    let _ = std::fs::rename(&path, &aside);
+                }
+            }
+        }
+        if !self.suspended.is_empty() {
+            tracing::info!(
+                count = self.suspended.len(),
+                "suspended sessions found in the state directory"
+            );
+        }
+    }
+
+    fn journal_max(&self) -> u64 {
+        self.config.journal_max_mb.saturating_mul(1 << 20)
+    }
+
+    /// The journal of a new session; a failure leaves the session unjournaled, with a note.
+    pub(super) async fn create_journal(
+        &self,
+        id: &str,
+        caller: &Caller,
+        req: &StartRequest,
+        notes: &mut Vec<String>,
+    ) -> Option<Arc<Writer>> {
+        let state = self.state.as_ref()?;
+        let path = state.journal_path(id);
+        let entry = Entry::Start {
+            version: 1,
+            session_id: id.to_string(),
+            owner: caller.principal.clone(),
+            created_at: now_s(),
+            request: StartEntry {
+                language: req.language.clone(),
+                cwd: req.cwd.as_ref().map(|p| p.display().to_string()),
+                env: req.env.clone(),
+                idle_timeout_s: req.idle_timeout_s,
+                files: req
+                    .files
+                    .iter()
+                    .map(|f| FileEntry {
+                        name: f.name.clone(),
+                        path: f.path.as_ref().map(|p| p.display().to_string()),
+                        content: f.content.clone(),
+                    })
+                    .collect(),
+            },
+        };
+        let max = self.journal_max();
+        let made =
+            tokio::task::spawn_blocking(move || Writer::create(&path, &entry, max.max(4096)))
+                .await
+                .map_err(std::io::Error::other)
+                .and_then(|r| r);
+        match made {
+            Ok(w) => Some(Arc::new(w)),
+            Err(e) => {
+                tracing::error!(session = %id, error = %e, "cannot create the session's journal");
+                notes.push(format!(
+                    "this session is not journaled ({e}): it will not survive a restart of the server"
+                ));
+                None
+            }
+        }
+    }
+
+    /// Journal a finished cell (made durable before the call returns).
+    pub(super) async fn journal_cell(&self, session: &Session, done: (Cell, Vec<String>, u64)) {
+        let Some(w) = session.journal.clone() else {
+            return;
+        };
+        let (cell, inputs, timeout_ms) = done;
+        let entry = Entry::Cell(CellEntry {
+            eval_id: cell.eval_id,
+            code: cell.code,
+            status: cell.status,
+            error: cell.error,
+            duration_ms: cell.duration_ms,
+            started_at: cell.started_at,
+            timeout_ms,
+            inputs,
+        });
+        let was_full = w.is_full();
+        let r = tokio::task::spawn_blocking(move || w.append(&entry)).await;
+        match r {
+            Ok(Ok(journal::Appended::Full)) if !was_full => {
+                tracing::warn!(session = %session.id, "the session's journal is full");
+            }
+            Ok(Err(e)) => {
+                tracing::error!(session = %session.id, error = %e, "cannot write the session's journal")
+            }
+            _ => {}
+        }
+    }
+
+    /// A session ended: session_close deletes its journal; reaped, evicted or exited, it is
+    /// kept and the session becomes restorable.
+    pub(super) async fn journal_end(&self, session: &Session, how: &Gone) {
+        let Some(w) = session.journal.clone() else {
+            return;
+        };
+        let how = how.reason();
+        let id = session.id.clone();
+        let max = self.journal_max();
+        let read = tokio::task::spawn_blocking(move || {
+            if how == "closed" {
+                w.remove();
+                return None;
+            }
+            if let Err(e) = w.append(&Entry::End {
+                how: how.to_string(),
+                at: now_s(),
+            }) {
+                tracing::error!(session = %id, error = %e, "cannot write the session's journal");
+            }
+            Some(journal::read(w.path(), &id, max).map(|j| (j, w.path().to_path_buf())))
+        })
+        .await;
+        if let Ok(Some(Ok((journal, path)))) = read {
+            self.suspended
+                .insert(session.id.clone(), Suspended { journal, path });
+        }
+    }
+
+    /// Forget journals kept longer than `--keep-journals-s`.
+    pub(super) async fn expire_journals(&self) {
+        let now = now_s();
+        let old: Vec<Suspended> = self
+            .suspended
+            .iter()
+            .filter(|s| now.saturating_sub(s.since()) > self.config.keep_journals_s)
+            .map(|s| s.clone())
+            .collect();
+        for s in old {
+            self.suspended.remove(&s.journal.session_id);
+            let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(&s.path)).await;
+        }
+    }
+
+    /// The caller's suspended session `id`, if any.
+    pub(super) fn suspended_of(&self, caller: &Caller, id: &str) -> Option<Suspended> {
+        self.suspended
+            .get(id)
+            .filter(|s| s.journal.owner == caller.principal)
+            .map(|s| s.clone())
+    }
+
+    /// The error for a call on a suspended session.
+    pub(super) fn suspended_error(&self, s: &Suspended) -> ToolError {
+        let id = &s.journal.session_id;
+        let why = match s.reason() {
+            "server_stopped" => "the server it ran in stopped".to_string(),
+            "exited" => "its interpreter exited".to_string(),
+            "reaped" => "it was closed for idleness".to_string(),
+            other => format!("it ended ({other})"),
+        };
+        let auto = if s.restores_by_itself() && !self.config.no_auto_restore {
+            ", or just session_eval: the first evaluation restores it"
+        } else {
+            ""
+        };
+        ToolError::new(
+            ErrorKind::Suspended,
+            format!(
+                "session {id} is suspended: {why}. Restore it with session_restore, which starts \
+its interpreter again and replays its {} cell(s) that succeeded{auto}.",
+                s.journal
+                    .cells
+                    .iter()
+                    .filter(|c| c.status == EvalStatus::Ok)
+                    .count()
+            ),
+        )
+        .session(id)
+    }
+
+    /// Whether a session_eval on the caller's session `id` should restore it first.
+    pub(super) fn restores_on_eval(&self, caller: &Caller, id: &str) -> bool {
+        !self.config.no_auto_restore
+            && self
+                .suspended_of(caller, id)
+                .is_some_and(|s| s.restores_by_itself())
+    }
+
+    /// The caller's suspended sessions, for `session_list`.
+    pub(super) fn suspended_rows(&self, caller: &Caller) -> Vec<EndedInfo> {
+        let mut rows: Vec<EndedInfo> = self
+            .suspended
+            .iter()
+            .filter(|s| s.journal.owner == caller.principal)
+            .map(|s| EndedInfo {
+                session_id: s.journal.session_id.clone(),
+                language: s.journal.request.language.clone(),
+                state: "suspended".into(),
+                reason: s.reason().to_string(),
+                ended_at: s.journal.ended.as_ref().map(|(_, at)| *at),
+                files_kept_until: None,
+                evals: s.journal.cells.last().map_or(0, |c| c.eval_id),
+                restorable: true,
+            })
+            .collect();
+        rows.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+        rows
+    }
+
+    /// Restore the caller's suspended session `id`: start its interpreter again (every
+    /// check and limit of a new session applies) and replay the cells that succeeded.
+    pub async fn restore(&self, caller: &Caller, id: &str) -> Result<RestoreReport, ToolError> {
+        if self.sessions.get(id).is_some_and(|s| s.owner == *caller) {
+            return Err(ToolError::invalid(format!(
+                "session {id} is running; there is nothing to restore"
+            ))
+            .session(id));
+        }
+        // Taken out while it is restored, so that two calls do not both restore it.
+        let Some((_, s)) = self
+            .suspended
+            .remove_if(id, |_, s| s.journal.owner == caller.principal)
+        else {
+            return Err(match self.lookup(caller, id) {
+                Err(e) if e.kind == ErrorKind::EndedSession => ToolError::new(
+                    ErrorKind::EndedSession,
+                    format!(
+                        "{} It cannot be restored: it has no journal (session_close deletes it; \
+without --state-dir there is none).",
+                        e.message
+                    ),
+                )
+                .session(id),
+                Err(e) => e,
+                Ok(_) => ToolError::invalid(format!("session {id} is running")),
+            });
+        };
+        match self.restore_from(caller, &s).await {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                self.suspended.insert(id.to_string(), s);
+                Err(e)
+            }
+        }
+    }
+
+    async fn restore_from(
+        &self,
+        caller: &Caller,
+        s: &Suspended,
+    ) -> Result<RestoreReport, ToolError> {
+        let t0 = Instant::now();
+        let j = &s.journal;
+        let id = j.session_id.clone();
+        // What was kept of its end is superseded by the session itself.
+        if let Some((_, k)) = self.kept.remove(&id) {
+            k.release().await;
+        }
+        let (path, max, full) = (s.path.clone(), self.journal_max(), j.full_at.is_some());
+        let writer = tokio::task::spawn_blocking(move || -> std::io::Result<Writer> {
+            let w = Writer::reopen(&path, max, full)?;
+            w.append(&Entry::Restored { at: now_s() })?;
+            Ok(w)
+        })
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|r| r)
+        .map_err(|e| ToolError::internal(format!("cannot write the session's journal: {e}")))?;
+        let req = &j.request;
+        let req = StartRequest {
+            language: req.language.clone(),
+            cwd: req.cwd.as_ref().map(PathBuf::from),
+            env: req.env.clone(),
+            idle_timeout_s: req.idle_timeout_s,
+            // Files brought into a caller's cwd are still there; a private directory is new.
+            files: if req.cwd.is_some() {
+                Vec::new()
+            } else {
+                req.files
+                    .iter()
+                    .map(|f| InFile {
+                        name: f.name.clone(),
+                        path: f.path.as_ref().map(PathBuf::from),
+                        content: f.content.clone(),
+                    })
+                    .collect()
+            },
+        };
+        let (start, session) = self
+            .start_as(caller, req, id.clone(), Some(Arc::new(writer)))
+            .await?;
+        self.ended.remove(&id);
+        let last = j.cells.last().map_or(0, |c| c.eval_id);
+        session.evals.store(last, Ordering::Relaxed);
+        let (replayed, skipped, failed) = self.replay(&session, &j.cells).await;
+        let mut notes = start.notes;
+        if let Some(n) = j.full_at {
+            notes.push(format!(
+                "the journal was full from cell {n} on (--journal-max-mb): later cells were not \
+replayed"
+            ));
+        }
+        if j.torn {
+            notes.push(
+                "the journal's last line was cut short when the server was killed; that cell was \
+not replayed"
+                    .into(),
+            );
+        }
+        notes.push(
+            "replay ran the cells again, side effects included (files written, requests sent)"
+                .into(),
+        );
+        tracing::info!(session = %id, replayed, ms = t0.elapsed().as_millis() as u64, "session restored");
+        Ok(RestoreReport {
+            session_id: id,
+            language: start.language,
+            version: start.version,
+            pid: session.pid.load(Ordering::Relaxed) as u32,
+            cwd: start.cwd,
+            sandbox: start.sandbox,
+            replayed,
+            skipped,
+            failed,
+            duration_ms: t0.elapsed().as_millis() as u64,
+            notes,
+        })
+    }
+
+    /// Run the journal's cells that succeeded again, in order, with their own numbers and
+    /// deadlines (and the answers they were given); the others only go into the history.
+    async fn replay(
+        &self,
+        session: &Arc<Session>,
+        cells: &[CellEntry],
+    ) -> (u64, u64, Vec<ReplayFailure>) {
+        let (mut replayed, mut skipped, mut failed) = (0, 0, Vec::new());
+        let mut guard = session.interp.lock().await;
+        let never = CancellationToken::new();
+        for c in cells {
+            if c.status != EvalStatus::Ok || guard.is_none() {
+                skipped += 1;
+                lock(&session.record).history.push(Cell {
+                    eval_id: c.eval_id,
+                    code: c.code.clone(),
+                    status: c.status,
+                    error: c.error.clone(),
+                    duration_ms: c.duration_ms,
+                    started_at: c.started_at,
+                    outputs: Outputs::default(),
+                    replayed: false,
+                });
+                continue;
+            }
+            let started = Instant::now();
+            *lock(&session.busy) = Some(Busy {
+                eval_id: c.eval_id,
+                since: started,
+            });
+            let timeout = self.config.timeout(Some(c.timeout_ms));
+            let deadline = tokio::time::Instant::now() + timeout;
+            let Some(interp) = guard.as_mut() else { break };
+            let mut outcome = interp
+                .eval(c.eval_id, &c.code, deadline, &never, None)
+                .await;
+            let mut before = String::new();
+            let mut answers = c.inputs.iter();
+            while matches!(outcome.ending, Ending::AwaitingInput) {
+                before.push_str(&outcome.output.text);
+                outcome = match answers.next() {
+                    Some(a) => {
+                        let mut a = a.clone();
+                        if !a.ends_with('\n') {
+                            a.push('\n');
+                        }
+                        interp.resume(&a, deadline, &never, None).await
+                    }
+                    None => interp.interrupt_paused().await,
+                };
+            }
+            let outcome = Outcome {
+                ending: outcome.ending,
+                output: outcome.output,
+            };
+            let mut report = self.conclude(session, &mut guard, c.eval_id, started, outcome);
+            self.collect(session, &mut report).await;
+            *lock(&session.busy) = None;
+            replayed += 1;
+            if report.status != EvalStatus::Ok {
+                failed.push(failure(c.eval_id, &report));
+            }
+            lock(&session.record).history.push(Cell {
+                eval_id: c.eval_id,
+                code: c.code.clone(),
+                status: report.status,
+                error: report.error.clone(),
+                duration_ms: started.elapsed().as_millis() as u64,
+                started_at: now_s(),
+                outputs: Outputs::of(&report, &before),
+                replayed: true,
+            });
+        }
+        drop(guard);
+        session.touch();
+        if lock(&session.gone).is_some() {
+            // The replay ended the interpreter.
+            lock(&session.record).pending = None::<Pending>;
+        }
+        (replayed, skipped, failed)
+    }
+}
+
+fn failure(eval_id: u64, report: &EvalReport) -> ReplayFailure {
+    let out = report.output.trim_end();
+    let start = out.char_indices().rev().nth(1999).map_or(0, |(i, _)| i);
+    ReplayFailure {
+        eval_id,
+        status: report.status,
+        error: report.error.clone(),
+        output: out[start..].to_string(),
+    }
+}
