@@ -244,7 +244,8 @@ impl Config {
                 cpu_s: self.cpu_s,
                 tmpfs_mb: self.tmpfs_mb.max(1),
             },
-            masks: self.mask.clone(),
+            // The journals are the server's: hidden like the masked trees.
+            masks: self.mask.iter().chain(&self.state_dir).cloned().collect(),
             uid_base: self.uid_base,
             uids: self.uids,
         }

@@ -219,8 +219,9 @@ in another call. The session keeps its state.",
     /// Close a session.
     #[tool(
         name = "session_close",
-        description = "Close a session: its interpreter and everything it started are killed and its private \
-directory is removed.",
+        description = "Close a session: its interpreter and everything it started are killed; its files stay \
+readable (read-only) for a while, then its private directory is removed. A closed session cannot be \
+restored.",
         output_schema = schema_for_output::<CloseReport>(),
         annotations(title = "Close session", read_only_hint = false, destructive_hint = true,
                     idempotent_hint = true, open_world_hint = false)

@@ -9,7 +9,7 @@ use dashmap::DashMap;
 
 use super::ended::Kept;
 use super::entry::{Gone, Session, lock};
-use super::journal::StateDir;
+pub use super::journal::StateDir;
 use super::report::{CloseReport, ListReport, SessionInfo};
 use super::restore::Suspended;
 use crate::config::Config;
@@ -62,31 +62,20 @@ pub struct SessionManager {
 }
 
 impl SessionManager {
-    /// The table; with `--state-dir`, the directory is checked and locked, and its
-    /// journals read (their sessions are suspended).
+    /// The table; with a state directory (checked and locked already), its journals are
+    /// read: their sessions are suspended.
     pub fn new(
         config: Arc<Config>,
         registry: Arc<Registry>,
         workspace: Arc<Workspace>,
         sandbox: Arc<Sandbox>,
-    ) -> anyhow::Result<Self> {
+        state: Option<StateDir>,
+    ) -> Self {
         let cwd_policy = Arc::new(CwdPolicy::new(
             workspace.root(),
             sandbox.masked(),
             &config.allow_cwd,
         ));
-        let state = match &config.state_dir {
-            Some(dir) => {
-                if dir.starts_with(workspace.root()) {
-                    anyhow::bail!(
-                        "state directory {}: it lies in the server's workspace",
-                        dir.display()
-                    );
-                }
-                Some(StateDir::open(dir)?)
-            }
-            None => None,
-        };
         let me = Self {
             config,
             registry,
@@ -101,7 +90,7 @@ impl SessionManager {
             suspended: DashMap::new(),
         };
         me.load_journals();
-        Ok(me)
+        me
     }
 
     pub fn count(&self) -> usize {
