@@ -581,6 +581,12 @@ async fn journals_are_data_corrupt_ones_are_reported_and_skipped() {
     // Still suspended, not half started.
     let l = s.call("session_list", json!({})).await;
     assert_eq!(l.structured["sessions"].as_array().unwrap().len(), 1);
+    // Closing a suspended session deletes its journal.
+    let o = s.call("session_close", json!({"session_id": forged})).await;
+    assert_eq!(o.structured["closed"], true, "{}", o.text);
+    assert!(!state.join(format!("{forged}.journal")).exists());
+    let l = s.call("session_list", json!({})).await;
+    assert!(l.structured.get("ended").is_none(), "{}", l.structured);
     s.stop().await;
     let log = std::fs::read_to_string(&log).unwrap();
     for b in bad {

@@ -291,6 +291,7 @@ impl ServerHandler for ReplboxServer {
                 .app
                 .sessions
                 .export_resource(&caller, &id, &ext)
+                .await
                 .map_err(|e| match e.kind {
                     ErrorKind::InvalidArgument => ErrorData::invalid_params(e.message, None),
                     _ => ErrorData::resource_not_found(e.message, None),

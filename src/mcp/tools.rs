@@ -254,7 +254,7 @@ ended ones while their record is kept (see session_list) and suspended ones.",
         Parameters(p): Parameters<SessionIdParams>,
         Extension(caller): Extension<Caller>,
     ) -> Result<CallToolResult, ToolError> {
-        let r = self.app.sessions.history(&caller, &p.session_id)?;
+        let r = self.app.sessions.history(&caller, &p.session_id).await?;
         Ok(result(r.text(), &r, false))
     }
 
@@ -278,7 +278,11 @@ resource, also readable as replbox://sessions/{id}/export.ipynb (or export.py, .
             ExportFormat::Ipynb => Format::Ipynb,
             ExportFormat::Script => Format::Script,
         };
-        let r = self.app.sessions.export(&caller, &p.session_id, format)?;
+        let r = self
+            .app
+            .sessions
+            .export(&caller, &p.session_id, format)
+            .await?;
         let mut text = format!(
             "session {} exported as {} ({} cells, {} bytes): {}",
             r.session_id, r.format, r.cells, r.bytes, r.uri

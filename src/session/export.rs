@@ -58,7 +58,7 @@ pub struct ExportReport {
 impl SessionManager {
     /// The caller's session `id` as a history source: open, ended while its record is
     /// kept, or suspended (from its journal).
-    pub(super) fn source(&self, caller: &Caller, id: &str) -> Result<Source, ToolError> {
+    pub(super) async fn source(&self, caller: &Caller, id: &str) -> Result<Source, ToolError> {
         let from = |record: &std::sync::Mutex<super::history::Record>| {
             let r = lock(record);
             let mut notes = Vec::new();
@@ -94,7 +94,7 @@ impl SessionManager {
             });
         }
         if let Some(s) = self.suspended_of(caller, id) {
-            let j = s.journal;
+            let j = self.read_journal(&s).await?;
             let lang = self.registry.get(&j.request.language).ok();
             let cells = j
                 .cells
@@ -134,8 +134,8 @@ cells, not their outputs (restore it to run them again)"
     }
 
     /// `session_history`.
-    pub fn history(&self, caller: &Caller, id: &str) -> Result<HistoryReport, ToolError> {
-        let s = self.source(caller, id)?;
+    pub async fn history(&self, caller: &Caller, id: &str) -> Result<HistoryReport, ToolError> {
+        let s = self.source(caller, id).await?;
         Ok(HistoryReport {
             session_id: s.id,
             language: s.language,
@@ -147,13 +147,13 @@ cells, not their outputs (restore it to run them again)"
     }
 
     /// `session_export`.
-    pub fn export(
+    pub async fn export(
         &self,
         caller: &Caller,
         id: &str,
         format: Format,
     ) -> Result<ExportReport, ToolError> {
-        let s = self.source(caller, id)?;
+        let s = self.source(caller, id).await?;
         let facts = s.lang.as_ref().and_then(|l| l.spec.notebook.clone());
         let version = s
             .lang
@@ -209,16 +209,16 @@ no kernel",
 
     /// The export a resource URI names: `export.ipynb`, or `export.<ext>` with the script
     /// extension of the session's language.
-    pub fn export_resource(
+    pub async fn export_resource(
         &self,
         caller: &Caller,
         id: &str,
         ext: &str,
     ) -> Result<ExportReport, ToolError> {
         if ext == "ipynb" {
-            return self.export(caller, id, Format::Ipynb);
+            return self.export(caller, id, Format::Ipynb).await;
         }
-        let r = self.export(caller, id, Format::Script)?;
+        let r = self.export(caller, id, Format::Script).await?;
         if !r.uri.ends_with(&format!("/export.{ext}")) {
             return Err(ToolError::invalid(format!(
                 "session {id} exports as export.ipynb or {}",

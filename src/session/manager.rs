@@ -300,8 +300,16 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         exit_code
     }
 
-    /// Close a session: kill its interpreter's tree and remove its directory.
+    /// Close a session: kill its interpreter's tree and remove its directory (after the
+    /// files are kept a while) and its journal. A suspended session's journal is deleted.
     pub async fn close(&self, caller: &Caller, id: &str) -> Result<CloseReport, ToolError> {
+        if !self.sessions.contains_key(id) && self.discard(caller, id).await {
+            return Ok(CloseReport {
+                session_id: id.to_string(),
+                closed: true,
+                exit_code: None,
+            });
+        }
         let session = self.lookup(caller, id)?;
         let exit_code = self.end(session, Gone::Closed).await;
         Ok(CloseReport {

@@ -26,18 +26,43 @@ use super::report::{ErrorInfo, EvalReport, EvalStatus};
 use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 
-/// A session whose journal can start it again.
+/// A session whose journal can start it again: what lists need of it (the journal itself
+/// is read again when it is restored or exported, so memory does not grow with journals).
 #[derive(Debug, Clone)]
 pub(super) struct Suspended {
-    pub journal: Journal,
+    pub id: String,
+    pub owner: String,
+    pub language: String,
+    pub ended: Option<(String, u64)>,
+    pub modified: u64,
+    /// The number of its last cell.
+    pub evals: u64,
+    /// Cells that succeeded (what a restore replays).
+    pub ok_cells: usize,
     pub path: PathBuf,
 }
 
 impl Suspended {
+    fn of(j: &Journal, path: PathBuf) -> Self {
+        Self {
+            id: j.session_id.clone(),
+            owner: j.owner.clone(),
+            language: j.request.language.clone(),
+            ended: j.ended.clone(),
+            modified: j.modified,
+            evals: j.cells.last().map_or(0, |c| c.eval_id),
+            ok_cells: j
+                .cells
+                .iter()
+                .filter(|c| c.status == EvalStatus::Ok)
+                .count(),
+            path,
+        }
+    }
+
     /// How it stopped: how it ended, or `server_stopped`.
     pub fn reason(&self) -> &str {
-        self.journal
-            .ended
+        self.ended
             .as_ref()
             .map_or("server_stopped", |(how, _)| how.as_str())
     }
@@ -48,10 +73,7 @@ impl Suspended {
     }
 
     fn since(&self) -> u64 {
-        self.journal
-            .ended
-            .as_ref()
-            .map_or(self.journal.modified, |(_, at)| *at)
+        self.ended.as_ref().map_or(self.modified, |(_, at)| *at)
     }
 }
 
@@ -129,13 +151,14 @@ impl SessionManager {
             let path = state.journal_path(&id);
             match journal::read(&path, &id, max) {
                 Ok(j) => {
-                    let s = Suspended { journal: j, path };
+                    let torn = j.torn;
+                    let s = Suspended::of(&j, path);
                     if now.saturating_sub(s.since()) > self.config.keep_journals_s {
                         tracing::info!(session = %id, "deleting a journal older than --keep-journals-s");
                         let _ = std::fs::remove_file(&s.path);
                         continue;
                     }
-                    if s.journal.torn {
+                    if torn {
                         tracing::warn!(session = %id, "the journal's last line was cut short (the server was killed while writing it); it was dropped");
                     }
                     self.suspended.insert(id, s);
@@ -267,8 +290,61 @@ impl SessionManager {
         .await;
         if let Ok(Some(Ok((journal, path)))) = read {
             self.suspended
-                .insert(session.id.clone(), Suspended { journal, path });
+                .insert(session.id.clone(), Suspended::of(&journal, path));
+            self.cap_journals(&session.owner.principal).await;
         }
+    }
+
+    /// A principal keeps at most as many restorable journals as it may hold sessions (the
+    /// server's limit when it has none): the oldest go.
+    async fn cap_journals(&self, owner: &str) {
+        let cap = match self.config.max_sessions_per_principal {
+            0 => self.config.max_sessions,
+            n => n,
+        }
+        .max(1);
+        let mut mine: Vec<(u64, String)> = self
+            .suspended
+            .iter()
+            .filter(|s| s.owner == owner)
+            .map(|s| (s.since(), s.id.clone()))
+            .collect();
+        mine.sort();
+        while mine.len() > cap {
+            let (_, id) = mine.remove(0);
+            if let Some((_, s)) = self.suspended.remove(&id) {
+                tracing::info!(session = %id, "deleting the oldest journal of its principal");
+                let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(&s.path)).await;
+            }
+        }
+    }
+
+    /// Read a suspended session's journal again (off the async workers).
+    pub(super) async fn read_journal(&self, s: &Suspended) -> Result<Journal, ToolError> {
+        let (path, id, max) = (s.path.clone(), s.id.clone(), self.journal_max());
+        tokio::task::spawn_blocking(move || journal::read(&path, &id, max))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r)
+            .map_err(|why| {
+                ToolError::internal(format!(
+                    "the journal of session {} cannot be read any more: {why}",
+                    s.id
+                ))
+                .session(&s.id)
+            })
+    }
+
+    /// Delete a suspended session's journal (session_close on it).
+    pub(super) async fn discard(&self, caller: &Caller, id: &str) -> bool {
+        let Some((_, s)) = self
+            .suspended
+            .remove_if(id, |_, s| s.owner == caller.principal)
+        else {
+            return false;
+        };
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(&s.path)).await;
+        true
     }
 
     /// Forget journals kept longer than `--keep-journals-s`.
@@ -281,7 +357,7 @@ impl SessionManager {
             .map(|s| s.clone())
             .collect();
         for s in old {
-            self.suspended.remove(&s.journal.session_id);
+            self.suspended.remove(&s.id);
             let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(&s.path)).await;
         }
     }
@@ -290,13 +366,13 @@ impl SessionManager {
     pub(super) fn suspended_of(&self, caller: &Caller, id: &str) -> Option<Suspended> {
         self.suspended
             .get(id)
-            .filter(|s| s.journal.owner == caller.principal)
+            .filter(|s| s.owner == caller.principal)
             .map(|s| s.clone())
     }
 
     /// The error for a call on a suspended session.
     pub(super) fn suspended_error(&self, s: &Suspended) -> ToolError {
-        let id = &s.journal.session_id;
+        let id = &s.id;
         let why = match s.reason() {
             "server_stopped" => "the server it ran in stopped".to_string(),
             "exited" => "its interpreter exited".to_string(),
@@ -313,11 +389,7 @@ impl SessionManager {
             format!(
                 "session {id} is suspended: {why}. Restore it with session_restore, which starts \
 its interpreter again and replays its {} cell(s) that succeeded{auto}.",
-                s.journal
-                    .cells
-                    .iter()
-                    .filter(|c| c.status == EvalStatus::Ok)
-                    .count()
+                s.ok_cells
             ),
         )
         .session(id)
@@ -336,15 +408,15 @@ its interpreter again and replays its {} cell(s) that succeeded{auto}.",
         let mut rows: Vec<EndedInfo> = self
             .suspended
             .iter()
-            .filter(|s| s.journal.owner == caller.principal)
+            .filter(|s| s.owner == caller.principal)
             .map(|s| EndedInfo {
-                session_id: s.journal.session_id.clone(),
-                language: s.journal.request.language.clone(),
+                session_id: s.id.clone(),
+                language: s.language.clone(),
                 state: "suspended".into(),
                 reason: s.reason().to_string(),
-                ended_at: s.journal.ended.as_ref().map(|(_, at)| *at),
+                ended_at: s.ended.as_ref().map(|(_, at)| *at),
                 files_kept_until: None,
-                evals: s.journal.cells.last().map_or(0, |c| c.eval_id),
+                evals: s.evals,
                 restorable: true,
             })
             .collect();
@@ -364,7 +436,7 @@ its interpreter again and replays its {} cell(s) that succeeded{auto}.",
         // Taken out while it is restored, so that two calls do not both restore it.
         let Some((_, s)) = self
             .suspended
-            .remove_if(id, |_, s| s.journal.owner == caller.principal)
+            .remove_if(id, |_, s| s.owner == caller.principal)
         else {
             return Err(match self.lookup(caller, id) {
                 Err(e) if e.kind == ErrorKind::EndedSession => ToolError::new(
@@ -395,7 +467,7 @@ without --state-dir there is none).",
         s: &Suspended,
     ) -> Result<RestoreReport, ToolError> {
         let t0 = Instant::now();
-        let j = &s.journal;
+        let j = &self.read_journal(s).await?;
         let id = j.session_id.clone();
         // What was kept of its end is superseded by the session itself.
         if let Some((_, k)) = self.kept.remove(&id) {
