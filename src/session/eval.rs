@@ -235,7 +235,7 @@ file in the session's directory and read it from there instead",
 
     /// After a call whose evaluation ended the interpreter: keep the session's files and
     /// history for a while.
-    async fn retire_exited(&self, session: &Arc<Session>) {
+    pub(super) async fn retire_exited(&self, session: &Arc<Session>) {
         let how = lock(&session.gone).clone();
         if let Some(how @ Gone::Exited { .. }) = how {
             self.journal_end(session, &how).await;
@@ -265,6 +265,10 @@ file in the session's directory and read it from there instead",
                 outputs: Outputs::of(report, &p.output),
                 replayed: false,
             };
+            if session.journal.is_none() {
+                r.history.push(cell);
+                return;
+            }
             r.history.push(cell.clone());
             (cell, p.inputs, p.timeout_ms)
         };

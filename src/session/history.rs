@@ -174,7 +174,8 @@ pub(super) struct Record {
 }
 
 impl Record {
-    pub fn new(max_cells: usize, max_bytes: usize) -> Self {
+    /// An empty record within (cells, bytes).
+    pub fn new((max_cells, max_bytes): (usize, usize)) -> Self {
         Self {
             history: History::new(max_cells, max_bytes),
             pending: None,

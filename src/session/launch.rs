@@ -91,25 +91,9 @@ impl SessionManager {
         let uid = lease.as_ref().map(|l| l.uid);
         let journaled = restoring.is_none().then(|| req.clone());
         let (dirs, prepared) = self.dirs(&id, uid, req.cwd, req.files, caller).await?;
-        // Until the session is up, a failure takes the files brought in away again.
-        let undo = |e: ToolError| {
-            let (fd, names) = (prepared.cwd_fd.clone(), prepared.brought.clone());
-            async move {
-                if !names.names.is_empty() {
-                    let _ = hostfs::as_uid(uid, move || names.remove(fd.as_fd())).await;
-                }
-                e
-            }
-        };
-        let launch = match self.launch(&it, &dirs, lease.as_ref(), &req.env).await {
-            Ok(l) => l,
-            Err(e) => return Err(undo(e).await),
-        };
-        let interp =
-            match Interp::start(launch, Duration::from_millis(it.spec.start_timeout_ms)).await {
-                Ok(i) => i,
-                Err(m) => return Err(undo(ToolError::new(ErrorKind::StartFailed, m)).await),
-            };
+        let interp = self
+            .bring_up(&it, &dirs, &prepared, lease.as_ref(), &req.env)
+            .await?;
         // The baseline for the first evaluation's file changes: taken once the interpreter
         // is up, so what it wrote while starting is not taken for the code's doing.
         let mut notes = Vec::new();
@@ -121,12 +105,9 @@ impl SessionManager {
             notes.push(self.untracked_note());
         }
         let idle_timeout = self.config.idle_timeout(req.idle_timeout_s);
-        let journal = match restoring {
-            Some(w) => Some(w),
-            None => match journaled {
-                Some(r) => self.create_journal(&id, caller, &r, &mut notes).await,
-                None => None,
-            },
+        let journal = match journaled {
+            Some(r) => self.create_journal(&id, caller, &r, &mut notes).await,
+            None => restoring,
         };
         let report = StartReport {
             session_id: id.clone(),
@@ -141,7 +122,6 @@ impl SessionManager {
             notes,
         };
         let now = SystemTime::now();
-        let (cells, bytes) = self.config.history_bounds();
         let session = Arc::new(Session {
             id: id.clone(),
             owner: caller.clone(),
@@ -166,11 +146,41 @@ impl SessionManager {
             gone: Mutex::new(None),
             awaiting: Mutex::new(None),
             interrupt: Mutex::new(None),
-            record: Arc::new(Mutex::new(Record::new(cells, bytes))),
+            record: Arc::new(Mutex::new(Record::new(self.config.history_bounds()))),
             journal,
         });
         self.sessions.insert(id, session.clone());
         Ok((report, session))
+    }
+
+    /// Start the interpreter in its directories; until it is up, a failure takes the files
+    /// brought in away again.
+    async fn bring_up(
+        &self,
+        it: &Interpreter,
+        dirs: &Dirs,
+        prepared: &Prepared,
+        lease: Option<&Lease>,
+        env: &BTreeMap<String, String>,
+    ) -> Result<Interp, ToolError> {
+        let uid = lease.map(|l| l.uid);
+        let undo = |e: ToolError| {
+            let (fd, names) = (prepared.cwd_fd.clone(), prepared.brought.clone());
+            async move {
+                if !names.names.is_empty() {
+                    let _ = hostfs::as_uid(uid, move || names.remove(fd.as_fd())).await;
+                }
+                e
+            }
+        };
+        let launch = match self.launch(it, dirs, lease, env).await {
+            Ok(l) => l,
+            Err(e) => return Err(undo(e).await),
+        };
+        match Interp::start(launch, Duration::from_millis(it.spec.start_timeout_ms)).await {
+            Ok(i) => Ok(i),
+            Err(m) => Err(undo(ToolError::new(ErrorKind::StartFailed, m)).await),
+        }
     }
 
     /// The language asked for, and its REPL driver.

@@ -11,7 +11,7 @@ use super::ended::Kept;
 use super::entry::{Gone, Session, lock};
 pub use super::journal::StateDir;
 use super::report::{CloseReport, ListReport, SessionInfo};
-use super::restore::Suspended;
+use super::suspend::Suspended;
 use crate::config::Config;
 use crate::error::{ErrorKind, ToolError};
 use crate::hostfs::CwdPolicy;

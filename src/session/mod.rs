@@ -15,7 +15,9 @@ pub mod manager;
 pub mod report;
 pub mod restore;
 pub mod scan;
+pub mod state_dir;
 pub mod stdin_wait;
+pub mod suspend;
 pub mod vars;
 
 pub use artifacts::FileError;

@@ -177,31 +177,15 @@ session_input, or stop it with session_interrupt, first",
             Ending::Exited(_) => {
                 *guard = None;
                 drop(guard);
-                self.mark_gone(
-                    &session,
-                    Gone::Exited {
-                        code: None,
-                        signal: None,
-                    },
-                );
+                let how = Gone::Exited {
+                    code: None,
+                    signal: None,
+                };
+                self.mark_gone(&session, how);
+                self.retire_exited(&session).await;
                 return Err(self.gone_error(&session));
             }
-            Ending::Restarted { .. } => {
-                return Err(ToolError::internal(format!(
-                    "listing the names of session {id} did not finish in {} ms and the \
-interpreter had to be restarted: its state is lost",
-                    timeout.as_millis()
-                ))
-                .session(id));
-            }
-            _ => {
-                return Err(ToolError::internal(format!(
-                    "listing the names of session {id} did not finish in {} ms; it was \
-interrupted and the session keeps its state (try a longer timeout_ms)",
-                    timeout.as_millis()
-                ))
-                .session(id));
-            }
+            ending => return Err(unfinished(id, timeout, &ending)),
         };
         let (vars, omitted) = match session.lang.vars_pattern() {
             Some(re) => from_output(&outcome.output.text, re),
@@ -214,6 +198,20 @@ interrupted and the session keeps its state (try a longer timeout_ms)",
             omitted,
         })
     }
+}
+
+/// The error for a listing that did not finish in time.
+fn unfinished(id: &str, timeout: Duration, ending: &Ending) -> ToolError {
+    let what = if matches!(ending, Ending::Restarted { .. }) {
+        "the interpreter had to be restarted: its state is lost"
+    } else {
+        "it was interrupted and the session keeps its state (try a longer timeout_ms)"
+    };
+    ToolError::internal(format!(
+        "listing the names of session {id} did not finish in {} ms; {what}",
+        timeout.as_millis()
+    ))
+    .session(id)
 }
 
 #[cfg(test)]
