@@ -53,6 +53,13 @@ impl App {
     /// and the workspace are set up; a named level that does not work, or one below
     /// `--require-sandbox`, is an error here, before anything is served.
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
+        // The journals' directory exists before the sandbox is decided: it is one of the
+        // trees hidden from user code.
+        let state = config
+            .state_dir
+            .as_deref()
+            .map(crate::session::journal::StateDir::open)
+            .transpose()?;
         let probe = Sandbox::probe(&config.sandbox_settings());
         let mut registry = Registry::load(config.prompts.as_deref())?;
         if let Some(python) = &config.python {
@@ -62,6 +69,12 @@ impl App {
         }
         let workspace = Arc::new(Workspace::new(config.work_dir.as_deref())?);
         let sandbox = Arc::new(probe.finish(workspace.root())?);
+        if state.is_some() && !sandbox.root && sandbox.level == crate::sandbox::Level::None {
+            anyhow::bail!(
+                "--state-dir needs a sandbox (level bwrap or landlock) or a server running as \
+root: at level none, user code runs as the server's own user and could read the journals"
+            );
+        }
         registry.restrict(
             |exe| sandbox.can_run(exe),
             |exe| sandbox.cannot_run_reason(exe),
@@ -99,7 +112,10 @@ impl App {
             workspace,
             sandbox.clone(),
             cwd_policy,
+            state,
         ));
+        let reclaim: Arc<dyn crate::sandbox::Reclaim> = sessions.clone();
+        sandbox.set_reclaimer(Arc::downgrade(&reclaim));
         sessions.spawn_reaper();
         Ok(Arc::new(Self {
             config,

@@ -156,6 +156,40 @@ pub struct Config {
     /// Largest session file `resources/read` returns, in bytes.
     #[arg(long, env = "REPLBOX_MAX_RESOURCE_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_resource_bytes: u64,
+
+    /// Cells a session's history keeps (session_history, session_export): the newest.
+    #[arg(long, env = "REPLBOX_HISTORY_CELLS", default_value_t = 1000)]
+    pub history_cells: usize,
+
+    /// MiB of code, output and figures a session's history keeps: the newest cells.
+    #[arg(long, env = "REPLBOX_HISTORY_MB", default_value_t = 16)]
+    pub history_mb: u64,
+
+    /// Seconds an ended session's files (read-only, as resources) and history are kept
+    /// after it ends; 0 removes them at once. A caller's `cwd` is never removed.
+    #[arg(long, env = "REPLBOX_KEEP_FILES_S", default_value_t = 600)]
+    pub keep_files_s: u64,
+
+    /// Journal sessions here so they survive a restart of the server: each session's start
+    /// request and the code of its cells (a directory of the server's own, mode 0700; off
+    /// when not given, and nothing is written).
+    #[arg(long, env = "REPLBOX_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Largest journal of one session, in MiB: cells past it are not journaled (and not
+    /// replayed by a restore, which says so).
+    #[arg(long, env = "REPLBOX_JOURNAL_MAX_MB", default_value_t = 16)]
+    pub journal_max_mb: u64,
+
+    /// Seconds the journal of a session that ended without session_close (reaped, exited,
+    /// evicted, or suspended by a stop of the server) is kept, restorable.
+    #[arg(long, env = "REPLBOX_KEEP_JOURNALS_S", default_value_t = 7 * 86_400)]
+    pub keep_journals_s: u64,
+
+    /// Do not restore a suspended session by itself at its first session_eval; only
+    /// session_restore does.
+    #[arg(long, env = "REPLBOX_NO_AUTO_RESTORE")]
+    pub no_auto_restore: bool,
 }
 
 impl Default for Config {
@@ -191,6 +225,13 @@ impl Default for Config {
             max_image_bytes: 1024 * 1024,
             max_tracked_files: 5000,
             max_resource_bytes: 4 * 1024 * 1024,
+            history_cells: 1000,
+            history_mb: 16,
+            keep_files_s: 600,
+            state_dir: None,
+            journal_max_mb: 16,
+            keep_journals_s: 7 * 86_400,
+            no_auto_restore: false,
         }
     }
 }
@@ -210,7 +251,8 @@ impl Config {
                 cpu_s: self.cpu_s,
                 tmpfs_mb: self.tmpfs_mb.max(1),
             },
-            masks: self.mask.clone(),
+            // The journals are the server's: hidden like the masked trees.
+            masks: self.mask.iter().chain(&self.state_dir).cloned().collect(),
             uid_base: self.uid_base,
             uids: self.uids,
         }
@@ -261,6 +303,11 @@ impl Config {
             ("--max-image-bytes", self.max_image_bytes.to_string()),
             ("--max-tracked-files", self.max_tracked_files.to_string()),
             ("--max-resource-bytes", self.max_resource_bytes.to_string()),
+            ("--history-cells", self.history_cells.to_string()),
+            ("--history-mb", self.history_mb.to_string()),
+            ("--keep-files-s", self.keep_files_s.to_string()),
+            ("--journal-max-mb", self.journal_max_mb.to_string()),
+            ("--keep-journals-s", self.keep_journals_s.to_string()),
         ] {
             args.push(flag.into());
             args.push(value.into());
@@ -271,6 +318,13 @@ impl Config {
         }
         if self.evict_idle {
             args.push("--evict-idle".into());
+        }
+        if let Some(dir) = &self.state_dir {
+            args.push("--state-dir".into());
+            args.push(dir.into());
+        }
+        if self.no_auto_restore {
+            args.push("--no-auto-restore".into());
         }
         if let Some(level) = &self.require_sandbox {
             args.push("--require-sandbox".into());
@@ -343,6 +397,13 @@ mod tests {
             max_image_bytes: 6,
             max_tracked_files: 7,
             max_resource_bytes: 8,
+            history_cells: 9,
+            history_mb: 10,
+            keep_files_s: 11,
+            state_dir: Some("/s/tate".into()),
+            journal_max_mb: 12,
+            keep_journals_s: 13,
+            no_auto_restore: true,
         };
         let argv = std::iter::once(OsString::from("x")).chain(config.to_args());
         let parsed = Wrapper::try_parse_from(argv).expect("to_args output parses");
@@ -359,6 +420,12 @@ mod tests {
 }
 
 impl Config {
+    /// The bounds of a session's history (cells, bytes).
+    pub fn history_bounds(&self) -> (usize, usize) {
+        let mb = usize::try_from(self.history_mb).unwrap_or(usize::MAX / (1 << 20));
+        (self.history_cells, mb.saturating_mul(1 << 20))
+    }
+
     /// The idle timeout for a session that asked for `requested` seconds.
     pub fn idle_timeout(&self, requested: Option<u64>) -> Duration {
         let s = requested

@@ -31,7 +31,9 @@ use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 use crate::lang::{LookupError, did_you_mean};
 use crate::session::FileError;
-use crate::session::files::{URI_TEMPLATE, file_uri, parse_uri};
+use crate::session::files::{
+    EXPORT_TEMPLATES, URI_TEMPLATE, file_uri, parse_export_uri, parse_uri,
+};
 
 /// One MCP connection's handler. Cheap to clone; all state lives in [`App`].
 #[derive(Clone)]
@@ -322,9 +324,16 @@ impl ServerHandler for ReplboxServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        let [ipynb, script] = EXPORT_TEMPLATES;
         Ok(ListResourceTemplatesResult::with_all_items(vec![
             ResourceTemplate::new(URI_TEMPLATE, "session file").with_description(
-                "A file in a session's directory, by path relative to it (segments percent-encoded). Text files come back as text, others as base64 blobs.",
+                "A file in a session's directory, by path relative to it (segments percent-encoded). Text files come back as text, others as base64 blobs. An ended session's files stay readable (read-only) for a while.",
+            ),
+            ResourceTemplate::new(ipynb, "session notebook")
+                .with_description("A session's cells as a Jupyter notebook (nbformat 4), as session_export writes it.")
+                .with_mime_type("application/x-ipynb+json"),
+            ResourceTemplate::new(script, "session script").with_description(
+                "A session's cells as a source file of its language (ext: py, js, rb, hs, sh, r), cells separated by `# %%`.",
             ),
         ]))
     }
@@ -337,6 +346,19 @@ impl ServerHandler for ReplboxServer {
     ) -> Result<ReadResourceResponse, ErrorData> {
         let caller = self.caller_or_refuse(&context)?;
         let uri = request.uri;
+        if let Some((id, ext)) = parse_export_uri(&uri) {
+            let r = self
+                .app
+                .sessions
+                .export_resource(&caller, &id, &ext)
+                .await
+                .map_err(|e| match e.kind {
+                    ErrorKind::InvalidArgument => ErrorData::invalid_params(e.message, None),
+                    _ => ErrorData::resource_not_found(e.message, None),
+                })?;
+            let contents = ResourceContents::text(r.document, uri).with_mime_type(r.mime_type);
+            return Ok(ReadResourceResult::new(vec![contents]).into());
+        }
         let (id, path) = parse_uri(&uri).map_err(|e| {
             tracing::debug!(principal = %caller.principal, "resources/read of a malformed URI");
             ErrorData::invalid_params(e, None)

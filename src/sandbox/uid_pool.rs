@@ -129,6 +129,14 @@ impl Lease {
     pub fn dirty_flag(&self) -> Arc<AtomicBool> {
         self.dirty.clone()
     }
+
+    /// Kill whatever still runs as this uid now, when its tree was not confirmed gone (a
+    /// lease kept after its session ended, while its files are read as it). Blocking.
+    pub fn sweep_now(&self) {
+        if self.sweep && self.dirty.swap(false, Ordering::Relaxed) {
+            kill_uid(self.uid);
+        }
+    }
 }
 
 impl Drop for Lease {
