@@ -423,3 +423,72 @@ async fn a_deep_tree_left_by_a_session_is_removed_at_close_and_the_server_keeps_
         srv.stop().await;
     }
 }
+
+// ----- F3: files[].path read trees the sandbox hides -----
+
+// F3 (medium): a host file given as files[].path was copied from a tree the sandbox hides
+// from the same code (/tmp, /run, /home, /srv...). A host path now obeys the cwd's policy
+// (one function): refused by its name and by where it really lies (a link outside the masks
+// leading in is refused too), unless the operator allowed the tree with --allow-cwd.
+#[tokio::test(flavor = "multi_thread")]
+async fn files_from_a_masked_tree_are_refused_like_a_cwd() {
+    if !python() || !root() {
+        return;
+    }
+    // A canary in a masked tree, readable by anyone: the session's uid itself could open it.
+    let hidden = tempfile::tempdir_in("/tmp").expect("tempdir in /tmp");
+    chmod(hidden.path(), 0o755);
+    let canary = hidden.path().join("canary.txt");
+    let secret = token();
+    std::fs::write(&canary, &secret).expect("write");
+    chmod(&canary, 0o644);
+    let Some(outside) = outside_masks(0o755) else {
+        return;
+    };
+    let link = outside.path().join("to-canary");
+    std::os::unix::fs::symlink(&canary, &link).expect("symlink");
+    let hidden_s = s(&std::fs::canonicalize(hidden.path()).expect("canonical")).to_string();
+    for level in ["bwrap", "landlock"] {
+        let Some(srv) = start(level, &[], &[]).await else {
+            continue;
+        };
+        // The code itself cannot read it.
+        let o = srv
+            .run(
+                "python",
+                &format!("try:\n    print(open({:?}).read())\nexcept OSError as e:\n    print('hidden', type(e).__name__)", s(&canary)),
+            )
+            .await;
+        assert!(o.text.starts_with("hidden "), "{level}: {}", o.text);
+        for path in [&canary, &link] {
+            let o = session(&srv, json!({"files": [{"path": path, "name": "c.txt"}]})).await;
+            assert!(
+                o.is_error,
+                "{level}: {} was copied out of a masked tree: {}",
+                path.display(),
+                o.text
+            );
+            assert_eq!(o.error_kind(), "invalid_argument", "{level}: {}", o.text);
+            assert!(
+                o.text.contains("files[0]")
+                    && o.text.contains("which the sandbox hides")
+                    && o.text.contains("--allow-cwd"),
+                "{level}: {}",
+                o.text
+            );
+            assert!(!o.text.contains(&secret), "{level}: {}", o.text);
+        }
+        srv.stop().await;
+        // The operator's --allow-cwd opens that tree to host paths as to a cwd.
+        let Some(srv) = start(level, &["--allow-cwd", &hidden_s], &[]).await else {
+            continue;
+        };
+        let o = session(&srv, json!({"files": [{"path": canary, "name": "c.txt"}]})).await;
+        assert!(!o.is_error, "{level}: allowed by the operator: {}", o.text);
+        let id = o.s("session_id").to_string();
+        let o = eval(&srv, &id, "print(open('c.txt').read())").await;
+        assert_eq!(output(&o), format!("{secret}\n"), "{level}: {}", o.text);
+        srv.call("session_close", json!({ "session_id": id })).await;
+        srv.stop().await;
+    }
+}

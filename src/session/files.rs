@@ -16,7 +16,7 @@ use rustix::fs::{AtFlags, FileType};
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use crate::hostfs::{self, Walk};
+use crate::hostfs::{self, CwdPolicy, Walk};
 use crate::workspace::DirId;
 
 /// What is recorded of one file: a change in any of these is a modification.
@@ -470,12 +470,13 @@ impl Written {
 /// thread's user (run it through [`as_uid`](crate::hostfs::as_uid)): everything is checked
 /// first (names, sources, that nothing is overwritten or reached through a link, that the
 /// user may write there), then written beneath `dest`. On any failure nothing stays.
-/// `host_paths`: whether this caller may copy files of the server's machine; `user` names
+/// `host_paths`: the policy for files of the server's machine (a cwd's: see
+/// [`check_caller_path`](hostfs::check_caller_path)), when this caller may copy them; `user` names
 /// the session's user in messages.
 pub fn bring_in(
     files: Vec<InFile>,
     dest: BorrowedFd<'_>,
-    host_paths: bool,
+    host_paths: Option<&CwdPolicy>,
     user: &str,
 ) -> Result<Written, String> {
     let items = plan(files, dest, host_paths, user)?;
@@ -511,7 +512,7 @@ pub fn bring_in(
 fn plan(
     files: Vec<InFile>,
     dest: BorrowedFd<'_>,
-    host_paths: bool,
+    host_paths: Option<&CwdPolicy>,
     user: &str,
 ) -> Result<Vec<(Vec<String>, Source)>, String> {
     if files.len() > MAX_IN_FILES {
@@ -533,17 +534,14 @@ content (the text to write), not both or neither"
                 ));
             }
             (Some(path), None) => {
-                if !host_paths {
+                let Some(policy) = host_paths else {
                     return Err(at("copying a file of the server's machine (path) is only \
 allowed to the local client; send the data as content instead"
                         .into()));
-                }
-                let file = hostfs::open_host_file(&path).map_err(|e| {
-                    at(format!(
-                        "path: cannot read {} as {user}: {e}",
-                        path.display()
-                    ))
-                })?;
+                };
+                // The cwd's policy (masked trees, workspaces, system directories), then
+                // opened where it was checked, as the session's user.
+                let file = hostfs::open_caller_file(policy, &path, user).map_err(at)?;
                 let name = path
                     .file_name()
                     .and_then(|n| n.to_str())

@@ -350,7 +350,9 @@ impl SessionManager {
             let local = caller.is_local();
             move || {
                 let bind = |p: &Path| sandbox.check_bind(p);
-                prepare_dirs(&policy, &bind, uid, cwd, venv, work_fd, out_fd, files, local)
+                prepare_dirs(
+                    &policy, &bind, uid, cwd, venv, work_fd, out_fd, files, local,
+                )
             }
         })
         .await
@@ -509,7 +511,13 @@ Python. Pass venv to name an environment"
     let brought = if in_files.is_empty() {
         files::Written::default()
     } else {
-        files::bring_in(in_files, cwd_fd.as_fd(), local, &hostfs::user_name(uid))?
+        let host_paths = local.then_some(policy);
+        files::bring_in(
+            in_files,
+            cwd_fd.as_fd(),
+            host_paths,
+            &hostfs::user_name(uid),
+        )?
     };
     Ok(Prepared {
         caller_cwd,
