@@ -252,6 +252,8 @@ async fn run(
         env: Default::default(),
         timeout: app.config.timeout(timeout_ms),
         venv: None,
+        // The command line is the local principal, as stdio is.
+        principal: "local".into(),
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let c2 = cancel.clone();

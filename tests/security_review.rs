@@ -492,3 +492,325 @@ async fn files_from_a_masked_tree_are_refused_like_a_cwd() {
         srv.stop().await;
     }
 }
+
+// ----- F4: a uid handed from one principal to the next -----
+
+const TOKEN_A: &str = "token-of-principal-a-0123456789";
+const TOKEN_B: &str = "token-of-principal-b-9876543210";
+const TOKEN_C: &str = "token-of-principal-c-5555555555";
+
+type HttpClient = rmcp::service::RunningService<rmcp::RoleClient, ()>;
+
+/// `replbox serve --http 127.0.0.1:0` as root at `level` with three tokens (principals
+/// token-1, token-2, token-3), killed when dropped.
+struct HttpServer {
+    _child: tokio::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl HttpServer {
+    async fn start(level: &str, args: &[&str], pool: &str) -> Option<Self> {
+        use tokio::io::AsyncBufReadExt;
+        let mut cmd = tokio::process::Command::new(BIN);
+        cmd.args(["serve", "--http", "127.0.0.1:0", "--sandbox", level])
+            .args(args)
+            .env("REPLBOX_TOKENS", format!("{TOKEN_A},{TOKEN_B},{TOKEN_C}"))
+            .env("REPLBOX_POOL", pool)
+            .env_remove("REPLBOX_TOKENS_FILE")
+            .env_remove("REPLBOX_HTTP")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("spawn replbox");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let mut tx = Some(tx);
+            let mut lines = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                eprintln!("[replbox] {line}");
+                if let Some(rest) = line.split("listening on http://").nth(1)
+                    && let Some(addr) = rest.split('/').next().and_then(|a| a.parse().ok())
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(addr);
+                }
+            }
+        });
+        match tokio::time::timeout(Duration::from_secs(30), rx).await {
+            Ok(Ok(addr)) => Some(Self {
+                _child: child,
+                addr,
+            }),
+            _ => {
+                skip(&format!(
+                    "an HTTP server at level {level} did not start here"
+                ));
+                None
+            }
+        }
+    }
+
+    async fn connect(&self, token: &str) -> HttpClient {
+        use rmcp::ServiceExt;
+        use rmcp::transport::StreamableHttpClientTransport;
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        let config =
+            StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", self.addr))
+                .auth_header(token);
+        ().serve(StreamableHttpClientTransport::from_config(config))
+            .await
+            .unwrap_or_else(|e| panic!("MCP handshake over HTTP failed: {e}"))
+    }
+}
+
+async fn http_call(c: &HttpClient, tool: &str, args: Value) -> Out {
+    let obj = args.as_object().cloned().expect("arguments are an object");
+    let r = c
+        .call_tool(rmcp::model::CallToolRequestParams::new(tool.to_string()).with_arguments(obj))
+        .await
+        .unwrap_or_else(|e| panic!("{tool} failed at the protocol level: {e}"));
+    Out {
+        text: r
+            .content
+            .iter()
+            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+            .collect(),
+        structured: r.structured_content.clone().unwrap_or(Value::Null),
+        is_error: r.is_error.unwrap_or(false),
+        images: Vec::new(),
+    }
+}
+
+/// Python that leaves `secret` in files only its uid may read: in its cwd, and (at level
+/// none, where they are the host's) in /tmp and /dev/shm; prints its uid.
+fn leave_secrets(cwd: Option<&Path>, name: &str, secret: &str) -> String {
+    let mut places: Vec<String> = vec![format!("/tmp/{name}"), format!("/dev/shm/{name}")];
+    if let Some(c) = cwd {
+        places.push(s(&c.join(name)).to_string());
+    }
+    format!(
+        "import os\nfor p in {places:?}:\n    try:\n        fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o600); os.write(fd, b{secret:?}); os.close(fd)\n    except OSError:\n        pass\nprint(os.getuid())"
+    )
+}
+
+/// Python that tries to read what [`leave_secrets`] left; prints its uid, then one line
+/// per place: the text read, or why not.
+fn read_secrets(cwd: Option<&Path>, name: &str) -> String {
+    let mut places: Vec<String> = vec![format!("/tmp/{name}"), format!("/dev/shm/{name}")];
+    if let Some(c) = cwd {
+        places.push(s(&c.join(name)).to_string());
+    }
+    format!(
+        "import os\nprint(os.getuid())\nfor p in {places:?}:\n    try:\n        print(p, 'READ', open(p).read())\n    except OSError as e:\n        print(p, type(e).__name__)"
+    )
+}
+
+/// Call `f` until its answer is not "uids in use" (a uid goes back to the pool once the
+/// previous holder's processes are confirmed gone, which may finish after close returns).
+async fn until_free<F, Fut>(f: F) -> Out
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Out>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let o = f().await;
+        if !o.text.contains("are in use") || tokio::time::Instant::now() > deadline {
+            return o;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Remove what a test left in the host's /tmp and /dev/shm.
+fn remove_host_secrets(name: &str) {
+    for d in ["/tmp", "/dev/shm"] {
+        let _ = std::fs::remove_file(Path::new(d).join(name));
+    }
+}
+
+// F4 (medium): the pool handed out the lowest free uid, so principal B's next session ran as
+// the uid principal A's had, and read the 0600 file A left in a shared cwd (and, at level
+// none, in the host's /tmp and /dev/shm). A uid is now bound to the first principal whose
+// code runs as it: B gets another one, and a third principal finds none left (a `limit`
+// error naming --uids) rather than a used one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_uid_one_principal_used_never_goes_to_another() {
+    if !python() || !root() {
+        return;
+    }
+    for (i, level) in ["none", "landlock", "bwrap"].into_iter().enumerate() {
+        let Some(shared) = outside_masks(0o1777) else {
+            return;
+        };
+        let p = std::fs::canonicalize(shared.path()).expect("canonical");
+        // A range of its own (the bindings outlive the server, in the host's state dir).
+        let base = (131_000 + 10 * i).to_string();
+        let Some(srv) = HttpServer::start(level, &["--uid-base", &base, "--uids", "2"], "0").await
+        else {
+            continue;
+        };
+        let (a, b, c) = (
+            srv.connect(TOKEN_A).await,
+            srv.connect(TOKEN_B).await,
+            srv.connect(TOKEN_C).await,
+        );
+        let name = format!("a-secret-{}", token());
+        let secret = token();
+        let o = http_call(&a, "session_start", json!({"language": "python", "cwd": p})).await;
+        assert!(!o.is_error, "{level}: {}", o.text);
+        let sa = o.s("session_id").to_string();
+        let o = http_call(
+            &a,
+            "session_eval",
+            json!({"session_id": sa, "code": leave_secrets(Some(&p), &name, &secret)}),
+        )
+        .await;
+        assert_eq!(status(&o), "ok", "{level}: {}", o.text);
+        let uid_a = output(&o).trim().to_string();
+        let o = http_call(&a, "session_close", json!({ "session_id": sa })).await;
+        assert!(!o.is_error, "{level}: {}", o.text);
+
+        // B, in the same cwd, once A's uid is free again: another uid, nothing of A's read.
+        let o =
+            until_free(|| http_call(&b, "session_start", json!({"language": "python", "cwd": p})))
+                .await;
+        assert!(!o.is_error, "{level}: {}", o.text);
+        let sb = o.s("session_id").to_string();
+        let o = http_call(
+            &b,
+            "session_eval",
+            json!({"session_id": sb, "code": read_secrets(Some(&p), &name)}),
+        )
+        .await;
+        assert_eq!(status(&o), "ok", "{level}: {}", o.text);
+        let out = output(&o).to_string();
+        assert!(!out.contains(&secret), "{level}: B read A's files: {out}");
+        assert_ne!(out.lines().next(), Some(uid_a.as_str()), "{level}: {out}");
+
+        // A third principal: one uid bound to A (free), one to B (in use): refused, not
+        // handed A's.
+        let o = http_call(&c, "session_start", json!({"language": "python"})).await;
+        assert!(
+            o.is_error,
+            "{level}: a third principal got a used uid: {}",
+            o.text
+        );
+        assert_eq!(o.error_kind(), "limit", "{level}: {}", o.text);
+        assert!(o.text.contains("--uids"), "{level}: {}", o.text);
+        let o = http_call(
+            &c,
+            "run-code",
+            json!({"languageId": "python", "code": read_secrets(Some(&p), &name)}),
+        )
+        .await;
+        assert!(
+            o.is_error,
+            "{level}: a third principal's run got a used uid: {}",
+            o.text
+        );
+        assert!(!o.text.contains(&secret), "{level}: {}", o.text);
+
+        // B's runs, on B's uid once its session is closed: nothing of A's read either.
+        let o = http_call(&b, "session_close", json!({ "session_id": sb })).await;
+        assert!(!o.is_error, "{level}: {}", o.text);
+        let o = until_free(|| {
+            http_call(
+                &b,
+                "run-code",
+                json!({"languageId": "python", "code": read_secrets(Some(&p), &name)}),
+            )
+        })
+        .await;
+        assert!(!o.is_error, "{level}: {}", o.text);
+        assert!(
+            !o.text.contains(&secret),
+            "{level}: B's run read A's files: {}",
+            o.text
+        );
+        assert_ne!(
+            o.text.lines().next(),
+            Some(uid_a.as_str()),
+            "{level}: {}",
+            o.text
+        );
+
+        // A comes back to its own uid, and its files.
+        let o = until_free(|| {
+            http_call(
+                &a,
+                "run-code",
+                json!({"languageId": "python", "code": read_secrets(Some(&p), &name)}),
+            )
+        })
+        .await;
+        assert!(!o.is_error, "{level}: {}", o.text);
+        assert_eq!(
+            o.text.lines().next(),
+            Some(uid_a.as_str()),
+            "{level}: {}",
+            o.text
+        );
+        assert!(
+            o.text
+                .contains(&format!("{} READ {secret}", s(&p.join(&name)))),
+            "{level}: {}",
+            o.text
+        );
+        remove_host_secrets(&name);
+        for cl in [a, b, c] {
+            let _ = cl.cancel().await;
+        }
+    }
+}
+
+// F4 at level none with the warm pool: an interpreter started before any principal was known
+// took a uid, and the next principal's run could be given the same uid and read what the
+// previous run left in the host's /tmp. At none the pool hands out no such uids (a run
+// there leaves files where the uid can reach them).
+#[tokio::test(flavor = "multi_thread")]
+async fn warm_runs_at_none_never_share_a_uid_between_principals() {
+    if !python() || !root() {
+        return;
+    }
+    let Some(srv) = HttpServer::start("none", &["--uid-base", "131100", "--uids", "4"], "1").await
+    else {
+        return;
+    };
+    let (a, b) = (srv.connect(TOKEN_A).await, srv.connect(TOKEN_B).await);
+    let name = format!("a-secret-{}", token());
+    let secret = token();
+    for round in 0..3 {
+        let o = http_call(
+            &a,
+            "run-code",
+            json!({"languageId": "python", "code": leave_secrets(None, &name, &secret)}),
+        )
+        .await;
+        assert!(!o.is_error, "round {round}: {}", o.text);
+        let uid_a = o.text.trim().to_string();
+        let o = http_call(
+            &b,
+            "run-code",
+            json!({"languageId": "python", "code": read_secrets(None, &name)}),
+        )
+        .await;
+        assert!(!o.is_error, "round {round}: {}", o.text);
+        assert!(
+            !o.text.contains(&secret),
+            "round {round}: B read A's file: {}",
+            o.text
+        );
+        assert_ne!(
+            o.text.lines().next(),
+            Some(uid_a.as_str()),
+            "round {round}: {}",
+            o.text
+        );
+    }
+    remove_host_secrets(&name);
+    let _ = a.cancel().await;
+    let _ = b.cancel().await;
+}

@@ -47,6 +47,7 @@ calls; use session_start/session_eval to keep state.",
     async fn run_code(
         &self,
         Parameters(p): Parameters<RunCodeParams>,
+        Extension(caller): Extension<Caller>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
         let lang = self
@@ -62,6 +63,7 @@ calls; use session_start/session_eval to keep state.",
             env: p.env,
             timeout,
             venv: p.venv.map(std::path::PathBuf::from),
+            principal: caller.principal,
         };
         let progress = progress_reporter(&ctx, timeout);
         let report = self

@@ -20,7 +20,7 @@ use crate::exec::child::{Child, ChildBuilder, check_caller_env};
 use crate::hostfs::{self, CwdPolicy};
 use crate::lang::{InterpreterInfo, Language, Why, expand, expand_command};
 use crate::progress::Progress;
-use crate::sandbox::{Lease, Sandbox};
+use crate::sandbox::{Holder, Lease, Sandbox};
 use crate::venv::{self, Venv, VenvPolicy};
 use crate::workspace::{PrivateDir, Workspace};
 pub use report::{Phase, RunReport};
@@ -37,6 +37,8 @@ pub struct RunRequest {
     pub timeout: Duration,
     /// A Python virtual environment to run in (a caller path, checked as the run's uid).
     pub venv: Option<PathBuf>,
+    /// Who asks (the caller's principal): decides which uid the run may get.
+    pub principal: String,
 }
 
 impl RunRequest {
@@ -235,7 +237,8 @@ impl Runner {
         if let Some(requested) = &req.venv {
             // Never pooled: the environment is checked as this run's uid, and the
             // interpreter is its own.
-            let mut place = self.place(lang, &detected.exe, cpu_s, true).await?;
+            let holder = Holder::Visits(&req.principal);
+            let mut place = self.place(lang, &detected.exe, cpu_s, holder, true).await?;
             let policy = VenvPolicy {
                 dirs: (*self.cwd_policy).clone(),
                 trusted: self.sandbox.interpreter_dirs(&detected.exe),
@@ -255,7 +258,13 @@ impl Runner {
         };
         match warm {
             Some(w) => Ok((w.place, Some(w.proc))),
-            None => Ok((self.place(lang, &detected.exe, cpu_s, true).await?, None)),
+            None => {
+                let holder = Holder::Visits(&req.principal);
+                Ok((
+                    self.place(lang, &detected.exe, cpu_s, holder, true).await?,
+                    None,
+                ))
+            }
         }
     }
 
@@ -272,19 +281,20 @@ impl Runner {
 
     /// A fresh place for a run: a uid from the pool (when the server is root; returned when
     /// the place is dropped, after its processes are gone) and a private directory it owns.
-    /// With `reclaim`, a pool of uids all in use first takes one back from the kept files
-    /// of an ended session.
+    /// The uid is `holder`'s (see `Sandbox::lease`). With `reclaim`, a pool of uids all in
+    /// use first takes one back from the kept files of an ended session.
     async fn place(
         &self,
         lang: &Language,
         exe: &Path,
         cpu_s: u64,
+        holder: Holder<'_>,
         reclaim: bool,
     ) -> Result<Place, String> {
         let lease = if reclaim {
-            self.sandbox.lease_or_reclaim().await?
+            self.sandbox.lease_or_reclaim(holder).await?
         } else {
-            self.sandbox.lease()?
+            self.sandbox.lease(holder)?
         };
         let uid = lease.as_ref().map(|l| l.uid);
         let dir = self

@@ -17,6 +17,7 @@ use super::supervise::pipes;
 use super::{Place, RunRequest, Runner};
 use crate::exec::{self, Proc};
 use crate::lang::{Language, Registry, expand_command};
+use crate::sandbox::Holder;
 
 /// A pooled interpreter waiting for its program. Dropping it kills its tree (the helper
 /// tears it down on SIGTERM) and removes its directory.
@@ -52,6 +53,7 @@ impl Runner {
             return false;
         };
         self.pool.enabled()
+            && self.sandbox.can_prestart()
             && lang.spec.run.compile.is_none()
             // Pooled interpreters start with the largest CPU limit and lower it to the run's.
             && cpu_s <= self.cpu_limit(self.max_timeout())
@@ -70,6 +72,13 @@ impl Runner {
     /// once it is up; from then on every run refills what it used).
     pub(crate) fn fill_pools(&self, registry: &Registry) {
         if !self.pool.enabled() {
+            return;
+        }
+        if !self.sandbox.can_prestart() {
+            tracing::info!(
+                "no warm pool at sandbox level none as root: a run's uid is bound to its \
+                 caller before the run starts"
+            );
             return;
         }
         self.pool.activate();
@@ -111,6 +120,7 @@ impl Runner {
                 lang,
                 &detected.exe,
                 self.cpu_limit(self.max_timeout()),
+                Holder::Nobody,
                 false,
             )
             .await?;

@@ -30,7 +30,7 @@ pub mod uid_pool;
 
 pub use level::{Level, Mode};
 pub use probe::Probe;
-pub use uid_pool::{Lease, UidPool, kill_uid};
+pub use uid_pool::{Holder, Lease, UidPool, kill_uid};
 
 /// Directories hidden from user code at every level that can hide anything: they hold other
 /// users' files, credentials, sockets of system services and other programs' temp files.
@@ -143,8 +143,13 @@ pub struct Sandbox {
 /// Something that holds uids it can let go of when the pool runs dry: the files of ended
 /// sessions, kept readable as their uid for a while.
 pub trait Reclaim: Send + Sync {
-    /// Give one uid back (awaiting its release); false when there is none to give.
-    fn reclaim(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>>;
+    /// Give back one uid `principal` may use (awaiting its release); false when there is
+    /// none to give. A kept session's uid is bound to its owner, so only the principal's
+    /// own kept sessions can give one.
+    fn reclaim<'a>(
+        &'a self,
+        principal: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>>;
 }
 
 impl Sandbox {
@@ -213,12 +218,31 @@ impl Sandbox {
         Some(prefix.to_path_buf())
     }
 
-    /// Take a uid for one session or run (None when the server is not root).
-    pub fn lease(&self) -> Result<Option<Lease>, String> {
-        match &self.pool {
-            None => Ok(None),
-            Some(pool) => pool.clone().acquire(self.level != Level::Bwrap).map(Some),
-        }
+    /// Take a uid for one session or run of `holder` (None when the server is not root).
+    /// At level none a run can write where its uid is reached afterwards (the host's /tmp,
+    /// /dev/shm, any directory open to it): it binds its uid like a session, and work of no
+    /// principal gets none.
+    pub fn lease(&self, holder: Holder<'_>) -> Result<Option<Lease>, String> {
+        let Some(pool) = &self.pool else {
+            return Ok(None);
+        };
+        let holder = match holder {
+            Holder::Visits(p) if self.level == Level::None => Holder::Binds(p),
+            Holder::Nobody if self.level == Level::None => {
+                return Err("at sandbox level none a uid goes to a principal's work only".into());
+            }
+            h => h,
+        };
+        pool.clone()
+            .acquire(self.level != Level::Bwrap, holder)
+            .map(Some)
+    }
+
+    /// Whether interpreters may be started ahead of any principal (the warm pool): not when
+    /// the server is root at level none, where each uid must be bound to the principal whose
+    /// code runs as it before it runs (see [`lease`](Self::lease)).
+    pub fn can_prestart(&self) -> bool {
+        self.pool.is_none() || self.level != Level::None
     }
 
     /// Uids of the pool this server holds (0 when it does not run as root).
@@ -228,15 +252,18 @@ impl Sandbox {
 
     /// Like [`lease`](Self::lease), but when every uid is in use, first ask the reclaimer
     /// (if any) to give one back.
-    pub async fn lease_or_reclaim(&self) -> Result<Option<Lease>, String> {
+    pub async fn lease_or_reclaim(&self, holder: Holder<'_>) -> Result<Option<Lease>, String> {
+        let (Holder::Binds(principal) | Holder::Visits(principal)) = holder else {
+            return self.lease(holder);
+        };
         loop {
-            match self.lease() {
+            match self.lease(holder) {
                 Ok(l) => return Ok(l),
                 Err(e) => {
                     let Some(r) = self.reclaimer.get().and_then(std::sync::Weak::upgrade) else {
                         return Err(e);
                     };
-                    if !r.reclaim().await {
+                    if !r.reclaim(principal).await {
                         return Err(e);
                     }
                 }

@@ -24,7 +24,7 @@ use crate::lang::{
     Detected, InterpreterInfo, Language, LookupError, SessionSpec, Why, did_you_mean, expand,
     expand_command,
 };
-use crate::sandbox::Lease;
+use crate::sandbox::{Holder, Lease};
 use crate::venv::{self, Venv, VenvPolicy};
 use crate::workspace::PrivateDir;
 
@@ -140,7 +140,7 @@ impl SessionManager {
         let it = self.interpreter(lang, spec).await?;
         let lease = self
             .sandbox
-            .lease_or_reclaim()
+            .lease_or_reclaim(Holder::Binds(&caller.principal))
             .await
             .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
         let uid = lease.as_ref().map(|l| l.uid);
