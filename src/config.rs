@@ -125,9 +125,10 @@ pub struct Config {
     )]
     pub mask: Vec<PathBuf>,
 
-    /// A tree a session's `cwd` (or a caller's `venv`) may lie in although the sandbox masks
-    /// it (say, a projects folder under /home); repeatable, colon-separated in the variable.
-    /// The session's user must still be able to reach it.
+    /// A tree a caller's host paths (a session's `cwd`, a `venv`, a file to copy in with
+    /// `files[].path`) may lie in although the sandbox masks it (say, a projects folder under
+    /// /home); repeatable, colon-separated in the variable. The session's user must still be
+    /// able to reach it.
     #[arg(
         long = "allow-cwd",
         env = "REPLBOX_ALLOW_CWD",
