@@ -4,6 +4,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::egress::Policy;
 use crate::sandbox::level::{Level, Mode};
 use crate::sandbox::{Limits, Settings};
 
@@ -76,9 +77,32 @@ pub struct Config {
     )]
     pub require_sandbox: Option<Level>,
 
-    /// Let user code reach the network (off by default at every sandbox level).
+    /// Let user code reach any public host, through the server's egress proxy (HTTP and
+    /// HTTPS only; the host's loopback, link-local and private ranges stay unreachable).
+    /// Off by default at every sandbox level.
     #[arg(long, env = "REPLBOX_ALLOW_NETWORK")]
     pub allow_network: bool,
+
+    /// A domain user code may reach through the egress proxy (`pypi.org`; `*.example.org`
+    /// for the names beneath it); repeatable, comma-separated. Refused when it resolves to a
+    /// loopback, private or link-local address.
+    #[arg(
+        long = "allow-domain",
+        env = "REPLBOX_ALLOW_DOMAINS",
+        value_name = "DOMAIN",
+        value_delimiter = ','
+    )]
+    pub allow_domain: Vec<String>,
+
+    /// A host and port user code may reach through the egress proxy whatever address it
+    /// resolves to (an internal package index); repeatable, comma-separated.
+    #[arg(
+        long = "allow-host",
+        env = "REPLBOX_ALLOW_HOSTS",
+        value_name = "HOST:PORT",
+        value_delimiter = ','
+    )]
+    pub allow_host: Vec<String>,
 
     /// Memory per process of user code, in MiB (RLIMIT_DATA: heap and private mappings);
     /// 0 for no limit.
@@ -176,6 +200,8 @@ impl Default for Config {
             sandbox: Mode::Auto,
             require_sandbox: None,
             allow_network: false,
+            allow_domain: Vec::new(),
+            allow_host: Vec::new(),
             memory_mb: 4096,
             processes: 256,
             file_size_mb: 1024,
@@ -196,12 +222,18 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The egress policy of `--allow-network`, `--allow-domain` and `--allow-host`
+    /// (`App::new` reports a bad entry; the sandbox gets none then).
+    pub fn egress_policy(&self) -> Result<Policy, String> {
+        Policy::new(self.allow_network, &self.allow_domain, &self.allow_host)
+    }
+
     /// What the sandbox needs to know of the configuration.
     pub fn sandbox_settings(&self) -> Settings {
         Settings {
             mode: self.sandbox,
             require: self.require_sandbox,
-            network: self.allow_network,
+            egress: self.egress_policy().unwrap_or_default(),
             limits: Limits {
                 memory_mb: self.memory_mb,
                 processes: self.processes,
@@ -279,6 +311,14 @@ impl Config {
         if self.allow_network {
             args.push("--allow-network".into());
         }
+        for d in &self.allow_domain {
+            args.push("--allow-domain".into());
+            args.push(d.into());
+        }
+        for h in &self.allow_host {
+            args.push("--allow-host".into());
+            args.push(h.into());
+        }
         for dir in &self.mask {
             args.push("--mask".into());
             args.push(dir.into());
@@ -328,6 +368,8 @@ mod tests {
             sandbox: Mode::Landlock,
             require_sandbox: Some(Level::Landlock),
             allow_network: true,
+            allow_domain: vec!["pypi.org".into(), "*.pythonhosted.org".into()],
+            allow_host: vec!["index.internal:8080".into()],
             memory_mb: 5,
             processes: 6,
             file_size_mb: 7,

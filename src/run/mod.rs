@@ -179,7 +179,11 @@ impl Runner {
             return Ok(fail(report, format!("cannot write the program: {e}")));
         }
         let vars = place.vars(lang);
-        let child = self.child(&place, lang, &req.env);
+        let who = format!("run {}", place.dir_s);
+        let child = match self.sandbox.egress_endpoint(&who) {
+            Ok(ep) => self.child(&place, lang, &req.env).with_egress(ep),
+            Err(m) => return Ok(fail(report, m)),
+        };
         if let Some(compile) = &spec.compile {
             let argv = expand_command(compile, &vars, &[]);
             let spawn = pipes(argv, &child, place.dir.path());

@@ -22,6 +22,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use replbox_exec::{ExecArgs, LandlockMode, PROGRAM_FD, Rlimit, STATUS_FD};
 
+use crate::egress::{Egress, Endpoint};
+
 pub mod bwrap;
 pub mod landlock;
 pub mod level;
@@ -81,7 +83,8 @@ pub struct Settings {
     pub mode: Mode,
     /// Refuse to start below this level.
     pub require: Option<Level>,
-    pub network: bool,
+    /// What user code may reach through the egress proxy (nothing by default).
+    pub egress: crate::egress::Policy,
     pub limits: Limits,
     /// Directories to hide besides [`DEFAULT_MASKS`].
     pub masks: Vec<PathBuf>,
@@ -101,6 +104,8 @@ pub struct Jail {
     pub ro: Vec<PathBuf>,
     /// CPU seconds (one-shot runs only).
     pub cpu_s: Option<u64>,
+    /// Its way to the egress proxy (the only network it has), when the operator allows one.
+    pub egress: Option<Arc<Endpoint>>,
     /// Set by a process that ended without the helper confirming its whole tree gone: the
     /// lease's uid is then swept before reuse.
     pub dirty: Option<Arc<AtomicBool>>,
@@ -123,7 +128,8 @@ pub struct Sandbox {
     pub level: Level,
     /// The server runs as root: user code runs as a uid of the pool.
     pub root: bool,
-    pub network: bool,
+    /// The egress proxy, when the operator allows any network: the only way out.
+    pub egress: Option<Arc<Egress>>,
     pub limits: Limits,
     /// Landlock ABI of the running kernel (0: none).
     pub landlock_abi: i32,
@@ -204,6 +210,22 @@ impl Sandbox {
         Some(prefix.to_path_buf())
     }
 
+    /// A way to the egress proxy for one session or run (`who` names it in the log), or
+    /// None when the operator allows no network. Inside bwrap a Unix socket the helper's
+    /// bridge reaches, elsewhere a loopback port.
+    pub fn egress_endpoint(&self, who: &str) -> Result<Option<Arc<Endpoint>>, String> {
+        let Some(e) = &self.egress else {
+            return Ok(None);
+        };
+        let ep = if self.wrapped() {
+            e.unix(who)
+        } else {
+            e.tcp(who)
+        };
+        ep.map(|ep| Some(Arc::new(ep)))
+            .map_err(|e| format!("cannot open the egress proxy: {e}"))
+    }
+
     /// Take a uid for one session or run (None when the server is not root).
     pub fn lease(&self) -> Result<Option<Lease>, String> {
         match &self.pool {
@@ -236,12 +258,18 @@ impl Sandbox {
         } else {
             ""
         };
-        let net = if self.network {
-            "network allowed"
-        } else if self.level == Level::None {
-            "network not restricted"
-        } else {
-            "no network"
+        let net = match (&self.egress, self.level) {
+            (None, Level::None) => "network not restricted".to_string(),
+            (None, _) => "no network".to_string(),
+            (Some(e), level) => format!(
+                "network only through the HTTP(S) proxy in HTTPS_PROXY, to {}{}",
+                e.policy().describe(),
+                if level == Level::None {
+                    ", advisory at this level"
+                } else {
+                    ""
+                }
+            ),
         };
         let l = &self.limits;
         let mb = |v: u64| {
@@ -333,7 +361,12 @@ impl Sandbox {
             let (read, write) = landlock::rules(self.wrapped(), &self.read_roots, jail);
             args.read = read;
             args.write = write;
-            args.net = self.network;
+            args.proxy_port = jail.egress.as_ref().map(|e| e.port);
+            args.proxy_socket = jail
+                .egress
+                .as_ref()
+                .filter(|e| e.socket.is_some() && self.wrapped())
+                .map(|_| PathBuf::from(bwrap::proxy_socket_inside(self)));
             args.seccomp = true;
             args.private_shm = (!self.wrapped()).then(|| mib(l.tmpfs_mb));
         }

@@ -384,6 +384,12 @@ impl SessionManager {
             .language_env(language.map(|(k, v)| (k.clone(), expand(v, &vars))))
             .caller_env(caller_env)
             .build();
+        let who = format!("session {}", dirs.dir.path().display());
+        let endpoint = self
+            .sandbox
+            .egress_endpoint(&who)
+            .map_err(ToolError::internal)?;
+        let child = child.with_egress(endpoint);
         Ok(Arc::new(Launch {
             sandbox: self.sandbox.clone(),
             jail: child.jail,
