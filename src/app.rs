@@ -50,6 +50,8 @@ impl App {
     /// and the workspace are set up; a named level that does not work, or one below
     /// `--require-sandbox`, is an error here, before anything is served.
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
+        // A bad --allow-domain or --allow-host stops the server rather than being dropped.
+        config.egress_policy().map_err(|e| anyhow::anyhow!(e))?;
         let probe = Sandbox::probe(&config.sandbox_settings());
         let mut registry = Registry::load(config.prompts.as_deref())?;
         if let Some(python) = &config.python {

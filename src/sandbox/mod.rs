@@ -5,13 +5,14 @@
 //!
 //! Levels, strongest first:
 //! * `bwrap`: bubblewrap puts the helper in new mount, pid, ipc, uts, cgroup and network
-//!   namespaces with a read-only root, masked secret-bearing directories, a private bounded
+//!   namespaces (the network one holding only loopback, and the bridge to the egress proxy
+//!   when the operator allows one) with a read-only root, masked secret-bearing directories, a private bounded
 //!   /tmp and /dev/shm, and only the run's own directories writable; the helper then applies
 //!   rlimits, the uid drop, Landlock and seccomp as below.
 //! * `landlock`: no namespaces (but a private /dev/shm where the helper can make one); the
 //!   helper applies rlimits, the uid drop, a Landlock ruleset (reads: everything but the
-//!   masked directories; writes: the run's own directories; no TCP; no signals or abstract
-//!   sockets outside) and a seccomp filter.
+//!   masked directories; writes: the run's own directories; no TCP but to the egress
+//!   proxy's port; no signals or abstract sockets outside) and a seccomp filter.
 //! * `none`: rlimits and the uid drop only.
 
 use std::ffi::OsString;
