@@ -104,6 +104,18 @@ pub struct Config {
     )]
     pub allow_host: Vec<String>,
 
+    /// Domains a caller may add for its own session or run (`allow_domains` of
+    /// `session_start` and `run-code`), through the egress proxy; `*.example.org` covers
+    /// the names beneath. Without it, `allow_domains` is refused. Repeatable,
+    /// comma-separated.
+    #[arg(
+        long = "caller-domains",
+        env = "REPLBOX_CALLER_DOMAINS",
+        value_name = "DOMAIN",
+        value_delimiter = ','
+    )]
+    pub caller_domains: Vec<String>,
+
     /// Memory per process of user code, in MiB (RLIMIT_DATA: heap and private mappings);
     /// 0 for no limit.
     #[arg(long, env = "REPLBOX_MEMORY_MB", default_value_t = 4096)]
@@ -202,6 +214,7 @@ impl Default for Config {
             allow_network: false,
             allow_domain: Vec::new(),
             allow_host: Vec::new(),
+            caller_domains: Vec::new(),
             memory_mb: 4096,
             processes: 256,
             file_size_mb: 1024,
@@ -225,7 +238,12 @@ impl Config {
     /// The egress policy of `--allow-network`, `--allow-domain` and `--allow-host`
     /// (`App::new` reports a bad entry; the sandbox gets none then).
     pub fn egress_policy(&self) -> Result<Policy, String> {
-        Policy::new(self.allow_network, &self.allow_domain, &self.allow_host)
+        Policy::new(
+            self.allow_network,
+            &self.allow_domain,
+            &self.allow_host,
+            &self.caller_domains,
+        )
     }
 
     /// What the sandbox needs to know of the configuration.
@@ -319,6 +337,10 @@ impl Config {
             args.push("--allow-host".into());
             args.push(h.into());
         }
+        for d in &self.caller_domains {
+            args.push("--caller-domains".into());
+            args.push(d.into());
+        }
         for dir in &self.mask {
             args.push("--mask".into());
             args.push(dir.into());
@@ -370,6 +392,7 @@ mod tests {
             allow_network: true,
             allow_domain: vec!["pypi.org".into(), "*.pythonhosted.org".into()],
             allow_host: vec!["index.internal:8080".into()],
+            caller_domains: vec!["*.githubusercontent.com".into()],
             memory_mb: 5,
             processes: 6,
             file_size_mb: 7,

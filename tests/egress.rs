@@ -266,3 +266,92 @@ async fn runs_get_the_proxy_variables_and_no_network_without_a_flag() {
         s.stop().await;
     }
 }
+
+/// `allow_domains` (a caller's own domains) is honoured only within the operator's
+/// `--caller-domains`, and refused with the reason otherwise.
+#[tokio::test(flavor = "multi_thread")]
+async fn callers_add_domains_only_within_the_operators_caller_domains() {
+    if !require("python", "python3") {
+        return;
+    }
+    for &level in LEVELS {
+        // No --caller-domains: refused, by both tools, whatever else is allowed.
+        for flags in [&[][..], &["--allow-domain", "pypi.org"][..]] {
+            let Some(s) = start(level, flags).await else {
+                continue;
+            };
+            let o = s
+                .call(
+                    "session_start",
+                    json!({"language": "python", "allow_domains": ["example.com"]}),
+                )
+                .await;
+            assert!(o.is_error, "{level}: {}", o.text);
+            assert_eq!(o.error_kind(), "invalid_argument", "{level}: {}", o.text);
+            assert!(o.text.contains("--caller-domains"), "{level}: {}", o.text);
+            let o = s
+                .call(
+                    "run-code",
+                    json!({"languageId": "python", "code": "print(1)", "allow_domains": ["pypi.org"]}),
+                )
+                .await;
+            assert_eq!(o.error_kind(), "invalid_argument", "{level}: {}", o.text);
+            s.stop().await;
+        }
+
+        let Some(s) = start(level, &["--caller-domains", INDEX]).await else {
+            continue;
+        };
+        assert!(
+            s.instructions()
+                .contains("no network unless a call asks for allow_domains among: pypi.org"),
+            "{}",
+            s.instructions()
+        );
+        // Outside the operator's list: refused, naming it.
+        for bad in [
+            json!(["example.com"]),
+            json!(["*.org"]),
+            json!(["pypi.org\r\nX: y"]),
+        ] {
+            let o = s
+                .call(
+                    "session_start",
+                    json!({"language": "python", "allow_domains": bad}),
+                )
+                .await;
+            assert_eq!(o.error_kind(), "invalid_argument", "{level}: {}", o.text);
+        }
+        // Not asked for: no network at all.
+        let o = s
+            .run("python", "import os\nprint(os.environ.get('HTTPS_PROXY'))")
+            .await;
+        assert_eq!(o.text.trim(), "None", "{level}: {}", o.text);
+        // Asked for: that domain only.
+        let id = {
+            let o = s
+                .call(
+                    "session_start",
+                    json!({"language": "python", "allow_domains": ["PyPI.org"]}),
+                )
+                .await;
+            assert!(!o.is_error, "{level}: {}", o.text);
+            o.s("session_id").to_string()
+        };
+        let o = s
+            .eval(&id, &fetch("https://pypi.org/simple/iniconfig/"))
+            .await;
+        assert!(
+            output(&o).contains("iniconfig") && !output(&o).starts_with("ERR"),
+            "{level}: {}",
+            o.text
+        );
+        let o = s.eval(&id, &fetch("https://files.pythonhosted.org/")).await;
+        assert!(
+            output(&o).contains("not on the allowlist (allowed: pypi.org)"),
+            "{level}: {}",
+            o.text
+        );
+        s.stop().await;
+    }
+}

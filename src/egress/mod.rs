@@ -31,7 +31,8 @@ const PER_SERVER: usize = 512;
 /// The server's proxy: the policy, this host's addresses, where endpoints' sockets live.
 #[derive(Debug)]
 pub struct Egress {
-    shared: Arc<proxy::Shared>,
+    policy: Policy,
+    own: Arc<Vec<IpAddr>>,
     dir: PathBuf,
     total: Arc<Semaphore>,
 }
@@ -68,28 +69,35 @@ impl Egress {
         // Passable, not listable: the pool uids reach their own socket by its random name.
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
         Ok(Self {
-            shared: Arc::new(proxy::Shared {
-                policy,
-                own: own_addresses(),
-            }),
+            policy,
+            own: Arc::new(own_addresses()),
             dir: dir.to_path_buf(),
             total: Arc::new(Semaphore::new(PER_SERVER)),
         })
     }
 
     pub fn policy(&self) -> &Policy {
-        &self.shared.policy
+        &self.policy
     }
 
-    /// A Unix-socket endpoint (for a sandbox with its own network namespace). The socket is
-    /// connectable by anyone who can reach the directory: the pool uid's bridge must.
-    pub fn unix(&self, who: &str) -> std::io::Result<Endpoint> {
+    /// What one endpoint allows: the operator's policy and a caller's checked domains.
+    fn shared(&self, extra: &[String]) -> Arc<proxy::Shared> {
+        Arc::new(proxy::Shared {
+            policy: self.policy.with_domains(extra),
+            own: self.own.clone(),
+        })
+    }
+
+    /// A Unix-socket endpoint (for a sandbox with its own network namespace), allowing the
+    /// policy and `extra` (a caller's checked domains). The socket is connectable by anyone
+    /// who can reach the directory: the pool uid's bridge must.
+    pub fn unix(&self, who: &str, extra: &[String]) -> std::io::Result<Endpoint> {
         let path = self
             .dir
             .join(format!("{}.sock", uuid::Uuid::new_v4().simple()));
         let listener = tokio::net::UnixListener::bind(&path)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
-        let task = self.accept(who, listener);
+        let task = self.accept(who, listener, self.shared(extra));
         Ok(Endpoint {
             socket: Some(path),
             port: BRIDGE_PORT,
@@ -98,12 +106,12 @@ impl Egress {
     }
 
     /// A TCP endpoint on the host's loopback, on a port of the kernel's choosing.
-    pub fn tcp(&self, who: &str) -> std::io::Result<Endpoint> {
+    pub fn tcp(&self, who: &str, extra: &[String]) -> std::io::Result<Endpoint> {
         let std = std::net::TcpListener::bind(("127.0.0.1", 0))?;
         std.set_nonblocking(true)?;
         let port = std.local_addr()?.port();
         let listener = tokio::net::TcpListener::from_std(std)?;
-        let task = self.accept(who, listener);
+        let task = self.accept(who, listener, self.shared(extra));
         Ok(Endpoint {
             socket: None,
             port,
@@ -113,8 +121,12 @@ impl Egress {
 
     /// The accept loop of one endpoint: bounded connections, each served by [`proxy::serve`];
     /// aborting it drops every connection it started.
-    fn accept<L: Listener>(&self, who: &str, listener: L) -> AbortHandle {
-        let shared = self.shared.clone();
+    fn accept<L: Listener>(
+        &self,
+        who: &str,
+        listener: L,
+        shared: Arc<proxy::Shared>,
+    ) -> AbortHandle {
         let total = self.total.clone();
         let who: Arc<str> = Arc::from(who);
         let mine = Arc::new(Semaphore::new(PER_ENDPOINT));

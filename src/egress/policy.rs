@@ -18,6 +18,38 @@ pub struct Policy {
     pub domains: Vec<String>,
     /// `(host, port)` pairs allowed whatever their addresses are (`--allow-host`).
     pub hosts: Vec<(String, u16)>,
+    /// Domains a caller may add for its own session or run (`--caller-domains`), in the
+    /// same form as `domains`.
+    pub callers: Vec<String>,
+}
+
+/// Most domains a caller may ask for at once.
+const MAX_CALLER_DOMAINS: usize = 32;
+
+/// A domain entry, normalised, or why it is not one.
+fn domain_entry(d: &str) -> Result<String, String> {
+    let name = normalize(d.trim());
+    let bare = name.strip_prefix("*.").unwrap_or(&name);
+    if bare.is_empty()
+        || bare.len() > 253
+        || !bare
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == ':')
+    {
+        return Err(format!("{d:?} is not a domain name"));
+    }
+    Ok(name)
+}
+
+/// Whether `host` is one of `domains` (exactly, or beneath a `*.` entry).
+fn matches(domains: &[String], host: &str) -> bool {
+    let host = normalize(host);
+    domains.iter().any(|d| match d.strip_prefix("*.") {
+        Some(parent) => host
+            .strip_suffix(parent)
+            .is_some_and(|rest| rest.ends_with('.') && rest.len() > 1),
+        None => *d == host,
+    })
 }
 
 /// Normalise a host name for comparison: lower-case, without brackets or a trailing dot.
@@ -31,23 +63,25 @@ pub fn normalize(host: &str) -> String {
 impl Policy {
     /// Build from the operator's lists (`--allow-domain`, `--allow-host`). An entry that is
     /// not a plausible name (or `HOST:PORT`) is an error for the operator.
-    pub fn new(any: bool, domains: &[String], hosts: &[String]) -> Result<Self, String> {
+    pub fn new(
+        any: bool,
+        domains: &[String],
+        hosts: &[String],
+        callers: &[String],
+    ) -> Result<Self, String> {
         let mut p = Policy {
             any,
             ..Policy::default()
         };
-        for d in domains.iter().map(|d| d.trim()).filter(|d| !d.is_empty()) {
-            let name = normalize(d);
-            let bare = name.strip_prefix("*.").unwrap_or(&name);
-            if bare.is_empty()
-                || !bare
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == ':')
-            {
-                return Err(format!("--allow-domain: {d:?} is not a domain name"));
-            }
-            if !p.domains.contains(&name) {
-                p.domains.push(name);
+        for (flag, list, into) in [
+            ("--allow-domain", domains, &mut p.domains),
+            ("--caller-domains", callers, &mut p.callers),
+        ] {
+            for d in list.iter().map(|d| d.trim()).filter(|d| !d.is_empty()) {
+                let name = domain_entry(d).map_err(|e| format!("{flag}: {e}"))?;
+                if !into.contains(&name) {
+                    into.push(name);
+                }
             }
         }
         for h in hosts.iter().map(|h| h.trim()).filter(|h| !h.is_empty()) {
@@ -66,9 +100,67 @@ impl Policy {
         Ok(p)
     }
 
-    /// Whether user code gets a way out at all.
+    /// Whether user code may get a way out at all (the proxy runs).
     pub fn enabled(&self) -> bool {
+        self.grants_anything() || !self.callers.is_empty()
+    }
+
+    /// Whether every run and session gets a way out, without asking.
+    pub fn grants_anything(&self) -> bool {
         self.any || !self.domains.is_empty() || !self.hosts.is_empty()
+    }
+
+    /// Check the domains a caller asks for (`allow_domains`): each must be one the operator
+    /// lets callers ask for (`--caller-domains`: the same entry, or a name it covers).
+    /// Returns them normalised.
+    pub fn check_caller(&self, asked: &[String]) -> Result<Vec<String>, String> {
+        if asked.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.callers.is_empty() {
+            return Err(format!(
+                "allow_domains is not accepted by this server: its operator lets callers add no \
+                 domains (--caller-domains); {}. Leave allow_domains out",
+                if self.grants_anything() {
+                    format!("user code may reach {}", self.describe())
+                } else {
+                    "user code has no network".to_string()
+                }
+            ));
+        }
+        if asked.len() > MAX_CALLER_DOMAINS {
+            return Err(format!(
+                "allow_domains: at most {MAX_CALLER_DOMAINS} domains"
+            ));
+        }
+        let mut out = Vec::new();
+        for d in asked {
+            let name = domain_entry(d).map_err(|e| format!("allow_domains: {e}"))?;
+            let covered = self.callers.contains(&name)
+                || (!name.starts_with("*.") && matches(&self.callers, &name));
+            if !covered {
+                return Err(format!(
+                    "allow_domains: {name} is not among the domains this server lets callers \
+                     ask for ({})",
+                    self.callers.join(", ")
+                ));
+            }
+            if !out.contains(&name) {
+                out.push(name);
+            }
+        }
+        Ok(out)
+    }
+
+    /// This policy with a caller's (checked) domains added.
+    pub fn with_domains(&self, extra: &[String]) -> Policy {
+        let mut p = self.clone();
+        for d in extra {
+            if !p.domains.contains(d) {
+                p.domains.push(d.clone());
+            }
+        }
+        p
     }
 
     /// The operator named this host and port (`--allow-host`): reached whatever it
@@ -83,13 +175,7 @@ impl Policy {
         if self.any || self.named_host(host, port) {
             return true;
         }
-        let host = normalize(host);
-        self.domains.iter().any(|d| match d.strip_prefix("*.") {
-            Some(parent) => host
-                .strip_suffix(parent)
-                .is_some_and(|rest| rest.ends_with('.') && rest.len() > 1),
-            None => *d == host,
-        })
+        matches(&self.domains, host)
     }
 
     /// What the allowlist is, for messages.
@@ -219,6 +305,7 @@ mod tests {
             false,
             &["PyPI.org.".into(), "*.pythonhosted.org".into()],
             &["db.internal:5432".into()],
+            &[],
         )
         .expect("policy");
         assert!(p.enabled());
@@ -237,13 +324,56 @@ mod tests {
             "pypi.org, *.pythonhosted.org, db.internal:5432"
         );
         assert!(!Policy::default().enabled());
-        assert!(Policy::new(false, &["a b".into()], &[]).is_err());
-        assert!(Policy::new(false, &[], &["host".into()]).is_err());
-        assert!(Policy::new(false, &[], &["host:x".into()]).is_err());
+        assert!(Policy::new(false, &["a b".into()], &[], &[]).is_err());
+        assert!(Policy::new(false, &[], &["host".into()], &[]).is_err());
+        assert!(Policy::new(false, &[], &["host:x".into()], &[]).is_err());
+        assert!(Policy::new(false, &[], &[], &["a/b".into()]).is_err());
         assert!(
-            Policy::new(true, &[], &[])
+            Policy::new(true, &[], &[], &[])
                 .expect("any")
                 .name_allowed("x.y", 1)
         );
+    }
+
+    #[test]
+    fn callers_add_only_domains_the_operator_lets_them() {
+        let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let none = Policy::new(false, &v(&["pypi.org"]), &[], &[]).expect("policy");
+        let e = none.check_caller(&v(&["example.com"])).unwrap_err();
+        assert!(
+            e.contains("--caller-domains") && e.contains("pypi.org"),
+            "{e}"
+        );
+        assert_eq!(none.check_caller(&[]), Ok(Vec::new()));
+        let p = Policy::new(
+            false,
+            &[],
+            &[],
+            &v(&["*.githubusercontent.com", "pypi.org"]),
+        )
+        .expect("policy");
+        assert!(p.enabled() && !p.grants_anything());
+        assert_eq!(
+            p.check_caller(&v(&["PyPI.org", "raw.githubusercontent.com"])),
+            Ok(v(&["pypi.org", "raw.githubusercontent.com"]))
+        );
+        assert_eq!(
+            p.check_caller(&v(&["*.githubusercontent.com"])),
+            Ok(v(&["*.githubusercontent.com"]))
+        );
+        for bad in [
+            &["example.com"][..],
+            &["githubusercontent.com"],
+            &["*.com"],
+            &["*.pypi.org"],
+            &["pypi.org/x"],
+            &[""],
+        ] {
+            assert!(p.check_caller(&v(bad)).is_err(), "{bad:?} accepted");
+        }
+        let many: Vec<String> = (0..40).map(|_| "pypi.org".to_string()).collect();
+        assert!(p.check_caller(&many).is_err());
+        let with = p.with_domains(&v(&["pypi.org"]));
+        assert!(with.name_allowed("pypi.org", 443) && !p.name_allowed("pypi.org", 443));
     }
 }

@@ -22,12 +22,12 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What every connection of a server shares.
+/// What every connection of an endpoint shares.
 #[derive(Debug)]
 pub struct Shared {
     pub policy: Policy,
     /// This host's own addresses (never connected to unless the operator names them).
-    pub own: Vec<IpAddr>,
+    pub own: Arc<Vec<IpAddr>>,
 }
 
 /// Why a request was not forwarded: the status and a one-line reason (ASCII, no CR/LF), sent

@@ -211,17 +211,35 @@ impl Sandbox {
         Some(prefix.to_path_buf())
     }
 
-    /// A way to the egress proxy for one session or run (`who` names it in the log), or
-    /// None when the operator allows no network. Inside bwrap a Unix socket the helper's
-    /// bridge reaches, elsewhere a loopback port.
-    pub fn egress_endpoint(&self, who: &str) -> Result<Option<Arc<Endpoint>>, String> {
+    /// Check the domains a caller asks for (`allow_domains`) against the operator's
+    /// `--caller-domains`; a message for the agent when refused.
+    pub fn check_caller_domains(&self, asked: &[String]) -> Result<Vec<String>, String> {
+        match &self.egress {
+            Some(e) => e.policy().check_caller(asked),
+            None => crate::egress::Policy::default().check_caller(asked),
+        }
+    }
+
+    /// A way to the egress proxy for one session or run (`who` names it in the log),
+    /// allowing the operator's list and `extra` (checked by
+    /// [`check_caller_domains`](Self::check_caller_domains)); None when that allows
+    /// nothing. Inside bwrap a Unix socket the helper's bridge reaches, elsewhere a
+    /// loopback port.
+    pub fn egress_endpoint(
+        &self,
+        who: &str,
+        extra: &[String],
+    ) -> Result<Option<Arc<Endpoint>>, String> {
         let Some(e) = &self.egress else {
             return Ok(None);
         };
+        if extra.is_empty() && !e.policy().grants_anything() {
+            return Ok(None);
+        }
         let ep = if self.wrapped() {
-            e.unix(who)
+            e.unix(who, extra)
         } else {
-            e.tcp(who)
+            e.tcp(who, extra)
         };
         ep.map(|ep| Some(Arc::new(ep)))
             .map_err(|e| format!("cannot open the egress proxy: {e}"))
@@ -262,15 +280,28 @@ impl Sandbox {
         let net = match (&self.egress, self.level) {
             (None, Level::None) => "network not restricted".to_string(),
             (None, _) => "no network".to_string(),
-            (Some(e), level) => format!(
-                "network only through the HTTP(S) proxy in HTTPS_PROXY, to {}{}",
-                e.policy().describe(),
-                if level == Level::None {
-                    ", advisory at this level"
-                } else {
-                    ""
-                }
+            (Some(e), _) if !e.policy().grants_anything() => format!(
+                "no network unless a call asks for allow_domains among: {}",
+                e.policy().callers.join(", ")
             ),
+            (Some(e), level) => {
+                format!(
+                    "network only through the HTTP(S) proxy in HTTPS_PROXY, to {}{}",
+                    e.policy().describe(),
+                    if level == Level::None {
+                        ", advisory at this level"
+                    } else {
+                        ""
+                    }
+                ) + &if e.policy().callers.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; a call may add allow_domains among: {}",
+                        e.policy().callers.join(", ")
+                    )
+                }
+            }
         };
         let l = &self.limits;
         let mb = |v: u64| {

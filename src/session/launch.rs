@@ -37,6 +37,8 @@ pub struct StartRequest {
     pub idle_timeout_s: Option<u64>,
     /// Files to put into the session's directory before it starts.
     pub files: Vec<InFile>,
+    /// Domains the caller asks to reach (checked against the operator's `--caller-domains`).
+    pub allow_domains: Vec<String>,
 }
 
 /// The interpreter a session runs: its language, REPL driver, what detection found, and
@@ -117,6 +119,10 @@ impl SessionManager {
         let _slot = self.admit(caller).await?;
         let (lang, spec) = self.session_language(&req.language)?;
         check_caller_env(&req.env).map_err(ToolError::invalid)?;
+        let domains = self
+            .sandbox
+            .check_caller_domains(&req.allow_domains)
+            .map_err(ToolError::invalid)?;
         let ask = VenvAsk::of(&lang, req.venv, req.cwd.is_some())?;
         let it = self.interpreter(lang, spec).await?;
         let lease = self
@@ -138,7 +144,10 @@ impl SessionManager {
                 e
             }
         };
-        let launch = match self.launch(&it, &dirs, lease.as_ref(), &req.env).await {
+        let launch = match self
+            .launch(&it, &dirs, lease.as_ref(), &req.env, &domains)
+            .await
+        {
             Ok(l) => l,
             Err(e) => return Err(undo(e).await),
         };
@@ -333,6 +342,7 @@ impl SessionManager {
         dirs: &Dirs,
         lease: Option<&Lease>,
         caller_env: &BTreeMap<String, String>,
+        domains: &[String],
     ) -> Result<Arc<Launch>, ToolError> {
         let spec = &it.spec;
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
@@ -387,7 +397,7 @@ impl SessionManager {
         let who = format!("session {}", dirs.dir.path().display());
         let endpoint = self
             .sandbox
-            .egress_endpoint(&who)
+            .egress_endpoint(&who, domains)
             .map_err(ToolError::internal)?;
         let child = child.with_egress(endpoint);
         Ok(Arc::new(Launch {
