@@ -77,15 +77,13 @@ pub struct Config {
     )]
     pub require_sandbox: Option<Level>,
 
-    /// Let user code reach any public host, through the server's egress proxy (HTTP and
-    /// HTTPS only; the host's loopback, link-local and private ranges stay unreachable).
-    /// Off by default at every sandbox level.
+    /// Let user code reach any public host through the egress proxy (HTTP(S) only; never
+    /// the host's loopback, link-local or private ranges). Off by default.
     #[arg(long, env = "REPLBOX_ALLOW_NETWORK")]
     pub allow_network: bool,
 
-    /// A domain user code may reach through the egress proxy (`pypi.org`; `*.example.org`
-    /// for the names beneath it); repeatable, comma-separated. Refused when it resolves to a
-    /// loopback, private or link-local address.
+    /// A domain user code may reach through the egress proxy (`*.example.org`: the names
+    /// beneath); repeatable, comma-separated. Never at a loopback or private address.
     #[arg(
         long = "allow-domain",
         env = "REPLBOX_ALLOW_DOMAINS",
@@ -94,8 +92,8 @@ pub struct Config {
     )]
     pub allow_domain: Vec<String>,
 
-    /// A host and port user code may reach through the egress proxy whatever address it
-    /// resolves to (an internal package index); repeatable, comma-separated.
+    /// A host and port reached through the egress proxy whatever it resolves to (an
+    /// internal index); repeatable, comma-separated.
     #[arg(
         long = "allow-host",
         env = "REPLBOX_ALLOW_HOSTS",
@@ -104,10 +102,8 @@ pub struct Config {
     )]
     pub allow_host: Vec<String>,
 
-    /// Domains a caller may add for its own session or run (`allow_domains` of
-    /// `session_start` and `run-code`), through the egress proxy; `*.example.org` covers
-    /// the names beneath. Without it, `allow_domains` is refused. Repeatable,
-    /// comma-separated.
+    /// Domains a caller may add for its session or run (`allow_domains`; refused without
+    /// this flag); `*.example.org` covers the names beneath. Repeatable, comma-separated.
     #[arg(
         long = "caller-domains",
         env = "REPLBOX_CALLER_DOMAINS",
@@ -276,8 +272,7 @@ impl Default for Config {
 }
 
 impl Config {
-    /// The egress policy of `--allow-network`, `--allow-domain` and `--allow-host`
-    /// (`App::new` reports a bad entry; the sandbox gets none then).
+    /// The egress policy of the flags (`App::new` reports a bad entry).
     pub fn egress_policy(&self) -> Result<Policy, String> {
         Policy::new(
             self.allow_network,
@@ -383,27 +378,28 @@ impl Config {
         if self.allow_network {
             args.push("--allow-network".into());
         }
-        for d in &self.allow_domain {
-            args.push("--allow-domain".into());
-            args.push(d.into());
-        }
-        for h in &self.allow_host {
-            args.push("--allow-host".into());
-            args.push(h.into());
-        }
-        for d in &self.caller_domains {
-            args.push("--caller-domains".into());
-            args.push(d.into());
-        }
-        for dir in &self.mask {
-            args.push("--mask".into());
-            args.push(dir.into());
-        }
-        for dir in &self.allow_cwd {
-            args.push("--allow-cwd".into());
-            args.push(dir.into());
+        for (flag, value) in self.list_args() {
+            args.push(flag.into());
+            args.push(value);
         }
         args
+    }
+
+    /// The repeatable flags, one (flag, value) pair per value.
+    fn list_args(&self) -> Vec<(&'static str, OsString)> {
+        let lists = [
+            ("--allow-domain", &self.allow_domain),
+            ("--allow-host", &self.allow_host),
+            ("--caller-domains", &self.caller_domains),
+        ];
+        let lists = lists
+            .into_iter()
+            .flat_map(|(f, l)| l.iter().map(move |v| (f, OsString::from(v))));
+        let dirs = [("--mask", &self.mask), ("--allow-cwd", &self.allow_cwd)];
+        let dirs = dirs
+            .into_iter()
+            .flat_map(|(f, l)| l.iter().map(move |v| (f, OsString::from(v))));
+        lists.chain(dirs).collect()
     }
 }
 

@@ -136,11 +136,7 @@ impl SessionManager {
     ) -> Result<(StartReport, Arc<Session>), ToolError> {
         let _slot = self.admit(caller).await?;
         let (lang, spec) = self.session_language(&req.language)?;
-        check_caller_env(&req.env).map_err(ToolError::invalid)?;
-        let domains = self
-            .sandbox
-            .check_caller_domains(&req.allow_domains)
-            .map_err(ToolError::invalid)?;
+        let domains = self.check_request(&req)?;
         let journaled = restoring.is_none().then(|| req.clone());
         let ask = VenvAsk::of(&lang, req.venv, req.cwd.is_some())?;
         let it = self.interpreter(lang, spec).await?;
@@ -214,6 +210,15 @@ impl SessionManager {
         });
         self.sessions.insert(id, session.clone());
         Ok((report, session))
+    }
+
+    /// Refuse what no session can take: an invalid variable, domains the operator does not
+    /// let callers ask for. The domains, checked.
+    fn check_request(&self, req: &StartRequest) -> Result<Vec<String>, ToolError> {
+        check_caller_env(&req.env).map_err(ToolError::invalid)?;
+        self.sandbox
+            .check_caller_domains(&req.allow_domains)
+            .map_err(ToolError::invalid)
     }
 
     /// Start the interpreter in its directories; until it is up, a failure takes the files
