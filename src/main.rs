@@ -254,6 +254,7 @@ async fn run(
         venv: None,
         // The command line is the local principal, as stdio is.
         principal: "local".into(),
+        allow_domains: Vec::new(),
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let c2 = cancel.clone();

@@ -64,6 +64,7 @@ calls; use session_start/session_eval to keep state.",
             timeout,
             venv: p.venv.map(std::path::PathBuf::from),
             principal: caller.principal,
+            allow_domains: p.allow_domains,
         };
         let progress = progress_reporter(&ctx, timeout);
         let report = self
@@ -103,6 +104,7 @@ calls; use session_start/session_eval to keep state.",
                     content: f.content,
                 })
                 .collect(),
+            allow_domains: p.allow_domains,
         };
         let r = self.app.sessions.start(&caller, req).await?;
         let mut text = format!(
