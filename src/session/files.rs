@@ -1,139 +1,17 @@
-//! The files of a session's directory: which ones an evaluation created, changed or removed,
-//! which ones `resources/list` shows, and the `replbox://` URIs that name them.
-//!
-//! A snapshot records (size, mtime, inode) of each regular file under the directory. The
-//! walk is bounded (entries looked at), does not follow symbolic links, does not enter
-//! hidden directories (`.cache`, `.git`, ... — HOME is the session's directory, so tools
-//! keep their caches there) or `__pycache__`/`node_modules`, and leaves hidden files out.
+//! The files of a session's directory: which ones an evaluation created, changed or removed
+//! (from [`snapshot`]s), which ones `resources/list` shows, the `replbox://` URIs that name
+//! them, and the files `session_start` brings in.
 
-use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
-use std::rc::Rc;
-
-use rustix::fs::{AtFlags, FileType};
 
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use rustix::fs::{AtFlags, FileType};
+
+pub use super::snapshot::{Snapshot, snapshot};
 use crate::hostfs::{self, CwdPolicy, Walk};
-use crate::workspace::DirId;
-
-/// What is recorded of one file: a change in any of these is a modification.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stamp {
-    pub size: u64,
-    mtime_s: i64,
-    mtime_ns: i64,
-    ino: u64,
-}
-
-/// The regular files under a directory, by path relative to it (`/`-separated).
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    pub files: BTreeMap<String, Stamp>,
-    /// False when the walk stopped at the entry limit: the listing is partial.
-    pub complete: bool,
-}
-
-/// Directories never entered (besides hidden ones): caches that tools write by themselves.
-const SKIP_DIRS: &[&str] = &["__pycache__", "node_modules"];
-/// Depth below which the walk does not go.
-const MAX_DEPTH: usize = 32;
-
-/// Walk the directory `root` (a handle, as the calling thread's user: run it through
-/// [`as_uid`](crate::hostfs::as_uid)), looking at no more than `max_entries` entries, following
-/// no link, staying on its filesystem, not entering the directories in `skip` (the server's
-/// workspace, should a caller's cwd contain it), any replbox workspace, or what that user may
-/// not read.
-pub fn snapshot(root: BorrowedFd<'_>, max_entries: usize, skip: &[DirId]) -> Snapshot {
-    let mut snap = Snapshot {
-        files: BTreeMap::new(),
-        complete: true,
-    };
-    let walk = Walk {
-        same_mount: true,
-        forbidden: skip.to_vec(),
-        into_workspaces: false,
-    };
-    let Ok(top) = hostfs::open_dir_beneath(root, &walk) else {
-        return snap;
-    };
-    let mut seen = 0usize;
-    // Directories still to list, by name in their parent: a directory's handle lives as long
-    // as some of its subdirectories are still to list, so the handles open at once are those
-    // on one path down (MAX_DEPTH), however wide the tree (one handle per noted directory
-    // ran the server out of descriptors).
-    let mut stack: Vec<(Rc<OwnedFd>, String, String, usize)> = Vec::new();
-    let mut next: Option<(OwnedFd, String, usize)> = Some((top, String::new(), 0));
-    loop {
-        let (dir, prefix, depth) = match next.take() {
-            Some(d) => d,
-            None => {
-                let Some((parent, name, rel, depth)) = stack.pop() else {
-                    break;
-                };
-                match hostfs::open_subdir(parent.as_fd(), &name, &walk) {
-                    Ok(sub) => (sub, rel, depth),
-                    Err(_) => continue, // a link, gone, forbidden or unreadable: not listed
-                }
-            }
-        };
-        let dir = Rc::new(dir);
-        let Ok(mut rd) = rustix::fs::Dir::read_from(&*dir) else {
-            continue; // unreadable or gone meanwhile: nothing to list there
-        };
-        while let Some(Ok(entry)) = rd.read() {
-            let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
-            }
-            seen += 1;
-            if seen > max_entries {
-                snap.complete = false;
-                return snap;
-            }
-            let Ok(name) = std::str::from_utf8(name) else {
-                continue; // not UTF-8: cannot be named in a URI or JSON faithfully
-            };
-            if name.starts_with('.') {
-                continue;
-            }
-            let rel = if prefix.is_empty() {
-                name.to_string()
-            } else {
-                format!("{prefix}/{name}")
-            };
-            // lstat: a link is neither a directory nor a file here.
-            let Ok(st) = rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
-                continue;
-            };
-            match FileType::from_raw_mode(st.st_mode) {
-                FileType::Directory => {
-                    if depth + 1 >= MAX_DEPTH || SKIP_DIRS.contains(&name) {
-                        continue;
-                    }
-                    stack.push((dir.clone(), name.to_string(), rel, depth + 1));
-                }
-                FileType::RegularFile => {
-                    // The stat fields' types differ by architecture.
-                    #[allow(clippy::unnecessary_cast)]
-                    snap.files.insert(
-                        rel,
-                        Stamp {
-                            size: st.st_size as u64,
-                            mtime_s: st.st_mtime as i64,
-                            mtime_ns: st.st_mtime_nsec as i64,
-                            ino: st.st_ino,
-                        },
-                    );
-                }
-                _ => {}
-            }
-        }
-    }
-    snap
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -323,6 +201,7 @@ pub fn human_size(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workspace::DirId;
 
     #[test]
     fn uris_round_trip_and_refuse_smuggled_separators() {
@@ -393,26 +272,6 @@ mod tests {
         assert_eq!(changes[2].size, 4);
         let partial = snapshot(p, 2, &skip);
         assert!(!partial.complete);
-    }
-
-    #[test]
-    fn a_wide_tree_is_listed_with_few_descriptors() {
-        // More subdirectories (each with a file) than this process may open descriptors:
-        // a walk holding a handle per directory still to list misses some.
-        let (soft, _) =
-            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
-        let n = (soft as usize).min(65_536) + 64;
-        let d = tempfile::tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())
-            .unwrap();
-        for i in 0..n {
-            std::fs::create_dir(d.path().join(format!("d{i}"))).unwrap();
-            std::fs::write(d.path().join(format!("d{i}/f")), "x").unwrap();
-        }
-        let fd = hostfs::open_dir_path(&std::fs::canonicalize(d.path()).unwrap()).unwrap();
-        let snap = snapshot(fd.as_fd(), 2 * n + 1, &[]);
-        assert!(snap.complete);
-        assert_eq!(snap.files.len(), n);
     }
 
     #[test]

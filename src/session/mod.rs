@@ -15,6 +15,7 @@ pub mod manager;
 pub mod report;
 pub mod restore;
 pub mod scan;
+pub mod snapshot;
 pub mod state_dir;
 pub mod stdin_wait;
 pub mod suspend;
