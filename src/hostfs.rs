@@ -721,6 +721,7 @@ pub fn check_caller_path(
     policy.refuse(&lex, requested, what)?;
     let real = std::fs::canonicalize(requested).map_err(|e| match e.raw_os_error() {
         Some(libc::EACCES) => unreachable_message(&shown, &lex, user),
+        _ if what == "path" => cannot_read(requested, user, e),
         _ => format!("{shown}: {e}"),
     })?;
     policy.refuse(&real, requested, what)?;
@@ -742,7 +743,7 @@ pub fn open_caller_file(policy: &CwdPolicy, requested: &Path, user: &str) -> Res
             Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
                 format!("{shown} changed while it was checked (a link appeared); try again")
             }
-            _ => format!("{shown}: cannot read it as {user}: {e}"),
+            _ => cannot_read(requested, user, e),
         })?;
     let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC;
     let fd =
@@ -752,9 +753,13 @@ pub fn open_caller_file(policy: &CwdPolicy, requested: &Path, user: &str) -> Res
             Some(libc::ELOOP) => {
                 format!("{shown} changed while it was checked (a link appeared); try again")
             }
-            _ => format!("{shown}: cannot read it as {user}: {e}"),
+            _ => cannot_read(requested, user, e),
         })?;
-    regular_file(fd).map_err(|e| format!("{shown}: cannot read it as {user}: {e}"))
+    regular_file(fd).map_err(|e| cannot_read(requested, user, e))
+}
+
+fn cannot_read(requested: &Path, user: &str, e: io::Error) -> String {
+    format!("path: cannot read {} as {user}: {e}", requested.display())
 }
 
 /// [`check_cwd`] for any directory a caller names (`what` names it in messages: `cwd`,

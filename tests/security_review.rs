@@ -267,10 +267,17 @@ fn deep_tree() -> String {
 async fn start_limited(level: &str, nofile: Option<u64>, work: &Path) -> Option<TestServer> {
     use rmcp::ServiceExt;
     let mut cmd = tokio::process::Command::new(BIN);
-    cmd.args(["serve", "--sandbox", level, "--work-dir"])
-        .arg(work)
-        .env("REPLBOX_POOL", "0")
-        .stderr(std::process::Stdio::inherit());
+    cmd.args([
+        "serve",
+        "--sandbox",
+        level,
+        "--keep-files-s",
+        "0",
+        "--work-dir",
+    ])
+    .arg(work)
+    .env("REPLBOX_POOL", "0")
+    .stderr(std::process::Stdio::inherit());
     if let Some(n) = nofile {
         use nix::sys::resource::{Resource, getrlimit, setrlimit};
         // The soft limit only: the helper raises its own to --open-files.
