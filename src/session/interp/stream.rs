@@ -10,6 +10,9 @@ use crate::exec::pty::{PtyMaster, ReadOutcome};
 use crate::output::Renderer;
 use crate::session::scan::{EndMarker, Event, Scanner};
 
+// The renderer's screen is the terminal the interpreter was given.
+const _: () = assert!(crate::output::SCREEN_ROWS == crate::exec::pty::ROWS as usize);
+
 /// State shared between the reader task and evaluations.
 pub(super) struct StreamState {
     pub(super) scanner: Scanner,
@@ -164,6 +167,15 @@ pub(super) async fn read_loop(master: Arc<PtyMaster>, shared: Arc<Shared>) {
                 shared.close();
                 return;
             }
+        }
+        // Rendering that has fallen behind (on the blocking pool) holds reading back, so
+        // the bytes waiting stay bounded and the program waits, as on a slow terminal.
+        let behind = {
+            let st = shared.lock();
+            st.out.backlog().or_else(|| st.background.backlog())
+        };
+        if let Some(caught_up) = behind {
+            caught_up.await;
         }
     }
 }
