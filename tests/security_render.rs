@@ -97,16 +97,16 @@ async fn finding_4_bystander_answers_while_two_floods_run() {
     }
     // Each flood repeats the finding's 4 MB until the test releases it (after the
     // bystander's answer), or gives up after 30 s and says so.
-    let code = "import os, sys, time\n\
-open('started', 'w').close()\n\
-flood = '\\x1b[999999;999999H\\x1b[2J' * 200000\n\
-released = False\n\
-give_up = time.monotonic() + 30\n\
-while not released and time.monotonic() < give_up:\n\
-    sys.stdout.write(flood)\n\
-    sys.stdout.flush()\n\
-    released = os.path.exists('release')\n\
-print('released' if released else 'gave up')";
+    let code = r#"import os, sys, time
+open('started', 'w').close()
+flood = '\x1b[999999;999999H\x1b[2J' * 200000
+released = False
+give_up = time.monotonic() + 30
+while not released and time.monotonic() < give_up:
+    sys.stdout.write(flood)
+    sys.stdout.flush()
+    released = os.path.exists('release')
+print('released' if released else 'gave up')"#;
     let order = AtomicUsize::new(0);
     let flood = |o: &Out| {
         let id = o.s("session_id").to_string();
@@ -133,7 +133,10 @@ print('released' if released else 'gave up')";
     let ((a_place, a), (b_place, b), (place, by)) =
         tokio::join!(flood(&floods[0]), flood(&floods[1]), bystander);
     assert_eq!(by.text, "1\n", "the bystander's run-code: {}", by.text);
-    assert_eq!(place, 0, "the bystander answered after a flood ({a_place}, {b_place})");
+    assert_eq!(
+        place, 0,
+        "the bystander answered after a flood ({a_place}, {b_place})"
+    );
     for (o, what) in [(&a, "flood a"), (&b, "flood b")] {
         assert_bounded(o, what);
         assert!(
@@ -190,7 +193,9 @@ async fn finding_4_hostile_sequences_stay_bounded() {
         ),
         (
             "scroll regions",
-            w("('\\x1b[2;40r' + 'line\\n' * 60 + '\\x1b[L\\x1bM\\x1b[3S\\x1b[2T') * 20000 + '\\x1b[r'"),
+            w(
+                "('\\x1b[2;40r' + 'line\\n' * 60 + '\\x1b[L\\x1bM\\x1b[3S\\x1b[2T') * 20000 + '\\x1b[r\\x1b[2J'",
+            ),
             "end\n",
         ),
         (
@@ -220,6 +225,9 @@ async fn finding_4_hostile_sequences_stay_bounded() {
         assert_eq!((status(&o), output(&o)), ("ok", "after\n"), "after {what}");
     }
     let grew = peak_rss_kib(s.pid).saturating_sub(before);
-    assert!(grew < 8 * 1024, "the server's peak memory grew by {grew} KiB");
+    assert!(
+        grew < 8 * 1024,
+        "the server's peak memory grew by {grew} KiB"
+    );
     s.stop().await;
 }
