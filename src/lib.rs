@@ -34,6 +34,8 @@ pub mod lang;
 #[cfg(target_os = "linux")]
 pub mod mcp;
 #[cfg(target_os = "linux")]
+pub mod metrics;
+#[cfg(target_os = "linux")]
 pub(crate) mod output;
 #[cfg(target_os = "linux")]
 pub(crate) mod progress;
@@ -43,5 +45,7 @@ pub mod run;
 pub mod sandbox;
 #[cfg(target_os = "linux")]
 pub(crate) mod session;
+#[cfg(target_os = "linux")]
+pub(crate) mod venv;
 #[cfg(target_os = "linux")]
 pub(crate) mod workspace;
