@@ -12,8 +12,8 @@ use super::parse::{Csi, Parser, Sink};
 use super::screen::{COLS, ROWS, Row, Screen};
 use super::{Rendered, group_thousands};
 
-/// Drawing work per evaluation (about a cell, a byte or a row each): some tens of
-/// milliseconds of CPU. A program's own output, coloured and redrawn, uses a small part.
+/// Drawing work per evaluation (about a cell, a byte or a row each). A program's own
+/// output, coloured and redrawn, uses a small part.
 pub const BUDGET: u64 = 64 << 20;
 
 /// Bytes handed to the parser at a time, so the budget is checked often...
