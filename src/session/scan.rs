@@ -146,6 +146,8 @@ impl Scanner {
     }
 
     /// Length of the longest suffix of `b` that is a proper prefix of a control string.
+    /// Only suffixes starting with a pattern's first byte can be one, so those are found
+    /// with `memchr` in the last bytes: O(pattern length) per read, not its square.
     fn partial_suffix(&self, b: &[u8]) -> usize {
         let mut best = 0;
         let pats = [
@@ -155,9 +157,18 @@ impl Scanner {
             self.continuation.as_ref(),
         ];
         for p in pats.into_iter().flatten() {
-            let max = (p.len() - 1).min(b.len());
-            for len in (best + 1..=max).rev() {
-                if b[b.len() - len..] == p[..len] {
+            let Some(&first) = p.first() else {
+                continue;
+            };
+            let window = (p.len() - 1).min(b.len());
+            let tail = &b[b.len() - window..];
+            // Longest first: the earliest start in the window.
+            for at in memchr::memchr_iter(first, tail) {
+                let len = window - at;
+                if len <= best {
+                    break;
+                }
+                if tail[at..] == p[..len] {
                     best = len;
                     break;
                 }
@@ -273,6 +284,28 @@ mod tests {
         let mut expected = text.to_vec();
         expected.extend_from_slice(b" more");
         assert_eq!(ev, vec![Event::Data(expected)]);
+    }
+
+    #[test]
+    fn a_cut_control_string_is_held_back_and_nothing_else() {
+        let mut s = scanner();
+        // Text ending in the start of an end marker: the start waits, the rest goes.
+        let ev = s.feed(b"abc\x1b\x1b_rbx;ab");
+        assert_eq!(ev, vec![Event::Data(b"abc\x1b".to_vec())]);
+        assert_eq!(s.pending(), b"\x1b_rbx;ab");
+        let ev = s.feed(b"c;e;3;ok;\x1b\\");
+        assert_eq!(
+            ev[0],
+            Event::End(EndMarker {
+                n: 3,
+                status: "ok".into(),
+                payload: String::new()
+            })
+        );
+        // Text with escapes that cannot start one goes at once.
+        let ev = s.feed(b"x\x1b[1m\x1b");
+        assert_eq!(ev, vec![Event::Data(b"x\x1b[1m".to_vec())]);
+        assert_eq!(s.pending(), b"\x1b");
     }
 
     #[test]

@@ -151,6 +151,20 @@ impl Handle {
         }
         Ok((elapsed, text))
     }
+
+    /// Like [`call_text`](Self::call_text), with the structured content too.
+    pub async fn call_json(&self, tool: &str, args: Value) -> Result<(Duration, String, Value)> {
+        let Value::Object(args) = args else {
+            bail!("{tool}: arguments must be an object");
+        };
+        let (elapsed, result) = call_peer(&self.peer, &self.label, tool, &args).await?;
+        let text = text_of(&result);
+        if result.is_error == Some(true) {
+            bail!("{tool} on `{}` failed: {text}", self.label);
+        }
+        let structured = result.structured_content.clone().unwrap_or(Value::Null);
+        Ok((elapsed, text, structured))
+    }
 }
 
 async fn call_peer(

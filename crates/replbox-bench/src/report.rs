@@ -237,6 +237,41 @@ the same 8 pythons spawned directly at once: {:.1} ms",
             });
         }
     }
+    if let Some(s) = find("big_output:session")
+        && let Some(f) = &s.floor
+    {
+        let (m, pipe) = (s.ours.stats.median_ms, f.series.stats.median_ms);
+        out.push(TargetReport {
+            what: "200,000 printed lines through a session, against python to a pipe".into(),
+            target: "<= 1.3x (median against median)".into(),
+            measured: format!("{:.2}x ({m:.0} against {pipe:.0} ms)", m / pipe),
+            met: m <= 1.3 * pipe,
+        });
+    }
+    if let Some(s) = find("render_flood") {
+        let timeout = s.metric("timeout_ms").unwrap_or(f64::NAN);
+        let longest = s.ours.samples_ms.iter().copied().fold(0.0, f64::max);
+        out.push(TargetReport {
+            what: "4 MB cursor-escape flood through a session".into(),
+            target: "every one within its timeout_ms, status ok".into(),
+            measured: format!(
+                "median {:.0} ms, longest {longest:.0} ms, against timeout_ms {timeout:.0}",
+                s.ours.stats.median_ms
+            ),
+            met: longest < timeout,
+        });
+    }
+    if let Some(s) = find("render_flood:bystander")
+        && let Some(f) = &s.floor
+    {
+        let (m, alone) = (s.ours.stats.median_ms, f.series.stats.median_ms);
+        out.push(TargetReport {
+            what: "run-code print(1) while two sessions flood, against it alone".into(),
+            target: "answered while the floods run; median <= 5x alone".into(),
+            measured: format!("{:.2}x ({m:.1} against {alone:.1} ms)", m / alone),
+            met: m <= 5.0 * alone,
+        });
+    }
     if let Some(s) = find("idle_memory")
         && let Some(per) = s.metric("per_session_kib")
     {

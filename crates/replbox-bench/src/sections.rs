@@ -38,6 +38,8 @@ use crate::langs::{LANGS, Lang};
 use crate::report::{self, FloorReport, Machine, Report, SectionReport, Series, Stats};
 use crate::server::Server;
 
+mod flood;
+
 /// `replbox-bench` flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -168,6 +170,10 @@ pub const SECTIONS: &[Section] = &[
     Section {
         name: "big_output",
         measure: |ctx| Box::pin(big_output(ctx)),
+    },
+    Section {
+        name: "render_flood",
+        measure: |ctx| Box::pin(flood::render_flood(ctx)),
     },
     Section {
         name: "idle_memory",

@@ -264,8 +264,8 @@ impl Interp {
             Err(_) => self.wait_exit().await,
             Ok(()) => self.wait(n, deadline, cancel, progress, detect_input).await,
         };
-        let mut output = self.end_part(n, &ending);
-        let bg = background.finish();
+        let mut output = self.end_part(n, &ending).await;
+        let bg = background.finish().await;
         if !bg.text.is_empty() {
             output.text = format!("{}{}", bg.text, output.text);
             output.omitted += bg.omitted;
@@ -293,7 +293,7 @@ impl Interp {
             Err(_) => self.wait_exit().await,
             Ok(()) => self.wait(n, deadline, cancel, progress, true).await,
         };
-        let output = self.end_part(n, &ending);
+        let output = self.end_part(n, &ending).await;
         Outcome { ending, output }
     }
 
@@ -303,32 +303,35 @@ impl Interp {
             return self.fail_now("no evaluation is waiting for input".into());
         };
         let ending = self.interrupt_and_recover(n).await.ending(false);
-        let output = self.end_part(n, &ending);
+        let output = self.end_part(n, &ending).await;
         Outcome { ending, output }
     }
 
     /// Collect the output of this part of evaluation `n`; unless it paused for input, the
     /// evaluation is over.
-    fn end_part(&mut self, n: u64, ending: &Ending) -> Rendered {
-        let mut st = self.shared.lock();
-        let part = std::mem::replace(&mut st.out, Renderer::new(self.launch.output_cap));
-        if matches!(ending, Ending::AwaitingInput) {
-            drop(st);
+    async fn end_part(&mut self, n: u64, ending: &Ending) -> Rendered {
+        let awaiting = matches!(ending, Ending::AwaitingInput);
+        let part = {
+            let mut st = self.shared.lock();
+            if !awaiting {
+                st.current = None;
+            }
+            std::mem::replace(&mut st.out, Renderer::new(self.launch.output_cap))
+        };
+        if awaiting {
             self.paused = Some(n);
         } else {
-            st.current = None;
-            drop(st);
             self.finished
                 .push(self.launch.ctl.join(self.launch.spec.cell_name(n)));
             self.finished.push(interrupt_flag(&self.launch.ctl, n));
         }
-        part.finish()
+        part.finish().await
     }
 
     fn fail_now(&self, reason: String) -> Outcome {
         Outcome {
             ending: Ending::Failed(reason),
-            output: Renderer::new(0).finish(),
+            output: Rendered::default(),
         }
     }
 
