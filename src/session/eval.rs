@@ -98,6 +98,7 @@ or stop it with session_interrupt, before evaluating more code.",
         caller: &Caller,
         id: &str,
         text: &str,
+        enter: bool,
         timeout: Duration,
         cancel: &CancellationToken,
         progress: Option<&Progress>,
@@ -125,7 +126,11 @@ file in the session's directory and read it from there instead",
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
         let outcome = match guard.as_mut() {
-            Some(interp) => interp.resume(text, deadline, &token, progress).await,
+            Some(interp) => {
+                interp
+                    .resume(text, enter, deadline, &token, progress)
+                    .await
+            }
             None => return Err(self.gone_error(&session)),
         };
         let mut report = self.conclude(&session, &mut guard, eval_id, started, outcome);
@@ -205,6 +210,8 @@ file in the session's directory and read it from there instead",
         report.truncated = outcome.output.omitted > 0;
         report.duration_ms = started.elapsed().as_millis() as u64;
         apply_ending(&mut report, &outcome.ending, session.lang.error_pattern());
+        report.discarded(&outcome.typed);
+        report.notes.extend(outcome.notes);
         match outcome.ending {
             Ending::Restarted { reason } => {
                 tracing::warn!(session = %session.id, %reason, "interpreter restarted");

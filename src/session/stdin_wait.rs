@@ -9,7 +9,14 @@
 //!   terminal registered for input.
 //!
 //! "The terminal" is matched by device number, so it works whatever the path inside a
-//! sandbox's /dev looks like.
+//! sandbox's /dev looks like; a descriptor opened on `/dev/tty` (getpass, a child asking
+//! for a password) is the terminal when the process's controlling terminal is.
+//!
+//! A wait also has its timeout (the system call's argument, or the terminal's VTIME for a
+//! read), so a program that waits a moment for optional input is told from one that waits
+//! for an answer.
+
+use std::time::Duration;
 
 use replbox_exec::procfs;
 
@@ -18,77 +25,193 @@ use crate::lang::spec::InputWait;
 #[cfg(target_arch = "x86_64")]
 mod nr {
     pub const READ: &[u64] = &[0, 17, 19]; // read, pread64, readv
-    pub const POLL: &[u64] = &[7, 271]; // poll, ppoll
-    pub const SELECT: &[u64] = &[23, 270]; // select, pselect6
-    pub const EPOLL: &[u64] = &[232, 281, 441]; // epoll_wait, epoll_pwait, epoll_pwait2
+    pub const POLL: &[u64] = &[7]; // poll: timeout in ms (third argument)
+    pub const PPOLL: &[u64] = &[271]; // ppoll: struct timespec * (third argument)
+    pub const SELECT: &[u64] = &[23]; // select: struct timeval * (fifth argument)
+    pub const PSELECT: &[u64] = &[270]; // pselect6: struct timespec * (fifth argument)
+    pub const EPOLL: &[u64] = &[232, 281]; // epoll_wait, epoll_pwait: ms (fourth argument)
+    pub const EPOLL2: &[u64] = &[441]; // epoll_pwait2: struct timespec * (fourth argument)
 }
 
 #[cfg(target_arch = "aarch64")]
 mod nr {
     pub const READ: &[u64] = &[63, 65, 67]; // read, readv, pread64
-    pub const POLL: &[u64] = &[73]; // ppoll
-    pub const SELECT: &[u64] = &[72]; // pselect6
-    pub const EPOLL: &[u64] = &[22, 441]; // epoll_pwait, epoll_pwait2
+    pub const POLL: &[u64] = &[];
+    pub const PPOLL: &[u64] = &[73]; // ppoll
+    pub const SELECT: &[u64] = &[];
+    pub const PSELECT: &[u64] = &[72]; // pselect6
+    pub const EPOLL: &[u64] = &[22]; // epoll_pwait
+    pub const EPOLL2: &[u64] = &[441]; // epoll_pwait2
 }
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 mod nr {
     pub const READ: &[u64] = &[];
     pub const POLL: &[u64] = &[];
+    pub const PPOLL: &[u64] = &[];
     pub const SELECT: &[u64] = &[];
+    pub const PSELECT: &[u64] = &[];
     pub const EPOLL: &[u64] = &[];
+    pub const EPOLL2: &[u64] = &[];
+}
+
+/// `/dev/tty`: whichever terminal is the process's controlling one.
+const DEV_TTY: u64 = (5 << 8) | 0;
+
+/// A wait for input from the terminal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wait {
+    /// Which thread, in which system call (for the logs).
+    pub who: String,
+    /// How long the wait lasts at most (None: until input comes).
+    pub timeout: Option<Duration>,
+}
+
+/// The terminal a tree is judged against: its device number, the kinds of wait that count,
+/// and how long a read on it lasts (None: until input comes; the terminal's VTIME when it
+/// is out of canonical mode with VMIN 0).
+pub struct Terminal<'a> {
+    pub rdev: u64,
+    pub signals: &'a [InputWait],
+    pub read_timeout: Option<Duration>,
 }
 
 /// A process in the tree rooted at `root` (excluding `root` itself, the helper) blocked
-/// waiting for input from the terminal with device number `tty`, judged by the kinds of
-/// wait in `signals`: which thread, in which system call.
-pub fn tree_reader(root: u32, tty: u64, signals: &[InputWait]) -> Option<String> {
+/// waiting for input from the terminal. When several are, an untimed wait wins, then the
+/// longest.
+pub fn tree_wait(root: u32, term: &Terminal<'_>) -> Option<Wait> {
+    let mut best: Option<Wait> = None;
     for pid in procfs::descendants(root) {
-        for tid in procfs::threads(pid) {
-            if let Some(line) = procfs::syscall(pid, tid)
-                && blocked_on_tty(pid, &line, tty, signals)
-            {
-                return Some(format!(
-                    "pid {pid} thread {tid} in syscall {}",
-                    line.split_whitespace().next().unwrap_or("?")
-                ));
+        if let Some(w) = process_wait(pid, term) {
+            let better = match &best {
+                None => true,
+                Some(b) => match (w.timeout, b.timeout) {
+                    (None, Some(_)) => true,
+                    (Some(a), Some(b)) => a > b,
+                    _ => false,
+                },
+            };
+            if better {
+                let untimed = w.timeout.is_none();
+                best = Some(w);
+                if untimed {
+                    break;
+                }
             }
         }
     }
-    None
+    best
 }
 
-/// Interpret one `/proc/.../syscall` line.
-fn blocked_on_tty(pid: u32, line: &str, tty: u64, signals: &[InputWait]) -> bool {
+/// One process (any of its threads) blocked waiting for input from the terminal.
+pub fn process_wait(pid: u32, term: &Terminal<'_>) -> Option<Wait> {
+    let mut best: Option<Wait> = None;
+    for tid in procfs::threads(pid) {
+        let Some(line) = procfs::syscall(pid, tid) else {
+            continue;
+        };
+        let Some(timeout) = blocked_on_tty(pid, &line, term) else {
+            continue;
+        };
+        let better = match &best {
+            None => true,
+            Some(b) => match (timeout, b.timeout) {
+                (None, Some(_)) => true,
+                (Some(a), Some(b)) => a > b,
+                _ => false,
+            },
+        };
+        if better {
+            best = Some(Wait {
+                who: format!(
+                    "pid {pid} thread {tid} in syscall {}",
+                    line.split_whitespace().next().unwrap_or("?")
+                ),
+                timeout,
+            });
+        }
+    }
+    best
+}
+
+/// Interpret one `/proc/.../syscall` line: None when it is no wait on the terminal, else
+/// the wait's timeout (None: untimed).
+fn blocked_on_tty(pid: u32, line: &str, term: &Terminal<'_>) -> Option<Option<Duration>> {
     let mut fields = line.split_whitespace();
     let Some(Ok(nr)) = fields.next().map(|f| f.parse::<u64>()) else {
-        return false; // "running", or not in a system call
+        return None; // "running", or not in a system call
     };
     let args: Vec<u64> = fields
         .take(6)
         .filter_map(|f| u64::from_str_radix(f.trim_start_matches("0x"), 16).ok())
         .collect();
-    if args.len() < 3 {
-        return false;
+    if args.len() < 5 {
+        return None;
     }
-    let on = |w: InputWait| signals.contains(&w);
-    if on(InputWait::Read) && nr::READ.contains(&nr) {
-        return fd_is_tty(pid, args[0], tty);
-    }
-    if on(InputWait::Select) && nr::SELECT.contains(&nr) {
-        return select_reads_tty(pid, args[0], args[1], tty);
-    }
-    if on(InputWait::Poll) && nr::POLL.contains(&nr) {
-        return poll_reads_tty(pid, args[0], args[1], tty);
-    }
-    if on(InputWait::Epoll) && nr::EPOLL.contains(&nr) {
-        return epoll_reads_tty(pid, args[0], tty);
-    }
-    false
+    let tty = term.rdev;
+    let on = |w: InputWait| term.signals.contains(&w);
+    let waits = if on(InputWait::Read) && nr::READ.contains(&nr) {
+        return fd_is_tty(pid, args[0], tty).then_some(term.read_timeout);
+    } else if on(InputWait::Select) && nr::SELECT.contains(&nr) {
+        select_reads_tty(pid, args[0], args[1], tty)
+            .then(|| timeval(pid, args[4], TimeUnit::Micros))
+    } else if on(InputWait::Select) && nr::PSELECT.contains(&nr) {
+        select_reads_tty(pid, args[0], args[1], tty)
+            .then(|| timeval(pid, args[4], TimeUnit::Nanos))
+    } else if on(InputWait::Poll) && nr::POLL.contains(&nr) {
+        poll_reads_tty(pid, args[0], args[1], tty).then(|| millis(args[2]))
+    } else if on(InputWait::Poll) && nr::PPOLL.contains(&nr) {
+        poll_reads_tty(pid, args[0], args[1], tty)
+            .then(|| timeval(pid, args[2], TimeUnit::Nanos))
+    } else if on(InputWait::Epoll) && nr::EPOLL.contains(&nr) {
+        epoll_reads_tty(pid, args[0], tty).then(|| millis(args[3]))
+    } else if on(InputWait::Epoll) && nr::EPOLL2.contains(&nr) {
+        epoll_reads_tty(pid, args[0], tty).then(|| timeval(pid, args[3], TimeUnit::Nanos))
+    } else {
+        None
+    };
+    waits
 }
 
+/// A timeout in milliseconds as a C `int` (negative: none).
+fn millis(arg: u64) -> Option<Duration> {
+    let ms = arg as u32 as i32;
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
+enum TimeUnit {
+    Micros,
+    Nanos,
+}
+
+/// A `struct timeval` or `struct timespec` in the process's memory (a null pointer, or one
+/// that cannot be read: no timeout). The kernel writes the time left back only when the
+/// call returns, so this is the wait's whole timeout.
+fn timeval(pid: u32, addr: u64, unit: TimeUnit) -> Option<Duration> {
+    if addr == 0 {
+        return None;
+    }
+    let raw = procfs::read_mem(pid, addr, 16)?;
+    let sec = i64::from_ne_bytes(raw[..8].try_into().ok()?);
+    let frac = i64::from_ne_bytes(raw[8..].try_into().ok()?);
+    if sec < 0 || frac < 0 {
+        return None;
+    }
+    let frac = match unit {
+        TimeUnit::Micros => Duration::from_micros(frac as u64),
+        TimeUnit::Nanos => Duration::from_nanos(frac as u64),
+    };
+    Some(Duration::from_secs(sec as u64).saturating_add(frac))
+}
+
+/// Whether descriptor `fd` of `pid` is the terminal: the terminal's own device, or
+/// `/dev/tty` in a process whose controlling terminal it is.
 fn fd_is_tty(pid: u32, fd: u64, tty: u64) -> bool {
-    procfs::fd_rdev(pid, fd) == Some(tty)
+    match procfs::fd_rdev(pid, fd) {
+        Some(rdev) if rdev == tty => true,
+        Some(DEV_TTY) => procfs::tty_nr(pid) == Some(tty),
+        _ => false,
+    }
 }
 
 /// `select(nfds, readfds, …)`: read the readfds bitmap from the process's memory.
@@ -162,12 +285,76 @@ mod tests {
         false
     }
 
+    fn term(rdev: u64) -> Terminal<'static> {
+        Terminal {
+            rdev,
+            signals: &[InputWait::Read, InputWait::Poll, InputWait::Select, InputWait::Epoll],
+            read_timeout: None,
+        }
+    }
+
     #[test]
     fn parses_running_and_garbage() {
-        let all = [InputWait::Read, InputWait::Epoll];
-        assert!(!blocked_on_tty(1, "running", 0, &all));
-        assert!(!blocked_on_tty(1, "", 0, &all));
-        assert!(!blocked_on_tty(1, "0 0x0", 0, &all));
+        assert_eq!(blocked_on_tty(1, "running", &term(0)), None);
+        assert_eq!(blocked_on_tty(1, "", &term(0)), None);
+        assert_eq!(blocked_on_tty(1, "0 0x0", &term(0)), None);
+        assert_eq!(millis(u64::from(u32::MAX)), None);
+        assert_eq!(millis(1500), Some(Duration::from_millis(1500)));
+    }
+
+    /// A shell reading a terminal, on a terminal of its own (its controlling one when
+    /// `ctty`): where it waits, and for how long.
+    fn shell_on_a_terminal(script: &str, ctty: bool) -> (Option<Wait>, u64) {
+        use std::os::unix::process::CommandExt;
+        let pty = nix::pty::openpty(None, None).expect("openpty");
+        let rdev = nix::sys::stat::fstat(&pty.slave).expect("fstat").st_rdev;
+        let mut cmd = Command::new("bash");
+        cmd.args(["--norc", "--noprofile", "-c", script])
+            .stdin(Stdio::from(pty.slave.try_clone().expect("dup")))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if ctty {
+            // SAFETY: setsid and TIOCSCTTY on the child's own stdin, async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::setsid();
+                    libc::ioctl(0, libc::TIOCSCTTY, 0);
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().expect("bash");
+        let pid = child.id();
+        let mut seen = None;
+        wait_until(|| {
+            seen = process_wait(pid, &term(rdev));
+            seen.is_some()
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        (seen, rdev)
+    }
+
+    #[test]
+    fn an_untimed_read_has_no_timeout() {
+        let (seen, _) = shell_on_a_terminal("read x", false);
+        assert_eq!(seen.map(|w| w.timeout), Some(None));
+    }
+
+    #[test]
+    fn a_timed_read_has_its_timeout() {
+        let (seen, _) = shell_on_a_terminal("read -t 7.25 x", false);
+        assert_eq!(
+            seen.map(|w| w.timeout),
+            Some(Some(Duration::from_millis(7250)))
+        );
+    }
+
+    /// `/dev/tty` is the terminal for a process whose controlling terminal it is.
+    #[test]
+    fn a_read_of_dev_tty_is_a_read_of_the_terminal() {
+        let (seen, _) = shell_on_a_terminal("read x < /dev/tty", true);
+        assert_eq!(seen.map(|w| w.timeout), Some(None));
     }
 
     /// A child reading a pipe is "blocked reading fd 0", and the device check tells a pipe
@@ -187,7 +374,7 @@ mod tests {
                 .unwrap_or(false)
         }));
         // A pipe is not a character device, so it never matches a terminal.
-        assert_eq!(tree_reader(std::process::id(), 0, &[InputWait::Read]), None);
+        assert_eq!(tree_wait(std::process::id(), &term(0)), None);
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(b"x\n");
         }
