@@ -200,6 +200,21 @@ impl PtyMaster {
         ))
     }
 
+    /// The byte the Enter key sends as the program reading it gets it: a newline when the
+    /// terminal turns carriage returns into newlines (ICRNL, on unless a program turned it
+    /// off) or reads lines, else the key's own carriage return.
+    pub fn enter_key(&self) -> u8 {
+        match termios::tcgetattr(self.fd.get_ref()) {
+            Ok(t)
+                if !t.local_flags.contains(LocalFlags::ICANON)
+                    && !t.input_flags.contains(termios::InputFlags::ICRNL) =>
+            {
+                b'\r'
+            }
+            _ => b'\n',
+        }
+    }
+
     /// Whether the terminal turns the interrupt character into SIGINT (ISIG). Programs
     /// that read keys one by one switch it off.
     pub fn signals_enabled(&self) -> bool {

@@ -63,16 +63,15 @@ pub(super) fn confirm(
 }
 
 /// The bytes `session_input` types for `text`: exactly `text` without `enter`; with it,
-/// line endings made Unix ones and Enter added when the text does not end a line already
-/// or end the input (Ctrl-D). Enter is a newline for a terminal in line mode, and a
-/// carriage return, as the key sends it, for a program reading keys.
-pub fn keys(text: &str, enter: bool, line_mode: bool) -> Vec<u8> {
+/// line endings made Unix ones and Enter (`enter_key`, see `PtyMaster::enter_key`) added
+/// when the text does not end a line already or end the input (Ctrl-D).
+pub fn keys(text: &str, enter: bool, enter_key: u8) -> Vec<u8> {
     if !enter {
         return text.as_bytes().to_vec();
     }
     let mut bytes = unix_newlines(text).into_owned().into_bytes();
     if !bytes.ends_with(b"\n") && !bytes.ends_with(b"\x04") {
-        bytes.push(if line_mode { b'\n' } else { b'\r' });
+        bytes.push(enter_key);
     }
     bytes
 }
@@ -153,7 +152,7 @@ impl Interp {
             );
             return outcome;
         }
-        let bytes = keys(text, enter, !self.master.is_raw());
+        let bytes = keys(text, enter, self.master.enter_key());
         let interrupt = self.launch.spec.interrupt.as_bytes();
         let ctrl_c = (interrupt == b"\x03" && self.master.signals_enabled())
             .then(|| bytes.iter().position(|&b| b == 3))
@@ -212,12 +211,12 @@ mod tests {
 
     #[test]
     fn enter_is_added_as_the_terminal_expects_it() {
-        assert_eq!(keys("Ada", true, true), b"Ada\n");
-        assert_eq!(keys("Ada", true, false), b"Ada\r");
-        assert_eq!(keys("a\r\nb\r\n", true, true), b"a\nb\n");
-        assert_eq!(keys("abc\n\x04", true, true), b"abc\n\x04");
-        assert_eq!(keys("q", false, false), b"q");
-        assert_eq!(keys("\x1b[A", false, true), b"\x1b[A");
+        assert_eq!(keys("Ada", true, b'\n'), b"Ada\n");
+        assert_eq!(keys("Ada", true, b'\r'), b"Ada\r");
+        assert_eq!(keys("a\r\nb\r\n", true, b'\n'), b"a\nb\n");
+        assert_eq!(keys("abc\n\x04", true, b'\n'), b"abc\n\x04");
+        assert_eq!(keys("q", false, b'\n'), b"q");
+        assert_eq!(keys("\x1b[A", false, b'\n'), b"\x1b[A");
     }
 
     #[test]
