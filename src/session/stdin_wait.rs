@@ -83,15 +83,7 @@ pub fn tree_wait(root: u32, term: &Terminal<'_>) -> Option<Wait> {
     let mut best: Option<Wait> = None;
     for pid in procfs::descendants(root) {
         if let Some(w) = process_wait(pid, term) {
-            let better = match &best {
-                None => true,
-                Some(b) => match (w.timeout, b.timeout) {
-                    (None, Some(_)) => true,
-                    (Some(a), Some(b)) => a > b,
-                    _ => false,
-                },
-            };
-            if better {
+            if better(w.timeout, best.as_ref()) {
                 let untimed = w.timeout.is_none();
                 best = Some(w);
                 if untimed {
@@ -103,74 +95,135 @@ pub fn tree_wait(root: u32, term: &Terminal<'_>) -> Option<Wait> {
     best
 }
 
-/// One process (any of its threads) blocked waiting for input from the terminal.
+/// One process (any of its threads) blocked waiting for input from the terminal. A runtime
+/// may wait for the terminal in one thread with no timeout while another thread keeps the
+/// timer that ends the wait (GHC's `System.Timeout.timeout`): the longest timed wait of the
+/// process's other threads then bounds the read.
 pub fn process_wait(pid: u32, term: &Terminal<'_>) -> Option<Wait> {
     let mut best: Option<Wait> = None;
+    let mut timer: Option<Duration> = None;
     for tid in procfs::threads(pid) {
         let Some(line) = procfs::syscall(pid, tid) else {
             continue;
         };
-        let Some(timeout) = blocked_on_tty(pid, &line, term) else {
+        let Some(call) = Call::parse(&line) else {
             continue;
         };
-        let better = match &best {
-            None => true,
-            Some(b) => match (timeout, b.timeout) {
-                (None, Some(_)) => true,
-                (Some(a), Some(b)) => a > b,
-                _ => false,
-            },
-        };
-        if better {
+        if !call.reads_tty(pid, term) {
+            if let Some(t) = call.timeout(pid, term) {
+                timer = timer.max(t);
+            }
+            continue;
+        }
+        let timeout = call.timeout(pid, term).unwrap_or(None);
+        if better(timeout, best.as_ref()) {
             best = Some(Wait {
-                who: format!(
-                    "pid {pid} thread {tid} in syscall {}",
-                    line.split_whitespace().next().unwrap_or("?")
-                ),
+                who: format!("pid {pid} thread {tid} in syscall {}", call.nr),
                 timeout,
             });
         }
     }
+    if let Some(w) = best.as_mut()
+        && w.timeout.is_none()
+    {
+        w.timeout = timer;
+    }
     best
 }
 
-/// Interpret one `/proc/.../syscall` line: None when it is no wait on the terminal, else
-/// the wait's timeout (None: untimed).
-fn blocked_on_tty(pid: u32, line: &str, term: &Terminal<'_>) -> Option<Option<Duration>> {
-    let mut fields = line.split_whitespace();
-    let Some(Ok(nr)) = fields.next().map(|f| f.parse::<u64>()) else {
-        return None; // "running", or not in a system call
-    };
-    let args: Vec<u64> = fields
-        .take(6)
-        .filter_map(|f| u64::from_str_radix(f.trim_start_matches("0x"), 16).ok())
-        .collect();
-    if args.len() < 5 {
-        return None;
+/// Whether a wait with `timeout` says more than `than`: untimed beats timed, then longer.
+fn better(timeout: Option<Duration>, than: Option<&Wait>) -> bool {
+    match than {
+        None => true,
+        Some(b) => match (timeout, b.timeout) {
+            (None, Some(_)) => true,
+            (Some(a), Some(b)) => a > b,
+            _ => false,
+        },
     }
-    let tty = term.rdev;
-    let on = |w: InputWait| term.signals.contains(&w);
-    let waits = if on(InputWait::Read) && nr::READ.contains(&nr) {
-        return fd_is_tty(pid, args[0], tty).then_some(term.read_timeout);
-    } else if on(InputWait::Select) && nr::SELECT.contains(&nr) {
-        select_reads_tty(pid, args[0], args[1], tty)
-            .then(|| timeval(pid, args[4], TimeUnit::Micros))
-    } else if on(InputWait::Select) && nr::PSELECT.contains(&nr) {
-        select_reads_tty(pid, args[0], args[1], tty)
-            .then(|| timeval(pid, args[4], TimeUnit::Nanos))
-    } else if on(InputWait::Poll) && nr::POLL.contains(&nr) {
-        poll_reads_tty(pid, args[0], args[1], tty).then(|| millis(args[2]))
-    } else if on(InputWait::Poll) && nr::PPOLL.contains(&nr) {
-        poll_reads_tty(pid, args[0], args[1], tty)
-            .then(|| timeval(pid, args[2], TimeUnit::Nanos))
-    } else if on(InputWait::Epoll) && nr::EPOLL.contains(&nr) {
-        epoll_reads_tty(pid, args[0], tty).then(|| millis(args[3]))
-    } else if on(InputWait::Epoll) && nr::EPOLL2.contains(&nr) {
-        epoll_reads_tty(pid, args[0], tty).then(|| timeval(pid, args[3], TimeUnit::Nanos))
-    } else {
-        None
-    };
-    waits
+}
+
+/// Which waiting system call a thread is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Poll,
+    Ppoll,
+    Select,
+    Pselect,
+    Epoll,
+    Epoll2,
+}
+
+/// A thread's system call, from one `/proc/.../syscall` line: its number and arguments.
+struct Call {
+    nr: u64,
+    kind: Kind,
+    args: Vec<u64>,
+}
+
+impl Call {
+    /// None for "running", a call that is not a wait, or a line that cannot be read.
+    fn parse(line: &str) -> Option<Self> {
+        let mut fields = line.split_whitespace();
+        let nr = fields.next()?.parse::<u64>().ok()?;
+        let args: Vec<u64> = fields
+            .take(6)
+            .filter_map(|f| u64::from_str_radix(f.trim_start_matches("0x"), 16).ok())
+            .collect();
+        if args.len() < 5 {
+            return None;
+        }
+        let kind = [
+            (nr::READ, Kind::Read),
+            (nr::POLL, Kind::Poll),
+            (nr::PPOLL, Kind::Ppoll),
+            (nr::SELECT, Kind::Select),
+            (nr::PSELECT, Kind::Pselect),
+            (nr::EPOLL, Kind::Epoll),
+            (nr::EPOLL2, Kind::Epoll2),
+        ]
+        .into_iter()
+        .find(|(nrs, _)| nrs.contains(&nr))?
+        .1;
+        Some(Self { nr, kind, args })
+    }
+
+    /// Whether the call waits for input from the terminal, judged by the kinds of wait the
+    /// language counts.
+    fn reads_tty(&self, pid: u32, term: &Terminal<'_>) -> bool {
+        let (a, tty) = (&self.args, term.rdev);
+        let on = |w: InputWait| term.signals.contains(&w);
+        match self.kind {
+            Kind::Read => on(InputWait::Read) && fd_is_tty(pid, a[0], tty),
+            Kind::Select | Kind::Pselect => {
+                on(InputWait::Select) && select_reads_tty(pid, a[0], a[1], tty)
+            }
+            Kind::Poll | Kind::Ppoll => on(InputWait::Poll) && poll_reads_tty(pid, a[0], a[1], tty),
+            Kind::Epoll | Kind::Epoll2 => on(InputWait::Epoll) && epoll_reads_tty(pid, a[0], tty),
+        }
+    }
+
+    /// How long the call waits at most: None when it is no timed wait at all (a read of
+    /// something else than the terminal), Some(None) when it waits until something comes.
+    fn timeout(&self, pid: u32, term: &Terminal<'_>) -> Option<Option<Duration>> {
+        let a = &self.args;
+        Some(match self.kind {
+            Kind::Read => {
+                if fd_is_tty(pid, a[0], term.rdev) {
+                    term.read_timeout
+                } else {
+                    return None;
+                }
+            }
+            Kind::Select => timeval(pid, a[4], TimeUnit::Micros),
+            Kind::Pselect => timeval(pid, a[4], TimeUnit::Nanos),
+            Kind::Poll => millis(a[2]),
+            Kind::Ppoll => timeval(pid, a[2], TimeUnit::Nanos),
+            Kind::Epoll => millis(a[3]),
+            Kind::Epoll2 => timeval(pid, a[3], TimeUnit::Nanos),
+        })
+    }
 }
 
 /// A timeout in milliseconds as a C `int` (negative: none).
@@ -274,7 +327,7 @@ mod tests {
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
 
-    fn wait_until(f: impl Fn() -> bool) -> bool {
+    fn wait_until(mut f: impl FnMut() -> bool) -> bool {
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(5) {
             if f() {
@@ -288,16 +341,27 @@ mod tests {
     fn term(rdev: u64) -> Terminal<'static> {
         Terminal {
             rdev,
-            signals: &[InputWait::Read, InputWait::Poll, InputWait::Select, InputWait::Epoll],
+            signals: &[
+                InputWait::Read,
+                InputWait::Poll,
+                InputWait::Select,
+                InputWait::Epoll,
+            ],
             read_timeout: None,
         }
     }
 
     #[test]
     fn parses_running_and_garbage() {
-        assert_eq!(blocked_on_tty(1, "running", &term(0)), None);
-        assert_eq!(blocked_on_tty(1, "", &term(0)), None);
-        assert_eq!(blocked_on_tty(1, "0 0x0", &term(0)), None);
+        assert!(Call::parse("running").is_none());
+        assert!(Call::parse("").is_none());
+        assert!(Call::parse("0 0x0").is_none());
+        assert!(Call::parse("202 0x1 0x2 0x3 0x4 0x5 0x6 0x7 0x8").is_none()); // futex
+        let poll = Call::parse("7 0x10 0x2 0xbb8 0x0 0x0 0x0 0x7ff 0x7ff").expect("poll");
+        assert_eq!(
+            poll.timeout(1, &term(0)),
+            Some(Some(Duration::from_millis(3000)))
+        );
         assert_eq!(millis(u64::from(u32::MAX)), None);
         assert_eq!(millis(1500), Some(Duration::from_millis(1500)));
     }
@@ -343,10 +407,12 @@ mod tests {
 
     #[test]
     fn a_timed_read_has_its_timeout() {
-        let (seen, _) = shell_on_a_terminal("read -t 7.25 x", false);
-        assert_eq!(
-            seen.map(|w| w.timeout),
-            Some(Some(Duration::from_millis(7250)))
+        // bash sets what is left of its 7 s, a hair less.
+        let (seen, _) = shell_on_a_terminal("read -t 7 x", false);
+        let timeout = seen.and_then(|w| w.timeout);
+        assert!(
+            timeout.is_some_and(|t| t > Duration::from_secs(6) && t <= Duration::from_secs(7)),
+            "{timeout:?}"
         );
     }
 
