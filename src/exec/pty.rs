@@ -190,9 +190,7 @@ impl PtyMaster {
     /// VTIME tenths of a second with VMIN 0.
     pub fn read_timeout(&self) -> Option<std::time::Duration> {
         let t = termios::tcgetattr(self.fd.get_ref()).ok()?;
-        if t.local_flags.contains(LocalFlags::ICANON)
-            || t.control_chars[libc::VMIN] != 0
-        {
+        if t.local_flags.contains(LocalFlags::ICANON) || t.control_chars[libc::VMIN] != 0 {
             return None;
         }
         Some(std::time::Duration::from_millis(

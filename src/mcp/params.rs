@@ -40,7 +40,8 @@ pub struct SessionStartParams {
     /// Extra environment variables for the interpreter.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Close the session after this many seconds without use (default 1800).
+    /// Close the session after this many seconds without use (default 1800; at least 1, up
+    /// to the server's maximum).
     #[serde(default)]
     pub idle_timeout_s: Option<u64>,
     /// Files to put into the session's directory before it starts, so data reaches the

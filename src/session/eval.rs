@@ -126,11 +126,7 @@ file in the session's directory and read it from there instead",
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
         let outcome = match guard.as_mut() {
-            Some(interp) => {
-                interp
-                    .resume(text, enter, deadline, &token, progress)
-                    .await
-            }
+            Some(interp) => interp.resume(text, enter, deadline, &token, progress).await,
             None => return Err(self.gone_error(&session)),
         };
         let mut report = self.conclude(&session, &mut guard, eval_id, started, outcome);

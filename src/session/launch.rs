@@ -62,6 +62,13 @@ impl SessionManager {
         caller: &Caller,
         req: StartRequest,
     ) -> Result<StartReport, ToolError> {
+        if req.idle_timeout_s == Some(0) {
+            return Err(ToolError::invalid(format!(
+                "idle_timeout_s must be at least 1: it is how many seconds the session may stay \
+unused before it is closed (omit it for the default, {} s; at most {} s)",
+                self.config.idle_timeout_s, self.config.max_idle_timeout_s
+            )));
+        }
         let _slot = self.admit(caller).await?;
         let (lang, spec) = self.session_language(&req.language)?;
         check_caller_env(&req.env).map_err(ToolError::invalid)?;

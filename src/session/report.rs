@@ -170,7 +170,9 @@ impl EvalReport {
         if self.unread == 0 || typed.is_empty() {
             return;
         }
-        let n = usize::try_from(self.unread).unwrap_or(usize::MAX).min(typed.len());
+        let n = usize::try_from(self.unread)
+            .unwrap_or(usize::MAX)
+            .min(typed.len());
         let text = String::from_utf8_lossy(&typed[typed.len() - n..]).into_owned();
         let shown: String = text.chars().take(200).collect();
         let more = if shown.len() < text.len() { "…" } else { "" };

@@ -228,7 +228,12 @@ mod tests {
         // Output in between starts over.
         let mut slot = None;
         assert!(!confirm(&mut slot, 1, None, t0));
-        assert!(!confirm(&mut slot, 2, None, t0 + Duration::from_millis(200)));
+        assert!(!confirm(
+            &mut slot,
+            2,
+            None,
+            t0 + Duration::from_millis(200)
+        ));
         assert!(confirm(&mut slot, 2, None, t0 + Duration::from_millis(400)));
     }
 
