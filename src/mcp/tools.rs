@@ -16,7 +16,7 @@ use crate::error::ToolError;
 use crate::identity::Caller;
 use crate::run::{RunReport, RunRequest};
 use crate::session::{
-    CloseReport, EvalReport, InFile, InterruptReport, ListReport, StartReport, StartRequest,
+    Answer, CloseReport, EvalReport, InFile, InterruptReport, ListReport, StartReport, StartRequest,
 };
 
 #[tool_router(vis = "pub(super)")]
@@ -172,8 +172,10 @@ Enter \\r. Returns the same shape as session_eval, with the output printed after
             .input(
                 &caller,
                 &p.session_id,
-                &p.text,
-                p.enter.unwrap_or(true),
+                Answer {
+                    text: &p.text,
+                    enter: p.enter.unwrap_or(true),
+                },
                 timeout,
                 &ctx.ct,
                 progress.as_deref(),

@@ -14,6 +14,13 @@ use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 use crate::progress::Progress;
 
+/// What `session_input` types: the text, and whether Enter follows it.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'a> {
+    pub text: &'a str,
+    pub enter: bool,
+}
+
 /// The call that marked the session busy is over. Called once its report is complete, with
 /// the interpreter's lock still held: a client that sees the session free in session_list
 /// must not then be refused by session_eval because the call is still collecting files.
@@ -97,13 +104,13 @@ or stop it with session_interrupt, before evaluating more code.",
         &self,
         caller: &Caller,
         id: &str,
-        text: &str,
-        enter: bool,
+        answer: Answer<'_>,
         timeout: Duration,
         cancel: &CancellationToken,
         progress: Option<&Progress>,
     ) -> Result<EvalReport, ToolError> {
         let session = self.lookup(caller, id)?;
+        let Answer { text, enter } = answer;
         if let Some(long) = text.split('\n').find(|l| l.len() > 4000) {
             return Err(ToolError::invalid(format!(
                 "a line of {} bytes is too long for a terminal (4000 at most); write the data to a \

@@ -13,6 +13,7 @@ pub mod scan;
 pub mod stdin_wait;
 
 pub use artifacts::FileError;
+pub use eval::Answer;
 pub use files::InFile;
 pub use launch::StartRequest;
 pub use manager::SessionManager;

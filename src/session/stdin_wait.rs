@@ -22,73 +22,69 @@ use replbox_exec::procfs;
 
 use crate::lang::spec::InputWait;
 
+/// The waiting system calls by number, with where each keeps its timeout.
 #[cfg(target_arch = "x86_64")]
-mod nr {
-    pub const READ: &[u64] = &[0, 17, 19]; // read, pread64, readv
-    pub const POLL: &[u64] = &[7]; // poll: timeout in ms (third argument)
-    pub const PPOLL: &[u64] = &[271]; // ppoll: struct timespec * (third argument)
-    pub const SELECT: &[u64] = &[23]; // select: struct timeval * (fifth argument)
-    pub const PSELECT: &[u64] = &[270]; // pselect6: struct timespec * (fifth argument)
-    pub const EPOLL: &[u64] = &[232, 281]; // epoll_wait, epoll_pwait: ms (fourth argument)
-    pub const EPOLL2: &[u64] = &[441]; // epoll_pwait2: struct timespec * (fourth argument)
-}
+const CALLS: &[(u64, Kind)] = &[
+    (0, Kind::Read),
+    (17, Kind::Read),     // pread64
+    (19, Kind::Read),     // readv
+    (7, Kind::Poll),      // timeout in ms, third argument
+    (271, Kind::Ppoll),   // struct timespec *, third argument
+    (23, Kind::Select),   // struct timeval *, fifth argument
+    (270, Kind::Pselect), // pselect6: struct timespec *, fifth argument
+    (232, Kind::Epoll),   // epoll_wait: ms, fourth argument
+    (281, Kind::Epoll),   // epoll_pwait
+    (441, Kind::Epoll2),  // epoll_pwait2: struct timespec *, fourth argument
+];
 
 #[cfg(target_arch = "aarch64")]
-mod nr {
-    pub const READ: &[u64] = &[63, 65, 67]; // read, readv, pread64
-    pub const POLL: &[u64] = &[];
-    pub const PPOLL: &[u64] = &[73]; // ppoll
-    pub const SELECT: &[u64] = &[];
-    pub const PSELECT: &[u64] = &[72]; // pselect6
-    pub const EPOLL: &[u64] = &[22]; // epoll_pwait
-    pub const EPOLL2: &[u64] = &[441]; // epoll_pwait2
-}
+const CALLS: &[(u64, Kind)] = &[
+    (63, Kind::Read),
+    (65, Kind::Read),    // readv
+    (67, Kind::Read),    // pread64
+    (73, Kind::Ppoll),   // ppoll
+    (72, Kind::Pselect), // pselect6
+    (22, Kind::Epoll),   // epoll_pwait
+    (441, Kind::Epoll2), // epoll_pwait2
+];
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-mod nr {
-    pub const READ: &[u64] = &[];
-    pub const POLL: &[u64] = &[];
-    pub const PPOLL: &[u64] = &[];
-    pub const SELECT: &[u64] = &[];
-    pub const PSELECT: &[u64] = &[];
-    pub const EPOLL: &[u64] = &[];
-    pub const EPOLL2: &[u64] = &[];
-}
+const CALLS: &[(u64, Kind)] = &[];
 
 /// `/dev/tty`: whichever terminal is the process's controlling one.
-const DEV_TTY: u64 = (5 << 8) | 0;
+const DEV_TTY: u64 = 5 << 8;
 
 /// A wait for input from the terminal.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Wait {
+pub(crate) struct Wait {
     /// Which thread, in which system call (for the logs).
-    pub who: String,
+    pub(crate) who: String,
     /// How long the wait lasts at most (None: until input comes).
-    pub timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
 }
 
 /// The terminal a tree is judged against: its device number, the kinds of wait that count,
 /// and how long a read on it lasts (None: until input comes; the terminal's VTIME when it
 /// is out of canonical mode with VMIN 0).
-pub struct Terminal<'a> {
-    pub rdev: u64,
-    pub signals: &'a [InputWait],
-    pub read_timeout: Option<Duration>,
+pub(crate) struct Terminal<'a> {
+    pub(crate) rdev: u64,
+    pub(crate) signals: &'a [InputWait],
+    pub(crate) read_timeout: Option<Duration>,
 }
 
 /// A process in the tree rooted at `root` (excluding `root` itself, the helper) blocked
 /// waiting for input from the terminal. When several are, an untimed wait wins, then the
 /// longest.
-pub fn tree_wait(root: u32, term: &Terminal<'_>) -> Option<Wait> {
+pub(crate) fn tree_wait(root: u32, term: &Terminal<'_>) -> Option<Wait> {
     let mut best: Option<Wait> = None;
     for pid in procfs::descendants(root) {
-        if let Some(w) = process_wait(pid, term) {
-            if better(w.timeout, best.as_ref()) {
-                let untimed = w.timeout.is_none();
-                best = Some(w);
-                if untimed {
-                    break;
-                }
+        if let Some(w) = process_wait(pid, term)
+            && better(w.timeout, best.as_ref())
+        {
+            let untimed = w.timeout.is_none();
+            best = Some(w);
+            if untimed {
+                break;
             }
         }
     }
@@ -99,7 +95,7 @@ pub fn tree_wait(root: u32, term: &Terminal<'_>) -> Option<Wait> {
 /// may wait for the terminal in one thread with no timeout while another thread keeps the
 /// timer that ends the wait (GHC's `System.Timeout.timeout`): the longest timed wait of the
 /// process's other threads then bounds the read.
-pub fn process_wait(pid: u32, term: &Terminal<'_>) -> Option<Wait> {
+pub(crate) fn process_wait(pid: u32, term: &Terminal<'_>) -> Option<Wait> {
     let mut best: Option<Wait> = None;
     let mut timer: Option<Duration> = None;
     for tid in procfs::threads(pid) {
@@ -174,18 +170,7 @@ impl Call {
         if args.len() < 5 {
             return None;
         }
-        let kind = [
-            (nr::READ, Kind::Read),
-            (nr::POLL, Kind::Poll),
-            (nr::PPOLL, Kind::Ppoll),
-            (nr::SELECT, Kind::Select),
-            (nr::PSELECT, Kind::Pselect),
-            (nr::EPOLL, Kind::Epoll),
-            (nr::EPOLL2, Kind::Epoll2),
-        ]
-        .into_iter()
-        .find(|(nrs, _)| nrs.contains(&nr))?
-        .1;
+        let kind = CALLS.iter().find(|(n, _)| *n == nr)?.1;
         Some(Self { nr, kind, args })
     }
 
@@ -435,9 +420,11 @@ mod tests {
         let pid = child.id();
         // Wait until cat is blocked in read(0).
         assert!(wait_until(|| {
-            std::fs::read_to_string(format!("/proc/{pid}/syscall"))
-                .map(|s| nr::READ.iter().any(|n| s.starts_with(&format!("{n} 0x0 "))))
-                .unwrap_or(false)
+            std::fs::read_to_string(format!("/proc/{pid}/syscall")).is_ok_and(|s| {
+                CALLS
+                    .iter()
+                    .any(|(n, k)| *k == Kind::Read && s.starts_with(&format!("{n} 0x0 ")))
+            })
         }));
         // A pipe is not a character device, so it never matches a terminal.
         assert_eq!(tree_wait(std::process::id(), &term(0)), None);

@@ -65,7 +65,7 @@ pub(super) fn confirm(
 /// The bytes `session_input` types for `text`: exactly `text` without `enter`; with it,
 /// line endings made Unix ones and Enter (`enter_key`, see `PtyMaster::enter_key`) added
 /// when the text does not end a line already or end the input (Ctrl-D).
-pub fn keys(text: &str, enter: bool, enter_key: u8) -> Vec<u8> {
+fn keys(text: &str, enter: bool, enter_key: u8) -> Vec<u8> {
     if !enter {
         return text.as_bytes().to_vec();
     }
@@ -201,7 +201,7 @@ impl Interp {
 }
 
 /// The file that exists in the control directory once input was typed into evaluation `n`.
-pub fn input_flag(ctl: &std::path::Path, n: u64) -> std::path::PathBuf {
+pub(super) fn input_flag(ctl: &std::path::Path, n: u64) -> std::path::PathBuf {
     ctl.join(crate::lang::expand(INPUT_FILE, &[("n", &n.to_string())]))
 }
 
