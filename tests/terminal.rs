@@ -753,6 +753,22 @@ async fn python_closing_stdout_is_the_users_error() {
     s.stop().await;
 }
 
+/// In bash, as at a terminal, a closed stdout makes writes fail; stderr still shows.
+#[tokio::test(flavor = "multi_thread")]
+async fn bash_closing_stdout_is_the_users_error() {
+    if !here("shellscript") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("shellscript").await;
+    prints(&s, &id, "bash", "exec 1>&-", "").await;
+    let o = s.eval(&id, "echo lost").await;
+    assert_eq!(status(&o), "error", "{}", o.text);
+    assert!(output(&o).contains("Bad file descriptor"), "{}", o.text);
+    prints(&s, &id, "bash", "echo still here >&2", "still here\n").await;
+    s.stop().await;
+}
+
 // ---- 10. Keys sent alone --------------------------------------------------------------------
 
 /// (language, code that reads one key in raw mode and prints it, what it prints for `q`)

@@ -143,7 +143,7 @@ impl Interp {
         let Some(n) = self.paused.take() else {
             return self.fail_now("no evaluation is waiting for input".into());
         };
-        if !(self.nothing_unread(n) && self.input_wait().is_some()) {
+        if !self.still_waiting(n).await {
             let ending = self.wait(n, deadline, cancel, progress, true).await;
             let mut outcome = self.finish(n, ending);
             outcome.notes.push(
@@ -173,6 +173,22 @@ impl Interp {
             None => self.wait(n, deadline, cancel, progress, true).await,
         };
         self.finish(n, ending)
+    }
+
+    /// Whether evaluation `n` still waits for input: not ended, and a process blocked reading
+    /// the terminal. A program that waits in a loop of short timed waits is between two of
+    /// them now and then, so it is looked at a few times over a moment.
+    async fn still_waiting(&self, n: u64) -> bool {
+        for _ in 0..5 {
+            if !self.nothing_unread(n) {
+                return false;
+            }
+            if self.input_wait().is_some() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
     }
 
     /// Remember what is typed into evaluation `n`, and tell the bootstrap (the file
