@@ -866,12 +866,12 @@ async fn an_answer_to_a_program_that_stopped_waiting_is_not_typed() {
     }
     let s = TestServer::start().await;
     let id = s.start_session("shellscript").await;
-    // A wait of 11 s counts as a prompt; it is over before the answer is typed.
+    // A wait of 3 s counts as a prompt; it is over before the answer is typed.
     let o = awaits(
         &s,
         &id,
         "bash",
-        "read -t 11 -p 'quick? ' x; echo \"status $?\"",
+        "read -t 3 -p 'quick? ' x; echo \"status $?\"",
     )
     .await;
     assert_eq!(output(&o), "quick? ");

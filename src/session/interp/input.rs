@@ -14,8 +14,10 @@ use crate::progress::Progress;
 use crate::session::stdin_wait::{self, Terminal, Wait};
 
 /// A timed wait longer than this is taken for a prompt, as an untimed one is: whoever
-/// wrote it expects an answer (`read -t 60 -p 'Continue? '`).
-const LONG_WAIT: Duration = Duration::from_secs(10);
+/// wrote it expects an answer (`read -t 60 -p 'Continue? '`). Short, because an event loop
+/// waiting for input has a timer of its own pending now and then (node's wakes V8's heap
+/// tasks every 8 s), and the answer must not wait for it.
+const LONG_WAIT: Duration = Duration::from_secs(2);
 
 /// The most bytes typed into one evaluation that are remembered, to say which of them the
 /// program left unread.
