@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::config::Config;
-use crate::lang::Registry;
+use crate::hostfs::CwdPolicy;
+use crate::lang::{Registry, Why};
 use crate::run::Runner;
 use crate::run::warm::WarmPool;
 use crate::sandbox::Sandbox;
@@ -51,25 +52,50 @@ impl App {
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
         let probe = Sandbox::probe(&config.sandbox_settings());
         let mut registry = Registry::load(config.prompts.as_deref())?;
+        if let Some(python) = &config.python {
+            registry
+                .set_program("python", python, Why::PythonFlag)
+                .map_err(|e| anyhow::anyhow!("--python {}: {e}", python.display()))?;
+        }
         let workspace = Arc::new(Workspace::new(config.work_dir.as_deref())?);
         let sandbox = Arc::new(probe.finish(workspace.root())?);
         registry.restrict(
             |exe| sandbox.can_run(exe),
             |exe| sandbox.cannot_run_reason(exe),
         );
+        // The operator named it: one that cannot run at this level stops the server rather
+        // than being replaced by another Python.
+        if let Some(python) = &config.python
+            && let Ok(lang) = registry.get("python")
+            && let Ok(exe) = &lang.program
+            && !sandbox.can_run(exe)
+        {
+            anyhow::bail!(
+                "--python {}: {}",
+                python.display(),
+                sandbox.cannot_run_reason(exe)
+            );
+        }
         let registry = Arc::new(registry);
         let config = Arc::new(config);
+        let cwd_policy = Arc::new(CwdPolicy::new(
+            workspace.root(),
+            sandbox.masked(),
+            &config.allow_cwd,
+        ));
         let runner = Runner {
             config: config.clone(),
             workspace: workspace.clone(),
             pool: Arc::new(WarmPool::new(config.pool)),
             sandbox: sandbox.clone(),
+            cwd_policy: cwd_policy.clone(),
         };
         let sessions = Arc::new(SessionManager::new(
             config.clone(),
             registry.clone(),
             workspace,
             sandbox.clone(),
+            cwd_policy,
         ));
         sessions.spawn_reaper();
         Ok(Arc::new(Self {

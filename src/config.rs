@@ -14,6 +14,12 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_PROMPTS", value_name = "DIR")]
     pub prompts: Option<PathBuf>,
 
+    /// The Python that runs python code and sessions (for example a virtual environment's
+    /// `bin/python`), instead of the first `python3` on PATH. The server refuses to start
+    /// when the sandbox level cannot run it.
+    #[arg(long, env = "REPLBOX_PYTHON", value_name = "PATH")]
+    pub python: Option<PathBuf>,
+
     /// Timeout for `run-code` and `session_eval` when the caller gives none, in ms.
     #[arg(long, env = "REPLBOX_DEFAULT_TIMEOUT_MS", default_value_t = 30_000)]
     pub default_timeout_ms: u64,
@@ -119,9 +125,9 @@ pub struct Config {
     )]
     pub mask: Vec<PathBuf>,
 
-    /// A tree a session's `cwd` may lie in although the sandbox masks it (say, a projects
-    /// folder under /home); repeatable, colon-separated in the variable. The session's user
-    /// must still be able to reach it.
+    /// A tree a session's `cwd` (or a caller's `venv`) may lie in although the sandbox masks
+    /// it (say, a projects folder under /home); repeatable, colon-separated in the variable.
+    /// The session's user must still be able to reach it.
     #[arg(
         long = "allow-cwd",
         env = "REPLBOX_ALLOW_CWD",
@@ -156,6 +162,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             prompts: None,
+            python: None,
             default_timeout_ms: 30_000,
             max_timeout_ms: 600_000,
             output_cap: 64 * 1024,
@@ -224,6 +231,10 @@ impl Config {
         if let Some(dir) = &self.prompts {
             args.push("--prompts".into());
             args.push(dir.into());
+        }
+        if let Some(python) = &self.python {
+            args.push("--python".into());
+            args.push(python.into());
         }
         for (flag, value) in [
             ("--default-timeout-ms", self.default_timeout_ms.to_string()),
@@ -303,6 +314,7 @@ mod tests {
         // Every field set away from its default, so a flag to_args forgets shows up here.
         let config = Config {
             prompts: Some("/p/rompts".into()),
+            python: Some("/v/env/bin/python".into()),
             default_timeout_ms: 1234,
             max_timeout_ms: 5678,
             output_cap: 99,

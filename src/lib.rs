@@ -44,4 +44,6 @@ pub mod sandbox;
 #[cfg(target_os = "linux")]
 pub(crate) mod session;
 #[cfg(target_os = "linux")]
+pub(crate) mod venv;
+#[cfg(target_os = "linux")]
 pub(crate) mod workspace;

@@ -207,6 +207,7 @@ async fn run(
         args,
         env: Default::default(),
         timeout: app.config.timeout(timeout_ms),
+        venv: None,
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let c2 = cancel.clone();
@@ -214,7 +215,11 @@ async fn run(
         wait_for_termination().await;
         c2.cancel();
     });
-    let report = app.runner.run(&lang, req, &cancel, None).await;
+    let report = app
+        .runner
+        .run(&lang, req, &cancel, None)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(report.stdout.as_bytes());
     let _ = out.flush();
@@ -258,12 +263,23 @@ async fn languages(config: Config) -> anyhow::Result<ExitCode> {
         "{:<12} {:<10} {:<8} {:<16} {:<28} EXECUTABLE",
         "ID", "STATUS", "SESSION", "VERSION", "ALIASES"
     )?;
+    let mut notes = Vec::new();
     for lang in app.registry.all() {
         let (status, version, exe) = match (&lang.program, lang.detected()) {
-            (Ok(_), Some(d)) => ("installed", d.version.clone(), d.exe.display().to_string()),
-            (Ok(p), None) => ("installed", "?".into(), p.display().to_string()),
+            (Ok(_), Some(d)) => ("installed", d.version.clone(), lang.info(&d.exe).line()),
+            (Ok(p), None) => ("installed", "?".into(), lang.info(p).line()),
             (Err(why), _) => ("missing", "-".into(), why.clone()),
         };
+        if let Some(skipped) = lang.skipped.as_ref().filter(|_| lang.installed()) {
+            notes.push(format!("{}: {skipped}", lang.id()));
+        }
+        if lang.installed() && lang.spec.venv {
+            notes.push(format!(
+                "{}: a run or session can use a virtual environment instead (venv, or a .venv \
+in a session's cwd)",
+                lang.id()
+            ));
+        }
         writeln!(
             out,
             "{:<12} {:<10} {:<8} {:<16} {:<28} {}",
@@ -278,6 +294,9 @@ async fn languages(config: Config) -> anyhow::Result<ExitCode> {
             lang.spec.aliases.join(","),
             exe
         )?;
+    }
+    for n in notes {
+        writeln!(out, "\n{n}")?;
     }
     Ok(ExitCode::SUCCESS)
 }

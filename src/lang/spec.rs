@@ -81,6 +81,11 @@ pub struct LangSpec {
     /// (for example the linker a compiler needs).
     #[serde(default)]
     pub requires: Vec<String>,
+    /// The language takes Python virtual environments: `venv` of `run-code` and
+    /// `session_start`, and a `.venv` in a session's `cwd` (a directory with `pyvenv.cfg`
+    /// whose `bin/python` replaces `{exe}`).
+    #[serde(default)]
+    pub venv: bool,
     pub run: RunSpec,
     #[serde(default)]
     pub session: Option<SessionSpec>,

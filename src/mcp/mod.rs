@@ -151,8 +151,9 @@ impl ReplboxServer {
 
 /// What session_start's description says after the languages.
 const SESSION_START_REST: &str = "Variables, imports, functions and loaded data stay alive across \
-session_eval calls, so load data once and explore it step by step. Close it with session_close when \
-done; idle sessions are closed after idle_timeout_s.";
+session_eval calls, so load data once and explore it step by step. Python runs in a virtual \
+environment when given `venv` (or when `cwd` holds a `.venv`), so its packages import. Close it with \
+session_close when done; idle sessions are closed after idle_timeout_s.";
 
 /// The session languages installed here, each with its aliases:
 /// `python (py, python3), shellscript (bash, sh, shell)`.

@@ -26,6 +26,10 @@ pub struct RunCodeParams {
     /// Extra environment variables (the server's own environment is never passed on).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Python only: run with this virtual environment (absolute path of the directory made
+    /// by `python3 -m venv`, holding pyvenv.cfg and bin/python), so its packages import.
+    #[serde(default)]
+    pub venv: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -35,8 +39,14 @@ pub struct SessionStartParams {
     /// host).
     pub language: String,
     /// Run in this existing directory instead of a fresh private one (it is kept at close).
+    /// For python, a `.venv` directory in it is used as the virtual environment unless
+    /// `venv` is given.
     #[serde(default)]
     pub cwd: Option<String>,
+    /// Python only: the virtual environment to run in (absolute path of the directory made
+    /// by `python3 -m venv`, holding pyvenv.cfg and bin/python), so its packages import.
+    #[serde(default)]
+    pub venv: Option<String>,
     /// Extra environment variables for the interpreter.
     #[serde(default)]
     pub env: BTreeMap<String, String>,

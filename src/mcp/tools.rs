@@ -55,14 +55,14 @@ calls; use session_start/session_eval to keep state.",
             args: p.args,
             env: p.env,
             timeout,
+            venv: p.venv.map(std::path::PathBuf::from),
         };
-        req.check()?;
         let progress = progress_reporter(&ctx, timeout);
         let report = self
             .app
             .runner
             .run(&lang, req, &ctx.ct, progress.as_deref())
-            .await;
+            .await?;
         Ok(result(report.text(), &report, !report.success()))
     }
 
@@ -83,6 +83,7 @@ calls; use session_start/session_eval to keep state.",
         let req = StartRequest {
             language: p.language,
             cwd: p.cwd.map(std::path::PathBuf::from),
+            venv: p.venv.map(std::path::PathBuf::from),
             env: p.env,
             idle_timeout_s: p.idle_timeout_s,
             files: p
@@ -97,8 +98,14 @@ calls; use session_start/session_eval to keep state.",
         };
         let r = self.app.sessions.start(&caller, req).await?;
         let mut text = format!(
-            "session {} started: {} {} (pid {}) in {} (sandbox: {})",
-            r.session_id, r.language, r.version, r.pid, r.cwd, r.sandbox
+            "session {} started: {} {} (pid {}) in {} (sandbox: {})\ninterpreter: {}",
+            r.session_id,
+            r.language,
+            r.version,
+            r.pid,
+            r.cwd,
+            r.sandbox,
+            r.interpreter.line()
         );
         if !r.files.is_empty() {
             text.push_str(&format!("\nfiles brought in: {}", r.files.join(", ")));

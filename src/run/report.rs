@@ -3,6 +3,7 @@
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use crate::lang::InterpreterInfo;
 use crate::sandbox::Level;
 
 /// Which step a result comes from.
@@ -38,6 +39,9 @@ pub struct RunReport {
     pub error: Option<String>,
     /// The isolation level the program ran under.
     pub sandbox: Level,
+    /// The interpreter (or compiler) used, and why that one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interpreter: Option<InterpreterInfo>,
 }
 
 impl RunReport {
@@ -55,6 +59,7 @@ impl RunReport {
             phase: Phase::Run,
             error: None,
             sandbox,
+            interpreter: None,
         }
     }
 
@@ -131,6 +136,7 @@ mod tests {
             phase: Phase::Run,
             error: None,
             sandbox: Level::Bwrap,
+            interpreter: None,
         }
     }
 

@@ -58,6 +58,8 @@ impl Runner {
             // NUL cannot be passed to a cold start either; let it fail the cold way.
             && !req.code.contains('\0')
             && !req.args.iter().any(|a| a.contains('\0'))
+            // A virtual environment is checked as the run's own uid and has its own python.
+            && req.venv.is_none()
             && !req
                 .env
                 .keys()

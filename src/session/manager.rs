@@ -58,12 +58,8 @@ impl SessionManager {
         registry: Arc<Registry>,
         workspace: Arc<Workspace>,
         sandbox: Arc<Sandbox>,
+        cwd_policy: Arc<CwdPolicy>,
     ) -> Self {
-        let cwd_policy = Arc::new(CwdPolicy::new(
-            workspace.root(),
-            sandbox.masked(),
-            &config.allow_cwd,
-        ));
         Self {
             config,
             registry,

@@ -275,6 +275,9 @@ pub struct StartReport {
     pub session_id: String,
     pub language: String,
     pub version: String,
+    /// The interpreter the session runs, and why that one (the server's default, its
+    /// `--python`, the `venv` argument, a `.venv` in `cwd`).
+    pub interpreter: crate::lang::InterpreterInfo,
     /// Process id of the interpreter.
     pub pid: u32,
     pub cwd: String,
