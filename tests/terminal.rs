@@ -1,7 +1,7 @@
 //! Sessions behave like a careful person at a terminal in the cases agents hit: input the
 //! program did not read, reads of /dev/tty, reads with their own timeout, a prompt the
 //! user changed, a forced restart, CRLF code, keys sent alone, and each REPL's own corner
-//! (ghci's stdin, node's dot-commands). Every check runs through the MCP client, per
+//! (ghci's stdin, node's dot-commands, R's interrupts and workers). Every check runs through the MCP client, per
 //! language, from a table.
 
 mod common;
@@ -16,6 +16,7 @@ const LANGS: &[(&str, &str)] = &[
     ("ruby", "ruby"),
     ("haskell", "ghci"),
     ("shellscript", "bash"),
+    ("r", "R"),
 ];
 
 /// Whether `language` can run here (a missing one is skipped, saying so, and fails under
@@ -102,6 +103,12 @@ const READ_ONE: &[(&str, &str, &str, &str)] = &[
         "echo INJECTED",
         "echo after",
     ),
+    (
+        "r",
+        "v <- readline('one? ')\ncat('got ', v, '\\n', sep = '')",
+        "cat('INJECTED\\n')",
+        "cat('after\\n')",
+    ),
 ];
 
 #[tokio::test(flavor = "multi_thread")]
@@ -148,6 +155,10 @@ const READ_THREE: &[(&str, &str)] = &[
         "a <- getLine\nb <- getLine\nc <- getLine\nputStrLn (unwords [a, b, c])",
     ),
     ("shellscript", "read a; read b; read c; echo $a $b $c"),
+    (
+        "r",
+        "a <- readline()\nb <- readline()\nc <- readline()\ncat(paste(a, b, c), '\\n', sep = '')",
+    ),
 ];
 
 #[tokio::test(flavor = "multi_thread")]
@@ -218,6 +229,10 @@ const DEV_TTY: &[(&str, &str)] = &[
         "shellscript",
         "read -s -p 'pw: ' pw < /dev/tty; echo; echo ${#pw}",
     ),
+    (
+        "r",
+        "con <- file('/dev/tty', 'r', raw = TRUE)\npw <- readLines(con, n = 1)\nclose(con)\ncat(nchar(pw), '\\n', sep = '')",
+    ),
 ];
 
 #[tokio::test(flavor = "multi_thread")]
@@ -255,6 +270,7 @@ const CHILD_TTY: &[(&str, &str)] = &[
         "System.Process.callProcess \"bash\" [\"-c\", CMD]",
     ),
     ("shellscript", "bash -c CMD"),
+    ("r", "invisible(system(paste('bash -c', shQuote(CMD))))"),
 ];
 
 #[tokio::test(flavor = "multi_thread")]
@@ -312,6 +328,12 @@ const TIMED_READ: &[(&str, &str, &str)] = &[
     (
         "shellscript",
         "read -t 1.5 x; echo went on $?",
+        "went on 142\n",
+    ),
+    // Base R has no timed read of its own: a child's.
+    (
+        "r",
+        "invisible(system(\"bash -c 'read -t 1.5 x; echo went on $?'\"))",
         "went on 142\n",
     ),
 ];
@@ -414,6 +436,16 @@ const PROMPTS: &[PromptRow] = &[
         forever: "x=41; while :; do :; done",
         read_back: ("echo $((x + 1)) \"$PS1\"", "42 >>> \n"),
     },
+    PromptRow {
+        language: "r",
+        set: "options(prompt = 'R> ', continue = 'R+ ')",
+        ok: "cat('ok\\n')",
+        forever: "x <- 41\nrepeat {}",
+        read_back: (
+            "cat(x + 1, ' ', getOption('prompt'), '\\n', sep = '')",
+            "42 R> \n",
+        ),
+    },
 ];
 
 #[tokio::test(flavor = "multi_thread")]
@@ -501,6 +533,11 @@ const STUBBORN: &[(&str, &str, &str)] = &[
         "echo 'important result 42'; trap '' INT; while :; do :; done",
         "echo ok",
     ),
+    (
+        "r",
+        "cat('important result 42\\n')\nsuspendInterrupts(repeat {})",
+        "cat('ok\\n')",
+    ),
 ];
 
 #[tokio::test(flavor = "multi_thread")]
@@ -551,6 +588,7 @@ const CRLF: &[(&str, &str, &str)] = &[
         "Z=1\r\necho \"[$Z]\"\r\nmkdir -p d1\r\ncd d1\r\n[[ $PWD == */d1 ]] && echo in d1\r\n",
         "[1]\nin d1\n",
     ),
+    ("r", "z <- 1\r\ncat('[', z, ']\\n', sep = '')\r\n", "[1]\n"),
 ];
 
 #[tokio::test(flavor = "multi_thread")]
@@ -623,6 +661,52 @@ async fn ghci_reads_to_the_end_leave_the_session_alive() {
     s.stop().await;
 }
 
+/// (language, code that reads its input to the end and prints how many lines it got, and
+/// code printing `alive`)
+const READ_TO_END: &[(&str, &str, &str)] = &[
+    (
+        "python",
+        "import sys\nprint(len(sys.stdin.readlines()))",
+        "print('alive')",
+    ),
+    (
+        "javascript",
+        "console.log(require('fs').readFileSync(0, 'utf8').split('\\n').length - 1)",
+        "console.log('alive')",
+    ),
+    ("ruby", "puts $stdin.readlines.size", "puts 'alive'"),
+    ("shellscript", "wc -l", "echo alive"),
+    (
+        "r",
+        "cat(length(readLines('stdin')), '\\n', sep = '')",
+        "cat('alive\\n')",
+    ),
+];
+
+/// Ctrl-D ends what a program reads, in every language, and the session goes on (ghci's
+/// own cases are above).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_to_the_end_of_input_leaves_the_session_alive() {
+    let s = TestServer::start().await;
+    for &(lang, code, alive) in READ_TO_END {
+        if !here(lang) {
+            continue;
+        }
+        let id = s.start_session(lang).await;
+        awaits(&s, &id, lang, code).await;
+        let o = input(&s, &id, "a\nb\n\u{4}").await;
+        assert_eq!(
+            (status(&o), output(&o).trim_start()),
+            ("ok", "2\n"),
+            "{lang}: {}",
+            o.text
+        );
+        prints(&s, &id, lang, alive, "alive\n").await;
+        prints(&s, &id, lang, alive, "alive\n").await;
+    }
+    s.stop().await;
+}
+
 // ---- 8. Nothing of replbox's machinery in any output ----------------------------------------
 
 #[tokio::test(flavor = "multi_thread")]
@@ -690,6 +774,9 @@ const FAILS: &[(&str, &str)] = &[
     ("haskell", "error \"boom\" :: Int"),
     ("shellscript", "set -x\necho traced\nfalse"),
     ("shellscript", "set -u; echo $undefined_here"),
+    ("r", "f <- function() stop('boom')\nf()"),
+    ("r", "1 +"),
+    ("r", "x <- )"),
 ];
 
 #[tokio::test(flavor = "multi_thread")]
@@ -766,6 +853,21 @@ async fn bash_closing_stdout_is_the_users_error() {
     assert_eq!(status(&o), "error", "{}", o.text);
     assert!(output(&o).contains("Bad file descriptor"), "{}", o.text);
     prints(&s, &id, "bash", "echo still here >&2", "still here\n").await;
+    s.stop().await;
+}
+
+/// R's output diverted with sink() is the user's: the cell still ends, and sink() brings
+/// the output back.
+#[tokio::test(flavor = "multi_thread")]
+async fn r_diverted_output_is_the_users() {
+    if !here("r") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("r").await;
+    prints(&s, &id, "r", "sink('/dev/null')", "").await;
+    prints(&s, &id, "r", "cat('lost\\n')", "").await;
+    prints(&s, &id, "r", "sink()\ncat('back\\n')", "back\n").await;
     s.stop().await;
 }
 
@@ -942,6 +1044,30 @@ async fn ruby_rescue_interrupt_catches_a_timeout() {
     s.stop().await;
 }
 
+/// R's timeout is the interrupt condition that `tryCatch(..., interrupt = )` catches.
+#[tokio::test(flavor = "multi_thread")]
+async fn r_try_catch_interrupt_catches_a_timeout() {
+    if !here("r") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("r").await;
+    let o = s
+        .eval_t(
+            &id,
+            "tryCatch(Sys.sleep(30), interrupt = function(e) cat('caught', class(e)[1], '\\n'))",
+            1000,
+        )
+        .await;
+    assert_eq!(
+        (status(&o), output(&o)),
+        ("timeout", "caught interrupt \n"),
+        "{}",
+        o.text
+    );
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn python_fork_leaves_one_repl() {
     if !here("python") {
@@ -959,6 +1085,28 @@ async fn python_fork_leaves_one_repl() {
     .await;
     for _ in 0..3 {
         prints(&s, &id, "python", "print('once')", "once\n").await;
+    }
+    s.stop().await;
+}
+
+/// R's forked workers (parallel::mclapply) end in their own process; one REPL answers.
+#[tokio::test(flavor = "multi_thread")]
+async fn r_forked_workers_leave_one_repl() {
+    if !here("r") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("r").await;
+    prints(
+        &s,
+        &id,
+        "r",
+        "x <- parallel::mclapply(1:4, function(i) i * 2, mc.cores = 2)\ncat(unlist(x), '\\n')",
+        "2 4 6 8 \n",
+    )
+    .await;
+    for _ in 0..3 {
+        prints(&s, &id, "r", "cat('once\\n')", "once\n").await;
     }
     s.stop().await;
 }
