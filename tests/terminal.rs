@@ -1089,6 +1089,28 @@ async fn python_fork_leaves_one_repl() {
     s.stop().await;
 }
 
+/// A bare `fork` in irb: the child ends with the cell; one REPL answers.
+#[tokio::test(flavor = "multi_thread")]
+async fn ruby_fork_leaves_one_repl() {
+    if !here("ruby") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("ruby").await;
+    prints(
+        &s,
+        &id,
+        "ruby",
+        "pid = fork\nif pid.nil?\n  puts 'child'\nelse\n  Process.wait(pid)\n  puts 'parent'\nend\nnil",
+        "child\nparent\n",
+    )
+    .await;
+    for _ in 0..3 {
+        prints(&s, &id, "ruby", "puts 'once'", "once\n").await;
+    }
+    s.stop().await;
+}
+
 /// R's forked workers (parallel::mclapply) end in their own process; one REPL answers.
 #[tokio::test(flavor = "multi_thread")]
 async fn r_forked_workers_leave_one_repl() {

@@ -117,6 +117,7 @@ Object.send(:define_method, :__rbx_eval) do |n|
   int_to_user.()
   tell.("\e_rbx;#{nc};s;#{n}\e\\")
   status, err, value, exiting = "ok", nil, nil, false
+  owner = Process.pid
   begin
     src = File.read(File.join(dir, cell_file.sub("{n}", n.to_s)), encoding: "UTF-8")
     done = false
@@ -129,7 +130,7 @@ Object.send(:define_method, :__rbx_eval) do |n|
       exiting = true
       Kernel.exit([true, false].include?(code) || code.is_a?(Integer) ? code : 0)
     end
-    show.(ctx, src, value)
+    show.(ctx, src, value) if Process.pid == owner
   rescue SystemExit
     exiting = true
     raise
@@ -140,6 +141,12 @@ Object.send(:define_method, :__rbx_eval) do |n|
     status, err = "error", [e.class.name || e.class.inspect, e.message.to_s[0, 2000]]
     report.(e)
   ensure
+    if Process.pid != owner && !exiting
+      # A process the cell forked (a bare `fork`) ends with the cell: only irb's own
+      # process goes back to reading the terminal and reports the end.
+      [$stdout, $stderr].each { |s| s.flush rescue nil }
+      exit!(status == "ok" ? 0 : 1)
+    end
     int_to_irb.()
     to_ours.(ctx)
     emit.(n, status, err, discard_unread.(n)) unless exiting
