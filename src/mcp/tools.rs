@@ -21,7 +21,7 @@ use crate::session::history::HistoryReport;
 use crate::session::restore::RestoreReport;
 use crate::session::vars::VarsReport;
 use crate::session::{
-    CloseReport, EvalReport, InFile, InterruptReport, ListReport, StartReport, StartRequest,
+    Answer, CloseReport, EvalReport, InFile, InterruptReport, ListReport, StartReport, StartRequest,
 };
 use rmcp::model::{ContentBlock, ResourceContents};
 
@@ -164,8 +164,13 @@ awaiting_input (the code is reading stdin).",
     #[tool(
         name = "session_input",
         description = "Answer a program that is waiting for input (session_eval returned status \
-awaiting_input): `text` is typed followed by Enter, and the same evaluation continues. Returns the same \
-shape as session_eval, with the output printed after the answer.",
+awaiting_input): `text` is typed followed by Enter, and the same evaluation continues. Several lines \
+answer several reads; what the program leaves unread when the evaluation ends is discarded (never run \
+as code) and named in `discarded_input`. With `enter: false` the text is typed exactly as given, for a \
+program reading single keys. Keys as characters: Ctrl-C \\u0003 (interrupts, as session_interrupt), \
+Ctrl-D \\u0004 (ends the input of a line-reading program; no Enter is added after it), Escape \\u001b, \
+arrows \\u001b[A up, \\u001b[B down, \\u001b[C right, \\u001b[D left, Tab \\t, Backspace \\u007f, \
+Enter \\r. Returns the same shape as session_eval, with the output printed after the answer.",
         output_schema = schema_for_output::<EvalReport>(),
         annotations(title = "Answer input", read_only_hint = false, destructive_hint = false,
                     idempotent_hint = false, open_world_hint = false)
@@ -184,7 +189,10 @@ shape as session_eval, with the output printed after the answer.",
             .input(
                 &caller,
                 &p.session_id,
-                &p.text,
+                Answer {
+                    text: &p.text,
+                    enter: p.enter.unwrap_or(true),
+                },
                 timeout,
                 &ctx.ct,
                 progress.as_deref(),

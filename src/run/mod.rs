@@ -222,6 +222,14 @@ impl Runner {
             }
         };
         Self::fill(&mut report, step);
+        if report.exit_code.is_some_and(|c| c != 0)
+            && !report.timed_out
+            && spec.compile_failure.as_deref().is_some_and(|last| {
+                report.stderr.trim_end().lines().next_back().map(str::trim) == Some(last)
+            })
+        {
+            report.phase = Phase::Compile;
+        }
         report.hide_dir(place.dir.path());
         report.duration_ms = started.elapsed().as_millis() as u64;
         place.release().await;

@@ -80,6 +80,9 @@ pub struct CellEntry {
     /// The answers given with `session_input`, in order.
     #[serde(default)]
     pub inputs: Vec<String>,
+    /// Which of `inputs` were typed as given, without Enter (`enter: false`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub no_enter: Vec<usize>,
 }
 
 /// One line of a journal.
@@ -387,6 +390,7 @@ mod tests {
             started_at: 2,
             timeout_ms: 30_000,
             inputs: vec![],
+            no_enter: vec![],
         })
     }
 

@@ -114,6 +114,18 @@ struct Dirs {
 
 impl SessionManager {
     /// Start a session; errors are messages for the agent.
+    /// `idle_timeout_s` 0 would close the session at once: refused, saying what it means.
+    fn check_idle_timeout(&self, requested: Option<u64>) -> Result<(), ToolError> {
+        if requested != Some(0) {
+            return Ok(());
+        }
+        Err(ToolError::invalid(format!(
+            "idle_timeout_s must be at least 1: it is how many seconds the session may stay \
+unused before it is closed (omit it for the default, {} s; at most {} s)",
+            self.config.idle_timeout_s, self.config.max_idle_timeout_s
+        )))
+    }
+
     pub async fn start(
         &self,
         caller: &Caller,
@@ -134,6 +146,7 @@ impl SessionManager {
         id: String,
         restoring: Option<Arc<Writer>>,
     ) -> Result<(StartReport, Arc<Session>), ToolError> {
+        self.check_idle_timeout(req.idle_timeout_s)?;
         let _slot = self.admit(caller).await?;
         let (lang, spec) = self.session_language(&req.language)?;
         let domains = self.check_request(&req)?;

@@ -22,6 +22,7 @@ pub mod suspend;
 pub mod vars;
 
 pub use artifacts::FileError;
+pub use eval::Answer;
 pub use files::InFile;
 pub use launch::StartRequest;
 pub use manager::SessionManager;
