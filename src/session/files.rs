@@ -46,21 +46,57 @@ const MAX_DEPTH: usize = 32;
 /// workspace, should a caller's cwd contain it), any replbox workspace, or what that user may
 /// not read.
 pub fn snapshot(root: BorrowedFd<'_>, max_entries: usize, skip: &[DirId]) -> Snapshot {
+    snapshot_with(root, max_entries, skip, &mut |_, _, _| {})
+}
+
+/// [`snapshot`], calling `enter(dir, path, depth)` on each directory before reading it.
+pub(super) fn snapshot_with(
+    root: BorrowedFd<'_>,
+    max_entries: usize,
+    skip: &[DirId],
+    enter: &mut dyn FnMut(BorrowedFd<'_>, &str, usize),
+) -> Snapshot {
     let mut snap = Snapshot {
         files: BTreeMap::new(),
         complete: true,
     };
-    let walk = Walk {
+    let walk = walk_of(skip);
+    if let Ok(top) = hostfs::open_dir_beneath(root, &walk) {
+        walk_into(top, String::new(), 0, &walk, max_entries, &mut snap, enter);
+    }
+    snap
+}
+
+/// How a session's directory is walked: on its filesystem, around `skip` and workspaces.
+pub(super) fn walk_of(skip: &[DirId]) -> Walk {
+    Walk {
         same_mount: true,
         forbidden: skip.to_vec(),
         into_workspaces: false,
-    };
-    let Ok(top) = hostfs::open_dir_beneath(root, &walk) else {
-        return snap;
-    };
+    }
+}
+
+/// Whether the walk enters a directory named `name` whose entries would sit at `depth`.
+pub(super) fn enters(name: &str, depth: usize) -> bool {
+    depth < MAX_DEPTH && !name.starts_with('.') && !SKIP_DIRS.contains(&name)
+}
+
+/// Add the files under the directory `top` (at `prefix`, `depth` levels down) to `snap`,
+/// looking at no more than `max_entries` entries (else `snap.complete` is false).
+pub(super) fn walk_into(
+    top: OwnedFd,
+    prefix: String,
+    depth: usize,
+    walk: &Walk,
+    max_entries: usize,
+    snap: &mut Snapshot,
+    enter: &mut dyn FnMut(BorrowedFd<'_>, &str, usize),
+) {
     let mut seen = 0usize;
-    let mut stack: Vec<(OwnedFd, String, usize)> = vec![(top, String::new(), 0)];
+    let mut stack: Vec<(OwnedFd, String, usize)> = vec![(top, prefix, depth)];
     while let Some((dir, prefix, depth)) = stack.pop() {
+        // Before reading it, so that nothing created meanwhile escapes a watch.
+        enter(dir.as_fd(), &prefix, depth);
         let Ok(mut rd) = rustix::fs::Dir::read_from(&dir) else {
             continue; // unreadable or gone meanwhile: nothing to list there
         };
@@ -72,7 +108,7 @@ pub fn snapshot(root: BorrowedFd<'_>, max_entries: usize, skip: &[DirId]) -> Sna
             seen += 1;
             if seen > max_entries {
                 snap.complete = false;
-                return snap;
+                return;
             }
             let Ok(name) = std::str::from_utf8(name) else {
                 continue; // not UTF-8: cannot be named in a URI or JSON faithfully
@@ -80,42 +116,49 @@ pub fn snapshot(root: BorrowedFd<'_>, max_entries: usize, skip: &[DirId]) -> Sna
             if name.starts_with('.') {
                 continue;
             }
-            let rel = if prefix.is_empty() {
-                name.to_string()
-            } else {
-                format!("{prefix}/{name}")
-            };
+            let rel = join(&prefix, name);
             // lstat: a link is neither a directory nor a file here.
             let Ok(st) = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
                 continue;
             };
             match FileType::from_raw_mode(st.st_mode) {
                 FileType::Directory => {
-                    if depth + 1 >= MAX_DEPTH || SKIP_DIRS.contains(&name) {
+                    if !enters(name, depth + 1) {
                         continue;
                     }
-                    if let Ok(sub) = hostfs::open_subdir(dir.as_fd(), name, &walk) {
+                    if let Ok(sub) = hostfs::open_subdir(dir.as_fd(), name, walk) {
                         stack.push((sub, rel, depth + 1));
                     }
                 }
                 FileType::RegularFile => {
-                    // The stat fields' types differ by architecture.
-                    #[allow(clippy::unnecessary_cast)]
-                    snap.files.insert(
-                        rel,
-                        Stamp {
-                            size: st.st_size as u64,
-                            mtime_s: st.st_mtime as i64,
-                            mtime_ns: st.st_mtime_nsec as i64,
-                            ino: st.st_ino,
-                        },
-                    );
+                    snap.files.insert(rel, Stamp::of(&st));
                 }
                 _ => {}
             }
         }
     }
-    snap
+}
+
+/// `prefix/name`, or `name` at the top.
+pub(super) fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}/{name}")
+    }
+}
+
+impl Stamp {
+    pub(super) fn of(st: &rustix::fs::Stat) -> Self {
+        // The stat fields' types differ by architecture.
+        #[allow(clippy::unnecessary_cast)]
+        Stamp {
+            size: st.st_size as u64,
+            mtime_s: st.st_mtime as i64,
+            mtime_ns: st.st_mtime_nsec as i64,
+            ino: st.st_ino,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]

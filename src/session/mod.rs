@@ -11,6 +11,7 @@ pub mod manager;
 pub mod report;
 pub mod scan;
 pub mod stdin_wait;
+mod watch;
 
 pub use artifacts::FileError;
 pub use files::InFile;
