@@ -106,7 +106,14 @@ impl Runner {
         if !self.sandbox.can_run(&detected.exe) {
             return Err(self.sandbox.cannot_run_reason(&detected.exe));
         }
-        let place = self.place(lang, &detected.exe, self.cpu_limit(self.max_timeout()))?;
+        let place = self
+            .place(
+                lang,
+                &detected.exe,
+                self.cpu_limit(self.max_timeout()),
+                false,
+            )
+            .await?;
         let vars = place.vars(lang);
         let child = self.child(&place, lang, &BTreeMap::new());
         let mut with_loader = vars.to_vec();

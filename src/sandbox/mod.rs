@@ -136,6 +136,15 @@ pub struct Sandbox {
     pool: Option<Arc<UidPool>>,
     /// A remembered bwrap success still to confirm (see [`probe`]).
     unverified: Mutex<Option<probe::ProbeCache>>,
+    /// What can give a uid back when every one is in use (the kept files of ended sessions).
+    reclaimer: OnceLock<std::sync::Weak<dyn Reclaim>>,
+}
+
+/// Something that holds uids it can let go of when the pool runs dry: the files of ended
+/// sessions, kept readable as their uid for a while.
+pub trait Reclaim: Send + Sync {
+    /// Give one uid back (awaiting its release); false when there is none to give.
+    fn reclaim(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>>;
 }
 
 impl Sandbox {
@@ -210,6 +219,34 @@ impl Sandbox {
             None => Ok(None),
             Some(pool) => pool.clone().acquire(self.level != Level::Bwrap).map(Some),
         }
+    }
+
+    /// Uids of the pool this server holds (0 when it does not run as root).
+    pub fn uids_in_use(&self) -> usize {
+        self.pool.as_ref().map_or(0, |p| p.in_use())
+    }
+
+    /// Like [`lease`](Self::lease), but when every uid is in use, first ask the reclaimer
+    /// (if any) to give one back.
+    pub async fn lease_or_reclaim(&self) -> Result<Option<Lease>, String> {
+        loop {
+            match self.lease() {
+                Ok(l) => return Ok(l),
+                Err(e) => {
+                    let Some(r) = self.reclaimer.get().and_then(std::sync::Weak::upgrade) else {
+                        return Err(e);
+                    };
+                    if !r.reclaim().await {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Set what gives uids back when the pool is dry (once).
+    pub fn set_reclaimer(&self, r: std::sync::Weak<dyn Reclaim>) {
+        let _ = self.reclaimer.set(r);
     }
 
     /// The existing directories hidden from user code (canonical): a caller's `cwd` may not
