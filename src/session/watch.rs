@@ -232,7 +232,7 @@ impl Tracked {
         skip: &[DirId],
         session_id: &str,
     ) -> Option<Vec<FileChange>> {
-        if let Some(before) = self.from_events(root, max_entries, skip) {
+        if let Some(before) = self.apply_events(root, max_entries, skip) {
             return self
                 .snap
                 .complete
@@ -261,7 +261,7 @@ impl Tracked {
 
     /// Bring the snapshot up to date from the watch's events; returns the previous stamps
     /// of the paths it looked at, or None when a walk must do it (the watch is dropped).
-    fn from_events(
+    fn apply_events(
         &mut self,
         root: BorrowedFd<'_>,
         max_entries: usize,
