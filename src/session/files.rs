@@ -10,7 +10,8 @@ use serde::Serialize;
 
 use rustix::fs::{AtFlags, FileType};
 
-pub use super::snapshot::{Snapshot, snapshot};
+pub use super::snapshot::{Snapshot, Stamp, snapshot};
+pub(super) use super::snapshot::{enters, join, snapshot_with, walk_into, walk_of};
 use crate::hostfs::{self, CwdPolicy, Walk};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]

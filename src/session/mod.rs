@@ -20,6 +20,7 @@ pub mod state_dir;
 pub mod stdin_wait;
 pub mod suspend;
 pub mod vars;
+mod watch;
 
 pub use artifacts::FileError;
 pub use eval::Answer;

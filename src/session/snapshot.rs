@@ -41,25 +41,59 @@ const MAX_DEPTH: usize = 32;
 /// workspace, should a caller's cwd contain it), any replbox workspace, or what that user may
 /// not read.
 pub fn snapshot(root: BorrowedFd<'_>, max_entries: usize, skip: &[DirId]) -> Snapshot {
+    snapshot_with(root, max_entries, skip, &mut |_, _, _| {})
+}
+
+/// [`snapshot`], calling `enter(dir, path, depth)` on each directory before reading it.
+pub(super) fn snapshot_with(
+    root: BorrowedFd<'_>,
+    max_entries: usize,
+    skip: &[DirId],
+    enter: &mut dyn FnMut(BorrowedFd<'_>, &str, usize),
+) -> Snapshot {
     let mut snap = Snapshot {
         files: BTreeMap::new(),
         complete: true,
     };
-    let walk = Walk {
+    let walk = walk_of(skip);
+    if let Ok(top) = hostfs::open_dir_beneath(root, &walk) {
+        walk_into(top, String::new(), 0, &walk, max_entries, &mut snap, enter);
+    }
+    snap
+}
+
+/// How a session's directory is walked: on its filesystem, around `skip` and workspaces.
+pub(super) fn walk_of(skip: &[DirId]) -> Walk {
+    Walk {
         same_mount: true,
         forbidden: skip.to_vec(),
         into_workspaces: false,
-    };
-    let Ok(top) = hostfs::open_dir_beneath(root, &walk) else {
-        return snap;
-    };
+    }
+}
+
+/// Whether the walk enters a directory named `name` whose entries would sit at `depth`.
+pub(super) fn enters(name: &str, depth: usize) -> bool {
+    depth < MAX_DEPTH && !name.starts_with('.') && !SKIP_DIRS.contains(&name)
+}
+
+/// Add the files under the directory `top` (at `prefix`, `depth` levels down) to `snap`,
+/// looking at no more than `max_entries` entries (else `snap.complete` is false).
+pub(super) fn walk_into(
+    top: OwnedFd,
+    prefix: String,
+    depth: usize,
+    walk: &Walk,
+    max_entries: usize,
+    snap: &mut Snapshot,
+    enter: &mut dyn FnMut(BorrowedFd<'_>, &str, usize),
+) {
     let mut seen = 0usize;
     // Directories still to list, by name in their parent: a directory's handle lives as long
     // as some of its subdirectories are still to list, so the handles open at once are those
     // on one path down (MAX_DEPTH), however wide the tree (one handle per noted directory
     // ran the server out of descriptors).
     let mut stack: ToList = Vec::new();
-    let mut next: Option<(OwnedFd, String, usize)> = Some((top, String::new(), 0));
+    let mut next: Option<(OwnedFd, String, usize)> = Some((top, prefix, depth));
     loop {
         let (dir, prefix, depth) = match next.take() {
             Some(d) => d,
@@ -67,12 +101,14 @@ pub fn snapshot(root: BorrowedFd<'_>, max_entries: usize, skip: &[DirId]) -> Sna
                 let Some((parent, name, rel, depth)) = stack.pop() else {
                     break;
                 };
-                match hostfs::open_subdir(parent.as_fd(), &name, &walk) {
+                match hostfs::open_subdir(parent.as_fd(), &name, walk) {
                     Ok(sub) => (sub, rel, depth),
                     Err(_) => continue, // a link, gone, forbidden or unreadable: not listed
                 }
             }
         };
+        // Before reading it, so that nothing created meanwhile escapes a watch.
+        enter(dir.as_fd(), &prefix, depth);
         let dir = Rc::new(dir);
         let Ok(mut rd) = rustix::fs::Dir::read_from(&*dir) else {
             continue; // unreadable or gone meanwhile: nothing to list there
@@ -85,7 +121,7 @@ pub fn snapshot(root: BorrowedFd<'_>, max_entries: usize, skip: &[DirId]) -> Sna
             seen += 1;
             if seen > max_entries {
                 snap.complete = false;
-                return snap;
+                return;
             }
             let Ok(name) = std::str::from_utf8(name) else {
                 continue; // not UTF-8: cannot be named in a URI or JSON faithfully
@@ -93,15 +129,31 @@ pub fn snapshot(root: BorrowedFd<'_>, max_entries: usize, skip: &[DirId]) -> Sna
             if name.starts_with('.') {
                 continue;
             }
-            let rel = if prefix.is_empty() {
-                name.to_string()
-            } else {
-                format!("{prefix}/{name}")
-            };
-            note(&dir, name, rel, depth, &mut snap, &mut stack);
+            note(&dir, name, join(&prefix, name), depth, snap, &mut stack);
         }
     }
-    snap
+}
+
+/// `prefix/name`, or `name` at the top.
+pub(super) fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}/{name}")
+    }
+}
+
+impl Stamp {
+    pub(super) fn of(st: &rustix::fs::Stat) -> Self {
+        // The stat fields' types differ by architecture.
+        #[allow(clippy::unnecessary_cast)]
+        Stamp {
+            size: st.st_size as u64,
+            mtime_s: st.st_mtime as i64,
+            mtime_ns: st.st_mtime_nsec as i64,
+            ino: st.st_ino,
+        }
+    }
 }
 
 /// Directories still to list: (the parent's handle, the name in it, the path relative to
@@ -123,21 +175,11 @@ fn note(
         return;
     };
     match FileType::from_raw_mode(st.st_mode) {
-        FileType::Directory if depth + 1 < MAX_DEPTH && !SKIP_DIRS.contains(&name) => {
+        FileType::Directory if enters(name, depth + 1) => {
             stack.push((dir.clone(), name.to_string(), rel, depth + 1));
         }
         FileType::RegularFile => {
-            // The stat fields' types differ by architecture.
-            #[allow(clippy::unnecessary_cast)]
-            snap.files.insert(
-                rel,
-                Stamp {
-                    size: st.st_size as u64,
-                    mtime_s: st.st_mtime as i64,
-                    mtime_ns: st.st_mtime_nsec as i64,
-                    ino: st.st_ino,
-                },
-            );
+            snap.files.insert(rel, Stamp::of(&st));
         }
         _ => {}
     }

@@ -13,7 +13,8 @@ use serde_json::Value;
 use tokio::process::Command;
 
 /// Longest wait for a handshake or one tool call before the bench gives up with an error.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+// Long enough for the largest ghci cell on a busy machine.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub struct McpServer {
     client: RunningService<RoleClient, ()>,

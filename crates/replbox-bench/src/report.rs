@@ -199,6 +199,44 @@ pub fn targets(sections: &[SectionReport]) -> Vec<TargetReport> {
             }
         }
     }
+    // Evaluation overhead: at most 0.3 ms over the interpreter's own round trip.
+    for row in [
+        "session_eval:python",
+        "session_eval:javascript",
+        "session_eval:ruby",
+        "session_eval:shellscript",
+        "session_eval_files:python",
+    ] {
+        if let Some(s) = find(row)
+            && let Some(f) = &s.floor
+        {
+            let (ours, raw) = (s.ours.stats.median_ms, f.series.stats.median_ms);
+            out.push(TargetReport {
+                what: s.title.clone(),
+                target: "<= raw PTY round trip + 0.3 ms (median against median)".into(),
+                measured: format!("{:+.2} ms ({ours:.2} against {raw:.2} ms)", ours - raw),
+                met: ours - raw <= 0.3,
+            });
+        }
+    }
+    // Long ghci cells: linear, within 2x of ghci taking the same lines itself.
+    for row in [
+        "ghci_cell:let300",
+        "ghci_cell:let1000",
+        "ghci_cell:decl10000",
+    ] {
+        if let Some(s) = find(row)
+            && let Some(f) = &s.floor
+        {
+            let (ours, ghci) = (s.ours.stats.median_ms, f.series.stats.median_ms);
+            out.push(TargetReport {
+                what: s.title.clone(),
+                target: "<= 2x ghci itself (median against median)".into(),
+                measured: format!("{:.2}x ({ours:.0} against {ghci:.0} ms)", ours / ghci),
+                met: ours <= 2.0 * ghci,
+            });
+        }
+    }
     if let Some(s) = find("concurrent_run_code") {
         let m = s.ours.stats.median_ms;
         let one = s
