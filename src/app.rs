@@ -84,10 +84,12 @@ impl App {
         }))
     }
 
-    /// What a server starts once it answers: interpreter detection, the check of a
-    /// remembered bwrap probe, then the warm pools. All spawn processes, so they come after
-    /// the transport is up rather than before.
+    /// What a server starts once it answers: the removal of workspaces left by servers that
+    /// are gone, interpreter detection, the check of a remembered bwrap probe, then the warm
+    /// pools. They take time or spawn processes, so they come after the transport is up
+    /// rather than before.
     pub fn start_background(&self) {
+        self.workspace.sweep_stale_in_background();
         self.registry.detect_all_in_background();
         self.sandbox.verify_in_background();
         self.runner.fill_pools(&self.registry);
