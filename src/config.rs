@@ -150,6 +150,11 @@ pub struct Config {
     /// Largest session file `resources/read` returns, in bytes.
     #[arg(long, env = "REPLBOX_MAX_RESOURCE_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_resource_bytes: u64,
+
+    /// Longest line (one JSON-RPC message) read on stdin, in bytes; a longer one is answered
+    /// with an error and skipped.
+    #[arg(long, env = "REPLBOX_MAX_LINE_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_line_bytes: usize,
 }
 
 impl Default for Config {
@@ -184,6 +189,7 @@ impl Default for Config {
             max_image_bytes: 1024 * 1024,
             max_tracked_files: 5000,
             max_resource_bytes: 4 * 1024 * 1024,
+            max_line_bytes: 4 * 1024 * 1024,
         }
     }
 }
@@ -250,6 +256,7 @@ impl Config {
             ("--max-image-bytes", self.max_image_bytes.to_string()),
             ("--max-tracked-files", self.max_tracked_files.to_string()),
             ("--max-resource-bytes", self.max_resource_bytes.to_string()),
+            ("--max-line-bytes", self.max_line_bytes.to_string()),
         ] {
             args.push(flag.into());
             args.push(value.into());
@@ -331,6 +338,7 @@ mod tests {
             max_image_bytes: 6,
             max_tracked_files: 7,
             max_resource_bytes: 8,
+            max_line_bytes: 9,
         };
         let argv = std::iter::once(OsString::from("x")).chain(config.to_args());
         let parsed = Wrapper::try_parse_from(argv).expect("to_args output parses");

@@ -37,4 +37,6 @@ pub mod sandbox;
 #[cfg(target_os = "linux")]
 pub mod session;
 #[cfg(target_os = "linux")]
+pub mod stdio;
+#[cfg(target_os = "linux")]
 pub mod workspace;

@@ -144,7 +144,8 @@ fn init_logging(default_filter: &str) {
 async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     let app = App::new(config)?;
     let server = ReplboxServer::new(app.clone());
-    let service = server.serve(rmcp::transport::stdio_pipes()).await?;
+    let framing = replbox::stdio::transport(app.config.max_line_bytes);
+    let service = server.serve(framing).await?;
     tracing::info!("serving MCP on stdio");
     // Detection and the warm pools spawn interpreters; start them after the handshake so
     // they do not slow it.
