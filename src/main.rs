@@ -24,6 +24,16 @@ struct Cli {
     command: Option<Command>,
 }
 
+/// `serve`'s settings alone, for a bare `replbox`.
+#[derive(Parser)]
+#[command(name = "replbox")]
+struct BareServe {
+    #[command(flatten)]
+    config: Config,
+    #[command(flatten)]
+    http: HttpConfig,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Serve MCP over stdio (the default when no command is given), or over streamable
@@ -65,9 +75,17 @@ enum Command {
 fn main() -> ExitCode {
     drop_own_python_env_from_path();
     let cli = Cli::parse();
+    // A bare `replbox` is exactly `replbox serve`: its settings come from the REPLBOX_*
+    // variables as serve's do (no flag can be given without a command).
+    let command = cli.command.unwrap_or_else(|| {
+        let bare = BareServe::parse_from(["replbox"]);
+        Command::Serve {
+            config: bare.config,
+            http: bare.http,
+        }
+    });
     // A network server says where it listens: HTTP mode logs replbox's own info lines.
-    let http_mode =
-        matches!(&cli.command, Some(Command::Serve { http, .. }) if http.addr.is_some());
+    let http_mode = matches!(&command, Command::Serve { http, .. } if http.addr.is_some());
     init_logging(if http_mode {
         "warn,replbox=info"
     } else {
@@ -83,10 +101,6 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let command = cli.command.unwrap_or(Command::Serve {
-        config: Config::default(),
-        http: HttpConfig::default(),
-    });
     let outcome = runtime.block_on(async move {
         match command {
             Command::Serve { config, http } => match http.addr.clone() {
