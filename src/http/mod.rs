@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 use crate::app::{App, InFlight, InFlightGuard};
 use crate::config::HttpConfig;
 use crate::mcp::ReplboxServer;
+use crate::sandbox::Level;
 use crate::session::Caller;
 use auth::{Presented, Tokens};
 
@@ -73,6 +74,23 @@ pub async fn serve(
              as this user. Give tokens with --token, REPLBOX_TOKENS or --tokens-file, or bind a \
              loopback address such as 127.0.0.1:{}",
             addr.port()
+        );
+    }
+    // Without a token every request is the local principal, which may copy host files into
+    // a session: user code that can reach this host's loopback must not be able to call it.
+    let level = app.sandbox.level;
+    if tokens.is_empty() && (level == Level::None || app.sandbox.network) {
+        anyhow::bail!(
+            "refusing to serve HTTP without a token at sandbox level {level}{}: user code can \
+             reach this host's loopback there, call this server back as the local principal \
+             and have it copy files only the server may read. Give tokens with --token, \
+             REPLBOX_TOKENS or --tokens-file (user code never sees them), or use a level that \
+             keeps user code off the network (bwrap or landlock without --allow-network)",
+            if app.sandbox.network {
+                " with --allow-network"
+            } else {
+                ""
+            }
         );
     }
     let hosts = HostPolicy::new(&cfg.allowed_hosts, addr.ip())?;
