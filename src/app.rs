@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::config::Config;
 use crate::lang::Registry;
-use crate::pool::Pool;
 use crate::run::Runner;
+use crate::run::warm::WarmPool;
 use crate::sandbox::Sandbox;
 use crate::session::SessionManager;
 use crate::workspace::Workspace;
@@ -14,19 +14,18 @@ use crate::workspace::Workspace;
 pub struct App {
     pub config: Arc<Config>,
     pub registry: Arc<Registry>,
-    pub workspace: Arc<Workspace>,
-    pub sandbox: Arc<Sandbox>,
+    pub(crate) sandbox: Arc<Sandbox>,
     pub runner: Runner,
-    pub sessions: Arc<SessionManager>,
+    pub(crate) sessions: Arc<SessionManager>,
     /// Tool calls running now, over every connection.
-    pub calls: InFlight,
+    pub(crate) calls: InFlight,
 }
 
 /// A count of work in progress; [`InFlight::enter`] returns a guard that counts while held.
 #[derive(Default, Clone)]
-pub struct InFlight(Arc<AtomicUsize>);
+pub(crate) struct InFlight(Arc<AtomicUsize>);
 
-pub struct InFlightGuard(Arc<AtomicUsize>);
+pub(crate) struct InFlightGuard(Arc<AtomicUsize>);
 
 impl InFlight {
     pub fn enter(&self) -> InFlightGuard {
@@ -63,20 +62,19 @@ impl App {
         let runner = Runner {
             config: config.clone(),
             workspace: workspace.clone(),
-            pool: Arc::new(Pool::new(config.pool)),
+            pool: Arc::new(WarmPool::new(config.pool)),
             sandbox: sandbox.clone(),
         };
         let sessions = Arc::new(SessionManager::new(
             config.clone(),
             registry.clone(),
-            workspace.clone(),
+            workspace,
             sandbox.clone(),
         ));
         sessions.spawn_reaper();
         Ok(Arc::new(Self {
             config,
             registry,
-            workspace,
             sandbox,
             runner,
             sessions,
@@ -89,7 +87,7 @@ impl App {
     /// pools. They take time or spawn processes, so they come after the transport is up
     /// rather than before.
     pub fn start_background(&self) {
-        self.workspace.sweep_stale_in_background();
+        self.runner.workspace.sweep_stale_in_background();
         self.registry.detect_all_in_background();
         self.sandbox.verify_in_background();
         self.runner.fill_pools(&self.registry);

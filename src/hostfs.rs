@@ -24,10 +24,7 @@ use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 
-/// A file in a server's workspace root that names it, so that no session of any server
-/// (whatever uid it runs as) takes a workspace, or a directory inside one, as its `cwd`, and
-/// no walk of a `cwd` that contains one enters it.
-pub const WORKSPACE_MARKER: &str = ".replbox-workspace";
+use crate::workspace::WORKSPACE_MARKER;
 
 /// Directories never used as a `cwd`, whatever the operator allows: kernel interfaces and
 /// the runtime state of system services (sockets, other servers' uid locks).

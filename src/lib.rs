@@ -1,4 +1,7 @@
 //! replbox: an MCP server for persistent interpreter sessions and one-shot code runs.
+//!
+//! The library serves the `replbox` binary, the benchmark and the tests; only what they use
+//! is public.
 
 // replbox is built on Linux interfaces throughout (bubblewrap, Landlock, seccomp, /proc,
 // PTYs, fs credentials), so on any other target this is the one error a build reports:
@@ -15,11 +18,17 @@ pub mod app;
 #[cfg(target_os = "linux")]
 pub mod config;
 #[cfg(target_os = "linux")]
+pub(crate) mod error;
+#[cfg(target_os = "linux")]
 pub mod exec;
+#[cfg(all(target_os = "linux", feature = "fuzzing"))]
+pub mod fuzzing;
 #[cfg(target_os = "linux")]
 pub mod hostfs;
 #[cfg(target_os = "linux")]
 pub mod http;
+#[cfg(target_os = "linux")]
+pub(crate) mod identity;
 #[cfg(target_os = "linux")]
 pub mod install;
 #[cfg(target_os = "linux")]
@@ -27,16 +36,16 @@ pub mod lang;
 #[cfg(target_os = "linux")]
 pub mod mcp;
 #[cfg(target_os = "linux")]
-pub mod output;
+pub(crate) mod output;
 #[cfg(target_os = "linux")]
-pub mod pool;
+pub(crate) mod progress;
 #[cfg(target_os = "linux")]
 pub mod run;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
 #[cfg(target_os = "linux")]
-pub mod session;
+pub(crate) mod session;
 #[cfg(target_os = "linux")]
 pub mod stdio;
 #[cfg(target_os = "linux")]
-pub mod workspace;
+pub(crate) mod workspace;

@@ -51,22 +51,9 @@ impl HeadTail {
         }
     }
 
-    /// Bytes pushed so far.
-    pub fn total(&self) -> u64 {
-        self.total
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.total == 0
-    }
-
     /// Bytes not kept.
     pub fn omitted(&self) -> u64 {
         self.total - (self.head.len() + self.tail.len()) as u64
-    }
-
-    pub fn truncated(&self) -> bool {
-        self.omitted() > 0
     }
 
     /// The kept text, with a line saying how many bytes were left out between head and tail.
@@ -233,16 +220,7 @@ impl Renderer {
         }
         self.flush_block();
         let (text, omitted) = self.out.finish();
-        Rendered {
-            text,
-            omitted,
-            total: self.out.total(),
-        }
-    }
-
-    /// Bytes of output so far (rendered, plus what is pending).
-    pub fn total(&self) -> u64 {
-        self.out.total() + self.block.len() as u64 + self.partial.len() as u64
+        Rendered { text, omitted }
     }
 
     /// The last non-empty line so far, rendered (for progress messages).
@@ -291,7 +269,6 @@ pub struct Rendered {
     pub text: String,
     /// Rendered bytes left out (0 when nothing was cut).
     pub omitted: u64,
-    pub total: u64,
 }
 
 /// Does this line need the terminal emulator (any control byte other than tab)?
@@ -360,8 +337,7 @@ mod tests {
         for i in 0..100u8 {
             b.push(&[b'a' + (i % 26)]);
         }
-        assert_eq!(b.total(), 100);
-        assert_eq!(b.omitted(), 90);
+        assert_eq!(b.omitted(), 90, "100 pushed, 10 kept");
         let (text, omitted) = b.finish();
         assert_eq!(omitted, 90);
         assert!(text.starts_with("abcde\n… 90 bytes omitted …\n"), "{text}");

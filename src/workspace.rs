@@ -18,8 +18,12 @@ use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
 use rustix::fs::{AtFlags, Mode, OFlags};
+use tokio::task::JoinHandle;
 
-pub use crate::hostfs::WORKSPACE_MARKER;
+/// A file in a server's workspace root that names it, so that no session of any server
+/// (whatever uid it runs as) takes a workspace, or a directory inside one, as its `cwd`, and
+/// no walk of a `cwd` that contains one enters it.
+pub const WORKSPACE_MARKER: &str = ".replbox-workspace";
 
 /// The file of a workspace's root its server holds locked while it lives (root's, 0600:
 /// user code can neither open nor lock it).
@@ -256,33 +260,92 @@ pub fn chown(path: &Path, owner: Option<u32>) -> std::io::Result<()> {
     }
 }
 
-/// A directory removed (with everything in it) when dropped.
+/// A directory removed (with everything in it) when dropped, or by
+/// [`remove_then`](Self::remove_then). Removal is blocking work: inside the runtime it runs
+/// on the blocking pool, never on an async worker.
 #[derive(Debug)]
 pub struct PrivateDir {
     path: PathBuf,
     /// Where its tools' caches go (`cache_dir`), removed with it.
     cache: PathBuf,
+    removed: bool,
 }
 
 impl PrivateDir {
     fn create(path: PathBuf, mode: u32) -> std::io::Result<Self> {
         std::fs::DirBuilder::new().mode(mode).create(&path)?;
         let cache = path.join("cache");
-        Ok(Self { path, cache })
+        Ok(Self {
+            path,
+            cache,
+            removed: false,
+        })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Remove the directory, then drop `after` (what must outlive it, such as the lease of
+    /// the uid that owns it). Inside the runtime both happen on the blocking pool, and the
+    /// task returned ends when they are done; outside it, here.
+    pub fn remove_then<T: Send + 'static>(mut self, after: T) -> Option<JoinHandle<()>> {
+        if self.removed {
+            drop(after);
+            return None;
+        }
+        self.removed = true;
+        let path = std::mem::take(&mut self.path);
+        let cache = std::mem::take(&mut self.cache);
+        off_the_workers(move || {
+            remove_with_cache(&path, &cache);
+            drop(after);
+        })
+    }
+
+    /// Move the directory out, leaving nothing to remove behind (for an owner that orders
+    /// its removal in its own drop).
+    pub fn take(&mut self) -> PrivateDir {
+        PrivateDir {
+            path: std::mem::take(&mut self.path),
+            cache: std::mem::take(&mut self.cache),
+            removed: std::mem::replace(&mut self.removed, true),
+        }
+    }
 }
 
 impl Drop for PrivateDir {
     fn drop(&mut self) {
-        // remove_dir_all does not follow symlinks that user code may have left in it.
-        let _ = std::fs::remove_dir_all(&self.path);
-        if !self.cache.starts_with(&self.path) {
-            let _ = std::fs::remove_dir_all(&self.cache);
+        if self.removed {
+            return;
         }
+        let path = std::mem::take(&mut self.path);
+        let cache = std::mem::take(&mut self.cache);
+        off_the_workers(move || remove_with_cache(&path, &cache));
+    }
+}
+
+/// Run blocking `work` on the blocking pool when inside the runtime, else here.
+fn off_the_workers(work: impl FnOnce() + Send + 'static) -> Option<JoinHandle<()>> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => Some(rt.spawn_blocking(work)),
+        Err(_) => {
+            work();
+            None
+        }
+    }
+}
+
+fn remove_tree(path: &Path) {
+    // remove_dir_all does not follow symlinks that user code may have left in it.
+    let _ = std::fs::remove_dir_all(path);
+}
+
+/// Remove a private directory and its cache when the cache lies beside it (a run's).
+fn remove_with_cache(path: &Path, cache: &Path) {
+    remove_tree(path);
+    if !cache.as_os_str().is_empty() && !cache.starts_with(path) {
+        remove_tree(cache);
     }
 }
 
@@ -366,6 +429,42 @@ pub fn read_capped(file: std::fs::File, cap: u64) -> std::io::Result<Result<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_private_dir_dropped_outside_the_runtime_is_removed_at_once() {
+        let parent = tempfile::tempdir().unwrap();
+        let ws = Workspace::new(Some(parent.path())).unwrap();
+        let dir = ws.new_run_dir(None).unwrap();
+        let path = dir.path().to_path_buf();
+        std::fs::write(path.join("f"), "x").unwrap();
+        drop(dir);
+        assert!(!path.exists());
+    }
+
+    #[tokio::test]
+    async fn a_private_dir_is_removed_before_what_must_outlive_it() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        /// Records, when dropped, whether the directory was gone by then.
+        struct After(PathBuf, Arc<AtomicBool>);
+        impl Drop for After {
+            fn drop(&mut self) {
+                self.1.store(!self.0.exists(), Ordering::SeqCst);
+            }
+        }
+        let parent = tempfile::tempdir().unwrap();
+        let ws = Workspace::new(Some(parent.path())).unwrap();
+        let dir = ws.new_run_dir(None).unwrap();
+        let path = dir.path().to_path_buf();
+        std::fs::write(path.join("f"), "x").unwrap();
+        let gone_first = Arc::new(AtomicBool::new(false));
+        let task = dir.remove_then(After(path.clone(), gone_first.clone()));
+        task.expect("inside the runtime: a blocking task")
+            .await
+            .unwrap();
+        assert!(!path.exists());
+        assert!(gone_first.load(Ordering::SeqCst));
+    }
 
     #[test]
     fn relative_paths_are_checked() {

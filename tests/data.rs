@@ -554,7 +554,7 @@ async fn session_start_brings_files_in() {
                 json!({"language": "python", "files": files}),
             )
             .await;
-        assert!(o.is_error, "{files}");
+        assert_eq!(o.error_kind(), "invalid_argument", "{files}: {}", o.text);
         assert!(o.text.contains(says), "{files}: {}", o.text);
     }
     // Into a given cwd, nothing is overwritten.
@@ -564,11 +564,8 @@ async fn session_start_brings_files_in() {
             json!({"language": "python", "cwd": host.path(), "files": [{"path": csv}]}),
         )
         .await;
-    assert!(
-        o.is_error && o.text.contains("already exists"),
-        "{}",
-        o.text
-    );
+    assert_eq!(o.error_kind(), "invalid_argument", "{}", o.text);
+    assert!(o.text.contains("already exists"), "{}", o.text);
     assert_eq!(
         s.call("session_list", json!({})).await.structured["sessions"]
             .as_array()
@@ -598,7 +595,7 @@ async fn no_session_reaches_into_the_server_workspace() {
         let o = s
             .call("session_start", json!({"language": "python", "cwd": cwd}))
             .await;
-        assert!(o.is_error, "{cwd}: {}", o.text);
+        assert_eq!(o.error_kind(), "invalid_argument", "{cwd}: {}", o.text);
         assert!(
             o.text.contains("overlaps the server's own working area"),
             "{}",

@@ -396,12 +396,15 @@ async fn another_token_can_neither_see_nor_use_nor_close_a_session() {
     let unknown_eval = eval(&bob, never, "1").await;
     let unknown_close = call(&bob, "session_close", json!({"session_id": never})).await;
     let o = eval(&bob, &id, "print(secret)").await;
-    assert!(o.is_error);
+    assert_eq!(o.error_kind(), "unknown_session", "{}", o.text);
     assert!(!o.text.contains("alice-only"));
     assert_eq!(o.text.replace(&id, never), unknown_eval.text);
+    let same = |o: &Out| o.structured.to_string().replace(&id, never);
+    assert_eq!(same(&o), unknown_eval.structured.to_string());
     let o = call(&bob, "session_close", json!({"session_id": id})).await;
     assert!(o.is_error);
     assert_eq!(o.text.replace(&id, never), unknown_close.text);
+    assert_eq!(same(&o), unknown_close.structured.to_string());
 
     // Alice's session is untouched.
     let o = eval(&alice, &id, "print(secret)").await;
@@ -621,12 +624,8 @@ async fn each_principal_has_its_own_session_limit() {
     let a2 = start(alice.peer()).await;
     assert!(!a1.is_error && !a2.is_error, "{} {}", a1.text, a2.text);
     let a3 = start(alice.peer()).await;
-    assert!(a3.is_error);
-    assert!(
-        a3.text.contains("session limit") && a3.text.contains("is 2"),
-        "{}",
-        a3.text
-    );
+    assert_eq!(a3.error_kind(), "limit", "{}", a3.text);
+    assert!(a3.text.contains("is 2"), "{}", a3.text);
     let b1 = start(bob.peer()).await;
     assert!(
         !b1.is_error,

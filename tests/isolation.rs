@@ -1244,7 +1244,7 @@ async fn a_callers_cwd_grants_visibility_not_privilege() {
         // Another session's directory (inside the server's working area) is refused.
         let (_, other) = start_session(&s, setup, "python").await;
         let o = session(&s, setup, "python", json!({"cwd": other.s("cwd")})).await;
-        assert!(o.is_error, "{setup:?}: {}", o.text);
+        assert_eq!(o.error_kind(), "invalid_argument", "{setup:?}: {}", o.text);
         assert!(o.text.contains("overlaps"), "{setup:?}: {}", o.text);
         s.stop().await;
     }

@@ -146,12 +146,9 @@ async fn waiting_for_input_is_detected_answered_and_interruptible() {
 
         // More code is refused with a message that says what to do.
         let o = eval(&s, &id, "1").await;
-        assert!(o.is_error, "{lang}");
-        assert!(
-            o.text.contains("waiting for input") && o.text.contains("session_input"),
-            "{lang}: {}",
-            o.text
-        );
+        assert_eq!(o.error_kind(), "awaiting_input", "{lang}: {}", o.text);
+        assert_eq!(o.structured["error"]["eval_id"], eval_id, "{lang}");
+        assert!(o.text.contains("session_input"), "{lang}: {}", o.text);
 
         // The answer continues the same evaluation.
         let o = s
@@ -198,11 +195,7 @@ async fn waiting_for_input_is_detected_answered_and_interruptible() {
         let o = s
             .call("session_input", json!({"session_id": id, "text": "x"}))
             .await;
-        assert!(
-            o.is_error && o.text.contains("not waiting"),
-            "{lang}: {}",
-            o.text
-        );
+        assert_eq!(o.error_kind(), "not_awaiting_input", "{lang}: {}", o.text);
     }
     s.stop().await;
 }
@@ -247,7 +240,7 @@ async fn idle_sessions_are_reaped() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let o = eval(&s, &id, "1").await;
-    assert!(o.is_error);
+    assert_eq!(o.error_kind(), "ended_session", "{}", o.text);
     assert!(
         o.text.contains("idleness")
             && o.text.contains("s without use")
@@ -274,12 +267,8 @@ async fn the_session_limit_refuses_or_evicts() {
     let _b = start(&s, "python", json!({})).await;
     eval(&s, &a, "1").await; // a was used last: b is the idlest
     let o = s.call("session_start", json!({"language": "python"})).await;
-    assert!(o.is_error);
-    assert!(
-        o.text.contains("session limit") && o.text.contains("allows 2"),
-        "{}",
-        o.text
-    );
+    assert_eq!(o.error_kind(), "limit", "{}", o.text);
+    assert!(o.text.contains("allows 2"), "{}", o.text);
     assert!(o.text.contains(&_b), "names the idlest session: {}", o.text);
     s.stop().await;
 
@@ -298,7 +287,8 @@ async fn the_session_limit_refuses_or_evicts() {
         "{ids:?}"
     );
     let o = eval(&s, &b, "1").await;
-    assert!(o.is_error && o.text.contains("make room"), "{}", o.text);
+    assert_eq!(o.error_kind(), "ended_session", "{}", o.text);
+    assert!(o.text.contains("make room"), "{}", o.text);
     s.stop().await;
 }
 
@@ -489,7 +479,7 @@ async fn a_broken_driver_fails_cleanly() {
     let s = TestServer::start_with(&["--prompts", dir.path().to_str().unwrap()], &[]).await;
     let t = Instant::now();
     let o = s.call("session_start", json!({"language": "python"})).await;
-    assert!(o.is_error, "{}", o.text);
+    assert_eq!(o.error_kind(), "start_failed", "{}", o.text);
     assert!(o.text.contains("while starting"), "{}", o.text);
     assert!(t.elapsed() < Duration::from_secs(40));
     let o = s.run("python", "print('still serving')").await;

@@ -354,7 +354,7 @@ async fn server_environment_never_reaches_the_program() {
 async fn unknown_language_lists_the_available_ones() {
     let s = TestServer::start().await;
     let out = s.run("cobol-77", "DISPLAY 'X'.").await;
-    assert!(out.is_error);
+    assert_eq!(out.error_kind(), "unsupported_language", "{}", out.text);
     assert!(
         out.text.contains("unknown language \"cobol-77\""),
         "{}",
@@ -369,8 +369,7 @@ async fn unknown_language_lists_the_available_ones() {
     let advertised = advertised_languages(&s).await;
     if !advertised.iter().any(|a| a == "julia") {
         let out = s.run("julia", "println(1)").await;
-        assert!(out.is_error);
-        assert!(out.text.contains("not installed"), "{}", out.text);
+        assert_eq!(out.error_kind(), "not_installed", "{}", out.text);
     }
     s.stop().await;
 }

@@ -761,7 +761,7 @@ async fn exit_is_noticed_at_once() {
         assert_eq!(o.structured["exit_code"], 3, "{lang}");
         assert!(o.is_error);
         let o = s.eval(&id, "1").await;
-        assert!(o.is_error, "{lang}");
+        assert_eq!(o.error_kind(), "ended_session", "{lang}: {}", o.text);
         assert!(
             o.text.contains("exit code 3") && o.text.contains("session_start"),
             "{lang}: {}",
@@ -841,12 +841,8 @@ async fn a_busy_session_says_so_at_once() {
             "{lang}: busy answer took {:?}",
             t.elapsed()
         );
-        assert!(o.is_error, "{lang}");
-        assert!(
-            o.text.contains("busy") && o.text.contains("evaluation 1"),
-            "{lang}: {}",
-            o.text
-        );
+        assert_eq!(o.error_kind(), "busy", "{lang}: {}", o.text);
+        assert_eq!(o.structured["error"]["eval_id"], 1, "{lang}: {}", o.text);
         let first = slow.await.unwrap();
         assert_eq!(output(&first), "slept\n", "{lang}: no interleaving");
         let o = s.eval(&id, sn.two_plus_two).await;
@@ -914,7 +910,7 @@ async fn directories_and_cleanup() {
         }
         assert!(!cwd.exists(), "{lang}: private directory removed");
         let o = s.eval(&id, "1").await;
-        assert!(o.is_error);
+        assert_eq!(o.error_kind(), "ended_session", "{}", o.text);
         assert!(
             o.text.contains("closed") && o.text.contains("session_start"),
             "{}",
@@ -969,18 +965,13 @@ async fn bad_requests_are_clear_errors() {
     let o = s
         .call("session_eval", json!({"session_id": "nope", "code": "1"}))
         .await;
-    assert!(o.is_error);
-    assert!(
-        o.text.contains("no session") && o.text.contains("session_start"),
-        "{}",
-        o.text
-    );
+    assert_eq!(o.error_kind(), "unknown_session", "{}", o.text);
+    assert!(o.text.contains("session_start"), "{}", o.text);
     let o = s.call("session_start", json!({"language": "cobol"})).await;
-    assert!(o.is_error);
-    assert!(o.text.contains("unknown language"), "{}", o.text);
+    assert_eq!(o.error_kind(), "unsupported_language", "{}", o.text);
     let o = s.call("session_start", json!({"language": "c"})).await;
-    if !o.text.contains("not installed") {
-        assert!(o.is_error);
+    if o.error_kind() != "not_installed" {
+        assert_eq!(o.error_kind(), "unsupported_language", "{}", o.text);
         assert!(o.text.contains("run-code"), "{}", o.text);
     }
     let o = s
@@ -989,7 +980,7 @@ async fn bad_requests_are_clear_errors() {
             json!({"language": "python", "cwd": "/no/such/dir"}),
         )
         .await;
-    assert!(o.is_error);
+    assert_eq!(o.error_kind(), "invalid_argument", "{}", o.text);
     assert!(o.text.contains("/no/such/dir"), "{}", o.text);
     let o = s.call("session_close", json!({"session_id": "nope"})).await;
     assert!(o.is_error);

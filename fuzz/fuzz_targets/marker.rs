@@ -8,9 +8,7 @@
 
 use base64::Engine;
 use libfuzzer_sys::fuzz_target;
-use replbox::session::report::apply_marker;
-use replbox::session::scan::EndMarker;
-use replbox::session::{EvalReport, EvalStatus};
+use replbox::fuzzing::{EndMarker, EvalReport, EvalStatus, apply_marker};
 
 const STATUSES: [&str; 5] = ["ok", "error", "interrupted", "?", "bogus"];
 

@@ -12,9 +12,7 @@
 mod common;
 
 use libfuzzer_sys::fuzz_target;
-use replbox::session::EvalReport;
-use replbox::session::report::apply_marker;
-use replbox::session::scan::{Event, MAX_MARKER, Scanner};
+use replbox::fuzzing::{EvalReport, Event, MAX_MARKER, Scanner, apply_marker};
 
 fn scanner() -> Scanner {
     Scanner::new(common::NONCE, common::PROMPT, Some(common::CONTINUATION))

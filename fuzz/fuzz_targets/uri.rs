@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use replbox::session::files::{file_uri, parse_uri};
+use replbox::fuzzing::{file_uri, parse_uri};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

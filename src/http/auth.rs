@@ -10,7 +10,7 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
-use crate::session::Caller;
+use crate::identity::Caller;
 
 /// Longest token accepted (it has to fit in a header line).
 const MAX_TOKEN_LEN: usize = 4096;

@@ -10,10 +10,11 @@
 //! there on every call. So the principal is per request, never per MCP session, and the
 //! stateless 2026-07-28 path (no MCP session at all) works the same way.
 
-pub mod auth;
+mod auth;
+mod policy;
 
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,10 +36,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::{App, InFlight, InFlightGuard};
 use crate::config::HttpConfig;
+use crate::identity::Caller;
 use crate::mcp::ReplboxServer;
 use crate::sandbox::Level;
-use crate::session::Caller;
 use auth::{Presented, Tokens};
+use policy::{HostPolicy, OriginPolicy, is_loopback};
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const REALM: &str = "replbox";
@@ -102,49 +104,18 @@ pub async fn serve(
     let local = listener.local_addr()?;
 
     let mcp_ct = CancellationToken::new();
-    let mut rmcp_config = StreamableHttpServerConfig::default()
-        .with_cancellation_token(mcp_ct.child_token())
-        .with_max_request_body_bytes(cfg.http_max_body);
-    // The guard checks Host and Origin first; rmcp checks the same lists again.
-    rmcp_config = match &hosts {
-        HostPolicy::Any => rmcp_config.disable_allowed_hosts(),
-        HostPolicy::List { raw, .. } => rmcp_config.with_allowed_hosts(raw.clone()),
-    };
-    rmcp_config = rmcp_config.with_allowed_origins(cfg.allowed_origins.clone());
-    if cfg.allowed_origins.is_empty() {
-        rmcp_config = rmcp_config.enforce_origin_validation();
-    }
-    let mut manager = LocalSessionManager::default();
-    // An MCP session must outlive the longest evaluation it may be waiting for.
-    let floor = Duration::from_millis(app.config.max_timeout_ms) + Duration::from_secs(60);
-    manager.session_config.keep_alive =
-        Some(Duration::from_secs(cfg.http_session_idle_s).max(floor));
-    let manager = Arc::new(manager);
-    let factory_app = app.clone();
-    let service = StreamableHttpService::new(
-        move || Ok(ReplboxServer::per_request(factory_app.clone())),
-        manager.clone(),
-        rmcp_config,
-    );
-
-    let principals = tokens.principals();
-    let authenticated = !tokens.is_empty();
     let shared = Arc::new(Shared {
         app: app.clone(),
         tokens,
         hosts,
         origins,
         owners: DashMap::new(),
-        mcp: manager,
+        mcp: mcp_sessions(&app, cfg),
         requests: InFlight::default(),
         draining: AtomicBool::new(false),
         started: Instant::now(),
     });
-    let router = Router::new()
-        .route_service("/mcp", service)
-        .route_layer(axum::middleware::from_fn_with_state(shared.clone(), guard))
-        .route("/healthz", get(healthz))
-        .with_state(shared.clone());
+    let router = router(&shared, cfg, mcp_ct.child_token());
 
     let stop_accepting = CancellationToken::new();
     let mut server = tokio::spawn(
@@ -152,22 +123,7 @@ pub async fn serve(
             .with_graceful_shutdown(stop_accepting.clone().cancelled_owned())
             .into_future(),
     );
-    if authenticated {
-        tracing::info!(principals, "bearer-token authentication on");
-    } else {
-        tracing::warn!(
-            "no token configured: every local user and process that can reach {local} can run \
-             code as this user (all as principal \"local\"); give --token or --tokens-file on a \
-             shared host"
-        );
-    }
-    if addr.ip().is_unspecified() && cfg.allowed_hosts.is_empty() {
-        tracing::warn!(
-            "listening on every interface, but only loopback Host headers are accepted: give \
-             the names clients use with --allowed-host (or REPLBOX_ALLOWED_HOSTS)"
-        );
-    }
-    tracing::info!("listening on http://{local}/mcp");
+    announce(&shared.tokens, local, cfg);
     app.start_background();
     let pruner = tokio::spawn(prune_owners(shared.clone()));
 
@@ -182,12 +138,107 @@ pub async fn serve(
             anyhow::bail!("the HTTP server stopped unexpectedly");
         }
     }
+    let t0 = Instant::now();
+    drain(&shared, cfg, &stop_accepting, &mcp_ct).await;
+    pruner.abort();
+    app.shutdown().await;
+    match tokio::time::timeout(Duration::from_secs(3), &mut server).await {
+        Ok(Ok(Err(e))) => tracing::warn!("HTTP server: {e}"),
+        Ok(_) => {}
+        Err(_) => {
+            tracing::warn!("connections still open after shutdown; closing them");
+            server.abort();
+        }
+    }
+    tracing::info!(
+        elapsed_ms = t0.elapsed().as_millis() as u64,
+        "shut down: all sessions closed"
+    );
+    Ok(())
+}
 
-    // Drain: refuse new work, stop accepting connections, let calls in flight finish
-    // (bounded), then end the MCP sessions, close every REPL session and go.
+/// `/mcp` (rmcp's service, one handler per MCP session, behind the guard) and `/healthz`.
+fn router(shared: &Arc<Shared>, cfg: &HttpConfig, cancel: CancellationToken) -> Router {
+    let app = shared.app.clone();
+    let service = StreamableHttpService::new(
+        move || Ok(ReplboxServer::per_request(app.clone())),
+        shared.mcp.clone(),
+        rmcp_config(cfg, &shared.hosts, cancel),
+    );
+    Router::new()
+        .route_service("/mcp", service)
+        .route_layer(axum::middleware::from_fn_with_state(shared.clone(), guard))
+        .route("/healthz", get(healthz))
+        .with_state(shared.clone())
+}
+
+/// rmcp's side of the transport: cancelled with `cancel`, the body size limit, and the same
+/// Host and Origin lists as the guard, which checks them first.
+fn rmcp_config(
+    cfg: &HttpConfig,
+    hosts: &HostPolicy,
+    cancel: CancellationToken,
+) -> StreamableHttpServerConfig {
+    let mut c = StreamableHttpServerConfig::default()
+        .with_cancellation_token(cancel)
+        .with_max_request_body_bytes(cfg.http_max_body);
+    c = match hosts {
+        HostPolicy::Any => c.disable_allowed_hosts(),
+        HostPolicy::List { raw, .. } => c.with_allowed_hosts(raw.clone()),
+    };
+    c = c.with_allowed_origins(cfg.allowed_origins.clone());
+    if cfg.allowed_origins.is_empty() {
+        c = c.enforce_origin_validation();
+    }
+    c
+}
+
+/// rmcp's MCP sessions, kept while idle for `--http-session-idle-s`, and at least as long
+/// as the longest evaluation one may be waiting for.
+fn mcp_sessions(app: &App, cfg: &HttpConfig) -> Arc<LocalSessionManager> {
+    let mut manager = LocalSessionManager::default();
+    let floor = Duration::from_millis(app.config.max_timeout_ms) + Duration::from_secs(60);
+    manager.session_config.keep_alive =
+        Some(Duration::from_secs(cfg.http_session_idle_s).max(floor));
+    Arc::new(manager)
+}
+
+/// Say where the server listens and who can reach it.
+fn announce(tokens: &Tokens, local: SocketAddr, cfg: &HttpConfig) {
+    if tokens.is_empty() {
+        tracing::warn!(
+            "no token configured: every local user and process that can reach {local} can run \
+             code as this user (all as principal \"local\"); give --token or --tokens-file on a \
+             shared host"
+        );
+    } else {
+        tracing::info!(
+            principals = tokens.principals(),
+            "bearer-token authentication on"
+        );
+    }
+    if local.ip().is_unspecified() && cfg.allowed_hosts.is_empty() {
+        tracing::warn!(
+            "listening on every interface, but only loopback Host headers are accepted: give \
+             the names clients use with --allowed-host (or REPLBOX_ALLOWED_HOSTS)"
+        );
+    }
+    tracing::info!("listening on http://{local}/mcp");
+}
+
+/// Drain: refuse new work, stop accepting connections, let calls in flight finish (bounded
+/// by `--drain-timeout-ms`), then cancel the MCP sessions and give the cancelled calls a
+/// moment to stop their children.
+async fn drain(
+    shared: &Shared,
+    cfg: &HttpConfig,
+    stop_accepting: &CancellationToken,
+    mcp_ct: &CancellationToken,
+) {
     let t0 = Instant::now();
     shared.draining.store(true, Ordering::SeqCst);
     stop_accepting.cancel();
+    let app = &shared.app;
     let deadline = t0 + Duration::from_millis(cfg.drain_timeout_ms);
     let busy = || shared.requests.get() + app.calls.get();
     tracing::info!(
@@ -210,21 +261,6 @@ pub async fn serve(
     while app.calls.get() > 0 && Instant::now() < cancel_deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    pruner.abort();
-    app.shutdown().await;
-    match tokio::time::timeout(Duration::from_secs(3), &mut server).await {
-        Ok(Ok(Err(e))) => tracing::warn!("HTTP server: {e}"),
-        Ok(_) => {}
-        Err(_) => {
-            tracing::warn!("connections still open after shutdown; closing them");
-            server.abort();
-        }
-    }
-    tracing::info!(
-        elapsed_ms = t0.elapsed().as_millis() as u64,
-        "shut down: all sessions closed"
-    );
-    Ok(())
 }
 
 /// `host:port` or `ip:port`; a name is resolved and its first address used.
@@ -239,164 +275,6 @@ async fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
         })?
         .next()
         .ok_or_else(|| anyhow::anyhow!("--http {addr}: the name has no address"))
-}
-
-fn is_loopback(ip: IpAddr) -> bool {
-    ip.to_canonical().is_loopback()
-}
-
-/// Which `Host` header values are served (DNS-rebinding protection).
-enum HostPolicy {
-    Any,
-    List {
-        raw: Vec<String>,
-        parsed: Vec<(String, Option<u16>)>,
-    },
-}
-
-fn normalize_host(h: &str) -> String {
-    h.trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_ascii_lowercase()
-}
-
-/// `host` or `host:port` (IPv6 in brackets, or bare without a port).
-fn parse_authority(s: &str) -> Option<(String, Option<u16>)> {
-    let s = s.trim();
-    if s.is_empty() {
-        return None;
-    }
-    match axum::http::uri::Authority::try_from(s) {
-        Ok(a) => Some((normalize_host(a.host()), a.port_u16())),
-        Err(_) if s.parse::<std::net::Ipv6Addr>().is_ok() => Some((s.to_ascii_lowercase(), None)),
-        Err(_) => None,
-    }
-}
-
-impl HostPolicy {
-    fn new(configured: &[String], bound: IpAddr) -> anyhow::Result<Self> {
-        let configured: Vec<String> = configured
-            .iter()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect();
-        if configured.iter().any(|h| h == "*") {
-            return Ok(Self::Any);
-        }
-        let raw = if configured.is_empty() {
-            let mut d: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
-            if !bound.is_unspecified() && !is_loopback(bound) {
-                d.push(bound.to_string());
-            }
-            d
-        } else {
-            configured
-        };
-        let parsed = raw
-            .iter()
-            .map(|h| {
-                parse_authority(h).ok_or_else(|| {
-                    anyhow::anyhow!("--allowed-host {h:?}: expected HOST or HOST:PORT")
-                })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(Self::List { raw, parsed })
-    }
-
-    fn allows(&self, headers: &HeaderMap) -> bool {
-        let Self::List { parsed, .. } = self else {
-            return true;
-        };
-        let Some((host, port)) = headers
-            .get(header::HOST)
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_authority)
-        else {
-            return false;
-        };
-        parsed
-            .iter()
-            .any(|(h, p)| *h == host && p.is_none_or(|p| Some(p) == port))
-    }
-}
-
-/// Which browser `Origin`s are served. Requests without an Origin header (every
-/// non-browser MCP client) always pass.
-struct OriginPolicy {
-    allow_null: bool,
-    /// (scheme, host, port; None = any port)
-    allowed: Vec<(String, String, Option<u16>)>,
-}
-
-fn default_port(scheme: &str) -> Option<u16> {
-    match scheme {
-        "http" => Some(80),
-        "https" => Some(443),
-        _ => None,
-    }
-}
-
-/// `scheme://host[:port]` as (scheme, host, port with the scheme's default filled in).
-fn parse_origin(s: &str) -> Option<(String, String, Option<u16>)> {
-    let uri = axum::http::Uri::try_from(s.trim()).ok()?;
-    let scheme = uri.scheme_str()?.to_ascii_lowercase();
-    let auth = uri.authority()?;
-    if uri.path() != "/" && !uri.path().is_empty() {
-        return None;
-    }
-    let port = auth.port_u16().or_else(|| default_port(&scheme));
-    Some((scheme, normalize_host(auth.host()), port))
-}
-
-impl OriginPolicy {
-    fn new(configured: &[String]) -> anyhow::Result<Self> {
-        let mut p = Self {
-            allow_null: false,
-            allowed: Vec::new(),
-        };
-        for o in configured
-            .iter()
-            .map(|s| s.trim())
-            .filter(|s| !s.is_empty())
-        {
-            if o.eq_ignore_ascii_case("null") {
-                p.allow_null = true;
-                continue;
-            }
-            let bad = || {
-                anyhow::anyhow!(
-                    "--allowed-origin {o:?}: expected SCHEME://HOST[:PORT] or SCHEME://HOST:*"
-                )
-            };
-            let entry = match o.strip_suffix(":*") {
-                Some(base) => {
-                    let (scheme, host, _) = parse_origin(base).ok_or_else(bad)?;
-                    (scheme, host, None)
-                }
-                None => parse_origin(o).ok_or_else(bad)?,
-            };
-            p.allowed.push(entry);
-        }
-        Ok(p)
-    }
-
-    fn allows(&self, headers: &HeaderMap) -> bool {
-        let Some(v) = headers.get(header::ORIGIN) else {
-            return true;
-        };
-        let Ok(v) = v.to_str() else {
-            return false;
-        };
-        if v.trim().eq_ignore_ascii_case("null") {
-            return self.allow_null;
-        }
-        let Some((scheme, host, port)) = parse_origin(v) else {
-            return false;
-        };
-        self.allowed
-            .iter()
-            .any(|(s, h, p)| *s == scheme && *h == host && p.is_none_or(|p| Some(p) == port))
-    }
 }
 
 fn plain(status: StatusCode, text: &'static str) -> Response {
@@ -435,64 +313,9 @@ fn unknown_session() -> Response {
 
 /// In front of `/mcp`: Host, Origin, token, MCP session ownership, in-flight count.
 async fn guard(State(s): State<Arc<Shared>>, mut req: Request, next: Next) -> Response {
-    if s.draining.load(Ordering::SeqCst) {
-        let mut r = plain(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "Service Unavailable: the server is shutting down",
-        );
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return r;
-    }
-    if !s.hosts.allows(req.headers()) {
-        tracing::warn!(
-            host = ?req.headers().get(header::HOST),
-            "refused a request with a Host header that is not allowed"
-        );
-        return plain(
-            StatusCode::FORBIDDEN,
-            "Forbidden: Host header is not allowed",
-        );
-    }
-    if !s.origins.allows(req.headers()) {
-        tracing::warn!(
-            origin = ?req.headers().get(header::ORIGIN),
-            "refused a request with an Origin header that is not allowed"
-        );
-        return plain(
-            StatusCode::FORBIDDEN,
-            "Forbidden: Origin header is not allowed",
-        );
-    }
-    let caller = if s.tokens.is_empty() {
-        Caller::local()
-    } else {
-        let value = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
-        match auth::presented(value) {
-            Presented::Missing => return unauthorized(None),
-            Presented::Malformed => return unauthorized(Some("invalid_request")),
-            Presented::Bearer(token) => match s.tokens.verify(token) {
-                Some(c) => c,
-                None => {
-                    tracing::warn!("refused a request with an unknown token");
-                    return unauthorized(Some("invalid_token"));
-                }
-            },
-        }
-    };
-    // An MCP session id is usable only by the principal that created it.
-    let session = match req.headers().get(SESSION_HEADER) {
-        None => None,
-        Some(v) => match v.to_str() {
-            Ok(id) if s.owners.get(id).is_some_and(|o| *o == caller) => Some(id.to_string()),
-            _ => {
-                tracing::debug!(principal = %caller.principal, "unknown or foreign MCP session id");
-                return unknown_session();
-            }
-        },
+    let (caller, session) = match admit(&s, req.headers()) {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused.response(),
     };
     let method = req.method().clone();
     tracing::debug!(principal = %caller.principal, %method, "MCP request");
@@ -517,6 +340,95 @@ async fn guard(State(s): State<Arc<Shared>>, mut req: Request, next: Next) -> Re
         // Counted until the response body (an SSE stream for a call) is finished.
         Some(g) => response.map(|inner| Body::new(Counted { inner, _guard: g })),
         None => response,
+    }
+}
+
+/// Why the guard refuses a request.
+enum Refused {
+    Draining,
+    Host,
+    Origin,
+    /// No valid token; the `error` of the challenge, if any.
+    Unauthorized(Option<&'static str>),
+    /// A session id that does not exist, or belongs to another principal.
+    UnknownSession,
+}
+
+impl Refused {
+    fn response(self) -> Response {
+        match self {
+            Refused::Draining => {
+                let mut r = plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "Service Unavailable: the server is shutting down",
+                );
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                r
+            }
+            Refused::Host => plain(
+                StatusCode::FORBIDDEN,
+                "Forbidden: Host header is not allowed",
+            ),
+            Refused::Origin => plain(
+                StatusCode::FORBIDDEN,
+                "Forbidden: Origin header is not allowed",
+            ),
+            Refused::Unauthorized(error) => unauthorized(error),
+            Refused::UnknownSession => unknown_session(),
+        }
+    }
+}
+
+/// Whether a request to `/mcp` may go on, and for whom: the server is not draining, Host
+/// and Origin are allowed, the token is valid, and the MCP session it names (if any) was
+/// created by the same principal. The caller and that session id.
+fn admit(s: &Shared, headers: &HeaderMap) -> Result<(Caller, Option<String>), Refused> {
+    if s.draining.load(Ordering::SeqCst) {
+        return Err(Refused::Draining);
+    }
+    if !s.hosts.allows(headers) {
+        tracing::warn!(
+            host = ?headers.get(header::HOST),
+            "refused a request with a Host header that is not allowed"
+        );
+        return Err(Refused::Host);
+    }
+    if !s.origins.allows(headers) {
+        tracing::warn!(
+            origin = ?headers.get(header::ORIGIN),
+            "refused a request with an Origin header that is not allowed"
+        );
+        return Err(Refused::Origin);
+    }
+    let caller = authenticate(&s.tokens, headers)?;
+    // An MCP session id is usable only by the principal that created it.
+    let session = match headers.get(SESSION_HEADER) {
+        None => None,
+        Some(v) => match v.to_str() {
+            Ok(id) if s.owners.get(id).is_some_and(|o| *o == caller) => Some(id.to_string()),
+            _ => {
+                tracing::debug!(principal = %caller.principal, "unknown or foreign MCP session id");
+                return Err(Refused::UnknownSession);
+            }
+        },
+    };
+    Ok((caller, session))
+}
+
+/// The principal of the request's bearer token (`local` when no token is configured).
+fn authenticate(tokens: &Tokens, headers: &HeaderMap) -> Result<Caller, Refused> {
+    if tokens.is_empty() {
+        return Ok(Caller::local());
+    }
+    let value = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    match auth::presented(value) {
+        Presented::Missing => Err(Refused::Unauthorized(None)),
+        Presented::Malformed => Err(Refused::Unauthorized(Some("invalid_request"))),
+        Presented::Bearer(token) => tokens.verify(token).ok_or_else(|| {
+            tracing::warn!("refused a request with an unknown token");
+            Refused::Unauthorized(Some("invalid_token"))
+        }),
     }
 }
 
@@ -586,73 +498,6 @@ async fn prune_owners(s: Arc<Shared>) {
             if !s.mcp.has_session(&sid).await.unwrap_or(true) {
                 s.owners.remove(&id);
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn headers(pairs: &[(header::HeaderName, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.insert(k.clone(), HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
-
-    #[test]
-    fn host_policy() {
-        let lo: IpAddr = "127.0.0.1".parse().unwrap();
-        let p = HostPolicy::new(&[], lo).unwrap();
-        for ok in ["127.0.0.1:8080", "localhost", "LOCALHOST:1", "[::1]:9"] {
-            assert!(p.allows(&headers(&[(header::HOST, ok)])), "{ok}");
-        }
-        for bad in ["evil.example", "127.0.0.2:80", "localhost.evil.example"] {
-            assert!(!p.allows(&headers(&[(header::HOST, bad)])), "{bad}");
-        }
-        assert!(!p.allows(&HeaderMap::new()), "no Host header");
-        let ext: IpAddr = "192.0.2.7".parse().unwrap();
-        let p = HostPolicy::new(&[], ext).unwrap();
-        assert!(p.allows(&headers(&[(header::HOST, "192.0.2.7:8765")])));
-        let p = HostPolicy::new(&["mcp.example:443".into()], lo).unwrap();
-        assert!(p.allows(&headers(&[(header::HOST, "mcp.example:443")])));
-        assert!(!p.allows(&headers(&[(header::HOST, "mcp.example:80")])));
-        assert!(!p.allows(&headers(&[(header::HOST, "localhost")])));
-        let p = HostPolicy::new(&["*".into()], lo).unwrap();
-        assert!(p.allows(&headers(&[(header::HOST, "anything")])));
-        assert!(HostPolicy::new(&["a b".into()], lo).is_err());
-    }
-
-    #[test]
-    fn origin_policy() {
-        let p = OriginPolicy::new(&[]).unwrap();
-        assert!(p.allows(&HeaderMap::new()), "no Origin passes");
-        assert!(!p.allows(&headers(&[(header::ORIGIN, "http://localhost:3000")])));
-        assert!(!p.allows(&headers(&[(header::ORIGIN, "null")])));
-        let p = OriginPolicy::new(&[
-            "https://app.example".into(),
-            "http://localhost:*".into(),
-            "null".into(),
-        ])
-        .unwrap();
-        assert!(p.allows(&headers(&[(header::ORIGIN, "https://app.example")])));
-        assert!(p.allows(&headers(&[(header::ORIGIN, "https://app.example:443")])));
-        assert!(!p.allows(&headers(&[(header::ORIGIN, "https://app.example:8443")])));
-        assert!(!p.allows(&headers(&[(header::ORIGIN, "http://app.example")])));
-        assert!(p.allows(&headers(&[(header::ORIGIN, "http://localhost:5173")])));
-        assert!(p.allows(&headers(&[(header::ORIGIN, "null")])));
-        assert!(OriginPolicy::new(&["app.example".into()]).is_err());
-    }
-
-    #[test]
-    fn loopback() {
-        for a in ["127.0.0.1", "127.9.9.9", "::1", "::ffff:127.0.0.1"] {
-            assert!(is_loopback(a.parse().unwrap()), "{a}");
-        }
-        for a in ["0.0.0.0", "::", "192.0.2.1", "::ffff:192.0.2.1"] {
-            assert!(!is_loopback(a.parse().unwrap()), "{a}");
         }
     }
 }

@@ -407,16 +407,16 @@ impl Registry {
         }
     }
 
-    /// Detect every installed language and wait for all.
+    /// Detect every language, all at once, and return when each is done.
     pub async fn detect_all(&self) {
-        let futs = self.langs.iter().map(|l| l.detect());
-        let mut set = Vec::new();
-        for f in futs {
-            set.push(f);
+        let mut probes = tokio::task::JoinSet::new();
+        for lang in &self.langs {
+            let lang = lang.clone();
+            probes.spawn(async move {
+                lang.detect().await;
+            });
         }
-        for f in set {
-            f.await;
-        }
+        while probes.join_next().await.is_some() {}
     }
 }
 

@@ -1,42 +1,36 @@
 //! The MCP surface: parameter and result types and the tool router. It only translates;
 //! the work happens in `run`, `session` and `lang`.
 
-pub mod params;
+mod params;
+mod reply;
+mod tools;
 
 use std::sync::Arc;
 
 use base64::Engine;
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::tool::{ToolCallContext, schema_for_output};
-use rmcp::handler::server::wrapper::Parameters;
+use rmcp::handler::server::tool::{IntoCallToolResult, ToolCallContext};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListResourceTemplatesResult, ListResourcesResult, PaginatedRequestParams,
-    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
-    Resource, ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, Implementation, ListResourceTemplatesResult,
+    ListResourcesResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
+    ReadResourceResult, Resource, ResourceContents, ResourceTemplate, ServerCapabilities,
+    ServerConfig,
 };
 use rmcp::service::RequestContext;
-use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
-use serde::Serialize;
+use rmcp::{ErrorData, RoleServer, ServerHandler, tool_handler};
 use serde_json::Value;
 
 use crate::app::App;
+use crate::error::{ErrorKind, ToolError};
+use crate::identity::Caller;
 use crate::lang::LookupError;
-use crate::run::{RunReport, RunRequest};
+use crate::session::FileError;
 use crate::session::files::{URI_TEMPLATE, file_uri, parse_uri};
-use crate::session::interp::Progress;
-use crate::session::{
-    Caller, CloseReport, EvalReport, FileError, InFile, InterruptReport, ListReport, StartReport,
-    StartRequest,
-};
-use params::{
-    RunCodeParams, SessionEvalParams, SessionIdParams, SessionInputParams, SessionStartParams,
-};
 
 /// One MCP connection's handler. Cheap to clone; all state lives in [`App`].
 #[derive(Clone)]
 pub struct ReplboxServer {
-    app: Arc<App>,
+    pub(super) app: Arc<App>,
     /// Who the calls come from (sessions belong to them).
     caller: CallerSource,
     tool_router: ToolRouter<Self>,
@@ -55,91 +49,22 @@ enum CallerSource {
 }
 
 /// The caller the HTTP layer attached to this request, if any.
-pub fn request_caller(ctx: &RequestContext<RoleServer>) -> Option<Caller> {
+fn request_caller(ctx: &RequestContext<RoleServer>) -> Option<Caller> {
     ctx.extensions
         .get::<axum::http::request::Parts>()
         .and_then(|parts| parts.extensions.get::<Caller>())
         .cloned()
 }
 
-/// A result with both a text and a structured form.
-fn result<T: Serialize>(text: String, structured: &T, is_error: bool) -> CallToolResult {
-    let value = serde_json::to_value(structured).unwrap_or(Value::Null);
-    let mut r = if is_error {
-        CallToolResult::structured_error(value)
-    } else {
-        CallToolResult::structured(value)
-    };
-    r.content = vec![ContentBlock::text(text)];
-    r
-}
-
-/// An evaluation's result: its text, then its images as image contents.
-fn eval_result(r: &EvalReport) -> CallToolResult {
-    let mut out = result(r.text(), r, r.is_error());
-    let b64 = base64::engine::general_purpose::STANDARD;
-    for a in &r.attachments {
-        out.content.push(ContentBlock::image(
-            b64.encode(&a.data),
-            a.mime_type.clone(),
-        ));
-    }
-    out
-}
-
-/// When the request carries a progress token, a reporter that forwards the latest output
-/// line as a progress notification (in order, through one task).
-fn progress_reporter(
-    ctx: &RequestContext<RoleServer>,
-    timeout: std::time::Duration,
-) -> Option<Box<Progress>> {
-    let token = ctx.meta.get_progress_token()?;
-    let peer = ctx.peer.clone();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<ProgressNotificationParam>();
-    tokio::spawn(async move {
-        while let Some(p) = rx.recv().await {
-            if peer.notify_progress(p).await.is_err() {
-                break;
-            }
-        }
-    });
-    let started = std::time::Instant::now();
-    let total = timeout.as_secs_f64();
-    Some(Box::new(move |line: String| {
-        let elapsed = started.elapsed().as_secs_f64();
-        let message = if line.trim().is_empty() {
-            format!("running for {elapsed:.0} s")
-        } else {
-            line
-        };
-        let _ = tx.send(
-            ProgressNotificationParam::new(token.clone(), elapsed)
-                .with_total(total)
-                .with_message(message),
-        );
-    }))
-}
-
-/// A failure the agent should read: `isError` with a message saying what to do.
-pub fn error_result(message: impl Into<String>) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(message.into())])
-}
-
-#[tool_router]
 impl ReplboxServer {
     /// A handler for a connection of the local principal (stdio).
     pub fn new(app: Arc<App>) -> Self {
-        Self::for_caller(app, Caller::local())
-    }
-
-    /// A handler whose sessions belong to `caller`.
-    pub fn for_caller(app: Arc<App>, caller: Caller) -> Self {
-        Self::build(app, CallerSource::Fixed(caller))
+        Self::build(app, CallerSource::Fixed(Caller::local()))
     }
 
     /// A handler for the HTTP transport: every request names its caller (see
     /// [`request_caller`]); a request that does not is refused.
-    pub fn per_request(app: Arc<App>) -> Self {
+    pub(crate) fn per_request(app: Arc<App>) -> Self {
         Self::build(app, CallerSource::PerRequest)
     }
 
@@ -187,315 +112,38 @@ impl ReplboxServer {
             instructions,
         }
     }
-
-    /// Run a program once and return its output: a fresh process in a fresh private
-    /// directory, nothing kept afterwards.
-    #[tool(
-        name = "run-code",
-        description = "Run a code snippet once in a fresh process and private directory and return its output. \
-On exit 0 with nothing on stderr the text is exactly stdout; otherwise stdout, stderr and a trailer such as \
-[exit code 3] or [timed out after 2000 ms]. Optional: stdin, args, env, timeout_ms. Nothing is kept between \
-calls; use session_start/session_eval to keep state.",
-        output_schema = schema_for_output::<RunReport>(),
-        annotations(
-            title = "Run code",
-            read_only_hint = false,
-            destructive_hint = false,
-            idempotent_hint = false,
-            open_world_hint = false
-        )
-    )]
-    async fn run_code(
-        &self,
-        Parameters(p): Parameters<RunCodeParams>,
-        ctx: RequestContext<RoleServer>,
-    ) -> CallToolResult {
-        let lang = match self.app.registry.get(&p.language_id) {
-            Ok(l) => l,
-            Err(e) => return error_result(self.lookup_message(&e)),
-        };
-        for (k, v) in &p.env {
-            if let Err(msg) = crate::exec::env::validate_name(k)
-                .and_then(|_| crate::exec::env::validate_value(k, v))
-            {
-                return error_result(msg);
-            }
-        }
-        let timeout = self.app.config.timeout(p.timeout_ms);
-        let req = RunRequest {
-            code: p.code,
-            stdin: p.stdin,
-            args: p.args,
-            env: p.env,
-            timeout,
-        };
-        let progress = progress_reporter(&ctx, timeout);
-        let report = self
-            .app
-            .runner
-            .run(&lang, req, &ctx.ct, progress.as_deref())
-            .await;
-        result(report.text(), &report, !report.success())
-    }
-
-    /// Start a persistent interpreter session.
-    #[tool(
-        name = "session_start",
-        // Replaced in `build` by one that names the languages installed here.
-        description = "Start a persistent interpreter session in a fresh private directory (or `cwd`).",
-        output_schema = schema_for_output::<StartReport>(),
-        annotations(title = "Start session", read_only_hint = false, destructive_hint = false,
-                    idempotent_hint = false, open_world_hint = false)
-    )]
-    async fn session_start(
-        &self,
-        Parameters(p): Parameters<SessionStartParams>,
-        ctx: RequestContext<RoleServer>,
-    ) -> CallToolResult {
-        let caller = match self.caller(&ctx) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
-        let req = StartRequest {
-            language: p.language,
-            cwd: p.cwd.map(std::path::PathBuf::from),
-            env: p.env,
-            idle_timeout_s: p.idle_timeout_s,
-            files: p
-                .files
-                .into_iter()
-                .map(|f| InFile {
-                    name: f.name,
-                    path: f.path.map(std::path::PathBuf::from),
-                    content: f.content,
-                })
-                .collect(),
-        };
-        match self.app.sessions.start(&caller, req).await {
-            Ok(r) => {
-                let mut text = format!(
-                    "session {} started: {} {} (pid {}) in {} (sandbox: {})",
-                    r.session_id, r.language, r.version, r.pid, r.cwd, r.sandbox
-                );
-                if !r.files.is_empty() {
-                    text.push_str(&format!("\nfiles brought in: {}", r.files.join(", ")));
-                }
-                for n in &r.notes {
-                    text.push_str(&format!("\n[{n}]"));
-                }
-                result(text, &r, false)
-            }
-            Err(e) => error_result(e),
-        }
-    }
-
-    /// Evaluate code in a session.
-    #[tool(
-        name = "session_eval",
-        description = "Evaluate code in a session, as if typed at its REPL: any number of lines, state kept. \
-Returns what the terminal showed (the value of a trailing expression included) and a status: ok, error \
-(the code raised), timeout (interrupted at timeout_ms; state kept), exited (the interpreter ended) or \
-awaiting_input (the code is reading stdin).",
-        output_schema = schema_for_output::<EvalReport>(),
-        annotations(title = "Evaluate in session", read_only_hint = false, destructive_hint = false,
-                    idempotent_hint = false, open_world_hint = false)
-    )]
-    async fn session_eval(
-        &self,
-        Parameters(p): Parameters<SessionEvalParams>,
-        ctx: RequestContext<RoleServer>,
-    ) -> CallToolResult {
-        let caller = match self.caller(&ctx) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
-        let timeout = self.app.config.timeout(p.timeout_ms);
-        let progress = progress_reporter(&ctx, timeout);
-        match self
-            .app
-            .sessions
-            .eval(
-                &caller,
-                &p.session_id,
-                &p.code,
-                timeout,
-                &ctx.ct,
-                progress.as_deref(),
-            )
-            .await
-        {
-            Ok(r) => eval_result(&r),
-            Err(e) => error_result(e),
-        }
-    }
-
-    /// Answer a program waiting for input.
-    #[tool(
-        name = "session_input",
-        description = "Answer a program that is waiting for input (session_eval returned status \
-awaiting_input): `text` is typed followed by Enter, and the same evaluation continues. Returns the same \
-shape as session_eval, with the output printed after the answer.",
-        output_schema = schema_for_output::<EvalReport>(),
-        annotations(title = "Answer input", read_only_hint = false, destructive_hint = false,
-                    idempotent_hint = false, open_world_hint = false)
-    )]
-    async fn session_input(
-        &self,
-        Parameters(p): Parameters<SessionInputParams>,
-        ctx: RequestContext<RoleServer>,
-    ) -> CallToolResult {
-        let caller = match self.caller(&ctx) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
-        let timeout = self.app.config.timeout(p.timeout_ms);
-        let progress = progress_reporter(&ctx, timeout);
-        match self
-            .app
-            .sessions
-            .input(
-                &caller,
-                &p.session_id,
-                &p.text,
-                timeout,
-                &ctx.ct,
-                progress.as_deref(),
-            )
-            .await
-        {
-            Ok(r) => eval_result(&r),
-            Err(e) => error_result(e),
-        }
-    }
-
-    /// Interrupt a session's evaluation.
-    #[tool(
-        name = "session_interrupt",
-        description = "Interrupt (Ctrl-C) the evaluation of a session that is waiting for input or running \
-in another call. The session keeps its state.",
-        output_schema = schema_for_output::<InterruptReport>(),
-        annotations(title = "Interrupt session", read_only_hint = false, destructive_hint = false,
-                    idempotent_hint = false, open_world_hint = false)
-    )]
-    async fn session_interrupt(
-        &self,
-        Parameters(p): Parameters<SessionIdParams>,
-        ctx: RequestContext<RoleServer>,
-    ) -> CallToolResult {
-        let caller = match self.caller(&ctx) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
-        match self.app.sessions.interrupt(&caller, &p.session_id).await {
-            Ok(r) => {
-                if let Some(res) = &r.result {
-                    // The paused evaluation's own result, images included.
-                    let mut out = eval_result(res);
-                    out.structured_content = serde_json::to_value(&r).ok();
-                    out.is_error = Some(false);
-                    return out;
-                }
-                let text = if r.interrupted {
-                    format!(
-                        "interrupted evaluation {} of session {}",
-                        r.eval_id.unwrap_or_default(),
-                        r.session_id
-                    )
-                } else {
-                    format!("session {} has nothing to interrupt", r.session_id)
-                };
-                result(text, &r, false)
-            }
-            Err(e) => error_result(e),
-        }
-    }
-
-    /// Close a session.
-    #[tool(
-        name = "session_close",
-        description = "Close a session: its interpreter and everything it started are killed and its private \
-directory is removed.",
-        output_schema = schema_for_output::<CloseReport>(),
-        annotations(title = "Close session", read_only_hint = false, destructive_hint = true,
-                    idempotent_hint = true, open_world_hint = false)
-    )]
-    async fn session_close(
-        &self,
-        Parameters(p): Parameters<SessionIdParams>,
-        ctx: RequestContext<RoleServer>,
-    ) -> CallToolResult {
-        let caller = match self.caller(&ctx) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
-        match self.app.sessions.close(&caller, &p.session_id).await {
-            Ok(r) => result(format!("session {} closed", r.session_id), &r, false),
-            Err(e) => error_result(e),
-        }
-    }
-
-    /// List open sessions.
-    #[tool(
-        name = "session_list",
-        description = "List the open sessions with their language, pid, directory, idle time and whether \
-an evaluation is running.",
-        output_schema = schema_for_output::<ListReport>(),
-        annotations(title = "List sessions", read_only_hint = true, destructive_hint = false,
-                    idempotent_hint = true, open_world_hint = false)
-    )]
-    async fn session_list(&self, ctx: RequestContext<RoleServer>) -> CallToolResult {
-        let caller = match self.caller(&ctx) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
-        let r = self.app.sessions.list(&caller);
-        let mut text = String::new();
-        if r.sessions.is_empty() {
-            text.push_str("no open sessions");
-        }
-        for s in &r.sessions {
-            text.push_str(&format!(
-                "{} {} pid {} evals {} idle {} s{} {}\n",
-                s.session_id,
-                s.language,
-                s.pid,
-                s.evals,
-                s.idle_s,
-                if s.busy { " busy" } else { "" },
-                s.cwd
-            ));
-        }
-        result(text, &r, false)
-    }
 }
 
 impl ReplboxServer {
     /// The principal this request comes from.
-    fn caller(&self, ctx: &RequestContext<RoleServer>) -> Result<Caller, CallToolResult> {
+    fn caller(&self, ctx: &RequestContext<RoleServer>) -> Option<Caller> {
         match &self.caller {
-            CallerSource::Fixed(c) => Ok(c.clone()),
-            CallerSource::PerRequest => request_caller(ctx).ok_or_else(|| {
-                tracing::error!("an HTTP request reached a tool without an authenticated caller");
-                error_result("this request carries no authenticated caller; it was refused")
-            }),
+            CallerSource::Fixed(c) => Some(c.clone()),
+            CallerSource::PerRequest => request_caller(ctx),
         }
     }
 
     /// The caller of a request that is not a tool call.
     fn caller_or_refuse(&self, ctx: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
-        self.caller(ctx).map_err(|_| {
+        self.caller(ctx).ok_or_else(|| {
             ErrorData::invalid_request("this request carries no authenticated caller", None)
         })
     }
 
-    fn lookup_message(&self, e: &LookupError) -> String {
+    pub(super) fn lookup_error(&self, e: &LookupError) -> ToolError {
         let available = self.app.registry.available_names().join(", ");
         match e {
-            LookupError::Unknown(name) => format!(
-                "unknown language {name:?}. Available language ids on this host: {available}"
+            LookupError::Unknown(name) => ToolError::new(
+                ErrorKind::UnsupportedLanguage,
+                format!(
+                    "unknown language {name:?}. Available language ids on this host: {available}"
+                ),
             ),
-            LookupError::NotInstalled { id, reason } => format!(
-                "language {id:?} is not installed on this host ({reason}). Available language ids: {available}"
+            LookupError::NotInstalled { id, reason } => ToolError::new(
+                ErrorKind::NotInstalled,
+                format!(
+                    "language {id:?} is not installed on this host ({reason}). Available language ids: {available}"
+                ),
             ),
         }
     }
@@ -554,12 +202,21 @@ of each stream.\n\
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for ReplboxServer {
     /// Every tool call, counted while it runs (shutdown drains them; /healthz shows them).
+    /// The caller is resolved here, once, and handed to the tools as `Extension<Caller>`.
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
+        mut context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let _running = self.app.calls.enter();
+        let Some(caller) = self.caller(&context) else {
+            tracing::error!("an HTTP request reached a tool without an authenticated caller");
+            return ToolError::internal(
+                "this request carries no authenticated caller; it was refused",
+            )
+            .into_call_tool_result();
+        };
+        context.extensions.insert(caller);
         let tcc = ToolCallContext::new(self, request, context);
         self.tool_router.call(tcc).await
     }

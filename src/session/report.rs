@@ -5,6 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::files::{Change, FileChange, human_size};
+use super::interp::Ending;
 use super::scan;
 
 /// Status of one evaluation.
@@ -309,6 +310,58 @@ pub struct InterruptReport {
     pub result: Option<EvalReport>,
 }
 
+/// Fill status, error, exit and images from how the evaluation ended.
+pub(super) fn apply_ending(
+    report: &mut EvalReport,
+    ending: &Ending,
+    error_pattern: Option<&regex::Regex>,
+) {
+    let error = |kind: &str, message: String| {
+        Some(ErrorInfo {
+            kind: kind.into(),
+            message,
+        })
+    };
+    match ending {
+        Ending::Done(marker) => apply_marker(report, marker, error_pattern),
+        Ending::TimedOut { marker } => {
+            report.status = EvalStatus::Timeout;
+            // The interrupted code may still have drawn figures before its marker.
+            if let Some(m) = marker {
+                (report.pending_images, report.images_omitted) = marker_images(m);
+            }
+        }
+        Ending::Cancelled => {
+            report.status = EvalStatus::Error;
+            report.error = error(
+                "Interrupted",
+                "interrupted on request; the session keeps its state".into(),
+            );
+        }
+        Ending::Restarted { .. } => {
+            report.status = EvalStatus::Timeout;
+            report.restarted = Some(true);
+        }
+        Ending::Incomplete => {
+            report.status = EvalStatus::Error;
+            report.error = error("IncompleteInput", "the REPL expected more input".into());
+        }
+        Ending::Failed(reason) => {
+            report.status = EvalStatus::Error;
+            report.error = error("ReplboxError", reason.clone());
+        }
+        Ending::AwaitingInput => report.status = EvalStatus::AwaitingInput,
+        Ending::Exited(status) => {
+            report.status = EvalStatus::Exited;
+            if let Some(st) = status {
+                let (code, sig) = crate::exec::describe_status(st);
+                report.exit_code = code;
+                report.signal = sig;
+            }
+        }
+    }
+}
+
 /// Fill status and error from the end marker (or the language's error pattern). Public for
 /// the fuzz targets (`fuzz/`): the payload is bytes user code can forge.
 pub fn apply_marker(
@@ -377,7 +430,7 @@ fn decode_payload(payload: &str) -> MarkerPayload {
 
 /// The images a marker announced, for an evaluation that ended another way (an interrupted
 /// evaluation's late marker still carries the figures it drew).
-pub(super) fn marker_images(marker: &scan::EndMarker) -> (Vec<ImageRef>, u64) {
+fn marker_images(marker: &scan::EndMarker) -> (Vec<ImageRef>, u64) {
     let extras = decode_payload(&marker.payload);
     (extras.images, extras.images_omitted)
 }

@@ -56,22 +56,9 @@ impl Scanner {
         let mut pos = 0;
         loop {
             let rest = &buf[pos..];
-            // The earliest control string in what is left.
-            let mut best: Option<(usize, Kind)> = None;
-            let mut consider = |at: Option<usize>, kind: Kind| {
-                if let Some(at) = at
-                    && best.is_none_or(|(b, _)| at < b)
-                {
-                    best = Some((at, kind));
-                }
+            let Some((at, kind)) = self.earliest(rest) else {
+                break;
             };
-            consider(memmem::find(rest, &self.end_prefix), Kind::End);
-            consider(memmem::find(rest, &self.start_prefix), Kind::Start);
-            consider(memmem::find(rest, &self.prompt), Kind::Prompt);
-            if let Some(c) = &self.continuation {
-                consider(memmem::find(rest, c), Kind::Continuation);
-            }
-            let Some((at, kind)) = best else { break };
             if at > 0 {
                 events.push(Event::Data(rest[..at].to_vec()));
             }
@@ -137,6 +124,25 @@ impl Scanner {
         }
         self.carry = rest[rest.len() - hold..].to_vec();
         events
+    }
+
+    /// The earliest control string in `rest`: where it starts, and which it is.
+    fn earliest(&self, rest: &[u8]) -> Option<(usize, Kind)> {
+        let mut best: Option<(usize, Kind)> = None;
+        let mut consider = |at: Option<usize>, kind: Kind| {
+            if let Some(at) = at
+                && best.is_none_or(|(b, _)| at < b)
+            {
+                best = Some((at, kind));
+            }
+        };
+        consider(memmem::find(rest, &self.end_prefix), Kind::End);
+        consider(memmem::find(rest, &self.start_prefix), Kind::Start);
+        consider(memmem::find(rest, &self.prompt), Kind::Prompt);
+        if let Some(c) = &self.continuation {
+            consider(memmem::find(rest, c), Kind::Continuation);
+        }
+        best
     }
 
     /// Bytes held back (an incomplete control string at the end of the stream so far).

@@ -39,14 +39,9 @@ mod nr {
     pub const EPOLL: &[u64] = &[];
 }
 
-/// Whether any process in the tree rooted at `root` (excluding `root` itself, the helper)
-/// is blocked waiting for input from the terminal with device number `tty`, judged by the
-/// kinds of wait in `signals`.
-pub fn tree_waits_on_tty(root: u32, tty: u64, signals: &[InputWait]) -> bool {
-    tree_reader(root, tty, signals).is_some()
-}
-
-/// Like [`tree_waits_on_tty`], describing the waiting thread and system call.
+/// A process in the tree rooted at `root` (excluding `root` itself, the helper) blocked
+/// waiting for input from the terminal with device number `tty`, judged by the kinds of
+/// wait in `signals`: which thread, in which system call.
 pub fn tree_reader(root: u32, tty: u64, signals: &[InputWait]) -> Option<String> {
     for pid in procfs::descendants(root) {
         for tid in procfs::threads(pid) {
@@ -61,13 +56,6 @@ pub fn tree_reader(root: u32, tty: u64, signals: &[InputWait]) -> Option<String>
         }
     }
     None
-}
-
-/// Whether a thread of `pid` is blocked reading the terminal.
-pub fn waits_on_tty(pid: u32, tty: u64, signals: &[InputWait]) -> bool {
-    procfs::threads(pid)
-        .into_iter()
-        .any(|tid| procfs::syscall(pid, tid).is_some_and(|s| blocked_on_tty(pid, &s, tty, signals)))
 }
 
 /// Interpret one `/proc/.../syscall` line.
@@ -199,7 +187,7 @@ mod tests {
                 .unwrap_or(false)
         }));
         // A pipe is not a character device, so it never matches a terminal.
-        assert!(!waits_on_tty(pid, 0, &[InputWait::Read]));
+        assert_eq!(tree_reader(std::process::id(), 0, &[InputWait::Read]), None);
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(b"x\n");
         }

@@ -47,6 +47,15 @@ pub struct Out {
 }
 
 impl Out {
+    /// The `kind` of a refused call (`{"error": {"kind", "message", …}}`), or "" when the
+    /// result is not a tool error.
+    pub fn error_kind(&self) -> &str {
+        if !self.is_error {
+            return "";
+        }
+        self.structured["error"]["kind"].as_str().unwrap_or("")
+    }
+
     pub fn s(&self, key: &str) -> &str {
         self.structured[key].as_str().unwrap_or_else(|| {
             panic!(

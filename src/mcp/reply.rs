@@ -1,0 +1,87 @@
+//! What a tool call sends back: results with a text and a structured form, evaluation
+//! results with their images, errors, and progress notifications while it runs.
+
+use base64::Engine;
+use rmcp::handler::server::tool::IntoCallToolResult;
+use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, ProgressNotificationParam};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::ToolError;
+use crate::progress::Progress;
+use crate::session::EvalReport;
+
+/// A result with both a text and a structured form.
+pub(super) fn result<T: Serialize>(text: String, structured: &T, is_error: bool) -> CallToolResult {
+    let value = serde_json::to_value(structured).unwrap_or(Value::Null);
+    let mut r = if is_error {
+        CallToolResult::structured_error(value)
+    } else {
+        CallToolResult::structured(value)
+    };
+    r.content = vec![ContentBlock::text(text)];
+    r
+}
+
+/// An evaluation's result: its text, then its images as image contents.
+pub(super) fn eval_result(r: &EvalReport) -> CallToolResult {
+    let mut out = result(r.text(), r, r.is_error());
+    let b64 = base64::engine::general_purpose::STANDARD;
+    for a in &r.attachments {
+        out.content.push(ContentBlock::image(
+            b64.encode(&a.data),
+            a.mime_type.clone(),
+        ));
+    }
+    out
+}
+
+/// When the request carries a progress token, a reporter that forwards the latest output
+/// line as a progress notification (in order, through one task).
+pub(super) fn progress_reporter(
+    ctx: &RequestContext<RoleServer>,
+    timeout: std::time::Duration,
+) -> Option<Box<Progress>> {
+    let token = ctx.meta.get_progress_token()?;
+    let peer = ctx.peer.clone();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<ProgressNotificationParam>();
+    tokio::spawn(async move {
+        while let Some(p) = rx.recv().await {
+            if peer.notify_progress(p).await.is_err() {
+                break;
+            }
+        }
+    });
+    let started = std::time::Instant::now();
+    let total = timeout.as_secs_f64();
+    Some(Box::new(move |line: String| {
+        let elapsed = started.elapsed().as_secs_f64();
+        let message = if line.trim().is_empty() {
+            format!("running for {elapsed:.0} s")
+        } else {
+            line
+        };
+        let _ = tx.send(
+            ProgressNotificationParam::new(token.clone(), elapsed)
+                .with_total(total)
+                .with_message(message),
+        );
+    }))
+}
+
+/// A failure the agent should read: `isError`, the message as the text (it says what to do
+/// next) and `{"error": {kind, message, …}}` as the structured content, to branch on.
+pub(super) fn error_result(e: &ToolError) -> CallToolResult {
+    let mut r = CallToolResult::structured_error(serde_json::json!({ "error": e }));
+    r.content = vec![ContentBlock::text(e.message.clone())];
+    r
+}
+
+/// Tools return `Result<_, ToolError>`; the error side becomes [`error_result`].
+impl IntoCallToolResult for ToolError {
+    fn into_call_tool_result(self) -> Result<CallToolResponse, ErrorData> {
+        Ok(error_result(&self).into())
+    }
+}

@@ -1,0 +1,241 @@
+//! `run-code`: one program, in a fresh private directory, with a clean environment, a
+//! deadline that kills the whole tree, and bounded, separate stdout and stderr.
+
+pub(crate) mod pool;
+mod report;
+mod supervise;
+pub(crate) mod warm;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::error::ToolError;
+use crate::exec::Proc;
+use crate::exec::child::{Child, ChildBuilder, check_caller_env};
+use crate::lang::{Language, expand, expand_command};
+use crate::progress::Progress;
+use crate::sandbox::{Lease, Sandbox};
+use crate::workspace::{PrivateDir, Workspace};
+pub use report::{Phase, RunReport};
+use supervise::{Watch, pipes};
+use warm::WarmPool;
+
+/// What the caller asked for.
+#[derive(Debug, Clone, Default)]
+pub struct RunRequest {
+    pub code: String,
+    pub stdin: Option<String>,
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub timeout: Duration,
+}
+
+impl RunRequest {
+    /// Refuse what no run can take: an invalid environment variable.
+    pub(crate) fn check(&self) -> Result<(), ToolError> {
+        check_caller_env(&self.env).map_err(ToolError::invalid)
+    }
+}
+
+/// Runs programs. Cheap to clone; every call is independent.
+#[derive(Clone)]
+pub struct Runner {
+    pub(crate) config: Arc<Config>,
+    pub(crate) workspace: Arc<Workspace>,
+    pub(crate) sandbox: Arc<Sandbox>,
+    /// Interpreters started ahead of time for languages with a `[run.pool]`.
+    pub(crate) pool: Arc<WarmPool>,
+}
+
+/// Where a run happens: its directory, the uid it runs as (when the server is root), the
+/// interpreter, the build cache and the CPU limit of its processes. Dropping it removes the
+/// directory, then returns the uid (its processes are gone by then), on the blocking pool.
+pub(crate) struct Place {
+    pub(super) dir: PrivateDir,
+    lease: Option<Lease>,
+    exe: PathBuf,
+    cache: PathBuf,
+    cpu_s: u64,
+    /// The placeholders of its command lines.
+    exe_s: String,
+    dir_s: String,
+    cache_s: String,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.dir.take().remove_then(self.lease.take());
+    }
+}
+
+impl Place {
+    /// Drop the place and wait until its directory is removed and its uid returned.
+    async fn release(mut self) {
+        if let Some(task) = self.dir.take().remove_then(self.lease.take()) {
+            let _ = task.await;
+        }
+    }
+
+    fn vars<'a>(&'a self, lang: &'a Language) -> [(&'a str, &'a str); 4] {
+        [
+            ("exe", self.exe_s.as_str()),
+            ("file", lang.spec.run.file.as_str()),
+            ("dir", self.dir_s.as_str()),
+            ("cache", self.cache_s.as_str()),
+        ]
+    }
+}
+
+impl Runner {
+    /// Run `req` once: in a pooled interpreter when the pool can honour it, else in a fresh
+    /// place; compile first for compiled languages.
+    pub async fn run(
+        &self,
+        lang: &Arc<Language>,
+        req: RunRequest,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+    ) -> RunReport {
+        let started = Instant::now();
+        let watch = Watch {
+            deadline: tokio::time::Instant::from_std(started + req.timeout),
+            cancel,
+            progress,
+        };
+        let mut report = RunReport::new(lang.id(), self.sandbox.level);
+        let fail = |mut r: RunReport, msg: String| {
+            r.error = Some(msg);
+            r.duration_ms = started.elapsed().as_millis() as u64;
+            r
+        };
+        let cpu_s = self.cpu_limit(req.timeout);
+        let (place, warm) = match self.place_for(lang, &req, cpu_s).await {
+            Ok(p) => p,
+            Err(e) => return fail(report, e),
+        };
+        let spec = &lang.spec.run;
+        let program = place.dir.path().join(&spec.file);
+        if let Err(e) = tokio::fs::write(program, &req.code).await {
+            return fail(report, format!("cannot write the program: {e}"));
+        }
+        let vars = place.vars(lang);
+        let child = self.child(&place, lang, &req.env);
+        if let Some(compile) = &spec.compile {
+            let argv = expand_command(compile, &vars, &[]);
+            let spawn = pipes(argv, &child, place.dir.path());
+            let step = self.step(spawn, None, watch).await;
+            let ok = step.status.is_some_and(|s| s.success()) && !step.timed_out;
+            if !ok || step.cancelled || step.spawn_error.is_some() {
+                report.phase = Phase::Compile;
+                Self::fill(&mut report, step);
+                report.duration_ms = started.elapsed().as_millis() as u64;
+                return report;
+            }
+        }
+        let argv = expand_command(&spec.command, &vars, &req.args);
+        // stdin is always a pipe, closed after the caller's input (if any): a pooled
+        // interpreter reads its request on that same pipe, and a cold run must see the same.
+        let input = req.stdin.map(String::into_bytes).unwrap_or_default();
+        let step = match warm {
+            Some(proc) => {
+                let env = child.env.merged();
+                let mut data = warm::request(&spec.file, cpu_s, req.args.len(), &argv, &env);
+                data.extend_from_slice(&input);
+                self.supervise(proc, data, watch).await
+            }
+            None => {
+                let spawn = pipes(argv, &child, place.dir.path());
+                self.step(spawn, Some(input), watch).await
+            }
+        };
+        Self::fill(&mut report, step);
+        report.duration_ms = started.elapsed().as_millis() as u64;
+        place.release().await;
+        // Replace what this run used (or what the pool dropped), now that the run is over.
+        self.refill(lang);
+        report
+    }
+
+    /// Where to run: a pooled interpreter's place when the pool can honour the request
+    /// (with the interpreter), else a fresh one.
+    async fn place_for(
+        &self,
+        lang: &Language,
+        req: &RunRequest,
+        cpu_s: u64,
+    ) -> Result<(Place, Option<Proc>), String> {
+        let Some(detected) = lang.detect().await else {
+            return Err(format!("{} is not installed", lang.id()));
+        };
+        if !self.sandbox.can_run(&detected.exe) {
+            return Err(self.sandbox.cannot_run_reason(&detected.exe));
+        }
+        let warm = if self.poolable(lang, req, cpu_s) {
+            self.pool.take(lang.id())
+        } else {
+            None
+        };
+        match warm {
+            Some(w) => Ok((w.place, Some(w.proc))),
+            None => Ok((self.place(lang, &detected.exe, cpu_s)?, None)),
+        }
+    }
+
+    /// RLIMIT_CPU of a run's processes.
+    fn cpu_limit(&self, timeout: Duration) -> u64 {
+        match self.config.cpu_s {
+            // A second past the deadline: a single-threaded program reaches the wall-clock
+            // timeout first (reported as a timeout); only several busy threads trip it.
+            0 => timeout.as_secs_f64().ceil() as u64 + 1,
+            n => n,
+        }
+        .max(1)
+    }
+
+    /// A fresh place for a run: a uid from the pool (when the server is root; returned when
+    /// the place is dropped, after its processes are gone) and a private directory it owns.
+    fn place(&self, lang: &Language, exe: &Path, cpu_s: u64) -> Result<Place, String> {
+        let lease = self.sandbox.lease()?;
+        let uid = lease.as_ref().map(|l| l.uid);
+        let dir = self
+            .workspace
+            .new_run_dir(uid)
+            .map_err(|e| format!("cannot create a working directory: {e}"))?;
+        let cache = crate::workspace::cache_dir(&dir, lang.id(), uid);
+        Ok(Place {
+            exe_s: exe.display().to_string(),
+            dir_s: dir.path().display().to_string(),
+            cache_s: cache.display().to_string(),
+            exe: exe.to_path_buf(),
+            cache,
+            cpu_s,
+            dir,
+            lease,
+        })
+    }
+
+    /// What a run's processes start with in `place`: the allowlist, the language's
+    /// settings and, as their own layer, the caller's variables; confined to the place's
+    /// directory and build cache, as its uid, under its CPU limit.
+    fn child(&self, place: &Place, lang: &Language, caller: &BTreeMap<String, String>) -> Child {
+        let vars = place.vars(lang);
+        let language = lang.spec.env.iter().chain(lang.spec.run.env.iter());
+        ChildBuilder::new(&self.sandbox, place.lease.as_ref(), place.dir.path())
+            .interpreters(&[&place.exe])
+            .writable([place.cache.clone()])
+            .cpu_limit(place.cpu_s)
+            .language_env(language.map(|(k, v)| (k.clone(), expand(v, &vars))))
+            .caller_env(caller)
+            .build()
+    }
+
+    /// The longest a run can take (callers' timeouts are clamped to it).
+    fn max_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.max_timeout_ms.max(1))
+    }
+}

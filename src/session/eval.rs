@@ -1,0 +1,243 @@
+//! Evaluations: `session_eval`, `session_input` and `session_interrupt` on a session of the
+//! table, and how an evaluation's outcome becomes its report.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::entry::{Awaiting, Busy, Gone, Session, lock};
+use super::interp::{Ending, Interp, Outcome};
+use super::manager::SessionManager;
+use super::report::{EvalReport, InterruptReport, apply_ending};
+use crate::error::{ErrorKind, ToolError};
+use crate::identity::Caller;
+use crate::progress::Progress;
+
+/// The call that marked the session busy is over. Called once its report is complete, with
+/// the interpreter's lock still held: a client that sees the session free in session_list
+/// must not then be refused by session_eval because the call is still collecting files.
+pub(super) fn release(session: &Session) {
+    *lock(&session.busy) = None;
+    session.touch();
+}
+
+impl SessionManager {
+    fn busy_error(&self, session: &Session) -> ToolError {
+        let busy = lock(&session.busy)
+            .as_ref()
+            .map(|b| (b.eval_id, b.since.elapsed()));
+        let what = match busy {
+            Some((eval_id, running)) => format!(
+                "evaluation {eval_id} (running for {:.1} s)",
+                running.as_secs_f64()
+            ),
+            None => "another call".into(),
+        };
+        let message = format!(
+            "session {} is busy with {what}. Wait for it to finish, stop it with session_interrupt, \
+or use another session.",
+            session.id
+        );
+        ToolError::new(ErrorKind::Busy, message)
+            .session(&session.id)
+            .eval(busy.map(|b| b.0))
+    }
+
+    /// Evaluate code in a session.
+    pub async fn eval(
+        &self,
+        caller: &Caller,
+        id: &str,
+        code: &str,
+        timeout: Duration,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+    ) -> Result<EvalReport, ToolError> {
+        let session = self.lookup(caller, id)?;
+        if let Some(a) = lock(&session.awaiting).as_ref() {
+            let message = format!(
+                "session {id} is waiting for input to evaluation {}{}. Answer it with session_input, \
+or stop it with session_interrupt, before evaluating more code.",
+                a.eval_id,
+                if a.prompt.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (it asked: {:?})", a.prompt)
+                }
+            );
+            return Err(ToolError::new(ErrorKind::AwaitingInput, message)
+                .session(id)
+                .eval(Some(a.eval_id)));
+        }
+        let Ok(mut guard) = session.interp.try_lock() else {
+            return Err(self.busy_error(&session));
+        };
+        if guard.is_none() {
+            return Err(self.gone_error(&session));
+        }
+        let eval_id = session.evals.fetch_add(1, Ordering::Relaxed) + 1;
+        let token = self.begin(&session, eval_id, cancel);
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let outcome = match guard.as_mut() {
+            Some(interp) => interp.eval(eval_id, code, deadline, &token, progress).await,
+            None => return Err(self.gone_error(&session)),
+        };
+        let mut report = self.conclude(&session, &mut guard, eval_id, started, outcome);
+        // Still under the interpreter's lock: the next evaluation's files and images must
+        // not be taken for this one's.
+        self.collect(&session, &mut report).await;
+        release(&session);
+        Ok(report)
+    }
+
+    /// Answer an evaluation that is waiting for input.
+    pub async fn input(
+        &self,
+        caller: &Caller,
+        id: &str,
+        text: &str,
+        timeout: Duration,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+    ) -> Result<EvalReport, ToolError> {
+        let session = self.lookup(caller, id)?;
+        if let Some(long) = text.split('\n').find(|l| l.len() > 4000) {
+            return Err(ToolError::invalid(format!(
+                "a line of {} bytes is too long for a terminal (4000 at most); write the data to a \
+file in the session's directory and read it from there instead",
+                long.len()
+            )));
+        }
+        let Ok(mut guard) = session.interp.try_lock() else {
+            return Err(self.busy_error(&session));
+        };
+        let Some(eval_id) = lock(&session.awaiting).as_ref().map(|a| a.eval_id) else {
+            return Err(ToolError::new(
+                ErrorKind::NotAwaitingInput,
+                format!("session {id} is not waiting for input. Use session_eval to run code."),
+            )
+            .session(id));
+        };
+        *lock(&session.awaiting) = None;
+        let token = self.begin(&session, eval_id, cancel);
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let outcome = match guard.as_mut() {
+            Some(interp) => interp.resume(text, deadline, &token, progress).await,
+            None => return Err(self.gone_error(&session)),
+        };
+        let mut report = self.conclude(&session, &mut guard, eval_id, started, outcome);
+        self.collect(&session, &mut report).await;
+        release(&session);
+        Ok(report)
+    }
+
+    /// Interrupt the evaluation that is waiting for input, or the one running in another call.
+    pub async fn interrupt(&self, caller: &Caller, id: &str) -> Result<InterruptReport, ToolError> {
+        let session = self.lookup(caller, id)?;
+        let mut report = InterruptReport {
+            session_id: id.to_string(),
+            interrupted: false,
+            eval_id: None,
+            result: None,
+        };
+        match session.interp.try_lock() {
+            Ok(mut guard) => {
+                let Some(eval_id) = lock(&session.awaiting).take().map(|a| a.eval_id) else {
+                    return Ok(report); // nothing running
+                };
+                let token = self.begin(&session, eval_id, &CancellationToken::new());
+                drop(token);
+                let started = Instant::now();
+                let outcome = match guard.as_mut() {
+                    Some(interp) => interp.interrupt_paused().await,
+                    None => return Err(self.gone_error(&session)),
+                };
+                report.interrupted = true;
+                report.eval_id = Some(eval_id);
+                let mut result = self.conclude(&session, &mut guard, eval_id, started, outcome);
+                self.collect(&session, &mut result).await;
+                release(&session);
+                report.result = Some(result);
+            }
+            Err(_) => {
+                // An evaluation is running in another call: make it interrupt itself.
+                if let Some(t) = lock(&session.interrupt).as_ref() {
+                    t.cancel();
+                    report.interrupted = true;
+                    report.eval_id = lock(&session.busy).as_ref().map(|b| b.eval_id);
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Mark the session busy with `eval_id`; returns the token that interrupts it.
+    fn begin(
+        &self,
+        session: &Session,
+        eval_id: u64,
+        cancel: &CancellationToken,
+    ) -> CancellationToken {
+        let token = cancel.child_token();
+        *lock(&session.interrupt) = Some(token.clone());
+        *lock(&session.busy) = Some(Busy {
+            eval_id,
+            since: Instant::now(),
+        });
+        session.touch();
+        token
+    }
+
+    /// Turn an outcome into the report, and record what it means for the session.
+    fn conclude(
+        &self,
+        session: &Session,
+        guard: &mut Option<Interp>,
+        eval_id: u64,
+        started: Instant,
+        outcome: Outcome,
+    ) -> EvalReport {
+        let mut report = EvalReport::empty(&session.id, eval_id);
+        report.output = outcome.output.text;
+        report.truncated = outcome.output.omitted > 0;
+        report.duration_ms = started.elapsed().as_millis() as u64;
+        apply_ending(&mut report, &outcome.ending, session.lang.error_pattern());
+        match outcome.ending {
+            Ending::Restarted { reason } => {
+                tracing::warn!(session = %session.id, %reason, "interpreter restarted");
+            }
+            Ending::AwaitingInput => {
+                let prompt = report
+                    .output
+                    .rsplit('\n')
+                    .next()
+                    .unwrap_or("")
+                    .chars()
+                    .take(200)
+                    .collect();
+                *lock(&session.awaiting) = Some(Awaiting { eval_id, prompt });
+            }
+            Ending::Exited(_) => {
+                *guard = None;
+                self.mark_gone(
+                    session,
+                    Gone::Exited {
+                        code: report.exit_code,
+                        signal: report.signal.clone(),
+                    },
+                );
+            }
+            _ => {}
+        }
+        if let Some(i) = guard.as_ref() {
+            session.pid.store(i.pid as u64, Ordering::Relaxed);
+            session.helper.store(i.helper() as u64, Ordering::Relaxed);
+        }
+        // Nothing left to interrupt; the session stays busy until the report is complete.
+        *lock(&session.interrupt) = None;
+        report
+    }
+}

@@ -1,0 +1,530 @@
+//! One interpreter process behind a PTY and the evaluation protocol that drives it.
+//!
+//! A reader task owns the PTY's read side: it splits the stream with the [`Scanner`] and
+//! files output under the evaluation in flight (or, between evaluations, a small
+//! background buffer), records end markers and prompts, and notices the end of the
+//! process (the PTY reports EIO once the whole tree is gone). An evaluation writes the code
+//! to a cell file, types the one eval line, and waits on the shared state.
+
+mod recover;
+mod stream;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::scan::EndMarker;
+use super::stdin_wait;
+use crate::exec::child::ChildEnv;
+use crate::exec::pty::{self, PtyMaster};
+use crate::exec::{self, Proc, SpawnSpec, Stdio3};
+use crate::lang::SessionSpec;
+use crate::lang::protocol::{INTERRUPT_FILE, SYNC_BASE};
+use crate::lang::spec::InputWait;
+use crate::output::{Rendered, Renderer};
+use crate::progress::Progress;
+use crate::sandbox::{Jail, Sandbox};
+use stream::{Check, Shared, read_loop};
+
+/// How to (re)start the interpreter.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub sandbox: Arc<Sandbox>,
+    pub jail: Jail,
+    pub argv: Vec<String>,
+    pub env: ChildEnv,
+    pub cwd: PathBuf,
+    pub ctl: PathBuf,
+    pub nonce: String,
+    /// `spec.init` with its placeholders filled in.
+    pub init: Vec<String>,
+    pub spec: SessionSpec,
+    pub output_cap: usize,
+}
+
+/// How an evaluation ended, before it is turned into a report.
+#[derive(Debug)]
+pub enum Ending {
+    /// The end marker arrived.
+    Done(EndMarker),
+    /// The deadline passed; the interpreter was interrupted and answered (state kept).
+    TimedOut { marker: Option<EndMarker> },
+    /// The caller went away; interrupted like a timeout.
+    Cancelled,
+    /// The interpreter did not come back from the interrupt and was replaced.
+    Restarted { reason: String },
+    /// The interpreter ended (its exit status, if it could be read).
+    Exited(Option<std::process::ExitStatus>),
+    /// The REPL asked for more input: our one line was incomplete (a driver bug).
+    Incomplete,
+    /// The evaluation could not be started.
+    Failed(String),
+    /// The code is blocked reading the terminal; the evaluation is paused.
+    AwaitingInput,
+}
+
+/// How often a running evaluation checks whether it is blocked reading the terminal.
+const INPUT_POLL: Duration = Duration::from_millis(200);
+/// How often progress is reported.
+const PROGRESS_EVERY: Duration = Duration::from_millis(500);
+
+pub struct Outcome {
+    pub ending: Ending,
+    pub output: Rendered,
+}
+
+/// A running interpreter.
+pub struct Interp {
+    proc: Proc,
+    master: Arc<PtyMaster>,
+    shared: Arc<Shared>,
+    reader: tokio::task::JoinHandle<()>,
+    /// The pid of the process the server started (the helper, or bwrap) and the
+    /// interpreter's.
+    helper_pid: u32,
+    pub pid: u32,
+    /// Internal evaluations (readiness, resynchronisation) are numbered from SYNC_BASE so
+    /// that user evaluation N is `<cell N>` in tracebacks.
+    next_sync: u64,
+    launch: Arc<Launch>,
+    /// Device number of the PTY (to recognise a process reading it).
+    tty: u64,
+    /// Evaluation paused waiting for input.
+    paused: Option<u64>,
+    /// An internal evaluation is running (see [`sync`](Self::sync)).
+    in_sync: bool,
+    /// Files of finished evaluations (cells, interrupt flags), removed with the next cell's
+    /// write: one trip to the blocking pool per evaluation.
+    finished: Vec<PathBuf>,
+}
+
+impl Drop for Interp {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl Interp {
+    /// Start the interpreter and wait until it has answered an empty evaluation.
+    pub async fn start(launch: Arc<Launch>, timeout: Duration) -> Result<Self, String> {
+        let (proc, master, tty) = spawn_on_pty(&launch)?;
+        let shared = Arc::new(Shared::new(&launch));
+        let master = Arc::new(master);
+        let reader = tokio::spawn(read_loop(master.clone(), shared.clone()));
+        let helper_pid = proc.pid;
+        let mut me = Self {
+            proc,
+            master,
+            shared,
+            reader,
+            helper_pid,
+            pid: helper_pid,
+            next_sync: SYNC_BASE,
+            launch,
+            tty,
+            paused: None,
+            in_sync: false,
+            finished: Vec::new(),
+        };
+        me.ready(timeout).await?;
+        Ok(me)
+    }
+
+    /// Type the language's init lines and wait for the answer to an empty evaluation; when
+    /// none comes, kill the tree and say what it printed.
+    async fn ready(&mut self, timeout: Duration) -> Result<(), String> {
+        for line in &self.launch.init {
+            self.type_line(line).await?;
+        }
+        let deadline = Instant::now() + timeout;
+        let never = CancellationToken::new();
+        let ready = self.sync(deadline, &never).await;
+        let what = match ready.ending {
+            Ending::Done(_) => {
+                self.pid = self.proc.program_pid().unwrap_or(self.helper_pid);
+                // Whatever the interpreter printed while starting (banners) is not output.
+                self.shared.lock().background = Renderer::new(self.launch.output_cap / 4);
+                return Ok(());
+            }
+            Ending::Exited(Some(st)) => format!("exited ({st})"),
+            Ending::Exited(None) => "exited".to_string(),
+            Ending::Failed(e) => format!("could not be driven ({e})"),
+            _ => format!("did not answer within {} ms", timeout.as_millis()),
+        };
+        tracing::warn!(
+            tree = %replbox_exec::procfs::describe_tree(self.helper_pid),
+            "interpreter did not start"
+        );
+        self.kill().await;
+        let output = ready.output.text.trim().to_string();
+        Err(if output.is_empty() {
+            format!("the interpreter {what} while starting")
+        } else {
+            format!("the interpreter {what} while starting. It printed:\n{output}")
+        })
+    }
+
+    async fn type_line(&self, line: &str) -> Result<(), String> {
+        let mut bytes = line.as_bytes().to_vec();
+        bytes.push(b'\n');
+        self.master
+            .write_all(&bytes)
+            .await
+            .map_err(|e| format!("cannot write to the interpreter: {e}"))
+    }
+
+    /// An internal empty evaluation (readiness, resynchronisation).
+    /// An internal evaluation never tries to recover by itself (its caller decides, by
+    /// restarting), so recovery cannot recurse into recovery.
+    async fn sync(&mut self, deadline: Instant, cancel: &CancellationToken) -> Outcome {
+        self.next_sync += 1;
+        self.in_sync = true;
+        let out = Box::pin(self.run_cell(self.next_sync, "", deadline, cancel, None, false)).await;
+        self.in_sync = false;
+        out
+    }
+
+    /// Run evaluation number `n`. The deadline interrupts; `cancel` interrupts too. If the
+    /// code blocks reading the terminal the evaluation pauses (`Ending::AwaitingInput`) and
+    /// is continued with [`resume`](Self::resume).
+    pub async fn eval(
+        &mut self,
+        n: u64,
+        code: &str,
+        deadline: Instant,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+    ) -> Outcome {
+        self.run_cell(n, code, deadline, cancel, progress, true)
+            .await
+    }
+
+    async fn run_cell(
+        &mut self,
+        n: u64,
+        code: &str,
+        deadline: Instant,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+        detect_input: bool,
+    ) -> Outcome {
+        let spec = &self.launch.spec;
+        let n_s = n.to_string();
+        let cell = self.launch.ctl.join(spec.cell_name(n));
+        let body = match &spec.cell_template {
+            Some(t) => crate::lang::expand(t, &[("code", code), ("n", &n_s)]),
+            None => code.to_string(),
+        };
+        let finished = std::mem::take(&mut self.finished);
+        let path = cell.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            for f in finished {
+                let _ = std::fs::remove_file(f);
+            }
+            crate::workspace::write_ctl(&path, body)
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        if let Err(e) = written {
+            return self.fail_now(format!("cannot write the cell file: {e}"));
+        }
+        let background = {
+            let mut st = self.shared.lock();
+            st.current = Some(n);
+            st.started = None;
+            st.end = None;
+            st.continuation = false;
+            st.out = Renderer::new(self.launch.output_cap);
+            std::mem::replace(
+                &mut st.background,
+                Renderer::new(self.launch.output_cap / 4),
+            )
+        };
+        let line = spec.eval_line(n, &cell);
+        let ending = match self.type_line(&line).await {
+            Err(_) => self.wait_exit().await,
+            Ok(()) => self.wait(n, deadline, cancel, progress, detect_input).await,
+        };
+        let mut output = self.end_part(n, &ending);
+        let bg = background.finish();
+        if !bg.text.is_empty() {
+            output.text = format!("{}{}", bg.text, output.text);
+            output.omitted += bg.omitted;
+        }
+        Outcome { ending, output }
+    }
+
+    /// Continue an evaluation paused waiting for input: type `text` (a newline is added
+    /// when missing) and wait as for an evaluation.
+    pub async fn resume(
+        &mut self,
+        text: &str,
+        deadline: Instant,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+    ) -> Outcome {
+        let Some(n) = self.paused.take() else {
+            return self.fail_now("no evaluation is waiting for input".into());
+        };
+        let mut bytes = text.as_bytes().to_vec();
+        if !bytes.ends_with(b"\n") {
+            bytes.push(b'\n');
+        }
+        let ending = match self.master.write_all(&bytes).await {
+            Err(_) => self.wait_exit().await,
+            Ok(()) => self.wait(n, deadline, cancel, progress, true).await,
+        };
+        let output = self.end_part(n, &ending);
+        Outcome { ending, output }
+    }
+
+    /// Interrupt an evaluation paused waiting for input.
+    pub async fn interrupt_paused(&mut self) -> Outcome {
+        let Some(n) = self.paused.take() else {
+            return self.fail_now("no evaluation is waiting for input".into());
+        };
+        let ending = self.interrupt_and_recover(n).await.ending(false);
+        let output = self.end_part(n, &ending);
+        Outcome { ending, output }
+    }
+
+    /// Collect the output of this part of evaluation `n`; unless it paused for input, the
+    /// evaluation is over.
+    fn end_part(&mut self, n: u64, ending: &Ending) -> Rendered {
+        let mut st = self.shared.lock();
+        let part = std::mem::replace(&mut st.out, Renderer::new(self.launch.output_cap));
+        if matches!(ending, Ending::AwaitingInput) {
+            drop(st);
+            self.paused = Some(n);
+        } else {
+            st.current = None;
+            drop(st);
+            self.finished
+                .push(self.launch.ctl.join(self.launch.spec.cell_name(n)));
+            self.finished.push(interrupt_flag(&self.launch.ctl, n));
+        }
+        part.finish()
+    }
+
+    fn fail_now(&self, reason: String) -> Outcome {
+        Outcome {
+            ending: Ending::Failed(reason),
+            output: Renderer::new(0).finish(),
+        }
+    }
+
+    /// Wait for the end marker of evaluation `n`, interrupting at the deadline, pausing
+    /// when the code blocks reading the terminal, and reporting progress.
+    async fn wait(
+        &mut self,
+        n: u64,
+        deadline: Instant,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+        detect_input: bool,
+    ) -> Ending {
+        let mut rx = self.shared.tick.subscribe();
+        let now = Instant::now();
+        let mut input_poll = tokio::time::interval_at(now + INPUT_POLL, INPUT_POLL);
+        input_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut progress_tick = tokio::time::interval_at(now + PROGRESS_EVERY, PROGRESS_EVERY);
+        progress_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        // A first sighting of "waiting for input", with the output version at that moment:
+        // confirmed only if the next poll sees the same with no output in between. Runtimes
+        // arm their terminal reads briefly while doing other things (ghci while it prints);
+        // a program that waits for input stays silent and stays waiting.
+        let mut suspected: Option<u64> = None;
+        loop {
+            match self.check(n) {
+                Check::End(end) => return Ending::Done(end),
+                Check::Closed => return self.wait_exit().await,
+                Check::Continuation => {
+                    if !self.in_sync {
+                        let _ = self.interrupt_and_recover(n).await;
+                    }
+                    return Ending::Incomplete;
+                }
+                Check::Prompt | Check::Pending => {}
+            }
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return self.wait_exit().await;
+                    }
+                }
+                _ = input_poll.tick() => {
+                    let version = *rx.borrow();
+                    let polled = self.poll(n, detect_input, version, &mut suspected).await;
+                    if let Some(ending) = polled {
+                        return ending;
+                    }
+                }
+                _ = progress_tick.tick(), if progress.is_some() => {
+                    if let Some(report) = progress {
+                        report(self.last_line());
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => return self.stop(n, true).await,
+                _ = cancel.cancelled() => return self.stop(n, false).await,
+            }
+        }
+    }
+
+    /// One poll of evaluation `n`'s processes: the end of the tree, or the code waiting for
+    /// input, seen on two polls in a row at the same output `version` (`suspected` keeps
+    /// the version of the first sighting).
+    async fn poll(
+        &mut self,
+        n: u64,
+        detect_input: bool,
+        version: u64,
+        suspected: &mut Option<u64>,
+    ) -> Option<Ending> {
+        // The helper's own exit is the authority on the tree being gone, whatever else may
+        // still hold the terminal open.
+        if let Ok(Some(_)) = self.proc.child.try_wait() {
+            self.settle().await;
+            if let Check::End(end) = self.check(n) {
+                return Some(Ending::Done(end));
+            }
+            // The exact status (the helper's record, not bwrap's summary).
+            return Some(self.wait_exit().await);
+        }
+        if detect_input
+            && self.running_user_code(n)
+            && self.waits_for_input()
+            && self.nothing_unread(n)
+        {
+            if *suspected == Some(version) {
+                return Some(Ending::AwaitingInput);
+            }
+            *suspected = Some(version);
+        } else {
+            *suspected = None;
+        }
+        None
+    }
+
+    /// The deadline passed (`timed_out`) or the call was cancelled: interrupt evaluation
+    /// `n` and get the REPL back. An internal evaluation does not recover by itself.
+    async fn stop(&mut self, n: u64, timed_out: bool) -> Ending {
+        if self.in_sync {
+            return if timed_out {
+                Ending::TimedOut { marker: None }
+            } else {
+                Ending::Cancelled
+            };
+        }
+        self.interrupt_and_recover(n).await.ending(timed_out)
+    }
+
+    /// Let the reader deliver what is still buffered: return once nothing new has arrived
+    /// for a moment (bounded).
+    async fn settle(&self) {
+        let mut rx = self.shared.tick.subscribe();
+        let until = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < until {
+            if self.shared.lock().closed {
+                return;
+            }
+            match tokio::time::timeout(Duration::from_millis(30), rx.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return,
+            }
+        }
+    }
+
+    /// Whether the REPL has taken the eval line and is running the cell: until then the REPL
+    /// itself is (rightly) reading the terminal. Without a start marker, assume it has.
+    fn running_user_code(&self, n: u64) -> bool {
+        !self.launch.spec.announces_start || self.shared.lock().started == Some(n)
+    }
+
+    /// After seeing the program wait for input: has everything it wrote before that been
+    /// read, without an end marker for `n`? Otherwise the wait seen was the REPL's own,
+    /// after the evaluation ended.
+    fn nothing_unread(&self, n: u64) -> bool {
+        let st = self.shared.lock();
+        st.end.as_ref().is_none_or(|e| e.n != n) && !st.closed && self.master.unread() == 0
+    }
+
+    /// Whether the program is blocked reading the terminal (see `stdin_wait`).
+    fn waits_for_input(&self) -> bool {
+        let signals = &self.launch.spec.input_wait;
+        if signals.contains(&InputWait::Raw) && self.master.is_raw() {
+            tracing::debug!("waiting for input: the terminal is in raw mode");
+            return true;
+        }
+        match stdin_wait::tree_reader(self.helper_pid, self.tty, signals) {
+            Some(how) => {
+                tracing::debug!(%how, "waiting for input");
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The process ended: collect its status (the helper mirrors the interpreter's).
+    async fn wait_exit(&mut self) -> Ending {
+        match tokio::time::timeout(Duration::from_secs(3), self.proc.wait()).await {
+            Ok(Ok(status)) => Ending::Exited(Some(status)),
+            _ => {
+                self.proc.kill_tree().await;
+                Ending::Exited(None)
+            }
+        }
+    }
+
+    /// The helper's pid (bwrap's child when wrapped): what tears the tree down on SIGTERM.
+    pub fn helper(&self) -> u32 {
+        self.proc.helper_pid().unwrap_or(self.helper_pid)
+    }
+
+    /// Kill the whole tree and reap it.
+    pub async fn kill(&mut self) -> Option<std::process::ExitStatus> {
+        let st = self.proc.kill_tree().await;
+        self.reader.abort();
+        st
+    }
+
+    /// The last line printed so far by the evaluation in flight.
+    pub fn last_line(&self) -> String {
+        self.shared.lock().out.last_line()
+    }
+}
+
+/// Start the interpreter on a new terminal: its master side, and the terminal's device
+/// number (to recognise a process reading it).
+fn spawn_on_pty(launch: &Launch) -> Result<(Proc, PtyMaster, u64), String> {
+    let (master, slave) = pty::open().map_err(|e| format!("cannot open a terminal: {e}"))?;
+    let tty = pty::rdev(&slave).map_err(|e| format!("cannot inspect the terminal: {e}"))?;
+    // The terminal belongs to the user the session runs as (as login programs do), so the
+    // interpreter can reopen it (node's bootstrap does, through /proc/self/fd/0).
+    if let Some(uid) = launch.jail.uid {
+        pty::give_to(&slave, uid, uid)
+            .map_err(|e| format!("cannot give the terminal to uid {uid}: {e}"))?;
+    }
+    let proc = exec::spawn(
+        &launch.sandbox,
+        SpawnSpec {
+            argv: launch.argv.clone(),
+            env: launch.env.merged(),
+            cwd: launch.cwd.clone(),
+            stdio: Stdio3::Pty(slave),
+            jail: launch.jail.clone(),
+        },
+    )
+    .map_err(|e| format!("cannot start {}: {e}", launch.argv[0]))?;
+    Ok((proc, master, tty))
+}
+
+/// The file that exists in the control directory while evaluation `n` is being interrupted.
+pub fn interrupt_flag(ctl: &Path, n: u64) -> PathBuf {
+    ctl.join(crate::lang::expand(
+        INTERRUPT_FILE,
+        &[("n", &n.to_string())],
+    ))
+}

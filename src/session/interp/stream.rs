@@ -1,0 +1,169 @@
+//! The PTY stream of one interpreter: a reader task splits it with the [`Scanner`] and
+//! files output, prompts and markers in state shared with the evaluation in flight.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::watch;
+
+use super::{Interp, Launch};
+use crate::exec::pty::{PtyMaster, ReadOutcome};
+use crate::output::Renderer;
+use crate::session::scan::{EndMarker, Event, Scanner};
+
+/// State shared between the reader task and evaluations.
+pub(super) struct StreamState {
+    pub(super) scanner: Scanner,
+    /// Protocol number of the evaluation in flight.
+    pub(super) current: Option<u64>,
+    pub(super) out: Renderer,
+    /// The bootstrap announced that evaluation N began running.
+    pub(super) started: Option<u64>,
+    pub(super) end: Option<EndMarker>,
+    /// Output that arrived between evaluations (shown before the next one's).
+    pub(super) background: Renderer,
+    pub(super) prompts: u64,
+    pub(super) continuation: bool,
+    pub(super) closed: bool,
+}
+
+pub(super) struct Shared {
+    pub(super) state: Mutex<StreamState>,
+    pub(super) tick: watch::Sender<u64>,
+}
+
+impl Shared {
+    /// The state of a fresh interpreter's stream: nothing in flight, the prompt and
+    /// continuation patterns of its language with its nonce.
+    pub(super) fn new(launch: &Launch) -> Self {
+        let spec = &launch.spec;
+        Shared {
+            state: Mutex::new(StreamState {
+                scanner: Scanner::new(
+                    &launch.nonce,
+                    &spec.prompt_for(&launch.nonce),
+                    spec.continuation_for(&launch.nonce).as_deref(),
+                ),
+                current: None,
+                out: Renderer::new(launch.output_cap),
+                started: None,
+                end: None,
+                background: Renderer::new(launch.output_cap / 4),
+                prompts: 0,
+                continuation: false,
+                closed: false,
+            }),
+            tick: watch::channel(0).0,
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, StreamState> {
+        // A panic while holding this lock would be a bug in this module; keep serving.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl StreamState {
+    pub(super) fn feed(&mut self, bytes: &[u8]) {
+        let st = self;
+        let events = st.scanner.feed(bytes);
+        for ev in events {
+            match ev {
+                Event::Data(d) => {
+                    if st.current.is_some() && st.end.is_none() {
+                        st.out.push(&d);
+                    } else {
+                        st.background.push(&d);
+                    }
+                }
+                Event::Prompt => st.prompts += 1,
+                Event::Continuation => st.continuation = true,
+                Event::Started(n) => {
+                    if st.current == Some(n) {
+                        st.started = Some(n);
+                    }
+                }
+                Event::End(m) => {
+                    if st.current == Some(m.n) && st.end.is_none() {
+                        st.end = Some(m);
+                    }
+                    // Otherwise stale (an interrupted evaluation finishing late): ignore.
+                }
+            }
+        }
+    }
+}
+
+impl Shared {
+    pub(super) fn close(&self) {
+        let mut st = self.lock();
+        let rest = st.scanner.pending().to_vec();
+        if !rest.is_empty() {
+            if st.current.is_some() && st.end.is_none() {
+                st.out.push(&rest);
+            } else {
+                st.background.push(&rest);
+            }
+        }
+        st.closed = true;
+        drop(st);
+        self.tick.send_modify(|v| *v = v.wrapping_add(1));
+    }
+}
+
+impl Interp {
+    /// What the stream says about evaluation `n` right now.
+    pub(super) fn check(&self, n: u64) -> Check {
+        self.check_since(n, u64::MAX)
+    }
+
+    /// Like [`check`](Self::check), also reporting a prompt printed after `prompts_before`.
+    pub(super) fn check_since(&self, n: u64, prompts_before: u64) -> Check {
+        let st = self.shared.lock();
+        if let Some(end) = st.end.as_ref().filter(|e| e.n == n) {
+            Check::End(end.clone())
+        } else if st.closed {
+            Check::Closed
+        } else if st.continuation {
+            Check::Continuation
+        } else if prompts_before != u64::MAX && st.prompts > prompts_before {
+            Check::Prompt
+        } else {
+            Check::Pending
+        }
+    }
+}
+
+pub(super) enum Check {
+    End(EndMarker),
+    Closed,
+    Continuation,
+    Prompt,
+    Pending,
+}
+
+pub(super) async fn read_loop(master: Arc<PtyMaster>, shared: Arc<Shared>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        // Read and file the bytes under the stream lock, so that whoever holds the lock
+        // sees either the bytes still unread in the terminal or their effect, never neither.
+        let res = master
+            .on_readable(|m| {
+                let mut st = shared.lock();
+                match m.read_now(&mut buf)? {
+                    ReadOutcome::Data(n) => {
+                        st.feed(&buf[..n]);
+                        Ok(true)
+                    }
+                    ReadOutcome::Closed => Ok(false),
+                }
+            })
+            .await;
+        match res {
+            Ok(true) => shared.tick.send_modify(|v| *v = v.wrapping_add(1)),
+            Ok(false) | Err(_) => {
+                shared.close();
+                return;
+            }
+        }
+    }
+}

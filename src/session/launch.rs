@@ -1,0 +1,373 @@
+//! Starting a session: from a `session_start` request to a running interpreter (the
+//! language, the directory and the files brought into it, the bootstrap, the environment
+//! and the confinement).
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::entry::Session;
+use super::files::{self, InFile};
+use super::interp::{Interp, Launch};
+use super::manager::SessionManager;
+use super::report::StartReport;
+use crate::error::{ErrorKind, ToolError};
+use crate::exec::child::{ChildBuilder, check_caller_env};
+use crate::hostfs::{self, CwdPolicy};
+use crate::identity::Caller;
+use crate::lang::{Detected, Language, LookupError, SessionSpec, expand, expand_command};
+use crate::sandbox::Lease;
+use crate::workspace::PrivateDir;
+
+/// What the caller asked `session_start` for.
+#[derive(Debug, Clone, Default)]
+pub struct StartRequest {
+    pub language: String,
+    pub cwd: Option<PathBuf>,
+    pub env: BTreeMap<String, String>,
+    pub idle_timeout_s: Option<u64>,
+    /// Files to put into the session's directory before it starts.
+    pub files: Vec<InFile>,
+}
+
+/// The interpreter a session runs: its language, REPL driver, what detection found, and
+/// the program the REPL starts.
+struct Interpreter {
+    lang: Arc<Language>,
+    spec: SessionSpec,
+    detected: Detected,
+    exe: PathBuf,
+}
+
+/// The directories of a session being started.
+struct Dirs {
+    /// The session's own directory (`work/`, `ctl/`, `out/`), removed with it.
+    dir: PrivateDir,
+    work: PathBuf,
+    ctl: PathBuf,
+    out: PathBuf,
+    /// Where the code runs: the caller's `cwd`, or `work/`.
+    cwd: PathBuf,
+    /// The caller's `cwd`, when given (kept at close).
+    caller_cwd: Option<PathBuf>,
+}
+
+impl SessionManager {
+    /// Start a session; errors are messages for the agent.
+    pub async fn start(
+        &self,
+        caller: &Caller,
+        req: StartRequest,
+    ) -> Result<StartReport, ToolError> {
+        let _slot = self.admit(caller).await?;
+        let (lang, spec) = self.session_language(&req.language)?;
+        check_caller_env(&req.env).map_err(ToolError::invalid)?;
+        let it = self.interpreter(lang, spec).await?;
+        let lease = self
+            .sandbox
+            .lease()
+            .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
+        let uid = lease.as_ref().map(|l| l.uid);
+        let id = uuid::Uuid::new_v4().to_string();
+        let (dirs, prepared) = self.dirs(&id, uid, req.cwd, req.files, caller).await?;
+        // Until the session is up, a failure takes the files brought in away again.
+        let undo = |e: ToolError| {
+            let (fd, names) = (prepared.cwd_fd.clone(), prepared.brought.clone());
+            async move {
+                if !names.names.is_empty() {
+                    let _ = hostfs::as_uid(uid, move || names.remove(fd.as_fd())).await;
+                }
+                e
+            }
+        };
+        let launch = match self.launch(&it, &dirs, lease.as_ref(), &req.env).await {
+            Ok(l) => l,
+            Err(e) => return Err(undo(e).await),
+        };
+        let interp =
+            match Interp::start(launch, Duration::from_millis(it.spec.start_timeout_ms)).await {
+                Ok(i) => i,
+                Err(m) => return Err(undo(ToolError::new(ErrorKind::StartFailed, m)).await),
+            };
+        // The baseline for the first evaluation's file changes: taken once the interpreter
+        // is up, so what it wrote while starting is not taken for the code's doing.
+        let mut notes = Vec::new();
+        if !prepared.writable {
+            notes.push(read_only_note(&dirs.cwd, uid));
+        }
+        let baseline = self.baseline(uid, &prepared.cwd_fd).await;
+        if baseline.is_none() && self.config.max_tracked_files > 0 {
+            notes.push(self.untracked_note());
+        }
+        let idle_timeout = self.config.idle_timeout(req.idle_timeout_s);
+        let report = StartReport {
+            session_id: id.clone(),
+            language: it.lang.id().to_string(),
+            version: it.detected.version,
+            pid: interp.pid,
+            cwd: dirs.cwd.display().to_string(),
+            cwd_writable: prepared.writable,
+            idle_timeout_s: idle_timeout.as_secs(),
+            sandbox: self.sandbox.level,
+            files: prepared.brought.names.clone(),
+            notes,
+        };
+        let now = SystemTime::now();
+        let session = Arc::new(Session {
+            id: id.clone(),
+            owner: caller.clone(),
+            lang: it.lang,
+            cwd: dirs.cwd,
+            cwd_fd: prepared.cwd_fd,
+            uid,
+            created_at: now,
+            idle_timeout,
+            dir: dirs.dir,
+            out_fd: prepared.out_fd,
+            files: Mutex::new(baseline),
+            pid: AtomicU64::new(interp.pid as u64),
+            helper: AtomicU64::new(interp.helper() as u64),
+            interp: tokio::sync::Mutex::new(Some(interp)),
+            evals: AtomicU64::new(0),
+            last_used: Mutex::new((now, Instant::now())),
+            busy: Mutex::new(None),
+            gone: Mutex::new(None),
+            awaiting: Mutex::new(None),
+            interrupt: Mutex::new(None),
+            lease,
+        });
+        self.sessions.insert(id, session);
+        Ok(report)
+    }
+
+    /// The language asked for, and its REPL driver.
+    fn session_language(&self, name: &str) -> Result<(Arc<Language>, SessionSpec), ToolError> {
+        let sessions = || self.registry.session_ids().join(", ");
+        let lang = self.registry.get(name).map_err(|e| match e {
+            LookupError::Unknown(n) => ToolError::new(
+                ErrorKind::UnsupportedLanguage,
+                format!(
+                    "unknown language {n:?}. Session languages on this host: {}",
+                    sessions()
+                ),
+            ),
+            LookupError::NotInstalled { id, reason } => ToolError::new(
+                ErrorKind::NotInstalled,
+                format!(
+                    "language {id:?} is not installed on this host ({reason}). Session languages: {}",
+                    sessions()
+                ),
+            ),
+        })?;
+        let Some(spec) = lang.spec.session.clone() else {
+            return Err(ToolError::new(
+                ErrorKind::UnsupportedLanguage,
+                format!(
+                    "{} has no REPL driver, so it cannot hold a session; use run-code for it. Session languages: {}",
+                    lang.id(),
+                    sessions()
+                ),
+            ));
+        };
+        Ok((lang, spec))
+    }
+
+    /// The language's interpreter on this host, and the program its sessions start, which
+    /// must be runnable at the sandbox level.
+    async fn interpreter(
+        &self,
+        lang: Arc<Language>,
+        spec: SessionSpec,
+    ) -> Result<Interpreter, ToolError> {
+        let not_installed = |m: String| ToolError::new(ErrorKind::NotInstalled, m);
+        let detected = lang
+            .detect()
+            .await
+            .ok_or_else(|| not_installed(format!("{} is not installed", lang.id())))?
+            .clone();
+        let exe = lang.session_exe(&detected).map_err(|e| {
+            not_installed(format!(
+                "{} sessions cannot start on this host: {e} (run-code still works). Session languages: {}",
+                lang.id(),
+                self.registry.session_ids().join(", ")
+            ))
+        })?;
+        if !self.sandbox.can_run(&exe) {
+            return Err(not_installed(self.sandbox.cannot_run_reason(&exe)));
+        }
+        Ok(Interpreter {
+            lang,
+            spec,
+            detected,
+            exe,
+        })
+    }
+
+    /// The session's directory, owned by the lease's uid where it writes, and the caller's
+    /// cwd and files, dealt with as that uid (never with the server's rights).
+    async fn dirs(
+        &self,
+        id: &str,
+        uid: Option<u32>,
+        cwd: Option<PathBuf>,
+        files: Vec<InFile>,
+        caller: &Caller,
+    ) -> Result<(Dirs, Prepared), ToolError> {
+        let dir = self.workspace.new_session_dir(id, uid).map_err(|e| {
+            ToolError::internal(format!("cannot create the session directory: {e}"))
+        })?;
+        let work = dir.path().join("work");
+        let out = dir.path().join("out");
+        // Handles on the session's own directories, opened with the server's rights: every
+        // directory on the way is the server's, so nothing user code made is followed.
+        let own = |p: &Path| {
+            hostfs::open_dir_path(p)
+                .map_err(|e| ToolError::internal(format!("cannot open the session directory: {e}")))
+        };
+        let (work_fd, out_fd) = (own(&work)?, own(&out)?);
+        let prepared = hostfs::as_uid(uid, {
+            let policy = self.cwd_policy.clone();
+            let local = caller.is_local();
+            move || prepare_dirs(&policy, uid, cwd, work_fd, out_fd, files, local)
+        })
+        .await
+        .map_err(ToolError::internal)?
+        .map_err(ToolError::invalid)?;
+        let dirs = Dirs {
+            ctl: dir.path().join("ctl"),
+            out,
+            cwd: prepared.caller_cwd.clone().unwrap_or_else(|| work.clone()),
+            work,
+            caller_cwd: prepared.caller_cwd.clone(),
+            dir,
+        };
+        Ok((dirs, prepared))
+    }
+
+    /// How to start (and restart) the interpreter: its bootstrap, written into `ctl/`, its
+    /// command line, environment and confinement.
+    async fn launch(
+        &self,
+        it: &Interpreter,
+        dirs: &Dirs,
+        lease: Option<&Lease>,
+        caller_env: &BTreeMap<String, String>,
+    ) -> Result<Arc<Launch>, ToolError> {
+        let spec = &it.spec;
+        let nonce = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
+        let ctl_s = dirs.ctl.display().to_string();
+        let work_s = dirs.work.display().to_string();
+        // The bootstrap and init lines are code: their placeholders become literals.
+        let values = spec.values(
+            &nonce,
+            &dirs.ctl,
+            &dirs.work,
+            &dirs.out,
+            &dirs.cwd,
+            u64::from(self.config.max_images),
+        );
+        let boot_path = dirs.ctl.join(&spec.bootstrap.file);
+        let (path, text) = (boot_path.clone(), values.expand(&spec.bootstrap.text));
+        tokio::task::spawn_blocking(move || crate::workspace::write_ctl(&path, text))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r)
+            .map_err(|e| ToolError::internal(format!("cannot write the bootstrap: {e}")))?;
+        let init = spec.init.iter().map(|l| values.expand(l)).collect();
+        let exe = it.exe.display().to_string();
+        let boot_s = boot_path.display().to_string();
+        let cache_dir = crate::workspace::cache_dir(&dirs.dir, it.lang.id(), lease.map(|l| l.uid));
+        let cache = cache_dir.display().to_string();
+        let vars = [
+            ("exe", exe.as_str()),
+            ("bootstrap", boot_s.as_str()),
+            ("ctl", ctl_s.as_str()),
+            ("work", work_s.as_str()),
+            ("cache", cache.as_str()),
+            ("nonce", nonce.as_str()),
+        ];
+        let language = it.lang.spec.env.iter().chain(spec.env.iter());
+        // Writable: the session's own directory, what it hands back, the build cache and a
+        // caller's cwd (the kernel still decides what the session's uid may do there).
+        // Readable: the control directory.
+        let child = ChildBuilder::new(&self.sandbox, lease, &dirs.work)
+            .interpreters(&[&it.exe, &it.detected.exe])
+            .writable([dirs.out.clone(), cache_dir])
+            .writable(dirs.caller_cwd.clone())
+            .readable([dirs.ctl.clone()])
+            .language_env(language.map(|(k, v)| (k.clone(), expand(v, &vars))))
+            .caller_env(caller_env)
+            .build();
+        Ok(Arc::new(Launch {
+            sandbox: self.sandbox.clone(),
+            jail: child.jail,
+            argv: expand_command(&spec.command, &vars, &[]),
+            env: child.env,
+            cwd: dirs.cwd.clone(),
+            ctl: dirs.ctl.clone(),
+            nonce,
+            init,
+            spec: spec.clone(),
+            output_cap: self.config.output_cap,
+        }))
+    }
+}
+
+/// A session's directories once the caller's cwd and files are dealt with.
+struct Prepared {
+    /// The caller's cwd, canonical (None: the private `work/`).
+    caller_cwd: Option<PathBuf>,
+    cwd_fd: Arc<OwnedFd>,
+    out_fd: Arc<OwnedFd>,
+    /// Whether the session's uid may write in its cwd.
+    writable: bool,
+    brought: Arc<files::Written>,
+}
+
+/// Decide the caller's cwd (else the session's `work/`) and bring the files in: run as the
+/// session's uid (through [`hostfs::as_uid`]).
+fn prepare_dirs(
+    policy: &CwdPolicy,
+    uid: Option<u32>,
+    cwd: Option<PathBuf>,
+    work_fd: OwnedFd,
+    out_fd: OwnedFd,
+    in_files: Vec<InFile>,
+    local: bool,
+) -> Result<Prepared, String> {
+    let (caller_cwd, cwd_fd, writable) = match cwd {
+        Some(p) => {
+            let c = hostfs::check_cwd(policy, &p, uid)?;
+            (Some(c.path), c.dir, c.writable)
+        }
+        None => (None, work_fd, true),
+    };
+    let brought = if in_files.is_empty() {
+        files::Written::default()
+    } else {
+        files::bring_in(in_files, cwd_fd.as_fd(), local, &hostfs::user_name(uid))?
+    };
+    Ok(Prepared {
+        caller_cwd,
+        cwd_fd: Arc::new(cwd_fd),
+        out_fd: Arc::new(out_fd),
+        writable,
+        brought: Arc::new(brought),
+    })
+}
+
+/// What the start result says about a cwd the session may not write.
+fn read_only_note(cwd: &Path, uid: Option<u32>) -> String {
+    let who = uid.map_or("the server's user".to_string(), |u| format!("uid {u}"));
+    format!(
+        "cwd {} is read-only for this session: its code runs as {who}, which may not write \
+there; it can read the files. To let sessions write there, give the directory write permission \
+for that user (for example an ACL, setfacl -m u:{}:rwx, or mode 1777), or leave cwd out to work \
+in a private directory",
+        cwd.display(),
+        uid.map_or("USER".to_string(), |u| u.to_string()),
+    )
+}
