@@ -14,6 +14,12 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_PROMPTS", value_name = "DIR")]
     pub prompts: Option<PathBuf>,
 
+    /// The Python that runs python code and sessions (for example a virtual environment's
+    /// `bin/python`), instead of the first `python3` on PATH. The server refuses to start
+    /// when the sandbox level cannot run it.
+    #[arg(long, env = "REPLBOX_PYTHON", value_name = "PATH")]
+    pub python: Option<PathBuf>,
+
     /// Timeout for `run-code` and `session_eval` when the caller gives none, in ms.
     #[arg(long, env = "REPLBOX_DEFAULT_TIMEOUT_MS", default_value_t = 30_000)]
     pub default_timeout_ms: u64,
@@ -92,8 +98,8 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_OPEN_FILES", default_value_t = 1024)]
     pub open_files: u64,
 
-    /// CPU seconds per process of a `run-code` call (RLIMIT_CPU); 0 means the call's timeout.
-    /// Sessions have none: CPU time is cumulative, and a session lives long.
+    /// CPU seconds per process of a `run-code` call (RLIMIT_CPU); 0 means the call's timeout
+    /// plus a second. Sessions have none: CPU time is cumulative, and a session lives long.
     #[arg(long, env = "REPLBOX_CPU_S", default_value_t = 0)]
     pub cpu_s: u64,
 
@@ -119,9 +125,9 @@ pub struct Config {
     )]
     pub mask: Vec<PathBuf>,
 
-    /// A tree a session's `cwd` may lie in although the sandbox masks it (say, a projects
-    /// folder under /home); repeatable, colon-separated in the variable. The session's user
-    /// must still be able to reach it.
+    /// A tree a session's `cwd` (or a caller's `venv`) may lie in although the sandbox masks
+    /// it (say, a projects folder under /home); repeatable, colon-separated in the variable.
+    /// The session's user must still be able to reach it.
     #[arg(
         long = "allow-cwd",
         env = "REPLBOX_ALLOW_CWD",
@@ -155,12 +161,46 @@ pub struct Config {
     /// with an error and skipped.
     #[arg(long, env = "REPLBOX_MAX_LINE_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_line_bytes: usize,
+    /// Cells a session's history keeps (session_history, session_export): the newest.
+    #[arg(long, env = "REPLBOX_HISTORY_CELLS", default_value_t = 1000)]
+    pub history_cells: usize,
+
+    /// MiB of code, output and figures a session's history keeps: the newest cells.
+    #[arg(long, env = "REPLBOX_HISTORY_MB", default_value_t = 16)]
+    pub history_mb: u64,
+
+    /// Seconds an ended session's files (read-only, as resources) and history are kept
+    /// after it ends; 0 removes them at once. A caller's `cwd` is never removed.
+    #[arg(long, env = "REPLBOX_KEEP_FILES_S", default_value_t = 600)]
+    pub keep_files_s: u64,
+
+    /// Journal sessions here so they survive a restart of the server: each session's start
+    /// request and the code of its cells (a directory of the server's own, mode 0700; off
+    /// when not given, and nothing is written).
+    #[arg(long, env = "REPLBOX_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Largest journal of one session, in MiB: cells past it are not journaled (and not
+    /// replayed by a restore, which says so).
+    #[arg(long, env = "REPLBOX_JOURNAL_MAX_MB", default_value_t = 16)]
+    pub journal_max_mb: u64,
+
+    /// Seconds the journal of a session that ended without session_close (reaped, exited,
+    /// evicted, or suspended by a stop of the server) is kept, restorable.
+    #[arg(long, env = "REPLBOX_KEEP_JOURNALS_S", default_value_t = 7 * 86_400)]
+    pub keep_journals_s: u64,
+
+    /// Do not restore a suspended session by itself at its first session_eval; only
+    /// session_restore does.
+    #[arg(long, env = "REPLBOX_NO_AUTO_RESTORE")]
+    pub no_auto_restore: bool,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
             prompts: None,
+            python: None,
             default_timeout_ms: 30_000,
             max_timeout_ms: 600_000,
             output_cap: 64 * 1024,
@@ -190,6 +230,13 @@ impl Default for Config {
             max_tracked_files: 5000,
             max_resource_bytes: 4 * 1024 * 1024,
             max_line_bytes: 4 * 1024 * 1024,
+            history_cells: 1000,
+            history_mb: 16,
+            keep_files_s: 600,
+            state_dir: None,
+            journal_max_mb: 16,
+            keep_journals_s: 7 * 86_400,
+            no_auto_restore: false,
         }
     }
 }
@@ -209,7 +256,8 @@ impl Config {
                 cpu_s: self.cpu_s,
                 tmpfs_mb: self.tmpfs_mb.max(1),
             },
-            masks: self.mask.clone(),
+            // The journals are the server's: hidden like the masked trees.
+            masks: self.mask.iter().chain(&self.state_dir).cloned().collect(),
             uid_base: self.uid_base,
             uids: self.uids,
         }
@@ -230,6 +278,10 @@ impl Config {
         if let Some(dir) = &self.prompts {
             args.push("--prompts".into());
             args.push(dir.into());
+        }
+        if let Some(python) = &self.python {
+            args.push("--python".into());
+            args.push(python.into());
         }
         for (flag, value) in [
             ("--default-timeout-ms", self.default_timeout_ms.to_string()),
@@ -257,6 +309,11 @@ impl Config {
             ("--max-tracked-files", self.max_tracked_files.to_string()),
             ("--max-resource-bytes", self.max_resource_bytes.to_string()),
             ("--max-line-bytes", self.max_line_bytes.to_string()),
+            ("--history-cells", self.history_cells.to_string()),
+            ("--history-mb", self.history_mb.to_string()),
+            ("--keep-files-s", self.keep_files_s.to_string()),
+            ("--journal-max-mb", self.journal_max_mb.to_string()),
+            ("--keep-journals-s", self.keep_journals_s.to_string()),
         ] {
             args.push(flag.into());
             args.push(value.into());
@@ -267,6 +324,13 @@ impl Config {
         }
         if self.evict_idle {
             args.push("--evict-idle".into());
+        }
+        if let Some(dir) = &self.state_dir {
+            args.push("--state-dir".into());
+            args.push(dir.into());
+        }
+        if self.no_auto_restore {
+            args.push("--no-auto-restore".into());
         }
         if let Some(level) = &self.require_sandbox {
             args.push("--require-sandbox".into());
@@ -310,6 +374,7 @@ mod tests {
         // Every field set away from its default, so a flag to_args forgets shows up here.
         let config = Config {
             prompts: Some("/p/rompts".into()),
+            python: Some("/v/env/bin/python".into()),
             default_timeout_ms: 1234,
             max_timeout_ms: 5678,
             output_cap: 99,
@@ -339,6 +404,13 @@ mod tests {
             max_tracked_files: 7,
             max_resource_bytes: 8,
             max_line_bytes: 9,
+            history_cells: 9,
+            history_mb: 10,
+            keep_files_s: 11,
+            state_dir: Some("/s/tate".into()),
+            journal_max_mb: 12,
+            keep_journals_s: 13,
+            no_auto_restore: true,
         };
         let argv = std::iter::once(OsString::from("x")).chain(config.to_args());
         let parsed = Wrapper::try_parse_from(argv).expect("to_args output parses");
@@ -355,6 +427,12 @@ mod tests {
 }
 
 impl Config {
+    /// The bounds of a session's history (cells, bytes).
+    pub fn history_bounds(&self) -> (usize, usize) {
+        let mb = usize::try_from(self.history_mb).unwrap_or(usize::MAX / (1 << 20));
+        (self.history_cells, mb.saturating_mul(1 << 20))
+    }
+
     /// The idle timeout for a session that asked for `requested` seconds.
     pub fn idle_timeout(&self, requested: Option<u64>) -> Duration {
         let s = requested
@@ -362,6 +440,16 @@ impl Config {
             .clamp(1, self.max_idle_timeout_s.max(1));
         Duration::from_secs(s)
     }
+}
+
+/// How log lines on stderr are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line (tracing-subscriber's JSON formatter).
+    Json,
 }
 
 /// Settings of `serve` that only the streamable HTTP transport uses.
@@ -400,7 +488,8 @@ pub struct HttpConfig {
     pub allowed_hosts: Vec<String>,
 
     /// A browser Origin to accept, e.g. `https://app.example:443` or
-    /// `http://localhost:*` (repeatable). Default: none, so a request carrying any
+    /// `http://localhost:*` (repeatable). Default: none but, on a loopback address, the
+    /// server's own (`http://localhost:PORT`, 127.0.0.1, [::1]); a request carrying another
     /// Origin header (a browser page) is refused; requests without Origin pass.
     #[arg(
         long = "allowed-origin",
@@ -423,6 +512,19 @@ pub struct HttpConfig {
     /// Largest request body accepted on /mcp, in bytes.
     #[arg(long, env = "REPLBOX_HTTP_MAX_BODY", default_value_t = 4 * 1024 * 1024)]
     pub http_max_body: usize,
+
+    /// How long a client may take to send a request's headers, and then its body, in ms; a
+    /// slower or half-sent request is dropped. Also how long an idle kept-alive connection
+    /// stays open.
+    #[arg(long, env = "REPLBOX_HTTP_READ_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_read_timeout_ms: u64,
+
+    /// Connections served at once; more wait, unaccepted, until one closes. Keep it well
+    /// below the open-files limit (`ulimit -n`): sessions need descriptors too.
+    #[arg(long, env = "REPLBOX_HTTP_MAX_CONNECTIONS", default_value_t = 512,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub http_max_connections: u64,
 }
 
 impl Default for HttpConfig {
@@ -436,6 +538,8 @@ impl Default for HttpConfig {
             drain_timeout_ms: 10_000,
             http_session_idle_s: 1800,
             http_max_body: 4 * 1024 * 1024,
+            http_read_timeout_ms: 10_000,
+            http_max_connections: 512,
         }
     }
 }

@@ -603,32 +603,33 @@ impl CwdPolicy {
         }
     }
 
-    /// Why `path` (absolute, free of `.`/`..`) may not be a cwd, by its name alone.
-    fn refuse(&self, path: &Path, shown: &Path) -> Result<(), String> {
-        let p = shown.display();
+    /// Why `path` (absolute, free of `.`/`..`) may not be a caller's directory (`what`:
+    /// `cwd`, `venv`), by its name alone.
+    pub fn refuse(&self, path: &Path, shown: &Path, what: &str) -> Result<(), String> {
+        let p = format!("{what} {}", shown.display());
         for sys in SYSTEM_DIRS {
             if path.starts_with(sys) {
                 return Err(format!(
-                    "cwd {p}: {sys} is never a session's directory (kernel and system runtime \
+                    "{p}: {sys} is never a session's directory (kernel and system runtime \
 files); choose a directory of your data"
                 ));
             }
             if Path::new(sys).starts_with(path) {
                 return Err(format!(
-                    "cwd {p} contains {sys} (kernel and system runtime files), which is never \
+                    "{p} contains {sys} (kernel and system runtime files), which is never \
 part of a session's directory; choose a directory of your data"
                 ));
             }
         }
         if path.starts_with(&self.workspace) || self.workspace.starts_with(path) {
             return Err(format!(
-                "cwd {p} overlaps the server's own working area {}: give a directory outside it",
+                "{p} overlaps the server's own working area {}: give a directory outside it",
                 self.workspace.display()
             ));
         }
         if let Some(ws) = path.ancestors().find(|a| looks_like_workspace(a)) {
             return Err(format!(
-                "cwd {p} is inside another replbox server's working area {}: give a directory \
+                "{p} is inside another replbox server's working area {}: give a directory \
 outside it",
                 ws.display()
             ));
@@ -636,14 +637,14 @@ outside it",
         for m in &self.masked {
             if m.starts_with(path) && m != path {
                 return Err(format!(
-                    "cwd {p} contains {}, which the sandbox hides from sessions; give a \
+                    "{p} contains {}, which the sandbox hides from sessions; give a \
 directory that does not contain it",
                     m.display()
                 ));
             }
             if path.starts_with(m) && !self.allowed.iter().any(|a| path.starts_with(a)) {
                 return Err(format!(
-                    "cwd {p} is inside {}, which the sandbox hides from sessions (it holds other \
+                    "{p} is inside {}, which the sandbox hides from sessions (it holds other \
 users' files, credentials or service sockets). The server's operator can allow a tree there with \
 --allow-cwd DIR (or REPLBOX_ALLOW_CWD); otherwise use a directory outside it",
                     m.display()
@@ -665,7 +666,7 @@ fn looks_like_workspace(dir: &Path) -> bool {
 
 /// `path` made absolute lexically, without `.` and `..` (which are resolved as names: the
 /// canonical form is checked again after resolving links).
-fn lexical(path: &Path) -> PathBuf {
+pub fn lexical(path: &Path) -> PathBuf {
     let mut out = PathBuf::from("/");
     for c in path.components() {
         match c {
@@ -685,28 +686,39 @@ fn lexical(path: &Path) -> PathBuf {
 /// canonical path, a handle, and whether the session may write there. `uid` only names the
 /// user in messages.
 pub fn check_cwd(policy: &CwdPolicy, requested: &Path, uid: Option<u32>) -> Result<Cwd, String> {
-    let shown = requested.display();
+    check_caller_dir(policy, requested, uid, "cwd")
+}
+
+/// [`check_cwd`] for any directory a caller names (`what` names it in messages: `cwd`,
+/// `venv`): the one policy for a caller's directories.
+pub fn check_caller_dir(
+    policy: &CwdPolicy,
+    requested: &Path,
+    uid: Option<u32>,
+    what: &str,
+) -> Result<Cwd, String> {
+    let shown = format!("{what} {}", requested.display());
     if !requested.is_absolute() {
-        return Err(format!("cwd {shown}: give an absolute path"));
+        return Err(format!("{shown}: give an absolute path"));
     }
     if requested.as_os_str().as_bytes().contains(&0) {
-        return Err("cwd contains a NUL byte".into());
+        return Err(format!("{what} contains a NUL byte"));
     }
     let user = user_name(uid);
     let lex = lexical(requested);
-    policy.refuse(&lex, requested)?;
+    policy.refuse(&lex, requested, what)?;
     let real = std::fs::canonicalize(requested).map_err(|e| match e.raw_os_error() {
-        Some(libc::EACCES) => unreachable_message(requested, &lex, &user),
-        _ => format!("cwd {shown}: {e}"),
+        Some(libc::EACCES) => unreachable_message(&shown, &lex, &user),
+        _ => format!("{shown}: {e}"),
     })?;
-    policy.refuse(&real, requested)?;
+    policy.refuse(&real, requested, what)?;
     let (dir, _) =
         walk_path(&real, &Walk::default()).map_err(|(e, at)| match e.raw_os_error() {
-            Some(libc::EACCES) => cannot_enter(requested, &at, &user),
+            Some(libc::EACCES) => cannot_enter(&shown, &at, &user),
             Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
-                format!("cwd {shown} changed while it was checked (a link appeared); try again")
+                format!("{shown} changed while it was checked (a link appeared); try again")
             }
-            _ => format!("cwd {shown}: {e}"),
+            _ => format!("{shown}: {e}"),
         })?;
     if !rustix::fs::fstat(&dir)
         .map(|st| {
@@ -714,10 +726,10 @@ pub fn check_cwd(policy: &CwdPolicy, requested: &Path, uid: Option<u32>) -> Resu
         })
         .unwrap_or(false)
     {
-        return Err(format!("cwd {shown} is not a directory"));
+        return Err(format!("{shown} is not a directory"));
     }
     if !may(dir.as_fd(), rustix::fs::Access::EXEC_OK) {
-        return Err(cannot_enter(requested, &real, &user));
+        return Err(cannot_enter(&shown, &real, &user));
     }
     let writable = may(
         dir.as_fd(),
@@ -730,9 +742,15 @@ pub fn check_cwd(policy: &CwdPolicy, requested: &Path, uid: Option<u32>) -> Resu
     })
 }
 
-/// The message for a cwd whose path the session's user cannot resolve: names the first
-/// directory on the way it may not search.
-fn unreachable_message(requested: &Path, lex: &Path, user: &str) -> String {
+/// The message for a path the session's user cannot resolve (`shown`: what and which): names
+/// the first directory on the way it may not search.
+fn unreachable_message(shown: &str, lex: &Path, user: &str) -> String {
+    cannot_enter(shown, &first_unsearchable(lex), user)
+}
+
+/// The first directory on the way to `lex` that the calling thread's user may not search
+/// (`lex` itself when there is none).
+pub fn first_unsearchable(lex: &Path) -> PathBuf {
     let mut at = PathBuf::from("/");
     let mut blocked = PathBuf::from("/");
     for c in lex.components() {
@@ -752,15 +770,14 @@ fn unreachable_message(requested: &Path, lex: &Path, user: &str) -> String {
             blocked = at.clone();
         }
     }
-    cannot_enter(requested, &blocked, user)
+    blocked
 }
 
-fn cannot_enter(requested: &Path, blocked: &Path, user: &str) -> String {
+fn cannot_enter(shown: &str, blocked: &Path, user: &str) -> String {
     format!(
-        "cwd {}: {user} cannot enter it: {} is not searchable by that user on this host. Give \
+        "{shown}: {user} cannot enter it: {} is not searchable by that user on this host. Give \
 the directories on the way search permission for others (chmod o+x {}) or choose another \
 directory",
-        requested.display(),
         blocked.display(),
         blocked.display()
     )
@@ -884,7 +901,11 @@ mod tests {
             masked: vec!["/root".into(), "/tmp".into()],
             allowed: vec!["/tmp/allowed".into()],
         };
-        let no = |p: &str| policy.refuse(Path::new(p), Path::new(p)).unwrap_err();
+        let no = |p: &str| {
+            policy
+                .refuse(Path::new(p), Path::new(p), "cwd")
+                .unwrap_err()
+        };
         assert!(no("/proc/1").contains("never"));
         assert!(no("/run/user").contains("never"));
         assert!(no("/tmp/replbox-abc/sessions").contains("overlaps"));
@@ -893,10 +914,14 @@ mod tests {
         assert!(no("/tmp/other").contains("--allow-cwd"));
         assert!(
             policy
-                .refuse(Path::new("/tmp/allowed/x"), Path::new("/x"))
+                .refuse(Path::new("/tmp/allowed/x"), Path::new("/x"), "cwd")
                 .is_ok()
         );
-        assert!(policy.refuse(Path::new("/etc"), Path::new("/etc")).is_ok());
+        assert!(
+            policy
+                .refuse(Path::new("/etc"), Path::new("/etc"), "cwd")
+                .is_ok()
+        );
         assert_eq!(lexical(Path::new("/a/./b/../c")), PathBuf::from("/a/c"));
     }
 }

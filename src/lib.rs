@@ -36,6 +36,8 @@ pub mod lang;
 #[cfg(target_os = "linux")]
 pub mod mcp;
 #[cfg(target_os = "linux")]
+pub mod metrics;
+#[cfg(target_os = "linux")]
 pub(crate) mod output;
 #[cfg(target_os = "linux")]
 pub(crate) mod progress;
@@ -47,5 +49,7 @@ pub mod sandbox;
 pub(crate) mod session;
 #[cfg(target_os = "linux")]
 pub mod stdio;
+#[cfg(target_os = "linux")]
+pub(crate) mod venv;
 #[cfg(target_os = "linux")]
 pub(crate) mod workspace;

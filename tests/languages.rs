@@ -124,6 +124,27 @@ const ROWS: &[Row] = &[
         print_literal: ("printf '%s\\n' LIT", Format::Shell),
         syntax_check: &["bash", "-n"],
     },
+    Row {
+        language: "r",
+        program: "R",
+        value: ("6 * 7", "[1] 42\n"),
+        error: ("stop(\"bad value\")", "simpleError", "bad value"),
+        set_x: "x <- 41",
+        forever: "repeat {}",
+        read_x: ("x + 1", "[1] 42\n"),
+        ask: "name <- readline('Name? ')\ncat('hello ', name, '\\n', sep = '')",
+        exit3: "q(status = 3)",
+        unicode: "cat('héllo ✓ 日本\\n')",
+        many_lines: "writeLines(paste('line', 0:199999))",
+        print_cwd: "cat(getwd(), '\\n', sep = '')",
+        // A JSON string is an R string literal.
+        print_literal: ("cat(LIT, '\\n', sep = '')", Format::Json),
+        syntax_check: &[
+            "Rscript",
+            "-e",
+            "invisible(parse(file = commandArgs(TRUE)[1]))",
+        ],
+    },
 ];
 
 /// The rows whose interpreter is installed (a missing one is skipped with a printed reason,

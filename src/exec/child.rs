@@ -52,6 +52,8 @@ pub struct ChildBuilder<'a> {
     home: PathBuf,
     lease: Option<&'a Lease>,
     exes: Vec<PathBuf>,
+    /// A virtual environment to run in (its directory).
+    venv: Option<PathBuf>,
     rw: Vec<PathBuf>,
     ro: Vec<PathBuf>,
     cpu_s: Option<u64>,
@@ -67,6 +69,7 @@ impl<'a> ChildBuilder<'a> {
             home: home.to_path_buf(),
             lease,
             exes: Vec::new(),
+            venv: None,
             rw: vec![home.to_path_buf()],
             ro: Vec::new(),
             cpu_s: None,
@@ -80,6 +83,15 @@ impl<'a> ChildBuilder<'a> {
     /// installation prefixes are readable where the level would hide them.
     pub fn interpreters(mut self, exes: &[&Path]) -> Self {
         self.exes.extend(exes.iter().map(|e| e.to_path_buf()));
+        self
+    }
+
+    /// Run in the Python virtual environment `root`, as activating it would: its `bin/`
+    /// first on PATH and `VIRTUAL_ENV` set; `expose` (the environment and the interpreter
+    /// it links to, as `venv::inspect` decided) readable where the level would hide them.
+    pub fn venv(mut self, root: &Path, expose: &[PathBuf]) -> Self {
+        self.venv = Some(root.to_path_buf());
+        self.ro.extend(expose.iter().cloned());
         self
     }
 
@@ -116,7 +128,12 @@ impl<'a> ChildBuilder<'a> {
     pub fn build(self) -> Child {
         let mut server = cenv::base_env(&self.home, "dumb");
         let mut bins: Vec<&Path> = Vec::new();
-        for bin in self.exes.iter().filter_map(|e| e.parent()) {
+        let venv_bin = self.venv.as_ref().map(|v| v.join("bin"));
+        for bin in venv_bin
+            .as_deref()
+            .into_iter()
+            .chain(self.exes.iter().filter_map(|e| e.parent()))
+        {
             if !bins.contains(&bin) {
                 bins.push(bin);
             }
@@ -133,6 +150,9 @@ impl<'a> ChildBuilder<'a> {
         cenv::set(&mut server, "TMPDIR", self.home.display().to_string());
         for (k, v) in self.language {
             cenv::set(&mut server, &k, v);
+        }
+        if let Some(v) = &self.venv {
+            cenv::set(&mut server, "VIRTUAL_ENV", v.display().to_string());
         }
         let mut ro = self.ro;
         for exe in &self.exes {

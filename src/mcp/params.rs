@@ -26,6 +26,10 @@ pub struct RunCodeParams {
     /// Extra environment variables (the server's own environment is never passed on).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Python only: run with this virtual environment (absolute path of the directory made
+    /// by `python3 -m venv`, holding pyvenv.cfg and bin/python), so its packages import.
+    #[serde(default)]
+    pub venv: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -35,8 +39,14 @@ pub struct SessionStartParams {
     /// host).
     pub language: String,
     /// Run in this existing directory instead of a fresh private one (it is kept at close).
+    /// For python, a `.venv` directory in it is used as the virtual environment unless
+    /// `venv` is given.
     #[serde(default)]
     pub cwd: Option<String>,
+    /// Python only: the virtual environment to run in (absolute path of the directory made
+    /// by `python3 -m venv`, holding pyvenv.cfg and bin/python), so its packages import.
+    #[serde(default)]
+    pub venv: Option<String>,
     /// Extra environment variables for the interpreter.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -95,6 +105,34 @@ pub struct SessionInputParams {
     /// several reads).
     pub text: String,
     /// Deadline in milliseconds for the continued evaluation.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// What `session_export` writes.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ExportFormat {
+    /// A Jupyter notebook (nbformat 4): one code cell per evaluation, with its outputs.
+    Ipynb,
+    /// A source file of the language, cells separated by `# %%` (failed cells commented
+    /// out).
+    Script,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionExportParams {
+    pub session_id: String,
+    /// `ipynb` or `script`.
+    pub format: ExportFormat,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionVarsParams {
+    pub session_id: String,
+    /// Deadline in milliseconds for listing them (default 10000).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
 }

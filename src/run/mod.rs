@@ -17,9 +17,11 @@ use crate::config::Config;
 use crate::error::ToolError;
 use crate::exec::Proc;
 use crate::exec::child::{Child, ChildBuilder, check_caller_env};
-use crate::lang::{Language, expand, expand_command};
+use crate::hostfs::{self, CwdPolicy};
+use crate::lang::{InterpreterInfo, Language, Why, expand, expand_command};
 use crate::progress::Progress;
 use crate::sandbox::{Lease, Sandbox};
+use crate::venv::{self, Venv, VenvPolicy};
 use crate::workspace::{PrivateDir, Workspace};
 pub use report::{Phase, RunReport};
 use supervise::{Watch, pipes};
@@ -33,12 +35,22 @@ pub struct RunRequest {
     pub args: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub timeout: Duration,
+    /// A Python virtual environment to run in (a caller path, checked as the run's uid).
+    pub venv: Option<PathBuf>,
 }
 
 impl RunRequest {
-    /// Refuse what no run can take: an invalid environment variable.
-    pub(crate) fn check(&self) -> Result<(), ToolError> {
-        check_caller_env(&self.env).map_err(ToolError::invalid)
+    /// Refuse what no run can take: an invalid environment variable, a `venv` for a
+    /// language that takes none.
+    pub(crate) fn check(&self, lang: &Language) -> Result<(), ToolError> {
+        check_caller_env(&self.env).map_err(ToolError::invalid)?;
+        if self.venv.is_some() && !lang.spec.venv {
+            return Err(ToolError::invalid(format!(
+                "venv is a Python virtual environment, and {} takes none; leave venv out",
+                lang.id()
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -50,6 +62,22 @@ pub struct Runner {
     pub(crate) sandbox: Arc<Sandbox>,
     /// Interpreters started ahead of time for languages with a `[run.pool]`.
     pub(crate) pool: Arc<WarmPool>,
+    /// What a caller's directory (a `venv`) may be.
+    pub(crate) cwd_policy: Arc<CwdPolicy>,
+}
+
+/// Why there is no place to run in.
+enum NoPlace {
+    /// The caller asked for something refused (a `venv`).
+    Refused(ToolError),
+    /// The run could not be prepared: reported in the result.
+    Failed(String),
+}
+
+impl From<String> for NoPlace {
+    fn from(m: String) -> Self {
+        NoPlace::Failed(m)
+    }
 }
 
 /// Where a run happens: its directory, the uid it runs as (when the server is root), the
@@ -59,6 +87,8 @@ pub(crate) struct Place {
     pub(super) dir: PrivateDir,
     lease: Option<Lease>,
     exe: PathBuf,
+    /// The virtual environment it runs in (`exe` is then its `bin/python`).
+    venv: Option<Venv>,
     cache: PathBuf,
     cpu_s: u64,
     /// The placeholders of its command lines.
@@ -81,6 +111,26 @@ impl Place {
         }
     }
 
+    /// Run in `venv`: its `bin/python` is the program's `{exe}`.
+    fn in_venv(&mut self, venv: Venv) {
+        self.exe = venv.python.clone();
+        self.exe_s = self.exe.display().to_string();
+        self.venv = Some(venv);
+    }
+
+    /// What the result says about the interpreter.
+    fn info(&self, lang: &Language) -> InterpreterInfo {
+        match &self.venv {
+            Some(v) => InterpreterInfo {
+                path: v.python.display().to_string(),
+                why: Why::Venv,
+                venv: Some(v.root.display().to_string()),
+                note: None,
+            },
+            None => lang.info(&self.exe),
+        }
+    }
+
     fn vars<'a>(&'a self, lang: &'a Language) -> [(&'a str, &'a str); 4] {
         [
             ("exe", self.exe_s.as_str()),
@@ -93,14 +143,17 @@ impl Place {
 
 impl Runner {
     /// Run `req` once: in a pooled interpreter when the pool can honour it, else in a fresh
-    /// place; compile first for compiled languages.
+    /// place; compile first for compiled languages. A refused request (see
+    /// [`RunRequest::check`], a `venv` the run's uid may not use) is an error; a run that
+    /// failed is a report.
     pub async fn run(
         &self,
         lang: &Arc<Language>,
         req: RunRequest,
         cancel: &CancellationToken,
         progress: Option<&Progress>,
-    ) -> RunReport {
+    ) -> Result<RunReport, ToolError> {
+        req.check(lang)?;
         let started = Instant::now();
         let watch = Watch {
             deadline: tokio::time::Instant::from_std(started + req.timeout),
@@ -116,12 +169,14 @@ impl Runner {
         let cpu_s = self.cpu_limit(req.timeout);
         let (place, warm) = match self.place_for(lang, &req, cpu_s).await {
             Ok(p) => p,
-            Err(e) => return fail(report, e),
+            Err(NoPlace::Refused(e)) => return Err(e),
+            Err(NoPlace::Failed(m)) => return Ok(fail(report, m)),
         };
+        report.interpreter = Some(place.info(lang));
         let spec = &lang.spec.run;
         let program = place.dir.path().join(&spec.file);
         if let Err(e) = tokio::fs::write(program, &req.code).await {
-            return fail(report, format!("cannot write the program: {e}"));
+            return Ok(fail(report, format!("cannot write the program: {e}")));
         }
         let vars = place.vars(lang);
         let child = self.child(&place, lang, &req.env);
@@ -133,8 +188,9 @@ impl Runner {
             if !ok || step.cancelled || step.spawn_error.is_some() {
                 report.phase = Phase::Compile;
                 Self::fill(&mut report, step);
+                report.hide_dir(place.dir.path());
                 report.duration_ms = started.elapsed().as_millis() as u64;
-                return report;
+                return Ok(report);
             }
         }
         let argv = expand_command(&spec.command, &vars, &req.args);
@@ -154,11 +210,12 @@ impl Runner {
             }
         };
         Self::fill(&mut report, step);
+        report.hide_dir(place.dir.path());
         report.duration_ms = started.elapsed().as_millis() as u64;
         place.release().await;
         // Replace what this run used (or what the pool dropped), now that the run is over.
         self.refill(lang);
-        report
+        Ok(report)
     }
 
     /// Where to run: a pooled interpreter's place when the pool can honour the request
@@ -168,12 +225,28 @@ impl Runner {
         lang: &Language,
         req: &RunRequest,
         cpu_s: u64,
-    ) -> Result<(Place, Option<Proc>), String> {
+    ) -> Result<(Place, Option<Proc>), NoPlace> {
         let Some(detected) = lang.detect().await else {
-            return Err(format!("{} is not installed", lang.id()));
+            return Err(format!("{} is not installed", lang.id()).into());
         };
         if !self.sandbox.can_run(&detected.exe) {
-            return Err(self.sandbox.cannot_run_reason(&detected.exe));
+            return Err(self.sandbox.cannot_run_reason(&detected.exe).into());
+        }
+        if let Some(requested) = &req.venv {
+            // Never pooled: the environment is checked as this run's uid, and the
+            // interpreter is its own.
+            let mut place = self.place(lang, &detected.exe, cpu_s, true).await?;
+            let policy = VenvPolicy {
+                dirs: (*self.cwd_policy).clone(),
+                trusted: self.sandbox.interpreter_dirs(&detected.exe),
+            };
+            let (uid, requested) = (place.lease.as_ref().map(|l| l.uid), requested.clone());
+            let venv = hostfs::as_uid(uid, move || venv::inspect(&policy, &requested, uid))
+                .await
+                .map_err(NoPlace::Failed)?
+                .map_err(|m| NoPlace::Refused(ToolError::invalid(m)))?;
+            place.in_venv(venv);
+            return Ok((place, None));
         }
         let warm = if self.poolable(lang, req, cpu_s) {
             self.pool.take(lang.id())
@@ -182,7 +255,7 @@ impl Runner {
         };
         match warm {
             Some(w) => Ok((w.place, Some(w.proc))),
-            None => Ok((self.place(lang, &detected.exe, cpu_s)?, None)),
+            None => Ok((self.place(lang, &detected.exe, cpu_s, true).await?, None)),
         }
     }
 
@@ -199,8 +272,20 @@ impl Runner {
 
     /// A fresh place for a run: a uid from the pool (when the server is root; returned when
     /// the place is dropped, after its processes are gone) and a private directory it owns.
-    fn place(&self, lang: &Language, exe: &Path, cpu_s: u64) -> Result<Place, String> {
-        let lease = self.sandbox.lease()?;
+    /// With `reclaim`, a pool of uids all in use first takes one back from the kept files
+    /// of an ended session.
+    async fn place(
+        &self,
+        lang: &Language,
+        exe: &Path,
+        cpu_s: u64,
+        reclaim: bool,
+    ) -> Result<Place, String> {
+        let lease = if reclaim {
+            self.sandbox.lease_or_reclaim().await?
+        } else {
+            self.sandbox.lease()?
+        };
         let uid = lease.as_ref().map(|l| l.uid);
         let dir = self
             .workspace
@@ -212,6 +297,7 @@ impl Runner {
             dir_s: dir.path().display().to_string(),
             cache_s: cache.display().to_string(),
             exe: exe.to_path_buf(),
+            venv: None,
             cache,
             cpu_s,
             dir,
@@ -225,8 +311,13 @@ impl Runner {
     fn child(&self, place: &Place, lang: &Language, caller: &BTreeMap<String, String>) -> Child {
         let vars = place.vars(lang);
         let language = lang.spec.env.iter().chain(lang.spec.run.env.iter());
-        ChildBuilder::new(&self.sandbox, place.lease.as_ref(), place.dir.path())
-            .interpreters(&[&place.exe])
+        let builder = ChildBuilder::new(&self.sandbox, place.lease.as_ref(), place.dir.path());
+        let builder = match &place.venv {
+            // A caller's environment: never looked at with the server's rights.
+            Some(v) => builder.venv(&v.root, &v.expose),
+            None => builder.interpreters(&[&place.exe]),
+        };
+        builder
             .writable([place.cache.clone()])
             .cpu_limit(place.cpu_s)
             .language_env(language.map(|(k, v)| (k.clone(), expand(v, &vars))))

@@ -87,6 +87,18 @@ impl<W: Ready> Pool<W> {
         }
     }
 
+    /// How many interpreters are ready, per language (for metrics).
+    pub fn ready(&self) -> Vec<(String, usize)> {
+        let st = self.lock();
+        let mut v: Vec<(String, usize)> = st
+            .slots
+            .iter()
+            .map(|(lang, slot)| (lang.clone(), slot.ready.len()))
+            .collect();
+        v.sort();
+        v
+    }
+
     /// Take a ready interpreter of `lang`, the oldest first; ones that ended or idled too
     /// long are dropped on the way.
     pub fn take(&self, lang: &str) -> Option<W> {

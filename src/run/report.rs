@@ -3,6 +3,7 @@
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use crate::lang::InterpreterInfo;
 use crate::sandbox::Level;
 
 /// Which step a result comes from.
@@ -22,7 +23,7 @@ pub struct RunReport {
     /// bytes were left out).
     pub stdout: String,
     pub stderr: String,
-    /// Exit code, when the program exited (null when it was killed by a signal).
+    /// Exit code, when the program exited (absent when it was killed by a signal).
     pub exit_code: Option<i32>,
     /// Name of the signal that ended the program (for example SIGKILL after a timeout).
     pub signal: Option<String>,
@@ -38,6 +39,9 @@ pub struct RunReport {
     pub error: Option<String>,
     /// The isolation level the program ran under.
     pub sandbox: Level,
+    /// The interpreter (or compiler) used, and why that one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interpreter: Option<InterpreterInfo>,
 }
 
 impl RunReport {
@@ -55,6 +59,19 @@ impl RunReport {
             phase: Phase::Run,
             error: None,
             sandbox,
+            interpreter: None,
+        }
+    }
+
+    /// Paths in the run's directory shown relative to it in the output, so a traceback
+    /// names `main.py` (as the program was started) rather than where the server keeps its
+    /// runs (interpreters make the script's path absolute).
+    pub(super) fn hide_dir(&mut self, dir: &std::path::Path) {
+        let prefix = format!("{}/", dir.display());
+        for out in [&mut self.stdout, &mut self.stderr] {
+            if out.contains(&prefix) {
+                *out = out.replace(&prefix, "");
+            }
         }
     }
 
@@ -131,6 +148,7 @@ mod tests {
             phase: Phase::Run,
             error: None,
             sandbox: Level::Bwrap,
+            interpreter: None,
         }
     }
 

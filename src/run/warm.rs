@@ -58,6 +58,8 @@ impl Runner {
             // NUL cannot be passed to a cold start either; let it fail the cold way.
             && !req.code.contains('\0')
             && !req.args.iter().any(|a| a.contains('\0'))
+            // A virtual environment is checked as the run's own uid and has its own python.
+            && req.venv.is_none()
             && !req
                 .env
                 .keys()
@@ -104,7 +106,14 @@ impl Runner {
         if !self.sandbox.can_run(&detected.exe) {
             return Err(self.sandbox.cannot_run_reason(&detected.exe));
         }
-        let place = self.place(lang, &detected.exe, self.cpu_limit(self.max_timeout()))?;
+        let place = self
+            .place(
+                lang,
+                &detected.exe,
+                self.cpu_limit(self.max_timeout()),
+                false,
+            )
+            .await?;
         let vars = place.vars(lang);
         let child = self.child(&place, lang, &BTreeMap::new());
         let mut with_loader = vars.to_vec();

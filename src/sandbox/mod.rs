@@ -136,6 +136,15 @@ pub struct Sandbox {
     pool: Option<Arc<UidPool>>,
     /// A remembered bwrap success still to confirm (see [`probe`]).
     unverified: Mutex<Option<probe::ProbeCache>>,
+    /// What can give a uid back when every one is in use (the kept files of ended sessions).
+    reclaimer: OnceLock<std::sync::Weak<dyn Reclaim>>,
+}
+
+/// Something that holds uids it can let go of when the pool runs dry: the files of ended
+/// sessions, kept readable as their uid for a while.
+pub trait Reclaim: Send + Sync {
+    /// Give one uid back (awaiting its release); false when there is none to give.
+    fn reclaim(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>>;
 }
 
 impl Sandbox {
@@ -162,28 +171,46 @@ impl Sandbox {
 
     /// The installation prefix of an interpreter to make visible when it lies in a hidden
     /// directory (pyenv, rustup, nvm under /root or /home): `<prefix>/bin/<exe>` gives
-    /// `<prefix>`, anything else its directory.
+    /// `<prefix>`, anything else its directory. For the operator's Python virtual
+    /// environment (`<venv>/bin/python` first on PATH, or `--python`), the environment as
+    /// well as the interpreter it links to. Only for the operator's executables: this
+    /// looks at the files with the server's rights (a caller's venv goes through
+    /// `venv::inspect`, as the session's uid).
     pub fn interpreter_dirs(&self, exe: &Path) -> Vec<PathBuf> {
         if self.level == Level::None {
             return Vec::new();
         }
+        let mut dirs = Vec::new();
+        if let Some(root) = venv_root(exe) {
+            dirs.extend(self.visible_prefix(&root, &root));
+        }
         let exe = std::fs::canonicalize(exe).unwrap_or_else(|_| exe.to_path_buf());
-        if !self.masked.iter().any(|m| exe.starts_with(m)) {
-            return Vec::new();
+        if let Some(dir) = exe.parent() {
+            let prefix = if dir.file_name().is_some_and(|n| n == "bin") {
+                dir.parent().unwrap_or(dir)
+            } else {
+                dir
+            };
+            if let Some(d) = self.visible_prefix(prefix, dir)
+                && !dirs.contains(&d)
+            {
+                dirs.push(d);
+            }
         }
-        let Some(dir) = exe.parent() else {
-            return Vec::new();
-        };
-        let prefix = if dir.file_name().is_some_and(|n| n == "bin") {
-            dir.parent().unwrap_or(dir)
-        } else {
-            dir
-        };
+        dirs
+    }
+
+    /// `prefix` to bind when it lies in a masked tree; `dir` (inside it) instead when
+    /// `prefix` is a whole masked directory, which is never re-exposed (an exe directly in
+    /// /root/bin); nothing outside the masked trees.
+    fn visible_prefix(&self, prefix: &Path, dir: &Path) -> Option<PathBuf> {
+        if !self.masked.iter().any(|m| prefix.starts_with(m)) {
+            return None;
+        }
         if self.masked.iter().any(|m| m == prefix) {
-            // Never re-expose a whole masked directory (an exe directly in /root/bin).
-            return vec![dir.to_path_buf()];
+            return (dir != prefix).then(|| dir.to_path_buf());
         }
-        vec![prefix.to_path_buf()]
+        Some(prefix.to_path_buf())
     }
 
     /// Take a uid for one session or run (None when the server is not root).
@@ -192,6 +219,34 @@ impl Sandbox {
             None => Ok(None),
             Some(pool) => pool.clone().acquire(self.level != Level::Bwrap).map(Some),
         }
+    }
+
+    /// Uids of the pool this server holds (0 when it does not run as root).
+    pub fn uids_in_use(&self) -> usize {
+        self.pool.as_ref().map_or(0, |p| p.in_use())
+    }
+
+    /// Like [`lease`](Self::lease), but when every uid is in use, first ask the reclaimer
+    /// (if any) to give one back.
+    pub async fn lease_or_reclaim(&self) -> Result<Option<Lease>, String> {
+        loop {
+            match self.lease() {
+                Ok(l) => return Ok(l),
+                Err(e) => {
+                    let Some(r) = self.reclaimer.get().and_then(std::sync::Weak::upgrade) else {
+                        return Err(e);
+                    };
+                    if !r.reclaim().await {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Set what gives uids back when the pool is dry (once).
+    pub fn set_reclaimer(&self, r: std::sync::Weak<dyn Reclaim>) {
+        let _ = self.reclaimer.set(r);
     }
 
     /// The existing directories hidden from user code (canonical): a caller's `cwd` may not
@@ -324,7 +379,9 @@ impl Sandbox {
 }
 
 /// Whether a user that is neither the owner nor in the group can execute `exe`: every
-/// directory on the way must be searchable by others, and the file executable by others.
+/// directory on the way must be searchable by others (on the way to `exe` as named, which
+/// for a virtual environment's `bin/python` is the environment, and to the file it
+/// resolves to), and the file executable by others.
 pub fn reachable_by_others(exe: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     let Ok(real) = std::fs::canonicalize(exe) else {
@@ -336,9 +393,25 @@ pub fn reachable_by_others(exe: &Path) -> bool {
     if meta.permissions().mode() & 0o001 == 0 {
         return false;
     }
-    real.ancestors().skip(1).all(|dir| {
+    let searchable = |dir: &Path| {
         std::fs::metadata(dir)
             .map(|m| m.permissions().mode() & 0o001 != 0)
             .unwrap_or(false)
-    })
+    };
+    real.ancestors().skip(1).all(searchable)
+        && (!exe.is_absolute() || exe.ancestors().skip(1).all(searchable))
+}
+
+/// The virtual environment `exe` belongs to, when it is `<venv>/bin/<name>` beside a
+/// `<venv>/pyvenv.cfg` (canonical).
+pub fn venv_root(exe: &Path) -> Option<PathBuf> {
+    let bin = exe.parent()?;
+    if bin.file_name()? != "bin" {
+        return None;
+    }
+    let root = bin.parent()?;
+    if !root.join("pyvenv.cfg").is_file() {
+        return None;
+    }
+    std::fs::canonicalize(root).ok()
 }

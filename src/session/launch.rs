@@ -9,17 +9,23 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::entry::Session;
+use super::entry::{Remains, Session};
 use super::files::{self, InFile};
+use super::history::Record;
 use super::interp::{Interp, Launch};
+use super::journal::Writer;
 use super::manager::SessionManager;
 use super::report::StartReport;
 use crate::error::{ErrorKind, ToolError};
 use crate::exec::child::{ChildBuilder, check_caller_env};
 use crate::hostfs::{self, CwdPolicy};
 use crate::identity::Caller;
-use crate::lang::{Detected, Language, LookupError, SessionSpec, expand, expand_command};
+use crate::lang::{
+    Detected, InterpreterInfo, Language, LookupError, SessionSpec, Why, did_you_mean, expand,
+    expand_command,
+};
 use crate::sandbox::Lease;
+use crate::venv::{self, Venv, VenvPolicy};
 use crate::workspace::PrivateDir;
 
 /// What the caller asked `session_start` for.
@@ -27,6 +33,9 @@ use crate::workspace::PrivateDir;
 pub struct StartRequest {
     pub language: String,
     pub cwd: Option<PathBuf>,
+    /// A Python virtual environment (else a `.venv` in `cwd` is used, for languages that
+    /// take one).
+    pub venv: Option<PathBuf>,
     pub env: BTreeMap<String, String>,
     pub idle_timeout_s: Option<u64>,
     /// Files to put into the session's directory before it starts.
@@ -34,12 +43,58 @@ pub struct StartRequest {
 }
 
 /// The interpreter a session runs: its language, REPL driver, what detection found, and
-/// the program the REPL starts.
+/// the program the REPL starts (a virtual environment's `bin/python` when it runs in one).
 struct Interpreter {
     lang: Arc<Language>,
     spec: SessionSpec,
     detected: Detected,
     exe: PathBuf,
+    version: String,
+    info: InterpreterInfo,
+    venv: Option<Venv>,
+}
+
+impl Interpreter {
+    /// Run in `venv`, chosen for `why`; its version is the one its pyvenv.cfg states.
+    fn in_venv(mut self, venv: Venv, why: Why) -> Self {
+        self.exe = venv.python.clone();
+        self.version = venv.version.clone();
+        self.info = InterpreterInfo {
+            path: venv.python.display().to_string(),
+            why,
+            venv: Some(venv.root.display().to_string()),
+            note: None,
+        };
+        self.venv = Some(venv);
+        self
+    }
+}
+
+/// Which virtual environment a session asks for.
+#[derive(Debug, Clone)]
+enum VenvAsk {
+    /// None: the language takes none, or no cwd to look in.
+    No,
+    /// The caller's `venv`.
+    Given(PathBuf),
+    /// A `.venv` in the caller's cwd, if there is one.
+    Look,
+}
+
+impl VenvAsk {
+    /// What a request for `lang` asks: its `venv` (refused for a language that takes
+    /// none), else a look into its cwd when it has one.
+    fn of(lang: &Language, venv: Option<PathBuf>, has_cwd: bool) -> Result<Self, ToolError> {
+        match (venv, lang.spec.venv) {
+            (Some(_), false) => Err(ToolError::invalid(format!(
+                "venv is a Python virtual environment, and {} takes none; leave venv out",
+                lang.id()
+            ))),
+            (Some(v), true) => Ok(VenvAsk::Given(v)),
+            (None, true) if has_cwd => Ok(VenvAsk::Look),
+            (None, _) => Ok(VenvAsk::No),
+        }
+    }
 }
 
 /// The directories of a session being started.
@@ -62,39 +117,42 @@ impl SessionManager {
         caller: &Caller,
         req: StartRequest,
     ) -> Result<StartReport, ToolError> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let (report, _) = self.start_as(caller, req, id, None).await?;
+        Ok(report)
+    }
+
+    /// Start session `id`: a new one (`restoring` None: its journal is created), or one
+    /// restored from its journal (which it goes on writing). Every check and limit of a new
+    /// session applies either way.
+    pub(super) async fn start_as(
+        &self,
+        caller: &Caller,
+        req: StartRequest,
+        id: String,
+        restoring: Option<Arc<Writer>>,
+    ) -> Result<(StartReport, Arc<Session>), ToolError> {
         let _slot = self.admit(caller).await?;
         let (lang, spec) = self.session_language(&req.language)?;
         check_caller_env(&req.env).map_err(ToolError::invalid)?;
+        let journaled = restoring.is_none().then(|| req.clone());
+        let ask = VenvAsk::of(&lang, req.venv, req.cwd.is_some())?;
         let it = self.interpreter(lang, spec).await?;
         let lease = self
             .sandbox
-            .lease()
+            .lease_or_reclaim()
+            .await
             .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
         let uid = lease.as_ref().map(|l| l.uid);
-        let id = uuid::Uuid::new_v4().to_string();
-        let (dirs, prepared) = self.dirs(&id, uid, req.cwd, req.files, caller).await?;
-        // Until the session is up, a failure takes the files brought in away again.
-        let undo = |e: ToolError| {
-            let (fd, names) = (prepared.cwd_fd.clone(), prepared.brought.clone());
-            async move {
-                if !names.names.is_empty() {
-                    let _ = hostfs::as_uid(uid, move || names.remove(fd.as_fd())).await;
-                }
-                e
-            }
-        };
-        let launch = match self.launch(&it, &dirs, lease.as_ref(), &req.env).await {
-            Ok(l) => l,
-            Err(e) => return Err(undo(e).await),
-        };
-        let interp =
-            match Interp::start(launch, Duration::from_millis(it.spec.start_timeout_ms)).await {
-                Ok(i) => i,
-                Err(m) => return Err(undo(ToolError::new(ErrorKind::StartFailed, m)).await),
-            };
+        let (dirs, mut prepared, it) = self
+            .dirs(&id, uid, req.cwd, req.files, (ask, it), caller)
+            .await?;
+        let interp = self
+            .bring_up(&it, &dirs, &prepared, lease.as_ref(), &req.env)
+            .await?;
         // The baseline for the first evaluation's file changes: taken once the interpreter
         // is up, so what it wrote while starting is not taken for the code's doing.
-        let mut notes = Vec::new();
+        let mut notes: Vec<String> = prepared.venv_note.take().into_iter().collect();
         if !prepared.writable {
             notes.push(read_only_note(&dirs.cwd, uid));
         }
@@ -103,10 +161,15 @@ impl SessionManager {
             notes.push(self.untracked_note());
         }
         let idle_timeout = self.config.idle_timeout(req.idle_timeout_s);
+        let journal = match journaled {
+            Some(r) => self.create_journal(&id, caller, &r, &mut notes).await,
+            None => restoring,
+        };
         let report = StartReport {
             session_id: id.clone(),
             language: it.lang.id().to_string(),
-            version: it.detected.version,
+            version: it.version,
+            interpreter: it.info,
             pid: interp.pid,
             cwd: dirs.cwd.display().to_string(),
             cwd_writable: prepared.writable,
@@ -125,7 +188,10 @@ impl SessionManager {
             uid,
             created_at: now,
             idle_timeout,
-            dir: dirs.dir,
+            remains: Mutex::new(Some(Remains {
+                dir: dirs.dir,
+                lease,
+            })),
             out_fd: prepared.out_fd,
             files: Mutex::new(baseline),
             pid: AtomicU64::new(interp.pid as u64),
@@ -137,10 +203,41 @@ impl SessionManager {
             gone: Mutex::new(None),
             awaiting: Mutex::new(None),
             interrupt: Mutex::new(None),
-            lease,
+            record: Arc::new(Mutex::new(Record::new(self.config.history_bounds()))),
+            journal,
         });
-        self.sessions.insert(id, session);
-        Ok(report)
+        self.sessions.insert(id, session.clone());
+        Ok((report, session))
+    }
+
+    /// Start the interpreter in its directories; until it is up, a failure takes the files
+    /// brought in away again.
+    async fn bring_up(
+        &self,
+        it: &Interpreter,
+        dirs: &Dirs,
+        prepared: &Prepared,
+        lease: Option<&Lease>,
+        env: &BTreeMap<String, String>,
+    ) -> Result<Interp, ToolError> {
+        let uid = lease.map(|l| l.uid);
+        let undo = |e: ToolError| {
+            let (fd, names) = (prepared.cwd_fd.clone(), prepared.brought.clone());
+            async move {
+                if !names.names.is_empty() {
+                    let _ = hostfs::as_uid(uid, move || names.remove(fd.as_fd())).await;
+                }
+                e
+            }
+        };
+        let launch = match self.launch(it, dirs, lease, env).await {
+            Ok(l) => l,
+            Err(e) => return Err(undo(e).await),
+        };
+        match Interp::start(launch, Duration::from_millis(it.spec.start_timeout_ms)).await {
+            Ok(i) => Ok(i),
+            Err(m) => Err(undo(ToolError::new(ErrorKind::StartFailed, m)).await),
+        }
     }
 
     /// The language asked for, and its REPL driver.
@@ -150,7 +247,8 @@ impl SessionManager {
             LookupError::Unknown(n) => ToolError::new(
                 ErrorKind::UnsupportedLanguage,
                 format!(
-                    "unknown language {n:?}. Session languages on this host: {}",
+                    "unknown language {n:?}.{} Session languages on this host: {}",
+                    did_you_mean(self.registry.suggest(&n, true).as_deref()),
                     sessions()
                 ),
             ),
@@ -199,23 +297,41 @@ impl SessionManager {
             return Err(not_installed(self.sandbox.cannot_run_reason(&exe)));
         }
         Ok(Interpreter {
+            info: lang.info(&exe),
+            version: detected.version.clone(),
             lang,
             spec,
             detected,
             exe,
+            venv: None,
         })
     }
 
+    /// What decides a caller's venv for a session of `it`: the cwd policy, and the
+    /// installation of the default interpreter, which its sessions already see.
+    fn venv_policy(&self, it: &Interpreter) -> VenvPolicy {
+        VenvPolicy {
+            dirs: (*self.cwd_policy).clone(),
+            trusted: [&it.exe, &it.detected.exe]
+                .iter()
+                .flat_map(|e| self.sandbox.interpreter_dirs(e))
+                .collect(),
+        }
+    }
+
     /// The session's directory, owned by the lease's uid where it writes, and the caller's
-    /// cwd and files, dealt with as that uid (never with the server's rights).
+    /// cwd, virtual environment (which then runs instead of `it`) and files, dealt with as
+    /// that uid (never with the server's rights).
     async fn dirs(
         &self,
         id: &str,
         uid: Option<u32>,
         cwd: Option<PathBuf>,
         files: Vec<InFile>,
+        (ask, it): (VenvAsk, Interpreter),
         caller: &Caller,
-    ) -> Result<(Dirs, Prepared), ToolError> {
+    ) -> Result<(Dirs, Prepared, Interpreter), ToolError> {
+        let venv = (ask, self.venv_policy(&it));
         let dir = self.workspace.new_session_dir(id, uid).map_err(|e| {
             ToolError::internal(format!("cannot create the session directory: {e}"))
         })?;
@@ -228,10 +344,10 @@ impl SessionManager {
                 .map_err(|e| ToolError::internal(format!("cannot open the session directory: {e}")))
         };
         let (work_fd, out_fd) = (own(&work)?, own(&out)?);
-        let prepared = hostfs::as_uid(uid, {
+        let mut prepared = hostfs::as_uid(uid, {
             let policy = self.cwd_policy.clone();
             let local = caller.is_local();
-            move || prepare_dirs(&policy, uid, cwd, work_fd, out_fd, files, local)
+            move || prepare_dirs(&policy, uid, cwd, venv, work_fd, out_fd, files, local)
         })
         .await
         .map_err(ToolError::internal)?
@@ -244,7 +360,11 @@ impl SessionManager {
             caller_cwd: prepared.caller_cwd.clone(),
             dir,
         };
-        Ok((dirs, prepared))
+        let it = match prepared.venv.take() {
+            Some((v, why)) => it.in_venv(v, why),
+            None => it,
+        };
+        Ok((dirs, prepared, it))
     }
 
     /// How to start (and restart) the interpreter: its bootstrap, written into `ctl/`, its
@@ -292,9 +412,14 @@ impl SessionManager {
         let language = it.lang.spec.env.iter().chain(spec.env.iter());
         // Writable: the session's own directory, what it hands back, the build cache and a
         // caller's cwd (the kernel still decides what the session's uid may do there).
-        // Readable: the control directory.
-        let child = ChildBuilder::new(&self.sandbox, lease, &dirs.work)
-            .interpreters(&[&it.exe, &it.detected.exe])
+        // Readable: the control directory, the interpreter (a caller's venv as decided by
+        // `venv::inspect`, never looked at with the server's rights).
+        let builder = ChildBuilder::new(&self.sandbox, lease, &dirs.work);
+        let builder = match &it.venv {
+            Some(v) => builder.venv(&v.root, &v.expose),
+            None => builder.interpreters(&[&it.exe, &it.detected.exe]),
+        };
+        let child = builder
             .writable([dirs.out.clone(), cache_dir])
             .writable(dirs.caller_cwd.clone())
             .readable([dirs.ctl.clone()])
@@ -325,14 +450,20 @@ struct Prepared {
     /// Whether the session's uid may write in its cwd.
     writable: bool,
     brought: Arc<files::Written>,
+    /// The virtual environment to run in, and why.
+    venv: Option<(Venv, Why)>,
+    /// Why a `.venv` in the cwd was not used.
+    venv_note: Option<String>,
 }
 
-/// Decide the caller's cwd (else the session's `work/`) and bring the files in: run as the
-/// session's uid (through [`hostfs::as_uid`]).
+/// Decide the caller's cwd (else the session's `work/`) and virtual environment, and bring
+/// the files in: run as the session's uid (through [`hostfs::as_uid`]).
+#[allow(clippy::too_many_arguments)]
 fn prepare_dirs(
     policy: &CwdPolicy,
     uid: Option<u32>,
     cwd: Option<PathBuf>,
+    (ask, venv_policy): (VenvAsk, VenvPolicy),
     work_fd: OwnedFd,
     out_fd: OwnedFd,
     in_files: Vec<InFile>,
@@ -345,6 +476,29 @@ fn prepare_dirs(
         }
         None => (None, work_fd, true),
     };
+    let (mut venv, mut venv_note) = (None, None);
+    match (ask, &caller_cwd) {
+        (VenvAsk::Given(p), _) => {
+            venv = Some((venv::inspect(&venv_policy, &p, uid)?, Why::Venv));
+        }
+        (VenvAsk::Look, Some(dir))
+            if rustix::fs::statat(&cwd_fd, ".venv", rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok() =>
+        {
+            // Not asked for by name: one that cannot be used is said, and the session
+            // starts with the server's Python.
+            match venv::inspect(&venv_policy, &dir.join(".venv"), uid) {
+                Ok(v) => venv = Some((v, Why::CwdVenv)),
+                Err(e) => {
+                    venv_note = Some(format!(
+                        "the .venv in cwd was not used ({e}); this session runs the server's \
+Python. Pass venv to name an environment"
+                    ))
+                }
+            }
+        }
+        _ => {}
+    }
     let brought = if in_files.is_empty() {
         files::Written::default()
     } else {
@@ -356,6 +510,8 @@ fn prepare_dirs(
         out_fd: Arc::new(out_fd),
         writable,
         brought: Arc::new(brought),
+        venv,
+        venv_note,
     })
 }
 

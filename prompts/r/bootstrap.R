@@ -1,0 +1,292 @@
+# replbox's bootstrap for R (see docs/bootstrap-protocol.md), read at start as R's user
+# profile (R_PROFILE_USER), when only the base package is attached. Before writing it into
+# the session's control directory, replbox replaces the placeholders below: text ones,
+# marked `:json`, by string literals (a JSON string is an R string literal); numbers by
+# numbers. Everything lives in one environment attached as "tools:replbox"; the global
+# environment stays the user's.
+local({
+  nonce <- {nonce:json}
+  ctl <- {ctl:json}
+  out <- {out:json}
+  cell_file <- {cell_file:json}
+  max_images <- {max_images}
+  user_limit <- {sync_base}  # internal evaluations (resynchronisation) are numbered from here
+
+  # Prompts carry the nonce; tables print for a wide terminal (as pandas does, 200 columns).
+  options(prompt = {prompt:json}, continue = {continuation:json}, width = 200,
+          useFancyQuotes = FALSE, menu.graphics = FALSE)
+
+  num <- function(n) format(n, scientific = FALSE, trim = TRUE)
+
+  # Markers go to the terminal itself, in one write, so code that diverted its output with
+  # sink() does not swallow them.
+  tty <- tryCatch(file("/dev/tty", open = "wb"), error = function(e) NULL)
+  emit <- function(s) {
+    try(flush(stdout()), silent = TRUE)
+    try(flush(stderr()), silent = TRUE)
+    bytes <- charToRaw(enc2utf8(s))
+    if (is.null(tty)) {
+      cat(s)
+      flush(stdout())
+    } else {
+      writeBin(bytes, tty)
+      flush(tty)
+    }
+  }
+
+  # --- the end marker's payload: base64 of a small JSON object, with base R only ---
+  b64 <- function(x) {
+    if (length(x) == 0) return("")
+    chars <- strsplit(
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", "")[[1]]
+    pad <- (3 - length(x) %% 3) %% 3
+    v <- matrix(c(as.integer(x), integer(pad)), nrow = 3)
+    w <- v[1, ] * 65536 + v[2, ] * 256 + v[3, ]
+    idx <- rbind(w %/% 262144, (w %/% 4096) %% 64, (w %/% 64) %% 64, w %% 64) + 1
+    s <- chars[idx]
+    if (pad > 0) s[(length(s) - pad + 1):length(s)] <- "="
+    paste(s, collapse = "")
+  }
+  js <- function(s) {
+    s <- enc2utf8(as.character(s)[1])
+    if (is.na(s)) s <- "NA"
+    for (p in list(c("\\", "\\\\"), c("\"", "\\\""), c("\n", "\\n"), c("\r", "\\r"),
+                   c("\t", "\\t")))
+      s <- gsub(p[1], p[2], s, fixed = TRUE)
+    paste0("\"", gsub("[[:cntrl:]]", " ", s), "\"")
+  }
+  payload <- function(fields) {
+    if (length(fields) == 0) return("")
+    body <- paste0("{", paste(names(fields), fields, sep = ":", collapse = ","), "}")
+    b64(charToRaw(enc2utf8(body)))
+  }
+
+  # --- warnings: kept during a cell and printed after each expression, as R's REPL does
+  # after each top-level call (with options(warn = 0), the default) ---
+  top <- quote(eval(expr, envir = globalenv()))
+  at_top <- function(call) is.null(call) || identical(call, top)
+  cell <- new.env()
+  # What traceback() and warnings() show: R keeps them in the base environment, which is
+  # locked (nothing new can be added there), and its own would list replbox's frames.
+  kept <- new.env()
+  kept$calls <- NULL
+  kept$warnings <- NULL
+  # The calls of a cell's code from sys.calls() in a handler: after replbox's eval, without
+  # the handler's own frame (and R's .handleSimpleError), most recent first.
+  user_calls <- function(calls) {
+    mine <- which(vapply(calls, function(cl) identical(cl, top), NA))
+    if (length(mine) > 0) calls <- calls[-seq_len(max(mine))]
+    n <- length(calls)
+    if (n > 0) calls <- calls[-n]
+    n <- length(calls)
+    if (n > 0 && identical(calls[[n]][[1]], quote(.handleSimpleError))) calls <- calls[-n]
+    rev(calls)
+  }
+  cell$warns <- list()
+  print_warnings <- function(prefix = "") {
+    w <- cell$warns
+    cell$warns <- list()
+    if (length(w) == 0) return(invisible())
+    if (length(w) > 10) {
+      cat(sprintf("%sThere were %d warnings (use warnings() to see them)\n", prefix,
+                  length(w)), file = stderr())
+      return(invisible())
+    }
+    calls <- lapply(w, function(c) if (at_top(conditionCall(c))) NULL else conditionCall(c))
+    names(calls) <- vapply(w, conditionMessage, "")
+    kept$warnings <- calls
+    cat(prefix, file = stderr())
+    # R's own formatting of deferred warnings ("Warning message:\nIn log(-1) : NaNs produced").
+    out <- utils::capture.output(print(structure(calls, class = "warnings")))
+    cat(out, sep = "\n", file = stderr())
+  }
+
+  # --- figures: plots are drawn on a device of the session's own (cairo, to /dev/null)
+  # with its display list on; every page a cell finished, and the current page when the
+  # cell changed it, is replayed into a PNG in out/ ---
+  size <- list(width = 7, height = 5, units = "in", res = 96)
+  bitmap <- function() if (isTRUE(capabilities("cairo"))) "cairo" else getOption("bitmapType")
+  figs <- new.env()
+  figs$count <- 0
+  figs$devs <- list()      # by device number: list(fig = figure number, sent = last plot sent)
+  figs$rendering <- FALSE
+  ours <- function(d = grDevices::dev.cur()) {
+    d > 1 && identical(attr(.Devices[[d]], "filepath"), "/dev/null") &&
+      !is.null(figs$devs[[as.character(d)]])
+  }
+  new_device <- function(...) {
+    grDevices::png("/dev/null", width = size$width, height = size$height,
+                   units = size$units, res = size$res, type = bitmap())
+    grDevices::dev.control(displaylist = "enable")
+    figs$devs[[as.character(grDevices::dev.cur())]] <- list(fig = NULL, sent = NULL)
+    invisible()
+  }
+  options(device = new_device)
+  # What a page shows: its display list without par() calls, which change settings (a
+  # new mfrow, margins) but draw nothing.
+  drawn <- function(p) {
+    Filter(function(e) !identical(tryCatch(e[[2]][[1]]$name, error = function(x) NULL),
+                                  "C_par"), p[[1]])
+  }
+  snapshot <- function() {
+    d <- grDevices::dev.cur()
+    if (!ours(d) || is.null(cell$n) || cell$n >= user_limit) return(invisible())
+    key <- as.character(d)
+    st <- figs$devs[[key]]
+    p <- tryCatch(grDevices::recordPlot(), error = function(e) NULL)
+    if (is.null(p) || length(drawn(p)) == 0) return(invisible())
+    if (!is.null(st$sent) && identical(drawn(p), st$sent)) return(invisible())
+    if (is.null(st$fig)) {
+      figs$count <- figs$count + 1
+      st$fig <- figs$count
+    }
+    st$sent <- drawn(p)
+    figs$devs[[key]] <- st
+    if (length(cell$plots) >= max_images) {
+      cell$omitted <- cell$omitted + 1
+    } else {
+      cell$plots[[length(cell$plots) + 1]] <- list(plot = p, fig = st$fig)
+    }
+    invisible()
+  }
+  # A page about to be replaced is kept first; a new page gets a new figure number.
+  page_ends <- function() {
+    if (figs$rendering || !ours()) return(invisible())
+    snapshot()
+    key <- as.character(grDevices::dev.cur())
+    figs$devs[[key]] <- list(fig = NULL, sent = NULL)
+  }
+  setHook("before.plot.new", function() {
+    if (ours() && isTRUE(graphics::par("page"))) page_ends()
+  })
+  setHook("before.grid.newpage", function() page_ends())
+  render <- function(n) {
+    shots <- list()
+    plots <- cell$plots
+    cell$plots <- list()
+    figs$rendering <- TRUE
+    on.exit(figs$rendering <- FALSE)
+    for (i in seq_along(plots)) {
+      name <- sprintf("img-%s-%d.png", num(n), i)
+      old <- grDevices::dev.cur()
+      ok <- tryCatch({
+        grDevices::png(file.path(out, name), width = size$width, height = size$height,
+                       units = size$units, res = size$res, type = bitmap())
+        tryCatch(suppressWarnings(grDevices::replayPlot(plots[[i]]$plot)),
+                 finally = grDevices::dev.off())
+        TRUE
+      }, error = function(e) {
+        cat(sprintf("[replbox: figure %d could not be drawn: %s]\n", plots[[i]]$fig,
+                    conditionMessage(e)), file = stderr())
+        FALSE
+      })
+      if (old > 1 && old %in% grDevices::dev.list()) grDevices::dev.set(old)
+      if (ok) shots[[length(shots) + 1]] <- sprintf("{\"file\":%s,\"figure\":%d}", js(name),
+                                                    as.integer(plots[[i]]$fig))
+    }
+    shots
+  }
+
+  # --- one cell: each expression evaluated in the global environment as if typed, a
+  # visible value printed as the REPL prints it; the first error ends the cell ---
+  finish <- function(n, state) {
+    fields <- character()
+    try(print_warnings(if (state$status == "error") "In addition: " else ""), silent = TRUE)
+    if (n < user_limit) {
+      try(snapshot(), silent = TRUE)
+      shots <- tryCatch(render(n), error = function(e) list())
+      if (length(shots) > 0)
+        fields["images"] <- paste0("[", paste(unlist(shots), collapse = ","), "]")
+      if (cell$omitted > 0) fields["images_omitted"] <- num(cell$omitted)
+    }
+    if (!is.null(state$type)) {
+      fields["type"] <- js(state$type)
+      fields["message"] <- js(substr(state$message, 1, 2000))
+    }
+    names(fields) <- vapply(names(fields), js, "")
+    cell$n <- NULL
+    emit(sprintf("\033_rbx;%s;e;%s;%s;%s\033\\", nonce, num(n), state$status, payload(fields)))
+  }
+  set_last <- function(value) {
+    try({
+      unlockBinding(".Last.value", baseenv())
+      assign(".Last.value", value, envir = baseenv())
+      lockBinding(".Last.value", baseenv())
+    }, silent = TRUE)
+  }
+  show <- function(value) {
+    if (isS4(value)) methods::show(value) else print(value)
+  }
+  run <- function(n) {
+    state <- new.env()
+    state$status <- "ok"
+    cell$n <- n
+    cell$plots <- list()
+    cell$omitted <- 0
+    cell$warns <- list()
+    last <- get(".Last.value", envir = baseenv())
+    # Runs however the cell ends: normally, or unwound to the prompt by an error (after R
+    # printed it), an interrupt or an abort.
+    on.exit(finish(n, state))
+    emit(sprintf("\033_rbx;%s;s;%s\033\\", nonce, num(n)))
+    path <- file.path(ctl, sub("{n}", num(n), cell_file, fixed = TRUE))
+    src <- readLines(path, encoding = "UTF-8", warn = FALSE)
+    name <- sprintf("<cell %s>", num(n))
+    exprs <- tryCatch(parse(text = src, srcfile = srcfilecopy(name, src), keep.source = TRUE,
+                            encoding = "UTF-8"),
+                      error = function(e) e)
+    if (inherits(exprs, "error")) {
+      state$status <- "error"
+      state$type <- class(exprs)[1]
+      state$message <- conditionMessage(exprs)
+      cat("Error: ", conditionMessage(exprs), "\n", sep = "", file = stderr())
+      return(invisible(last))
+    }
+    withCallingHandlers({
+      for (expr in exprs) {
+        res <- withVisible(eval(expr, envir = globalenv()))
+        last <- res$value
+        set_last(last)
+        if (res$visible) show(res$value)
+        print_warnings()
+      }
+    },
+    warning = function(w) {
+      if (isTRUE(getOption("warn", 0) == 0)) {
+        cell$warns[[length(cell$warns) + 1]] <- w
+        invokeRestart("muffleWarning")
+      }
+    },
+    error = function(e) {
+      state$status <- "error"
+      state$type <- class(e)[1]
+      state$message <- conditionMessage(e)
+      kept$calls <- user_calls(sys.calls())
+      if (at_top(conditionCall(e))) {
+        # R would name replbox's own call; at a prompt it says just "Error: ...".
+        cat("Error: ", conditionMessage(e), "\n", sep = "", file = stderr())
+        invokeRestart("abort")
+      }
+    },
+    interrupt = function(c) {
+      kept$calls <- user_calls(sys.calls())
+      state$status <- "interrupted"
+      state$type <- "interrupt"
+      state$message <- "interrupted"
+    })
+    invisible(last)
+  }
+
+  tools <- attach(NULL, name = "tools:replbox")
+  assign(".rbx_eval", run, envir = tools)
+  # Before base on the search path: the last cell's error and warnings, else base's own.
+  assign("traceback", function(x = NULL, ...) {
+    if (is.null(x) && !is.null(kept$calls)) x <- kept$calls
+    base::traceback(x, ...)
+  }, envir = tools)
+  assign("warnings", function(...) {
+    if (...length() == 0 && !is.null(kept$warnings))
+      return(structure(kept$warnings, class = "warnings"))
+    base::warnings(...)
+  }, envir = tools)
+})
