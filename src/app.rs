@@ -99,12 +99,14 @@ root: at level none, user code runs as the server's own user and could read the 
             sandbox.masked(),
             &config.allow_cwd,
         ));
+        let shares = crate::share::Shares::new(config.max_active_per_principal);
         let runner = Runner {
             config: config.clone(),
             workspace: workspace.clone(),
             pool: Arc::new(WarmPool::new(config.pool)),
             sandbox: sandbox.clone(),
             cwd_policy: cwd_policy.clone(),
+            shares: shares.clone(),
         };
         let sessions = Arc::new(SessionManager::new(
             config.clone(),
@@ -113,9 +115,14 @@ root: at level none, user code runs as the server's own user and could read the 
             sandbox.clone(),
             cwd_policy,
             state,
+            shares,
         ));
+        // A uid is taken back from the warm pool first (a head start lost), then from the
+        // kept files of ended sessions (files a caller may still read).
+        let warm: Arc<dyn crate::sandbox::Reclaim> = runner.pool.clone();
+        sandbox.add_reclaimer(Arc::downgrade(&warm));
         let reclaim: Arc<dyn crate::sandbox::Reclaim> = sessions.clone();
-        sandbox.set_reclaimer(Arc::downgrade(&reclaim));
+        sandbox.add_reclaimer(Arc::downgrade(&reclaim));
         sessions.spawn_reaper();
         Ok(Arc::new(Self {
             config,

@@ -58,6 +58,12 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_MAX_SESSIONS_PER_PRINCIPAL", default_value_t = 16)]
     pub max_sessions_per_principal: usize,
 
+    /// Sessions (open or starting) and `run-code` calls (running) one principal may hold at
+    /// once, together: each holds a sandbox uid, so no principal takes them all; 0 means no
+    /// limit.
+    #[arg(long, env = "REPLBOX_MAX_ACTIVE_PER_PRINCIPAL", default_value_t = 32)]
+    pub max_active_per_principal: usize,
+
     /// Interpreters kept started ahead of time for `run-code`, per language that has a
     /// warm pool (python); each runs one program. 0 disables the pool.
     #[arg(long, env = "REPLBOX_POOL", default_value_t = 2)]
@@ -210,6 +216,7 @@ impl Default for Config {
             max_sessions: 32,
             evict_idle: false,
             max_sessions_per_principal: 16,
+            max_active_per_principal: 32,
             pool: 2,
             sandbox: Mode::Auto,
             require_sandbox: None,
@@ -293,6 +300,10 @@ impl Config {
             (
                 "--max-sessions-per-principal",
                 self.max_sessions_per_principal.to_string(),
+            ),
+            (
+                "--max-active-per-principal",
+                self.max_active_per_principal.to_string(),
             ),
             ("--pool", self.pool.to_string()),
             ("--sandbox", value_name(&self.sandbox)),
@@ -384,6 +395,7 @@ mod tests {
             max_sessions: 3,
             evict_idle: true,
             max_sessions_per_principal: 4,
+            max_active_per_principal: 14,
             pool: 5,
             sandbox: Mode::Landlock,
             require_sandbox: Some(Level::Landlock),

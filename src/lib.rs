@@ -48,6 +48,8 @@ pub mod sandbox;
 #[cfg(target_os = "linux")]
 pub(crate) mod session;
 #[cfg(target_os = "linux")]
+pub(crate) mod share;
+#[cfg(target_os = "linux")]
 pub mod stdio;
 #[cfg(target_os = "linux")]
 pub(crate) mod venv;

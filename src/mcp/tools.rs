@@ -47,6 +47,7 @@ calls; use session_start/session_eval to keep state.",
     async fn run_code(
         &self,
         Parameters(p): Parameters<RunCodeParams>,
+        Extension(caller): Extension<Caller>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
         let lang = self
@@ -67,7 +68,7 @@ calls; use session_start/session_eval to keep state.",
         let report = self
             .app
             .runner
-            .run(&lang, req, &ctx.ct, progress.as_deref())
+            .run_for(&caller, &lang, req, &ctx.ct, progress.as_deref())
             .await?;
         Ok(result(report.text(), &report, !report.success()))
     }

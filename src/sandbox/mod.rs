@@ -136,12 +136,13 @@ pub struct Sandbox {
     pool: Option<Arc<UidPool>>,
     /// A remembered bwrap success still to confirm (see [`probe`]).
     unverified: Mutex<Option<probe::ProbeCache>>,
-    /// What can give a uid back when every one is in use (the kept files of ended sessions).
-    reclaimer: OnceLock<std::sync::Weak<dyn Reclaim>>,
+    /// What can give a uid back when every one is in use, asked in order (the warm pool's
+    /// interpreters, the kept files of ended sessions).
+    reclaimers: Mutex<Vec<std::sync::Weak<dyn Reclaim>>>,
 }
 
-/// Something that holds uids it can let go of when the pool runs dry: the files of ended
-/// sessions, kept readable as their uid for a while.
+/// Something that holds uids it can let go of when the pool runs dry: the warm pool's
+/// interpreters, the files of ended sessions kept readable as their uid for a while.
 pub trait Reclaim: Send + Sync {
     /// Give one uid back (awaiting its release); false when there is none to give.
     fn reclaim(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>>;
@@ -226,17 +227,28 @@ impl Sandbox {
         self.pool.as_ref().map_or(0, |p| p.in_use())
     }
 
-    /// Like [`lease`](Self::lease), but when every uid is in use, first ask the reclaimer
-    /// (if any) to give one back.
+    /// Like [`lease`](Self::lease), but when every uid is in use, first ask the reclaimers
+    /// in order to give one back.
     pub async fn lease_or_reclaim(&self) -> Result<Option<Lease>, String> {
         loop {
             match self.lease() {
                 Ok(l) => return Ok(l),
                 Err(e) => {
-                    let Some(r) = self.reclaimer.get().and_then(std::sync::Weak::upgrade) else {
-                        return Err(e);
-                    };
-                    if !r.reclaim().await {
+                    let reclaimers: Vec<Arc<dyn Reclaim>> = self
+                        .reclaimers
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .iter()
+                        .filter_map(std::sync::Weak::upgrade)
+                        .collect();
+                    let mut gave = false;
+                    for r in reclaimers {
+                        if r.reclaim().await {
+                            gave = true;
+                            break;
+                        }
+                    }
+                    if !gave {
                         return Err(e);
                     }
                 }
@@ -244,9 +256,12 @@ impl Sandbox {
         }
     }
 
-    /// Set what gives uids back when the pool is dry (once).
-    pub fn set_reclaimer(&self, r: std::sync::Weak<dyn Reclaim>) {
-        let _ = self.reclaimer.set(r);
+    /// Add what gives uids back when the pool is dry (asked after those added before).
+    pub fn add_reclaimer(&self, r: std::sync::Weak<dyn Reclaim>) {
+        self.reclaimers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(r);
     }
 
     /// The existing directories hidden from user code (canonical): a caller's `cwd` may not

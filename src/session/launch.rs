@@ -132,7 +132,7 @@ impl SessionManager {
         id: String,
         restoring: Option<Arc<Writer>>,
     ) -> Result<(StartReport, Arc<Session>), ToolError> {
-        let _slot = self.admit(caller).await?;
+        let mut slot = self.admit(caller).await?;
         let (lang, spec) = self.session_language(&req.language)?;
         check_caller_env(&req.env).map_err(ToolError::invalid)?;
         let journaled = restoring.is_none().then(|| req.clone());
@@ -205,6 +205,7 @@ impl SessionManager {
             interrupt: Mutex::new(None),
             record: Arc::new(Mutex::new(Record::new(self.config.history_bounds()))),
             journal,
+            share: Mutex::new(slot.share()),
         });
         self.sessions.insert(id, session.clone());
         Ok((report, session))
