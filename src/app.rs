@@ -48,6 +48,15 @@ impl Drop for InFlightGuard {
     }
 }
 
+/// When every uid is in use, one is taken back from the warm pool first (a head start
+/// lost), then from the kept files of ended sessions (files a caller may still read).
+fn reclaim_uids_from(sandbox: &Sandbox, runner: &Runner, sessions: &Arc<SessionManager>) {
+    let warm: Arc<dyn crate::sandbox::Reclaim> = runner.pool.clone();
+    sandbox.add_reclaimer(Arc::downgrade(&warm));
+    let kept: Arc<dyn crate::sandbox::Reclaim> = sessions.clone();
+    sandbox.add_reclaimer(Arc::downgrade(&kept));
+}
+
 impl App {
     /// Load everything and decide the sandbox level. The bwrap probe runs while the registry
     /// and the workspace are set up; a named level that does not work, or one below
@@ -117,12 +126,7 @@ root: at level none, user code runs as the server's own user and could read the 
             state,
             shares,
         ));
-        // A uid is taken back from the warm pool first (a head start lost), then from the
-        // kept files of ended sessions (files a caller may still read).
-        let warm: Arc<dyn crate::sandbox::Reclaim> = runner.pool.clone();
-        sandbox.add_reclaimer(Arc::downgrade(&warm));
-        let reclaim: Arc<dyn crate::sandbox::Reclaim> = sessions.clone();
-        sandbox.add_reclaimer(Arc::downgrade(&reclaim));
+        reclaim_uids_from(&sandbox, &runner, &sessions);
         sessions.spawn_reaper();
         Ok(Arc::new(Self {
             config,

@@ -41,9 +41,8 @@ use crate::app::{App, InFlight, InFlightGuard};
 use crate::config::HttpConfig;
 use crate::identity::Caller;
 use crate::mcp::ReplboxServer;
-use crate::sandbox::Level;
 use auth::{Presented, Tokens};
-use policy::{HostPolicy, OriginPolicy, is_loopback, loopback_origins};
+use policy::{HostPolicy, OriginPolicy, check_tokenless, is_loopback, loopback_origins};
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const REALM: &str = "replbox";
@@ -83,22 +82,8 @@ pub async fn serve(
             addr.port()
         );
     }
-    // Without a token every request is the local principal, which may copy host files into
-    // a session: user code that can reach this host's loopback must not be able to call it.
-    let level = app.sandbox.level;
-    if tokens.is_empty() && (level == Level::None || app.sandbox.network) {
-        anyhow::bail!(
-            "refusing to serve HTTP without a token at sandbox level {level}{}: user code can \
-             reach this host's loopback there, call this server back as the local principal \
-             and have it copy files only the server may read. Give tokens with --token, \
-             REPLBOX_TOKENS or --tokens-file (user code never sees them), or use a level that \
-             keeps user code off the network (bwrap or landlock without --allow-network)",
-            if app.sandbox.network {
-                " with --allow-network"
-            } else {
-                ""
-            }
-        );
+    if tokens.is_empty() {
+        check_tokenless(app.sandbox.level, app.sandbox.network)?;
     }
     let hosts = HostPolicy::new(&cfg.allowed_hosts, addr.ip())?;
     // Checked before binding, so a bad list stops the server before it listens.

@@ -5,6 +5,25 @@ use std::net::{IpAddr, SocketAddr};
 
 use axum::http::{HeaderMap, header};
 
+use crate::sandbox::Level;
+
+/// Without a token every request is the local principal, which may copy host files into a
+/// session: a server without tokens refuses to start where user code can reach this host's
+/// loopback (level none, or with network), since it could call the server back.
+pub(super) fn check_tokenless(level: Level, network: bool) -> anyhow::Result<()> {
+    if level != Level::None && !network {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "refusing to serve HTTP without a token at sandbox level {level}{}: user code can \
+         reach this host's loopback there, call this server back as the local principal \
+         and have it copy files only the server may read. Give tokens with --token, \
+         REPLBOX_TOKENS or --tokens-file (user code never sees them), or use a level that \
+         keeps user code off the network (bwrap or landlock without --allow-network)",
+        if network { " with --allow-network" } else { "" }
+    )
+}
+
 pub(super) fn is_loopback(ip: IpAddr) -> bool {
     ip.to_canonical().is_loopback()
 }
