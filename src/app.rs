@@ -62,6 +62,8 @@ impl App {
     /// and the workspace are set up; a named level that does not work, or one below
     /// `--require-sandbox`, is an error here, before anything is served.
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
+        // A bad --allow-domain or --allow-host stops the server rather than being dropped.
+        config.egress_policy().map_err(|e| anyhow::anyhow!(e))?;
         // The journals' directory exists before the sandbox is decided: it is one of the
         // trees hidden from user code.
         let state = config
@@ -168,7 +170,12 @@ root: at level none, user code runs as the server's own user and could read the 
         tracing::info!(
             sandbox = %self.sandbox.level,
             as_root = self.sandbox.root,
-            network = self.sandbox.network,
+            egress = %self
+                .sandbox
+                .egress
+                .as_ref()
+                .map(|e| e.policy().describe())
+                .unwrap_or_else(|| "none".into()),
             memory_mb = l.memory_mb,
             processes = l.processes,
             file_size_mb = l.file_size_mb,

@@ -4,6 +4,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::egress::Policy;
 use crate::sandbox::level::{Level, Mode};
 use crate::sandbox::{Limits, Settings};
 
@@ -82,9 +83,40 @@ pub struct Config {
     )]
     pub require_sandbox: Option<Level>,
 
-    /// Let user code reach the network (off by default at every sandbox level).
+    /// Let user code reach any public host through the egress proxy (HTTP(S) only; never
+    /// the host's loopback, link-local or private ranges). Off by default.
     #[arg(long, env = "REPLBOX_ALLOW_NETWORK")]
     pub allow_network: bool,
+
+    /// A domain user code may reach through the egress proxy (`*.example.org`: the names
+    /// beneath); repeatable, comma-separated. Never at a loopback or private address.
+    #[arg(
+        long = "allow-domain",
+        env = "REPLBOX_ALLOW_DOMAINS",
+        value_name = "DOMAIN",
+        value_delimiter = ','
+    )]
+    pub allow_domain: Vec<String>,
+
+    /// A host and port reached through the egress proxy whatever it resolves to (an
+    /// internal index); repeatable, comma-separated.
+    #[arg(
+        long = "allow-host",
+        env = "REPLBOX_ALLOW_HOSTS",
+        value_name = "HOST:PORT",
+        value_delimiter = ','
+    )]
+    pub allow_host: Vec<String>,
+
+    /// Domains a caller may add for its session or run (`allow_domains`; refused without
+    /// this flag); `*.example.org` covers the names beneath. Repeatable, comma-separated.
+    #[arg(
+        long = "caller-domains",
+        env = "REPLBOX_CALLER_DOMAINS",
+        value_name = "DOMAIN",
+        value_delimiter = ','
+    )]
+    pub caller_domains: Vec<String>,
 
     /// Memory per process of user code, in MiB (RLIMIT_DATA: heap and private mappings);
     /// 0 for no limit.
@@ -221,6 +253,9 @@ impl Default for Config {
             sandbox: Mode::Auto,
             require_sandbox: None,
             allow_network: false,
+            allow_domain: Vec::new(),
+            allow_host: Vec::new(),
+            caller_domains: Vec::new(),
             memory_mb: 4096,
             processes: 256,
             file_size_mb: 1024,
@@ -249,12 +284,22 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The egress policy of the flags (`App::new` reports a bad entry).
+    pub fn egress_policy(&self) -> Result<Policy, String> {
+        Policy::new(
+            self.allow_network,
+            &self.allow_domain,
+            &self.allow_host,
+            &self.caller_domains,
+        )
+    }
+
     /// What the sandbox needs to know of the configuration.
     pub fn sandbox_settings(&self) -> Settings {
         Settings {
             mode: self.sandbox,
             require: self.require_sandbox,
-            network: self.allow_network,
+            egress: self.egress_policy().unwrap_or_default(),
             limits: Limits {
                 memory_mb: self.memory_mb,
                 processes: self.processes,
@@ -350,15 +395,28 @@ impl Config {
         if self.allow_network {
             args.push("--allow-network".into());
         }
-        for dir in &self.mask {
-            args.push("--mask".into());
-            args.push(dir.into());
-        }
-        for dir in &self.allow_cwd {
-            args.push("--allow-cwd".into());
-            args.push(dir.into());
+        for (flag, value) in self.list_args() {
+            args.push(flag.into());
+            args.push(value);
         }
         args
+    }
+
+    /// The repeatable flags, one (flag, value) pair per value.
+    fn list_args(&self) -> Vec<(&'static str, OsString)> {
+        let lists = [
+            ("--allow-domain", &self.allow_domain),
+            ("--allow-host", &self.allow_host),
+            ("--caller-domains", &self.caller_domains),
+        ];
+        let lists = lists
+            .into_iter()
+            .flat_map(|(f, l)| l.iter().map(move |v| (f, OsString::from(v))));
+        let dirs = [("--mask", &self.mask), ("--allow-cwd", &self.allow_cwd)];
+        let dirs = dirs
+            .into_iter()
+            .flat_map(|(f, l)| l.iter().map(move |v| (f, OsString::from(v))));
+        lists.chain(dirs).collect()
     }
 }
 
@@ -400,6 +458,9 @@ mod tests {
             sandbox: Mode::Landlock,
             require_sandbox: Some(Level::Landlock),
             allow_network: true,
+            allow_domain: vec!["pypi.org".into(), "*.pythonhosted.org".into()],
+            allow_host: vec!["index.internal:8080".into()],
+            caller_domains: vec!["*.githubusercontent.com".into()],
             memory_mb: 5,
             processes: 6,
             file_size_mb: 7,

@@ -18,6 +18,8 @@ pub mod app;
 #[cfg(target_os = "linux")]
 pub mod config;
 #[cfg(target_os = "linux")]
+pub mod egress;
+#[cfg(target_os = "linux")]
 pub(crate) mod error;
 #[cfg(target_os = "linux")]
 pub mod exec;

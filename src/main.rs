@@ -268,6 +268,7 @@ async fn run(
         env: Default::default(),
         timeout: app.config.timeout(timeout_ms),
         venv: None,
+        allow_domains: Vec::new(),
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let c2 = cancel.clone();

@@ -246,7 +246,22 @@ def __rbx_setup():
             result = loop.run_until_complete(result)
         return result
 
+    # --- packages: what `pip install` put in the user site (pip's choice when site-packages
+    # is not writable) is importable from the next cell on, without a restart: the user site,
+    # made after start-up, joins sys.path the way site.py would have added it ---
+    def user_site():
+        try:
+            import site
+            us = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+            if us and us not in sys.path and os.path.isdir(us):
+                site.addsitedir(us)
+                import importlib
+                importlib.invalidate_caches()
+        except Exception:
+            pass
+
     def run(n):
+        user_site()
         name = "<cell %d>" % n
         status, err, exiting = "ok", None, False
         cell.update(n=n, shots=[], omitted=0, force=None, extra={})
@@ -287,6 +302,7 @@ def __rbx_setup():
             print_tb(e, tb)
         finally:
             if not exiting:
+                user_site()
                 extra = None
                 try:
                     extra = after_cell(n)

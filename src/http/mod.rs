@@ -83,7 +83,7 @@ pub async fn serve(
         );
     }
     if tokens.is_empty() {
-        check_tokenless(app.sandbox.level, app.sandbox.network)?;
+        check_tokenless(app.sandbox.level, app.sandbox.egress.is_some())?;
     }
     let hosts = HostPolicy::new(&cfg.allowed_hosts, addr.ip())?;
     // Checked before binding, so a bad list stops the server before it listens.

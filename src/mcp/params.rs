@@ -30,6 +30,11 @@ pub struct RunCodeParams {
     /// by `python3 -m venv`, holding pyvenv.cfg and bin/python), so its packages import.
     #[serde(default)]
     pub venv: Option<String>,
+    /// Domains the code may reach through the server's HTTP(S) proxy for this call only
+    /// (e.g. ["pypi.org", "files.pythonhosted.org"] for pip), when the server's operator
+    /// lets callers ask for them; refused otherwise, with the reason.
+    #[serde(default)]
+    pub allow_domains: Vec<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -59,6 +64,11 @@ pub struct SessionStartParams {
     /// is overwritten. For a whole folder, pass it as `cwd` instead.
     #[serde(default)]
     pub files: Vec<SessionFile>,
+    /// Domains the code may reach through the server's HTTP(S) proxy for this session
+    /// (e.g. ["pypi.org", "files.pythonhosted.org"] for pip), when the server's operator
+    /// lets callers ask for them; refused otherwise, with the reason.
+    #[serde(default)]
+    pub allow_domains: Vec<String>,
 }
 
 /// One file `session_start` brings in.

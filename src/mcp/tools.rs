@@ -63,6 +63,7 @@ calls; use session_start/session_eval to keep state.",
             env: p.env,
             timeout,
             venv: p.venv.map(std::path::PathBuf::from),
+            allow_domains: p.allow_domains,
         };
         let progress = progress_reporter(&ctx, timeout);
         let report = self
@@ -102,6 +103,7 @@ calls; use session_start/session_eval to keep state.",
                     content: f.content,
                 })
                 .collect(),
+            allow_domains: p.allow_domains,
         };
         let r = self.app.sessions.start(&caller, req).await?;
         let mut text = format!(

@@ -39,6 +39,8 @@ pub struct RunRequest {
     pub timeout: Duration,
     /// A Python virtual environment to run in (a caller path, checked as the run's uid).
     pub venv: Option<PathBuf>,
+    /// Domains the caller asks to reach (checked against the operator's `--caller-domains`).
+    pub allow_domains: Vec<String>,
 }
 
 impl RunRequest {
@@ -172,6 +174,10 @@ impl Runner {
         progress: Option<&Progress>,
     ) -> Result<RunReport, ToolError> {
         req.check(lang)?;
+        let domains = self
+            .sandbox
+            .check_caller_domains(&req.allow_domains)
+            .map_err(ToolError::invalid)?;
         let started = Instant::now();
         let watch = Watch {
             deadline: tokio::time::Instant::from_std(started + req.timeout),
@@ -197,7 +203,11 @@ impl Runner {
             return Ok(fail(report, format!("cannot write the program: {e}")));
         }
         let vars = place.vars(lang);
-        let child = self.child(&place, lang, &req.env);
+        let who = format!("run {}", place.dir_s);
+        let child = match self.sandbox.egress_endpoint(&who, &domains) {
+            Ok(ep) => self.child(&place, lang, &req.env).with_egress(ep),
+            Err(m) => return Ok(fail(report, m)),
+        };
         if let Some(compile) = &spec.compile {
             let argv = expand_command(compile, &vars, &[]);
             let spawn = pipes(argv, &child, place.dir.path());

@@ -83,6 +83,8 @@ impl Runner {
             && !req.args.iter().any(|a| a.contains('\0'))
             // A virtual environment is checked as the run's own uid and has its own python.
             && req.venv.is_none()
+            // The way to the egress proxy is each run's own, made when it starts.
+            && self.sandbox.egress.is_none()
             && !req
                 .env
                 .keys()

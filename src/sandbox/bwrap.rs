@@ -16,6 +16,22 @@ use super::{CommandLine, Jail, Sandbox};
 /// on the private /tmp when there is no /run).
 const HELPER_IN_RUN: &str = "/run/replbox-helper";
 const HELPER_IN_TMP: &str = "/tmp/.replbox-helper";
+/// Where the egress proxy's socket appears, likewise.
+const PROXY_IN_RUN: &str = "/run/replbox-egress.sock";
+const PROXY_IN_TMP: &str = "/tmp/.replbox-egress.sock";
+
+fn run_is_masked(sb: &Sandbox) -> bool {
+    sb.masked.iter().any(|m| m == Path::new("/run"))
+}
+
+/// Where the egress proxy's socket is inside the sandbox.
+pub fn proxy_socket_inside(sb: &Sandbox) -> &'static str {
+    if run_is_masked(sb) {
+        PROXY_IN_RUN
+    } else {
+        PROXY_IN_TMP
+    }
+}
 
 /// The first descriptor number bwrap finds a directory to bind on (after stdio, the status
 /// pipe and the program).
@@ -41,7 +57,7 @@ fn push(b: &mut Vec<OsString>, args: &[&str]) {
 
 /// bwrap running the helper with `args`.
 pub fn command(sb: &Sandbox, jail: &Jail, args: &ExecArgs) -> std::io::Result<CommandLine> {
-    let helper_in = if sb.masked.iter().any(|m| m == Path::new("/run")) {
+    let helper_in = if run_is_masked(sb) {
         HELPER_IN_RUN
     } else {
         HELPER_IN_TMP
@@ -51,6 +67,12 @@ pub fn command(sb: &Sandbox, jail: &Jail, args: &ExecArgs) -> std::io::Result<Co
     b.push("--ro-bind".into());
     b.push(sb.helper.clone().into());
     b.push(helper_in.into());
+    if let Some(socket) = jail.egress.as_ref().and_then(|e| e.socket.as_ref()) {
+        // The server made it, in its own directory: no caller chose this path.
+        b.push("--ro-bind".into());
+        b.push(socket.clone().into());
+        b.push(proxy_socket_inside(sb).into());
+    }
     let fds = binds(sb, jail, &mut b)?;
     // bwrap enters "/": the working directory belongs to the pool uid, which root without
     // CAP_DAC_OVERRIDE may not enter. The helper's child enters it after the uid drop.
@@ -112,9 +134,8 @@ fn namespaces(sb: &Sandbox) -> Vec<OsString> {
             ],
         );
     }
-    if !sb.network {
-        push(&mut b, &["--unshare-net"]);
-    }
+    // Always: the network, when the operator allows one, is the egress proxy's socket.
+    push(&mut b, &["--unshare-net"]);
     b
 }
 

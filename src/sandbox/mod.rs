@@ -5,13 +5,14 @@
 //!
 //! Levels, strongest first:
 //! * `bwrap`: bubblewrap puts the helper in new mount, pid, ipc, uts, cgroup and network
-//!   namespaces with a read-only root, masked secret-bearing directories, a private bounded
+//!   namespaces (the network one holding only loopback, and the bridge to the egress proxy
+//!   when the operator allows one) with a read-only root, masked secret-bearing directories, a private bounded
 //!   /tmp and /dev/shm, and only the run's own directories writable; the helper then applies
 //!   rlimits, the uid drop, Landlock and seccomp as below.
 //! * `landlock`: no namespaces (but a private /dev/shm where the helper can make one); the
 //!   helper applies rlimits, the uid drop, a Landlock ruleset (reads: everything but the
-//!   masked directories; writes: the run's own directories; no TCP; no signals or abstract
-//!   sockets outside) and a seccomp filter.
+//!   masked directories; writes: the run's own directories; no TCP but to the egress
+//!   proxy's port; no signals or abstract sockets outside) and a seccomp filter.
 //! * `none`: rlimits and the uid drop only.
 
 use std::ffi::OsString;
@@ -21,6 +22,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use replbox_exec::{ExecArgs, LandlockMode, PROGRAM_FD, Rlimit, STATUS_FD};
+
+use crate::egress::{Egress, Endpoint};
 
 pub mod bwrap;
 pub mod landlock;
@@ -81,7 +84,8 @@ pub struct Settings {
     pub mode: Mode,
     /// Refuse to start below this level.
     pub require: Option<Level>,
-    pub network: bool,
+    /// What user code may reach through the egress proxy (nothing by default).
+    pub egress: crate::egress::Policy,
     pub limits: Limits,
     /// Directories to hide besides [`DEFAULT_MASKS`].
     pub masks: Vec<PathBuf>,
@@ -101,6 +105,8 @@ pub struct Jail {
     pub ro: Vec<PathBuf>,
     /// CPU seconds (one-shot runs only).
     pub cpu_s: Option<u64>,
+    /// Its way to the egress proxy (the only network it has), when the operator allows one.
+    pub egress: Option<Arc<Endpoint>>,
     /// Set by a process that ended without the helper confirming its whole tree gone: the
     /// lease's uid is then swept before reuse.
     pub dirty: Option<Arc<AtomicBool>>,
@@ -123,7 +129,8 @@ pub struct Sandbox {
     pub level: Level,
     /// The server runs as root: user code runs as a uid of the pool.
     pub root: bool,
-    pub network: bool,
+    /// The egress proxy, when the operator allows any network: the only way out.
+    pub egress: Option<Arc<Egress>>,
     pub limits: Limits,
     /// Landlock ABI of the running kernel (0: none).
     pub landlock_abi: i32,
@@ -214,6 +221,40 @@ impl Sandbox {
         Some(prefix.to_path_buf())
     }
 
+    /// Check the domains a caller asks for (`allow_domains`) against the operator's
+    /// `--caller-domains`; a message for the agent when refused.
+    pub fn check_caller_domains(&self, asked: &[String]) -> Result<Vec<String>, String> {
+        match &self.egress {
+            Some(e) => e.policy().check_caller(asked),
+            None => crate::egress::Policy::default().check_caller(asked),
+        }
+    }
+
+    /// A way to the egress proxy for one session or run (`who` names it in the log),
+    /// allowing the operator's list and `extra` (checked by
+    /// [`check_caller_domains`](Self::check_caller_domains)); None when that allows
+    /// nothing. Inside bwrap a Unix socket the helper's bridge reaches, elsewhere a
+    /// loopback port.
+    pub fn egress_endpoint(
+        &self,
+        who: &str,
+        extra: &[String],
+    ) -> Result<Option<Arc<Endpoint>>, String> {
+        let Some(e) = &self.egress else {
+            return Ok(None);
+        };
+        if extra.is_empty() && !e.policy().grants_anything() {
+            return Ok(None);
+        }
+        let ep = if self.wrapped() {
+            e.unix(who, extra)
+        } else {
+            e.tcp(who, extra)
+        };
+        ep.map(|ep| Some(Arc::new(ep)))
+            .map_err(|e| format!("cannot open the egress proxy: {e}"))
+    }
+
     /// Take a uid for one session or run (None when the server is not root).
     pub fn lease(&self) -> Result<Option<Lease>, String> {
         match &self.pool {
@@ -288,12 +329,31 @@ impl Sandbox {
         } else {
             ""
         };
-        let net = if self.network {
-            "network allowed"
-        } else if self.level == Level::None {
-            "network not restricted"
-        } else {
-            "no network"
+        let net = match (&self.egress, self.level) {
+            (None, Level::None) => "network not restricted".to_string(),
+            (None, _) => "no network".to_string(),
+            (Some(e), _) if !e.policy().grants_anything() => format!(
+                "no network unless a call asks for allow_domains among: {}",
+                e.policy().callers.join(", ")
+            ),
+            (Some(e), level) => {
+                format!(
+                    "network only through the HTTP(S) proxy in HTTPS_PROXY, to {}{}",
+                    e.policy().describe(),
+                    if level == Level::None {
+                        ", advisory at this level"
+                    } else {
+                        ""
+                    }
+                ) + &if e.policy().callers.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; a call may add allow_domains among: {}",
+                        e.policy().callers.join(", ")
+                    )
+                }
+            }
         };
         let l = &self.limits;
         let mb = |v: u64| {
@@ -385,7 +445,12 @@ impl Sandbox {
             let (read, write) = landlock::rules(self.wrapped(), &self.read_roots, jail);
             args.read = read;
             args.write = write;
-            args.net = self.network;
+            args.proxy_port = jail.egress.as_ref().map(|e| e.port);
+            args.proxy_socket = jail
+                .egress
+                .as_ref()
+                .filter(|e| e.socket.is_some() && self.wrapped())
+                .map(|_| PathBuf::from(bwrap::proxy_socket_inside(self)));
             args.seccomp = true;
             args.private_shm = (!self.wrapped()).then(|| mib(l.tmpfs_mb));
         }

@@ -49,6 +49,9 @@ pub struct StartEntry {
     pub idle_timeout_s: Option<u64>,
     #[serde(default)]
     pub files: Vec<FileEntry>,
+    /// Domains asked for (checked again against the server's policy on restore).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_domains: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -369,6 +372,7 @@ mod tests {
                 env: BTreeMap::new(),
                 idle_timeout_s: None,
                 files: Vec::new(),
+                allow_domains: Vec::new(),
             },
         }
     }

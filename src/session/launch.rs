@@ -40,6 +40,8 @@ pub struct StartRequest {
     pub idle_timeout_s: Option<u64>,
     /// Files to put into the session's directory before it starts.
     pub files: Vec<InFile>,
+    /// Domains the caller asks to reach (checked against the operator's `--caller-domains`).
+    pub allow_domains: Vec<String>,
 }
 
 /// The interpreter a session runs: its language, REPL driver, what detection found, and
@@ -134,7 +136,7 @@ impl SessionManager {
     ) -> Result<(StartReport, Arc<Session>), ToolError> {
         let mut slot = self.admit(caller).await?;
         let (lang, spec) = self.session_language(&req.language)?;
-        check_caller_env(&req.env).map_err(ToolError::invalid)?;
+        let domains = self.check_request(&req)?;
         let journaled = restoring.is_none().then(|| req.clone());
         let ask = VenvAsk::of(&lang, req.venv, req.cwd.is_some())?;
         let it = self.interpreter(lang, spec).await?;
@@ -148,7 +150,7 @@ impl SessionManager {
             .dirs(&id, uid, req.cwd, req.files, (ask, it), caller)
             .await?;
         let interp = self
-            .bring_up(&it, &dirs, &prepared, lease.as_ref(), &req.env)
+            .bring_up(&it, &dirs, &prepared, lease.as_ref(), (&req.env, &domains))
             .await?;
         // The baseline for the first evaluation's file changes: taken once the interpreter
         // is up, so what it wrote while starting is not taken for the code's doing.
@@ -211,6 +213,15 @@ impl SessionManager {
         Ok((report, session))
     }
 
+    /// Refuse what no session can take: an invalid variable, domains the operator does not
+    /// let callers ask for. The domains, checked.
+    fn check_request(&self, req: &StartRequest) -> Result<Vec<String>, ToolError> {
+        check_caller_env(&req.env).map_err(ToolError::invalid)?;
+        self.sandbox
+            .check_caller_domains(&req.allow_domains)
+            .map_err(ToolError::invalid)
+    }
+
     /// Start the interpreter in its directories; until it is up, a failure takes the files
     /// brought in away again.
     async fn bring_up(
@@ -219,7 +230,7 @@ impl SessionManager {
         dirs: &Dirs,
         prepared: &Prepared,
         lease: Option<&Lease>,
-        env: &BTreeMap<String, String>,
+        (env, domains): (&BTreeMap<String, String>, &[String]),
     ) -> Result<Interp, ToolError> {
         let uid = lease.map(|l| l.uid);
         let undo = |e: ToolError| {
@@ -231,7 +242,7 @@ impl SessionManager {
                 e
             }
         };
-        let launch = match self.launch(it, dirs, lease, env).await {
+        let launch = match self.launch(it, dirs, lease, env, domains).await {
             Ok(l) => l,
             Err(e) => return Err(undo(e).await),
         };
@@ -376,6 +387,7 @@ impl SessionManager {
         dirs: &Dirs,
         lease: Option<&Lease>,
         caller_env: &BTreeMap<String, String>,
+        domains: &[String],
     ) -> Result<Arc<Launch>, ToolError> {
         let spec = &it.spec;
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
@@ -427,6 +439,12 @@ impl SessionManager {
             .language_env(language.map(|(k, v)| (k.clone(), expand(v, &vars))))
             .caller_env(caller_env)
             .build();
+        let who = format!("session {}", dirs.dir.path().display());
+        let endpoint = self
+            .sandbox
+            .egress_endpoint(&who, domains)
+            .map_err(ToolError::internal)?;
+        let child = child.with_egress(endpoint);
         Ok(Arc::new(Launch {
             sandbox: self.sandbox.clone(),
             jail: child.jail,

@@ -147,6 +147,7 @@ without --state-dir there is none).",
             language: req.language.clone(),
             cwd: req.cwd.as_ref().map(PathBuf::from),
             venv: req.venv.as_ref().map(PathBuf::from),
+            allow_domains: req.allow_domains.clone(),
             env: req.env.clone(),
             idle_timeout_s: req.idle_timeout_s,
             // Files brought into a caller's cwd are still there; a private directory is new.

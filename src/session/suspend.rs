@@ -139,6 +139,7 @@ impl SessionManager {
                 language: req.language.clone(),
                 cwd: req.cwd.as_ref().map(|p| p.display().to_string()),
                 venv: req.venv.as_ref().map(|p| p.display().to_string()),
+                allow_domains: req.allow_domains.clone(),
                 env: req.env.clone(),
                 idle_timeout_s: req.idle_timeout_s,
                 files: req
