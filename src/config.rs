@@ -59,6 +59,12 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_MAX_SESSIONS_PER_PRINCIPAL", default_value_t = 16)]
     pub max_sessions_per_principal: usize,
 
+    /// Sessions (open or starting) and `run-code` calls (running) one principal may hold at
+    /// once, together: each holds a sandbox uid, so no principal takes them all; 0 means no
+    /// limit.
+    #[arg(long, env = "REPLBOX_MAX_ACTIVE_PER_PRINCIPAL", default_value_t = 32)]
+    pub max_active_per_principal: usize,
+
     /// Interpreters kept started ahead of time for `run-code`, per language that has a
     /// warm pool (python); each runs one program. 0 disables the pool.
     #[arg(long, env = "REPLBOX_POOL", default_value_t = 2)]
@@ -190,6 +196,10 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_MAX_RESOURCE_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_resource_bytes: u64,
 
+    /// Longest line (one JSON-RPC message) read on stdin, in bytes; a longer one is answered
+    /// with an error and skipped.
+    #[arg(long, env = "REPLBOX_MAX_LINE_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_line_bytes: usize,
     /// Cells a session's history keeps (session_history, session_export): the newest.
     #[arg(long, env = "REPLBOX_HISTORY_CELLS", default_value_t = 1000)]
     pub history_cells: usize,
@@ -239,6 +249,7 @@ impl Default for Config {
             max_sessions: 32,
             evict_idle: false,
             max_sessions_per_principal: 16,
+            max_active_per_principal: 32,
             pool: 2,
             sandbox: Mode::Auto,
             require_sandbox: None,
@@ -261,6 +272,7 @@ impl Default for Config {
             max_image_bytes: 1024 * 1024,
             max_tracked_files: 5000,
             max_resource_bytes: 4 * 1024 * 1024,
+            max_line_bytes: 4 * 1024 * 1024,
             history_cells: 1000,
             history_mb: 16,
             keep_files_s: 600,
@@ -335,6 +347,10 @@ impl Config {
                 "--max-sessions-per-principal",
                 self.max_sessions_per_principal.to_string(),
             ),
+            (
+                "--max-active-per-principal",
+                self.max_active_per_principal.to_string(),
+            ),
             ("--pool", self.pool.to_string()),
             ("--sandbox", value_name(&self.sandbox)),
             ("--memory-mb", self.memory_mb.to_string()),
@@ -349,6 +365,7 @@ impl Config {
             ("--max-image-bytes", self.max_image_bytes.to_string()),
             ("--max-tracked-files", self.max_tracked_files.to_string()),
             ("--max-resource-bytes", self.max_resource_bytes.to_string()),
+            ("--max-line-bytes", self.max_line_bytes.to_string()),
             ("--history-cells", self.history_cells.to_string()),
             ("--history-mb", self.history_mb.to_string()),
             ("--keep-files-s", self.keep_files_s.to_string()),
@@ -437,6 +454,7 @@ mod tests {
             max_sessions: 3,
             evict_idle: true,
             max_sessions_per_principal: 4,
+            max_active_per_principal: 14,
             pool: 5,
             sandbox: Mode::Landlock,
             require_sandbox: Some(Level::Landlock),
@@ -459,6 +477,7 @@ mod tests {
             max_image_bytes: 6,
             max_tracked_files: 7,
             max_resource_bytes: 8,
+            max_line_bytes: 9,
             history_cells: 9,
             history_mb: 10,
             keep_files_s: 11,

@@ -63,14 +63,14 @@ calls; use session_start/session_eval to keep state.",
             env: p.env,
             timeout,
             venv: p.venv.map(std::path::PathBuf::from),
-            principal: caller.principal,
+            principal: caller.principal.clone(),
             allow_domains: p.allow_domains,
         };
         let progress = progress_reporter(&ctx, timeout);
         let report = self
             .app
             .runner
-            .run(&lang, req, &ctx.ct, progress.as_deref())
+            .run_for(&caller, &lang, req, &ctx.ct, progress.as_deref())
             .await?;
         Ok(result(report.text(), &report, !report.success()))
     }

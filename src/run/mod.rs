@@ -18,9 +18,11 @@ use crate::error::ToolError;
 use crate::exec::Proc;
 use crate::exec::child::{Child, ChildBuilder, check_caller_env};
 use crate::hostfs::{self, CwdPolicy};
+use crate::identity::Caller;
 use crate::lang::{InterpreterInfo, Language, Why, expand, expand_command};
 use crate::progress::Progress;
 use crate::sandbox::{Holder, Lease, Sandbox};
+use crate::share::{Shares, Use};
 use crate::venv::{self, Venv, VenvPolicy};
 use crate::workspace::{PrivateDir, Workspace};
 pub use report::{Phase, RunReport};
@@ -68,6 +70,8 @@ pub struct Runner {
     pub(crate) pool: Arc<WarmPool>,
     /// What a caller's directory (a `venv`) may be.
     pub(crate) cwd_policy: Arc<CwdPolicy>,
+    /// Every principal's share of sessions and runs (shared with the sessions).
+    pub(crate) shares: Arc<Shares>,
 }
 
 /// Why there is no place to run in.
@@ -146,6 +150,20 @@ impl Place {
 }
 
 impl Runner {
+    /// [`run`](Self::run) for `caller`, holding one of its shares (`share`) while it runs:
+    /// refused when the caller already holds all its shares in sessions and runs.
+    pub async fn run_for(
+        &self,
+        caller: &Caller,
+        lang: &Arc<Language>,
+        req: RunRequest,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+    ) -> Result<RunReport, ToolError> {
+        let _share = self.shares.take(caller, Use::Run)?;
+        self.run(lang, req, cancel, progress).await
+    }
+
     /// Run `req` once: in a pooled interpreter when the pool can honour it, else in a fresh
     /// place; compile first for compiled languages. A refused request (see
     /// [`RunRequest::check`], a `venv` the run's uid may not use) is an error; a run that
@@ -300,7 +318,7 @@ impl Runner {
     /// A fresh place for a run: a uid from the pool (when the server is root; returned when
     /// the place is dropped, after its processes are gone) and a private directory it owns.
     /// The uid is `holder`'s (see `Sandbox::lease`). With `reclaim`, a pool of uids all in
-    /// use first takes one back from the kept files of an ended session.
+    /// use first takes one back from the warm pool or the kept files of an ended session.
     async fn place(
         &self,
         lang: &Language,

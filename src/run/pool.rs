@@ -128,6 +128,33 @@ impl<W: Ready> Pool<W> {
         taken
     }
 
+    /// Take the oldest ready interpreter of any language (to stop it: its uid is needed);
+    /// ones that ended are dropped on the way. Not refilled here: the next run refills.
+    pub fn take_any(&self) -> Option<W> {
+        let mut discarded = Vec::new();
+        let taken = {
+            let mut st = self.lock();
+            let mut oldest: Option<(&String, Instant)> = None;
+            for (lang, slot) in st.slots.iter_mut() {
+                while let Some(w) = slot.ready.front_mut() {
+                    if !w.ended() {
+                        break;
+                    }
+                    discarded.extend(slot.ready.pop_front());
+                }
+                if let Some(w) = slot.ready.front()
+                    && oldest.is_none_or(|(_, born)| w.born() < born)
+                {
+                    oldest = Some((lang, w.born()));
+                }
+            }
+            let lang = oldest.map(|(l, _)| l.clone());
+            lang.and_then(|l| st.slots.get_mut(&l)?.ready.pop_front())
+        };
+        drop(discarded);
+        taken
+    }
+
     /// Start as many interpreters of `lang` as it lacks, each with `start`, in the
     /// background; each joins the pool when its start has finished.
     pub fn refill<F, Fut>(self: &Arc<Self>, lang: &str, start: F)
@@ -281,6 +308,30 @@ mod tests {
         assert!(pool.take_at("python", later).is_none());
         assert_eq!(dropped.load(Ordering::SeqCst), 4, "all killed");
         assert_eq!(pool.reserve("python"), 4, "and all to replace");
+    }
+
+    #[test]
+    fn take_any_takes_the_oldest_of_any_language() {
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let pool = Pool::new(2);
+        pool.activate();
+        assert!(pool.take_any().is_none());
+        let t0 = Instant::now();
+        assert_eq!(pool.reserve("python"), 2);
+        assert_eq!(pool.reserve("ruby"), 2);
+        let mut ended = fake(1, t0, &dropped);
+        ended.ended = true;
+        pool.started("python", Ok(ended));
+        pool.started("python", Ok(fake(3, t0 + Duration::from_secs(2), &dropped)));
+        pool.started("ruby", Ok(fake(2, t0 + Duration::from_secs(1), &dropped)));
+        assert_eq!(pool.take_any().map(|w| w.n), Some(2), "the oldest alive");
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            2,
+            "1 ended, dropped; 2 taken"
+        );
+        assert_eq!(pool.take_any().map(|w| w.n), Some(3));
+        assert!(pool.take_any().is_none());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::supervise::pipes;
 use super::{Place, RunRequest, Runner};
 use crate::exec::{self, Proc};
 use crate::lang::{Language, Registry, expand_command};
-use crate::sandbox::Holder;
+use crate::sandbox::{Holder, Reclaim};
 
 /// A pooled interpreter waiting for its program. Dropping it kills its tree (the helper
 /// tears it down on SIGTERM) and removes its directory.
@@ -45,6 +45,32 @@ impl Ready for Warm {
 
 /// The warm pools of `run-code`.
 pub type WarmPool = Pool<Warm>;
+
+/// A pooled interpreter is only a head start: when every uid is in use, one is stopped to
+/// give its uid to a caller's session or run rather than make the caller wait or fail.
+impl Reclaim for WarmPool {
+    /// Pooled interpreters hold unbound uids (bound to no principal): any caller may take one.
+    fn reclaim<'a>(
+        &'a self,
+        _principal: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>> {
+        Box::pin(async move {
+            let Some(mut w) = self.take_any() else {
+                return false;
+            };
+            tracing::info!(
+                pid = w.proc.pid,
+                "stopping a pooled interpreter: its uid is needed"
+            );
+            w.proc.kill_tree().await;
+            let Warm { proc, place, .. } = w;
+            drop(proc);
+            // Its directory removed and its uid returned before the caller leases again.
+            place.release().await;
+            true
+        })
+    }
+}
 
 impl Runner {
     /// Whether a pooled interpreter can run this request exactly as a cold start would.

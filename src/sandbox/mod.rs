@@ -143,12 +143,13 @@ pub struct Sandbox {
     pool: Option<Arc<UidPool>>,
     /// A remembered bwrap success still to confirm (see [`probe`]).
     unverified: Mutex<Option<probe::ProbeCache>>,
-    /// What can give a uid back when every one is in use (the kept files of ended sessions).
-    reclaimer: OnceLock<std::sync::Weak<dyn Reclaim>>,
+    /// What can give a uid back when every one is in use, asked in order (the warm pool's
+    /// interpreters, the kept files of ended sessions).
+    reclaimers: Mutex<Vec<std::sync::Weak<dyn Reclaim>>>,
 }
 
-/// Something that holds uids it can let go of when the pool runs dry: the files of ended
-/// sessions, kept readable as their uid for a while.
+/// Something that holds uids it can let go of when the pool runs dry: the warm pool's
+/// interpreters, the files of ended sessions kept readable as their uid for a while.
 pub trait Reclaim: Send + Sync {
     /// Give back one uid `principal` may use (awaiting its release); false when there is
     /// none to give. A kept session's uid is bound to its owner, so only the principal's
@@ -301,10 +302,21 @@ impl Sandbox {
             match self.lease(holder) {
                 Ok(l) => return Ok(l),
                 Err(e) => {
-                    let Some(r) = self.reclaimer.get().and_then(std::sync::Weak::upgrade) else {
-                        return Err(e);
-                    };
-                    if !r.reclaim(principal).await {
+                    let reclaimers: Vec<Arc<dyn Reclaim>> = self
+                        .reclaimers
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .iter()
+                        .filter_map(std::sync::Weak::upgrade)
+                        .collect();
+                    let mut gave = false;
+                    for r in reclaimers {
+                        if r.reclaim(principal).await {
+                            gave = true;
+                            break;
+                        }
+                    }
+                    if !gave {
                         return Err(e);
                     }
                 }
@@ -312,9 +324,12 @@ impl Sandbox {
         }
     }
 
-    /// Set what gives uids back when the pool is dry (once).
-    pub fn set_reclaimer(&self, r: std::sync::Weak<dyn Reclaim>) {
-        let _ = self.reclaimer.set(r);
+    /// Add what gives uids back when the pool is dry (asked after those added before).
+    pub fn add_reclaimer(&self, r: std::sync::Weak<dyn Reclaim>) {
+        self.reclaimers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(r);
     }
 
     /// The existing directories hidden from user code (canonical): a caller's `cwd` may not

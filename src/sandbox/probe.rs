@@ -4,7 +4,7 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::landlock::read_roots;
@@ -143,7 +143,7 @@ impl Plan {
             read_roots: Vec::new(),
             pool: self.pool.clone().ok().flatten(),
             unverified: Mutex::new(None),
-            reclaimer: OnceLock::new(),
+            reclaimers: Mutex::new(Vec::new()),
         }
     }
 

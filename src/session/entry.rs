@@ -17,6 +17,7 @@ use super::watch::Tracked;
 use crate::identity::Caller;
 use crate::lang::Language;
 use crate::sandbox::Lease;
+use crate::share::Share;
 use crate::workspace::PrivateDir;
 
 pub(super) struct Busy {
@@ -118,6 +119,8 @@ pub struct Session {
     pub(super) record: Arc<Mutex<Record>>,
     /// Its journal, with `--state-dir`.
     pub(super) journal: Option<Arc<Writer>>,
+    /// The owner's share of sessions and runs it holds while it is open.
+    pub(super) share: Mutex<Option<Share>>,
 }
 
 /// What a session holds on the host besides its processes: its private directory (work,

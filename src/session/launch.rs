@@ -147,7 +147,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         restoring: Option<Arc<Writer>>,
     ) -> Result<(StartReport, Arc<Session>), ToolError> {
         self.check_idle_timeout(req.idle_timeout_s)?;
-        let _slot = self.admit(caller).await?;
+        let mut slot = self.admit(caller).await?;
         let (lang, spec) = self.session_language(&req.language)?;
         let domains = self.check_request(&req)?;
         let journaled = restoring.is_none().then(|| req.clone());
@@ -220,6 +220,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             interrupt: Mutex::new(None),
             record: Arc::new(Mutex::new(Record::new(self.config.history_bounds()))),
             journal,
+            share: Mutex::new(slot.share()),
         });
         self.sessions.insert(id, session.clone());
         Ok((report, session))

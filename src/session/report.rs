@@ -428,8 +428,9 @@ pub(super) fn apply_ending(
     }
 }
 
-/// Fill status and error from the end marker (or the language's error pattern).
-fn apply_marker(
+/// Fill status and error from the end marker (or the language's error pattern). Public for
+/// the fuzz targets (`fuzz/`): the payload is bytes user code can forge.
+pub fn apply_marker(
     report: &mut EvalReport,
     marker: &scan::EndMarker,
     error_pattern: Option<&regex::Regex>,

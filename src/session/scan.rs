@@ -27,7 +27,7 @@ pub struct EndMarker {
 }
 
 /// A marker body longer than this is not ours (or is broken): pass it through as data.
-const MAX_MARKER: usize = 16 * 1024;
+pub const MAX_MARKER: usize = 16 * 1024;
 
 pub struct Scanner {
     prompt: Vec<u8>,
@@ -80,7 +80,8 @@ impl Scanner {
                     };
                     let body_start = start + prefix_len;
                     match memmem::find(&buf[body_start..], b"\x1b\\") {
-                        Some(len) => {
+                        // Over the bound whether it came in one read or in many.
+                        Some(len) if len <= MAX_MARKER => {
                             let body = &buf[body_start..body_start + len];
                             let parsed = if matches!(kind, Kind::End) {
                                 parse_end(body).map(Event::End)
@@ -96,6 +97,10 @@ impl Scanner {
                                     .push(Event::Data(buf[start..body_start + len + 2].to_vec())),
                             }
                             pos = body_start + len + 2;
+                        }
+                        Some(_) => {
+                            events.push(Event::Data(buf[start..body_start].to_vec()));
+                            pos = body_start;
                         }
                         None if buf.len() - body_start > MAX_MARKER => {
                             // Not a marker after all; release it as output.
@@ -313,6 +318,27 @@ mod tests {
         let mut s = scanner();
         let ev = collect(&mut s, &[b"\x1b_rbx;abc;c\x1b\\"]);
         assert_eq!(ev, vec![Event::Continuation]);
+    }
+
+    #[test]
+    fn a_marker_body_over_the_bound_is_output_however_it_is_read() {
+        let mut stream = b"\x1b_rbx;abc;e;3;ok;".to_vec();
+        stream.extend(std::iter::repeat_n(b'A', MAX_MARKER));
+        stream.extend_from_slice(b"\x1b\\after");
+        let whole = collect(&mut scanner(), &[&stream]);
+        let chunks: Vec<&[u8]> = stream.chunks(4096).collect();
+        let split = collect(&mut scanner(), &chunks);
+        assert_eq!(whole, split);
+        assert_eq!(whole, vec![Event::Data(stream.clone())]);
+        // At the bound it is still a marker.
+        let mut at = b"\x1b_rbx;abc;e;3;ok;".to_vec();
+        at.extend(std::iter::repeat_n(b'A', MAX_MARKER - "3;ok;".len()));
+        at.extend_from_slice(b"\x1b\\");
+        let ev = collect(&mut scanner(), &[&at]);
+        assert!(
+            matches!(ev.as_slice(), [Event::End(m)] if m.n == 3),
+            "{ev:?}"
+        );
     }
 
     #[test]
