@@ -1,4 +1,4 @@
-//! The output renderer (`output::Renderer`, through a vt100 screen) and its head+tail buffer
+//! The output renderer (`output::Renderer`: parser, clamped screen, budget) and its head+tail buffer
 //! (`output::HeadTail`), on bytes user code prints, in reads of any size.
 //!
 //! Properties, besides no panic: the rendered text is bounded by the cap (the head and tail
