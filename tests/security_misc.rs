@@ -951,6 +951,18 @@ async fn metric(addr: &str, token: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// Unbind this test's own uids (`base..base + n`, used by no other test) from the principals
+/// an earlier run of it bound them to: a uid stays bound as long as `/run/replbox` lasts, and
+/// the pool only starts interpreters on unbound uids.
+fn unbind_test_uids(base: u32, n: u32) {
+    for uid in base..base + n {
+        let p = std::path::PathBuf::from(format!("/run/replbox/{uid}"));
+        if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&p) {
+            f.set_len(0).expect("unbind a test uid");
+        }
+    }
+}
+
 // The warm pool's interpreters hold uids too. When they hold every uid, a caller's session
 // or run stops one and takes its uid, rather than being refused.
 #[tokio::test(flavor = "multi_thread")]
@@ -960,7 +972,14 @@ async fn finding_7_the_warm_pool_yields_its_uids_to_callers() {
         return;
     }
     for (i, level) in ALL.iter().enumerate() {
-        let base = (173_000 + 10 * i).to_string();
+        // As root at level none there is no warm pool (a run's uid is bound to its caller
+        // before it starts: docs/security.md, Uids and principals), so nothing to yield.
+        if *level == "none" {
+            continue;
+        }
+        let base = 173_000 + 10 * i as u32;
+        unbind_test_uids(base, 2);
+        let base = base.to_string();
         let args = ["--sandbox", level, "--uids", "2", "--uid-base", &base];
         let s = match HttpServer::try_start(
             &args,
