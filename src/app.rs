@@ -90,6 +90,12 @@ impl App {
             sandbox: sandbox.clone(),
             cwd_policy: cwd_policy.clone(),
         };
+        // Pooled interpreters hold uids: when callers find none free, the pool gives its up.
+        let pool = runner.pool.clone();
+        sandbox.on_short(crate::sandbox::Reclaim(Box::new(move || {
+            let w = pool.yield_one()?;
+            Some(Box::pin(w.release()))
+        })));
         let sessions = Arc::new(SessionManager::new(
             config.clone(),
             registry.clone(),

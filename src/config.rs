@@ -58,9 +58,11 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_MAX_SESSIONS_PER_PRINCIPAL", default_value_t = 16)]
     pub max_sessions_per_principal: usize,
 
-    /// Interpreters kept started ahead of time for `run-code`, per language that has a
-    /// warm pool (python); each runs one program. 0 disables the pool.
-    #[arg(long, env = "REPLBOX_POOL", default_value_t = 2)]
+    /// The most interpreters kept started ahead of time for `run-code`, per language that
+    /// has a warm pool (python, javascript, ruby, bash); each runs one program. A pool starts
+    /// at 2, doubles up to this when runs empty it, and halves down to 1 for every minute
+    /// without a run. 0 disables the pools.
+    #[arg(long, env = "REPLBOX_POOL", default_value_t = 8)]
     pub pool: usize,
     /// Isolation of user code: `auto` picks the strongest level that works here (probed at
     /// start), or name one; a named level that does not work stops the server.
@@ -172,7 +174,7 @@ impl Default for Config {
             max_sessions: 32,
             evict_idle: false,
             max_sessions_per_principal: 16,
-            pool: 2,
+            pool: 8,
             sandbox: Mode::Auto,
             require_sandbox: None,
             allow_network: false,

@@ -220,7 +220,7 @@ impl Runner {
     /// (with the interpreter), else a fresh one.
     async fn place_for(
         &self,
-        lang: &Language,
+        lang: &Arc<Language>,
         req: &RunRequest,
         cpu_s: u64,
     ) -> Result<(Place, Option<Proc>), NoPlace> {
@@ -233,7 +233,7 @@ impl Runner {
         if let Some(requested) = &req.venv {
             // Never pooled: the environment is checked as this run's uid, and the
             // interpreter is its own.
-            let mut place = self.place(lang, &detected.exe, cpu_s)?;
+            let mut place = self.caller_place(lang, &detected.exe, cpu_s).await?;
             let policy = VenvPolicy {
                 dirs: (*self.cwd_policy).clone(),
                 trusted: self.sandbox.interpreter_dirs(&detected.exe),
@@ -247,13 +247,13 @@ impl Runner {
             return Ok((place, None));
         }
         let warm = if self.poolable(lang, req, cpu_s) {
-            self.pool.take(lang.id())
+            self.take_warm(lang, req).await
         } else {
             None
         };
         match warm {
             Some(w) => Ok((w.place, Some(w.proc))),
-            None => Ok((self.place(lang, &detected.exe, cpu_s)?, None)),
+            None => Ok((self.caller_place(lang, &detected.exe, cpu_s).await?, None)),
         }
     }
 
@@ -268,10 +268,22 @@ impl Runner {
         .max(1)
     }
 
+    /// A fresh place for a caller's run: [`place`](Self::place) with a uid that pooled
+    /// interpreters give back when none is free.
+    async fn caller_place(&self, lang: &Language, exe: &Path, cpu_s: u64) -> Result<Place, String> {
+        let lease = self.sandbox.lease_for_caller().await?;
+        self.place(lang, exe, cpu_s, lease)
+    }
+
     /// A fresh place for a run: a uid from the pool (when the server is root; returned when
     /// the place is dropped, after its processes are gone) and a private directory it owns.
-    fn place(&self, lang: &Language, exe: &Path, cpu_s: u64) -> Result<Place, String> {
-        let lease = self.sandbox.lease()?;
+    fn place(
+        &self,
+        lang: &Language,
+        exe: &Path,
+        cpu_s: u64,
+        lease: Option<Lease>,
+    ) -> Result<Place, String> {
         let uid = lease.as_ref().map(|l| l.uid);
         let dir = self
             .workspace

@@ -136,6 +136,25 @@ pub struct Sandbox {
     pool: Option<Arc<UidPool>>,
     /// A remembered bwrap success still to confirm (see [`probe`]).
     unverified: Mutex<Option<probe::ProbeCache>>,
+    /// Gives a uid back when none is free: the warm pool's (see [`Sandbox::on_short`]).
+    reclaim: std::sync::OnceLock<Reclaim>,
+}
+
+/// Frees one uid held ahead of time (by a pooled interpreter), resolving once it is back;
+/// None when there is nothing to give up.
+pub struct Reclaim(
+    #[allow(clippy::type_complexity)]
+    pub  Box<
+        dyn Fn() -> Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>
+            + Send
+            + Sync,
+    >,
+);
+
+impl std::fmt::Debug for Reclaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reclaim")
+    }
 }
 
 impl Sandbox {
@@ -210,6 +229,33 @@ impl Sandbox {
             None => Ok(None),
             Some(pool) => pool.clone().acquire(self.level != Level::Bwrap).map(Some),
         }
+    }
+
+    /// [`lease`](Self::lease) for a caller: when no uid is free, uids held ahead of time
+    /// (pooled interpreters) are given back one by one until one is.
+    pub async fn lease_for_caller(&self) -> Result<Option<Lease>, String> {
+        loop {
+            match self.lease() {
+                Ok(l) => return Ok(l),
+                Err(e) => match self.reclaim.get().and_then(|r| (r.0)()) {
+                    Some(freed) => freed.await,
+                    None => return Err(e),
+                },
+            }
+        }
+    }
+
+    /// What gives uids back to callers when none is free (set once, by the warm pool).
+    pub fn on_short(&self, reclaim: Reclaim) {
+        let _ = self.reclaim.set(reclaim);
+    }
+
+    /// Whether uids run short: at most a quarter of them (at least 2) are free. Work done
+    /// ahead of time (the warm pool) takes none then. Never short when not root.
+    pub fn uids_short(&self) -> bool {
+        self.pool
+            .as_ref()
+            .is_some_and(|p| p.free() <= (p.size() as usize / 4).max(2))
     }
 
     /// The existing directories hidden from user code (canonical): a caller's `cwd` may not

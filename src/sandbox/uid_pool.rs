@@ -63,6 +63,15 @@ impl UidPool {
         })
     }
 
+    /// How many uids this server could still hand out (ignoring those another server holds).
+    pub(super) fn free(&self) -> usize {
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub(super) fn size(&self) -> u32 {
+        self.size
+    }
+
     fn try_lock(&self, uid: u32) -> Option<Flock<std::fs::File>> {
         use std::os::unix::fs::OpenOptionsExt;
         let f = std::fs::OpenOptions::new()

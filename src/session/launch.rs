@@ -121,7 +121,8 @@ impl SessionManager {
         let it = self.interpreter(lang, spec).await?;
         let lease = self
             .sandbox
-            .lease()
+            .lease_for_caller()
+            .await
             .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
         let uid = lease.as_ref().map(|l| l.uid);
         let id = uuid::Uuid::new_v4().to_string();
