@@ -15,22 +15,24 @@ print("files over 600 lines:", [(n, p) for n, p in big if n > 600])
 # longest functions: brace matching from `fn` lines
 fnre = re.compile(r'^\s*(pub(\([^)]*\))?\s+)?(async\s+)?(unsafe\s+)?(extern\s+"C"\s+)?fn\s+(\w+)')
 longest = []
+def code_only(text):
+    """`text` with string and char literals and comments blanked, newlines kept (so that
+    braces inside them are not counted)."""
+    tok = re.compile(r'r(#*)".*?"\1|b?"(\\.|[^"\\])*"|\'(\\.|[^\'\\])\'|//[^\n]*', re.S)
+    return tok.sub(lambda m: '""' + "\n" * m.group(0).count("\n"), text)
 for p in files:
-    text = open(p).read().split("\n")
+    text = code_only(open(p).read()).split("\n")
     i = 0
     while i < len(text):
         m = fnre.match(text[i])
         if m:
             depth = 0; started = False; j = i
             while j < len(text):
-                line = re.sub(r'"(\\.|[^"\\])*"', '""', text[j])
-                line = re.sub(r"'(\\.|[^'\\])'", "''", line)
-                line = line.split("//")[0]
-                for ch in line:
+                for ch in text[j]:
                     if ch == '{': depth += 1; started = True
                     elif ch == '}': depth -= 1
                 if started and depth <= 0: break
-                if not started and line.rstrip().endswith(';'): break
+                if not started and text[j].rstrip().endswith(';'): break
                 j += 1
             if started: longest.append((j - i + 1, os.path.relpath(p, root), m.group(6)))
         i += 1

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::config::Config;
 use crate::hostfs::CwdPolicy;
 use crate::lang::{Registry, Why};
+use crate::metrics::{Gauges, Metrics};
 use crate::run::Runner;
 use crate::run::warm::WarmPool;
 use crate::sandbox::Sandbox;
@@ -20,6 +21,8 @@ pub struct App {
     pub(crate) sessions: Arc<SessionManager>,
     /// Tool calls running now, over every connection.
     pub(crate) calls: InFlight,
+    /// Counters and histograms of the calls, for `GET /metrics`.
+    pub metrics: Metrics,
 }
 
 /// A count of work in progress; [`InFlight::enter`] returns a guard that counts while held.
@@ -50,6 +53,13 @@ impl App {
     /// and the workspace are set up; a named level that does not work, or one below
     /// `--require-sandbox`, is an error here, before anything is served.
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
+        // The journals' directory exists before the sandbox is decided: it is one of the
+        // trees hidden from user code.
+        let state = config
+            .state_dir
+            .as_deref()
+            .map(crate::session::journal::StateDir::open)
+            .transpose()?;
         let probe = Sandbox::probe(&config.sandbox_settings());
         let mut registry = Registry::load(config.prompts.as_deref())?;
         if let Some(python) = &config.python {
@@ -59,6 +69,12 @@ impl App {
         }
         let workspace = Arc::new(Workspace::new(config.work_dir.as_deref())?);
         let sandbox = Arc::new(probe.finish(workspace.root())?);
+        if state.is_some() && !sandbox.root && sandbox.level == crate::sandbox::Level::None {
+            anyhow::bail!(
+                "--state-dir needs a sandbox (level bwrap or landlock) or a server running as \
+root: at level none, user code runs as the server's own user and could read the journals"
+            );
+        }
         registry.restrict(
             |exe| sandbox.can_run(exe),
             |exe| sandbox.cannot_run_reason(exe),
@@ -90,19 +106,20 @@ impl App {
             sandbox: sandbox.clone(),
             cwd_policy: cwd_policy.clone(),
         };
-        // Pooled interpreters hold uids: when callers find none free, the pool gives its up.
-        let pool = runner.pool.clone();
-        sandbox.on_short(crate::sandbox::Reclaim(Box::new(move || {
-            let w = pool.yield_one()?;
-            Some(Box::pin(w.release()))
-        })));
+        // Pooled interpreters hold uids: when callers find none free, the pool gives its up
+        // first, then ended sessions their kept files.
+        let pool: Arc<dyn crate::sandbox::Reclaim> = runner.pool.clone();
+        sandbox.add_reclaimer(Arc::downgrade(&pool));
         let sessions = Arc::new(SessionManager::new(
             config.clone(),
             registry.clone(),
             workspace,
             sandbox.clone(),
             cwd_policy,
+            state,
         ));
+        let reclaim: Arc<dyn crate::sandbox::Reclaim> = sessions.clone();
+        sandbox.add_reclaimer(Arc::downgrade(&reclaim));
         sessions.spawn_reaper();
         Ok(Arc::new(Self {
             config,
@@ -111,6 +128,7 @@ impl App {
             runner,
             sessions,
             calls: InFlight::default(),
+            metrics: Metrics::new(),
         }))
     }
 
@@ -121,6 +139,43 @@ impl App {
         self.registry.detect_all_in_background();
         self.sandbox.verify_in_background();
         self.runner.fill_pools(&self.registry);
+    }
+
+    /// The metrics, with the gauges read from the server's state now.
+    pub fn metrics_text(&self) -> String {
+        let level = self.sandbox.level.to_string();
+        self.metrics.encode(Gauges {
+            sessions_open: self.sessions.count(),
+            warm_pool: self.runner.pool.ready(),
+            uids_in_use: self.sandbox.uids_in_use(),
+            sandbox_level: &level,
+        })
+    }
+
+    /// Log, once at start, the sandbox level in force and the limits calls run under.
+    pub fn log_settings(&self) {
+        let c = &self.config;
+        let l = &self.sandbox.limits;
+        tracing::info!(
+            sandbox = %self.sandbox.level,
+            as_root = self.sandbox.root,
+            network = self.sandbox.network,
+            memory_mb = l.memory_mb,
+            processes = l.processes,
+            file_size_mb = l.file_size_mb,
+            open_files = l.open_files,
+            cpu_s = l.cpu_s,
+            tmpfs_mb = l.tmpfs_mb,
+            default_timeout_ms = c.default_timeout_ms,
+            max_timeout_ms = c.max_timeout_ms,
+            output_cap = c.output_cap,
+            max_sessions = c.max_sessions,
+            max_sessions_per_principal = c.max_sessions_per_principal,
+            idle_timeout_s = c.idle_timeout_s,
+            pool = c.pool,
+            uids = c.uids,
+            "sandbox and limits"
+        );
     }
 
     /// Stop everything the server started.

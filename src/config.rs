@@ -100,8 +100,8 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_OPEN_FILES", default_value_t = 1024)]
     pub open_files: u64,
 
-    /// CPU seconds per process of a `run-code` call (RLIMIT_CPU); 0 means the call's timeout.
-    /// Sessions have none: CPU time is cumulative, and a session lives long.
+    /// CPU seconds per process of a `run-code` call (RLIMIT_CPU); 0 means the call's timeout
+    /// plus a second. Sessions have none: CPU time is cumulative, and a session lives long.
     #[arg(long, env = "REPLBOX_CPU_S", default_value_t = 0)]
     pub cpu_s: u64,
 
@@ -158,6 +158,40 @@ pub struct Config {
     /// Largest session file `resources/read` returns, in bytes.
     #[arg(long, env = "REPLBOX_MAX_RESOURCE_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_resource_bytes: u64,
+
+    /// Cells a session's history keeps (session_history, session_export): the newest.
+    #[arg(long, env = "REPLBOX_HISTORY_CELLS", default_value_t = 1000)]
+    pub history_cells: usize,
+
+    /// MiB of code, output and figures a session's history keeps: the newest cells.
+    #[arg(long, env = "REPLBOX_HISTORY_MB", default_value_t = 16)]
+    pub history_mb: u64,
+
+    /// Seconds an ended session's files (read-only, as resources) and history are kept
+    /// after it ends; 0 removes them at once. A caller's `cwd` is never removed.
+    #[arg(long, env = "REPLBOX_KEEP_FILES_S", default_value_t = 600)]
+    pub keep_files_s: u64,
+
+    /// Journal sessions here so they survive a restart of the server: each session's start
+    /// request and the code of its cells (a directory of the server's own, mode 0700; off
+    /// when not given, and nothing is written).
+    #[arg(long, env = "REPLBOX_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Largest journal of one session, in MiB: cells past it are not journaled (and not
+    /// replayed by a restore, which says so).
+    #[arg(long, env = "REPLBOX_JOURNAL_MAX_MB", default_value_t = 16)]
+    pub journal_max_mb: u64,
+
+    /// Seconds the journal of a session that ended without session_close (reaped, exited,
+    /// evicted, or suspended by a stop of the server) is kept, restorable.
+    #[arg(long, env = "REPLBOX_KEEP_JOURNALS_S", default_value_t = 7 * 86_400)]
+    pub keep_journals_s: u64,
+
+    /// Do not restore a suspended session by itself at its first session_eval; only
+    /// session_restore does.
+    #[arg(long, env = "REPLBOX_NO_AUTO_RESTORE")]
+    pub no_auto_restore: bool,
 }
 
 impl Default for Config {
@@ -193,6 +227,13 @@ impl Default for Config {
             max_image_bytes: 1024 * 1024,
             max_tracked_files: 5000,
             max_resource_bytes: 4 * 1024 * 1024,
+            history_cells: 1000,
+            history_mb: 16,
+            keep_files_s: 600,
+            state_dir: None,
+            journal_max_mb: 16,
+            keep_journals_s: 7 * 86_400,
+            no_auto_restore: false,
         }
     }
 }
@@ -212,7 +253,8 @@ impl Config {
                 cpu_s: self.cpu_s,
                 tmpfs_mb: self.tmpfs_mb.max(1),
             },
-            masks: self.mask.clone(),
+            // The journals are the server's: hidden like the masked trees.
+            masks: self.mask.iter().chain(&self.state_dir).cloned().collect(),
             uid_base: self.uid_base,
             uids: self.uids,
         }
@@ -263,6 +305,11 @@ impl Config {
             ("--max-image-bytes", self.max_image_bytes.to_string()),
             ("--max-tracked-files", self.max_tracked_files.to_string()),
             ("--max-resource-bytes", self.max_resource_bytes.to_string()),
+            ("--history-cells", self.history_cells.to_string()),
+            ("--history-mb", self.history_mb.to_string()),
+            ("--keep-files-s", self.keep_files_s.to_string()),
+            ("--journal-max-mb", self.journal_max_mb.to_string()),
+            ("--keep-journals-s", self.keep_journals_s.to_string()),
         ] {
             args.push(flag.into());
             args.push(value.into());
@@ -273,6 +320,13 @@ impl Config {
         }
         if self.evict_idle {
             args.push("--evict-idle".into());
+        }
+        if let Some(dir) = &self.state_dir {
+            args.push("--state-dir".into());
+            args.push(dir.into());
+        }
+        if self.no_auto_restore {
+            args.push("--no-auto-restore".into());
         }
         if let Some(level) = &self.require_sandbox {
             args.push("--require-sandbox".into());
@@ -345,6 +399,13 @@ mod tests {
             max_image_bytes: 6,
             max_tracked_files: 7,
             max_resource_bytes: 8,
+            history_cells: 9,
+            history_mb: 10,
+            keep_files_s: 11,
+            state_dir: Some("/s/tate".into()),
+            journal_max_mb: 12,
+            keep_journals_s: 13,
+            no_auto_restore: true,
         };
         let argv = std::iter::once(OsString::from("x")).chain(config.to_args());
         let parsed = Wrapper::try_parse_from(argv).expect("to_args output parses");
@@ -361,6 +422,12 @@ mod tests {
 }
 
 impl Config {
+    /// The bounds of a session's history (cells, bytes).
+    pub fn history_bounds(&self) -> (usize, usize) {
+        let mb = usize::try_from(self.history_mb).unwrap_or(usize::MAX / (1 << 20));
+        (self.history_cells, mb.saturating_mul(1 << 20))
+    }
+
     /// The idle timeout for a session that asked for `requested` seconds.
     pub fn idle_timeout(&self, requested: Option<u64>) -> Duration {
         let s = requested
@@ -368,6 +435,16 @@ impl Config {
             .clamp(1, self.max_idle_timeout_s.max(1));
         Duration::from_secs(s)
     }
+}
+
+/// How log lines on stderr are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line (tracing-subscriber's JSON formatter).
+    Json,
 }
 
 /// Settings of `serve` that only the streamable HTTP transport uses.
@@ -406,7 +483,8 @@ pub struct HttpConfig {
     pub allowed_hosts: Vec<String>,
 
     /// A browser Origin to accept, e.g. `https://app.example:443` or
-    /// `http://localhost:*` (repeatable). Default: none, so a request carrying any
+    /// `http://localhost:*` (repeatable). Default: none but, on a loopback address, the
+    /// server's own (`http://localhost:PORT`, 127.0.0.1, [::1]); a request carrying another
     /// Origin header (a browser page) is refused; requests without Origin pass.
     #[arg(
         long = "allowed-origin",
@@ -429,6 +507,19 @@ pub struct HttpConfig {
     /// Largest request body accepted on /mcp, in bytes.
     #[arg(long, env = "REPLBOX_HTTP_MAX_BODY", default_value_t = 4 * 1024 * 1024)]
     pub http_max_body: usize,
+
+    /// How long a client may take to send a request's headers, and then its body, in ms; a
+    /// slower or half-sent request is dropped. Also how long an idle kept-alive connection
+    /// stays open.
+    #[arg(long, env = "REPLBOX_HTTP_READ_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_read_timeout_ms: u64,
+
+    /// Connections served at once; more wait, unaccepted, until one closes. Keep it well
+    /// below the open-files limit (`ulimit -n`): sessions need descriptors too.
+    #[arg(long, env = "REPLBOX_HTTP_MAX_CONNECTIONS", default_value_t = 512,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub http_max_connections: u64,
 }
 
 impl Default for HttpConfig {
@@ -442,6 +533,8 @@ impl Default for HttpConfig {
             drain_timeout_ms: 10_000,
             http_session_idle_s: 1800,
             http_max_body: 4 * 1024 * 1024,
+            http_read_timeout_ms: 10_000,
+            http_max_connections: 512,
         }
     }
 }

@@ -20,6 +20,9 @@ pub enum ErrorKind {
     /// The session was closed, its interpreter exited, or it was closed for idleness or to
     /// make room.
     EndedSession,
+    /// The session is suspended (the server it ran in stopped, or it ended with its
+    /// journal kept): `session_restore` starts it again.
+    Suspended,
     /// A limit of the server was reached: open sessions, sandbox user ids.
     Limit,
     /// An argument was refused: an environment variable, `cwd`, `files`, a line too long.

@@ -34,6 +34,8 @@ pub mod lang;
 #[cfg(target_os = "linux")]
 pub mod mcp;
 #[cfg(target_os = "linux")]
+pub mod metrics;
+#[cfg(target_os = "linux")]
 pub(crate) mod output;
 #[cfg(target_os = "linux")]
 pub(crate) mod progress;

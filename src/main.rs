@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use replbox::app::App;
-use replbox::config::{Config, HttpConfig};
+use replbox::config::{Config, HttpConfig, LogFormat};
 use replbox::mcp::ReplboxServer;
 use replbox::run::RunRequest;
 use rmcp::ServiceExt;
@@ -22,6 +22,18 @@ use rmcp::ServiceExt;
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+
+    /// How log lines on stderr are written: `text`, or `json` (one object per line). The
+    /// filter is REPLBOX_LOG (default `warn,replbox=info`: replbox's own events, including
+    /// one audit line per tool call, and other crates' warnings).
+    #[arg(
+        long,
+        global = true,
+        env = "REPLBOX_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text
+    )]
+    log_format: LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -65,14 +77,7 @@ enum Command {
 fn main() -> ExitCode {
     drop_own_python_env_from_path();
     let cli = Cli::parse();
-    // A network server says where it listens: HTTP mode logs replbox's own info lines.
-    let http_mode =
-        matches!(&cli.command, Some(Command::Serve { http, .. }) if http.addr.is_some());
-    init_logging(if http_mode {
-        "warn,replbox=info"
-    } else {
-        "warn"
-    });
+    init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -130,19 +135,56 @@ fn drop_own_python_env_from_path() {
     }
 }
 
-fn init_logging(default_filter: &str) {
-    // stdout is the protocol channel: logs go to stderr only.
+/// replbox's own events (the audit line of every call, start-up, sessions closed) and other
+/// crates' warnings.
+const DEFAULT_LOG: &str = "warn,replbox=info";
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::filter::FilterExt;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
     let filter = tracing_subscriber::EnvFilter::try_from_env("REPLBOX_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    tracing_subscriber::fmt()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG));
+    // rmcp logs every JSON-RPC error it answers at WARN ("response error"), so a client's
+    // mistake (a missing resource, a bad cursor, an unknown tool) would read as a server
+    // problem; replbox logs those itself, below WARN.
+    let not_a_client_mistake = tracing_subscriber::filter::filter_fn(|meta| {
+        !(meta.target() == "rmcp::service"
+            && *meta.level() == tracing::Level::WARN
+            && meta.fields().field("id").is_some()
+            && meta.fields().field("error").is_some())
+    });
+    // stdout is the protocol channel: logs go to stderr only.
+    let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .with_env_filter(filter)
+        .with_ansi(false);
+    let stderr = match format {
+        LogFormat::Text => stderr.boxed(),
+        LogFormat::Json => stderr.json().boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(stderr.with_filter(filter.and(not_a_client_mistake)))
+        .with(replbox::mcp::client_log::layer())
         .init();
 }
 
+/// On a terminal, say what `serve` is waiting for: it looks hung otherwise.
+fn hint_if_terminal() {
+    use std::io::IsTerminal;
+    if std::io::stdin().is_terminal() {
+        eprintln!(
+            "replbox: MCP server on stdio, waiting for an MCP client's JSON-RPC messages on \
+             stdin (configure it in your MCP client rather than typing here); Ctrl-C stops it."
+        );
+    }
+}
+
 async fn serve(config: Config) -> anyhow::Result<ExitCode> {
+    hint_if_terminal();
     let app = App::new(config)?;
+    app.log_settings();
     let server = ReplboxServer::new(app.clone());
     let service = server.serve(rmcp::transport::stdio_pipes()).await?;
     tracing::info!("serving MCP on stdio");
@@ -162,6 +204,7 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
 
 async fn serve_http(config: Config, http: HttpConfig, addr: String) -> anyhow::Result<ExitCode> {
     let app = App::new(config)?;
+    app.log_settings();
     replbox::http::serve(app, &http, &addr, wait_for_termination()).await?;
     Ok(ExitCode::SUCCESS)
 }
@@ -197,7 +240,8 @@ async fn run(
     let app = App::new(config)?;
     let lang = app.registry.get(&language).map_err(|e| {
         anyhow::anyhow!(
-            "{e}; available: {}",
+            "{e}.{} Available: {}",
+            replbox::lang::did_you_mean(app.registry.suggest(&language, false).as_deref()),
             app.registry.available_names().join(", ")
         )
     })?;

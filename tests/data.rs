@@ -435,10 +435,11 @@ async fn files_written_are_listed_and_readable_as_resources() {
         "replbox://sessions/{session_id}/files/{path}"
     );
 
-    // Gone with the session.
+    // Still readable (read-only) for a while after the close: --keep-files-s, which
+    // tests/durable.rs covers.
     s.call("session_close", json!({"session_id": id})).await;
-    assert!(s.read(&bin_uri).await.is_err());
-    assert!(!s.resource_uris().await.contains(&bin_uri));
+    assert!(s.read(&bin_uri).await.is_ok());
+    assert!(s.resource_uris().await.contains(&bin_uri));
     s.stop().await;
 }
 

@@ -300,6 +300,12 @@ async fn no_or_wrong_token_is_401_with_www_authenticate() {
         challenge.starts_with("Bearer ") && challenge.contains("realm="),
         "{challenge}"
     );
+    // A static token, not an OAuth flow: no resource metadata to discover, and it says so.
+    assert!(
+        challenge.contains("static bearer token") && !challenge.contains("resource_metadata"),
+        "{challenge}"
+    );
+    assert!(r.body.contains("static token"), "{}", r.body);
     assert!(r.header("mcp-session-id").is_none(), "no session for a 401");
 
     let r = s.post(Some("not-the-token"), None, INITIALIZE).await;
@@ -832,6 +838,57 @@ async fn host_and_origin_headers_are_checked() {
     assert_eq!(r.status, 403, "the list replaces the loopback defaults");
 }
 
+/// What the official conformance suite's DNS-rebinding scenario sends: a loopback server
+/// serves pages of its own origin (`localhost`, `127.0.0.1`, `[::1]` with its port) and
+/// refuses every other origin, a rebinding name or another local port alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_loopback_server_accepts_its_own_origin_and_no_other() {
+    let s = HttpServer::start(&[], &[]).await;
+    let port = s.addr.port();
+    for host in ["127.0.0.1", "localhost", "[::1]"] {
+        let authority = format!("{host}:{port}");
+        let origin = format!("http://{authority}");
+        let r = s
+            .raw(
+                "POST",
+                "/mcp",
+                &[("Host", &authority), ("Origin", &origin)],
+                INITIALIZE,
+            )
+            .await;
+        assert_eq!(r.status, 200, "{origin}: {r:?}");
+        assert!(r.body.contains("protocolVersion"), "{origin}: {}", r.body);
+    }
+    let other_port = format!("http://127.0.0.1:{}", port.wrapping_add(1).max(1));
+    let evil = format!("http://evil.example.com:{port}");
+    for origin in [
+        "http://evil.example.com",
+        evil.as_str(),
+        other_port.as_str(),
+        "http://localhost",
+        "null",
+    ] {
+        let r = s
+            .raw("POST", "/mcp", &[("Origin", origin)], INITIALIZE)
+            .await;
+        assert_eq!(r.status, 403, "{origin}: {r:?}");
+        assert!(r.header("mcp-session-id").is_none(), "{origin}");
+    }
+    // A rebinding page sends its own name as Host too.
+    let r = s
+        .raw(
+            "POST",
+            "/mcp",
+            &[
+                ("Host", "evil.example.com"),
+                ("Origin", "http://evil.example.com"),
+            ],
+            INITIALIZE,
+        )
+        .await;
+    assert_eq!(r.status, 403, "{r:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_non_loopback_bind_without_a_token_refuses_to_start() {
     for addr in ["0.0.0.0:0", "[::]:0"] {
@@ -972,4 +1029,299 @@ async fn measure_eval_round_trip_http_vs_stdio() {
     eprintln!("session_eval round trip over stdio: {}", summary(local));
     stdio.stop().await;
     let _ = c.cancel().await;
+}
+
+/// The samples of a Prometheus text exposition (format 0.0.4), every line checked:
+/// `# HELP`/`# TYPE` comments or `name{label="value",…} number`.
+fn prometheus_samples(text: &str) -> Vec<(String, f64)> {
+    let name = r"[a-zA-Z_:][a-zA-Z0-9_:]*";
+    let label = r#"[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*""#;
+    let help = regex::Regex::new(&format!(r"^# HELP {name} \S.*$")).unwrap();
+    let kind = regex::Regex::new(&format!(
+        r"^# TYPE {name} (counter|gauge|histogram|summary|untyped)$"
+    ))
+    .unwrap();
+    let sample =
+        regex::Regex::new(&format!(r"^({name}(?:\{{{label}(?:,{label})*\}})?) (\S+)$")).unwrap();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if help.is_match(line) || kind.is_match(line) {
+            continue;
+        }
+        let c = sample
+            .captures(line)
+            .unwrap_or_else(|| panic!("not Prometheus text: {line:?}"));
+        let value: f64 = c[2]
+            .parse()
+            .unwrap_or_else(|_| panic!("not a number: {line:?}"));
+        out.push((c[1].to_string(), value));
+    }
+    out
+}
+
+fn sample(samples: &[(String, f64)], key: &str) -> Option<f64> {
+    samples.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_are_prometheus_text_behind_the_token() {
+    if !require("shellscript", "bash") {
+        return;
+    }
+    let s = HttpServer::start(&["--token", TOKEN_A], &[]).await;
+    let r = s.raw("GET", "/metrics", &[], "").await;
+    assert_eq!(r.status, 401, "{r:?}");
+    assert!(r.header("www-authenticate").is_some(), "{r:?}");
+    let r = s
+        .raw(
+            "GET",
+            "/metrics",
+            &[("Authorization", "Bearer wrong-token")],
+            "",
+        )
+        .await;
+    assert_eq!(r.status, 401, "{r:?}");
+
+    let bearer = format!("Bearer {TOKEN_A}");
+    let scrape = || async {
+        let r = s
+            .raw("GET", "/metrics", &[("Authorization", bearer.as_str())], "")
+            .await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(
+            r.header("content-type"),
+            Some("text/plain; version=0.0.4; charset=utf-8")
+        );
+        prometheus_samples(&r.body)
+    };
+    let first = scrape().await;
+    assert!(
+        first.iter().all(|(k, _)| k.starts_with("replbox_")),
+        "{first:?}"
+    );
+    assert_eq!(sample(&first, "replbox_sessions_open"), Some(0.0));
+    assert!(sample(&first, "replbox_uids_in_use").is_some(), "{first:?}");
+    let levels: Vec<&(String, f64)> = first
+        .iter()
+        .filter(|(k, _)| k.starts_with("replbox_sandbox_level{"))
+        .collect();
+    assert_eq!(levels.len(), 3, "{levels:?}");
+    assert_eq!(
+        levels.iter().filter(|(_, v)| *v == 1.0).count(),
+        1,
+        "one level in force: {levels:?}"
+    );
+    assert_eq!(
+        sample(
+            &first,
+            r#"replbox_tool_calls_total{tool="run-code",status="ok"}"#
+        ),
+        None
+    );
+
+    let client = s.connect(TOKEN_A).await;
+    for _ in 0..2 {
+        let o = call(
+            &client,
+            "run-code",
+            json!({"languageId": "bash", "code": "echo hi"}),
+        )
+        .await;
+        assert!(!o.is_error, "{o:?}");
+    }
+    let o = call(&client, "session_start", json!({"language": "bash"})).await;
+    let id = o.s("session_id").to_string();
+    let o = call(
+        &client,
+        "session_eval",
+        json!({"session_id": id, "code": "echo x"}),
+    )
+    .await;
+    assert_eq!(o.structured["status"], "ok", "{o:?}");
+    let o = call(
+        &client,
+        "session_eval",
+        json!({"session_id": "nope", "code": "1"}),
+    )
+    .await;
+    assert_eq!(o.error_kind(), "unknown_session");
+
+    let after = scrape().await;
+    let ok_runs = r#"replbox_tool_calls_total{tool="run-code",status="ok"}"#;
+    assert_eq!(sample(&after, ok_runs), Some(2.0), "{after:?}");
+    assert_eq!(
+        sample(
+            &after,
+            r#"replbox_tool_calls_total{tool="session_eval",status="unknown_session"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &after,
+            r#"replbox_run_duration_seconds_count{language="shellscript"}"#
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            &after,
+            r#"replbox_eval_duration_seconds_count{language="shellscript"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(sample(&after, "replbox_sessions_open"), Some(1.0));
+    let o = call(
+        &client,
+        "run-code",
+        json!({"languageId": "bash", "code": "true"}),
+    )
+    .await;
+    assert!(!o.is_error);
+    assert_eq!(
+        sample(&scrape().await, ok_runs),
+        Some(3.0),
+        "a call counts once"
+    );
+    client.cancel().await.ok();
+}
+
+/// Security finding 11: requests whose headers (or body) never finish held their
+/// connection forever, and enough of them starved every other client. Now each is dropped
+/// after the read timeout, and at most --http-max-connections are served at once (the
+/// rest wait to be accepted), so an authenticated call still gets through.
+#[tokio::test(flavor = "multi_thread")]
+async fn finding_11_half_sent_requests_are_dropped() {
+    if !require("shellscript", "bash") {
+        return;
+    }
+    let s = HttpServer::start(
+        &[
+            "--token",
+            TOKEN_A,
+            "--http-read-timeout-ms",
+            "1000",
+            "--http-max-connections",
+            "8",
+        ],
+        &[],
+    )
+    .await;
+    let half_headers = format!("POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Le", s.addr);
+    let half_body = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN_A}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Length: 1000\r\n\r\n{{\"jsonrpc\":",
+        s.addr
+    );
+    let mut held = Vec::new();
+    for i in 0..40 {
+        let mut c = tokio::net::TcpStream::connect(s.addr)
+            .await
+            .expect("connect");
+        let part = if i % 4 == 3 {
+            &half_body
+        } else {
+            &half_headers
+        };
+        c.write_all(part.as_bytes()).await.expect("write");
+        held.push(c);
+    }
+    // Five times the cap is waiting or being served: an authenticated client still gets
+    // its call through (the bound is generous, not a measurement).
+    let through = tokio::time::timeout(Duration::from_secs(90), async {
+        let client = s.connect(TOKEN_A).await;
+        let o = call(
+            &client,
+            "run-code",
+            json!({"languageId": "bash", "code": "echo through"}),
+        )
+        .await;
+        client.cancel().await.ok();
+        o
+    })
+    .await
+    .expect("an authenticated call is not starved by half-sent requests");
+    assert_eq!(through.text, "through\n", "{through:?}");
+    // Every half-sent request was dropped by the server (end of stream, or a reset).
+    for (i, mut c) in held.into_iter().enumerate() {
+        let mut buf = Vec::new();
+        let ended = tokio::time::timeout(Duration::from_secs(30), c.read_to_end(&mut buf)).await;
+        assert!(ended.is_ok(), "half-sent request {i} still open");
+    }
+    let bearer = format!("Bearer {TOKEN_A}");
+    let r = s
+        .raw("GET", "/metrics", &[("Authorization", bearer.as_str())], "")
+        .await;
+    let open = sample(&prometheus_samples(&r.body), "replbox_http_connections");
+    assert!(open.is_some_and(|n| (1.0..=8.0).contains(&n)), "{open:?}");
+    assert_eq!(s.healthz().await["status"], "ok");
+}
+
+/// Log notifications over HTTP: each principal gets its own calls' events only.
+#[tokio::test(flavor = "multi_thread")]
+#[allow(deprecated)] // MCP logging (SEP-2577)
+async fn log_notifications_reach_only_the_principal_whose_call_it_was() {
+    use rmcp::model::{LoggingLevel, SetLevelRequestParams};
+    if !require("shellscript", "bash") {
+        return;
+    }
+    let s = HttpServer::start(&[], &[("REPLBOX_TOKENS", &tokens_env())]).await;
+    let connect = |token: &'static str| {
+        let config = StreamableHttpClientTransportConfig::with_uri(s.url()).auth_header(token);
+        let recorder = Recorder::default();
+        async move {
+            let client = recorder
+                .clone()
+                .serve(StreamableHttpClientTransport::from_config(config))
+                .await
+                .expect("MCP over HTTP");
+            (client, recorder)
+        }
+    };
+    let (a, a_logs) = connect(TOKEN_A).await;
+    let (b, b_logs) = connect(TOKEN_B).await;
+    a.set_level(SetLevelRequestParams::new(LoggingLevel::Info))
+        .await
+        .expect("setLevel");
+    b.set_level(SetLevelRequestParams::new(LoggingLevel::Debug))
+        .await
+        .expect("setLevel");
+    let canary = token();
+    let o = call(
+        &a,
+        "run-code",
+        json!({"languageId": "bash", "code": format!("echo {canary}")}),
+    )
+    .await;
+    assert!(!o.is_error, "{o:?}");
+    call(&b, "session_list", json!({})).await;
+    let audit_of = |logs: &Recorder, tool: &str| {
+        logs.logs()
+            .into_iter()
+            .find(|l| l["logger"] == "replbox::audit" && l["data"]["tool"] == tool)
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while (audit_of(&a_logs, "run-code").is_none() || audit_of(&b_logs, "session_list").is_none())
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let a_run = audit_of(&a_logs, "run-code").expect("A gets its own call's audit event");
+    assert_eq!(a_run["data"]["principal"], "token-1");
+    let b_list = audit_of(&b_logs, "session_list").expect("B gets its own call's audit event");
+    assert_eq!(b_list["data"]["principal"], "token-2");
+    for l in b_logs.logs() {
+        let text = l.to_string();
+        assert!(
+            !text.contains("token-1") && !text.contains("run-code") && !text.contains(&canary),
+            "B received A's event: {text}"
+        );
+    }
+    assert!(
+        audit_of(&a_logs, "session_list").is_none(),
+        "A received B's event"
+    );
+    a.cancel().await.ok();
+    b.cancel().await.ok();
 }

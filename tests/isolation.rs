@@ -1,6 +1,6 @@
 //! Adversarial tests of the isolation guarantees, through a real MCP client: one test per
-//! guarantee of section 8 of shared/notes/isolation.md (plus the issue's own), each run at
-//! every sandbox level that claims it, with the server as root and as an unprivileged uid.
+//! guarantee that docs/isolation.md states, each run at every sandbox level that claims it,
+//! with the server as root and as an unprivileged uid.
 //!
 //! Every server is started with `--sandbox LEVEL` and every test asserts the level the
 //! server reports (instructions and each result's `sandbox`), so a silent downgrade fails.

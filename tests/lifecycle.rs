@@ -205,7 +205,8 @@ async fn idle_sessions_are_reaped() {
     if !require("python", "python3") {
         return;
     }
-    let s = TestServer::start().await;
+    // An ended session's directory is kept a second, read-only, then removed.
+    let s = TestServer::start_with(&["--keep-files-s", "1"], &[]).await;
     let o = s
         .call(
             "session_start",
@@ -234,7 +235,7 @@ async fn idle_sessions_are_reaped() {
     let t = Instant::now();
     while alive(pid) || cwd.exists() {
         assert!(
-            t.elapsed() < Duration::from_secs(3),
+            t.elapsed() < Duration::from_secs(5),
             "process or directory survived reaping"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -89,7 +89,7 @@ async fn advertised_languages(s: &TestServer) -> Vec<String> {
 async fn hello_in_every_installed_language() {
     let s = TestServer::start().await;
     let advertised = advertised_languages(&s).await;
-    // The languages of the design card must run wherever CI requires them.
+    // The languages the README lists as supported must run wherever CI requires them.
     for (lang, program) in [
         ("python", "python3"),
         ("javascript", "node"),

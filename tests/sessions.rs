@@ -860,7 +860,17 @@ async fn directories_and_cleanup() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    let s = TestServer::start_with(&["--allow-cwd", allowed.path().to_str().unwrap()], &[]).await;
+    // Ended sessions' files are not kept here: the directory goes with the session.
+    let s = TestServer::start_with(
+        &[
+            "--allow-cwd",
+            allowed.path().to_str().unwrap(),
+            "--keep-files-s",
+            "0",
+        ],
+        &[],
+    )
+    .await;
     each_lang!(s, lang, {
         // A private directory, removed at close, with the process tree.
         let start = s.call("session_start", json!({"language": lang})).await;

@@ -68,6 +68,73 @@
     userStdin = null;
   }
 
+  // session_vars: the names the user defined, each with a short summary, in the end
+  // marker's payload. Globals are those not there once the REPL is up; let, const and
+  // class declarations live in the global lexical scope, which only the inspector lists.
+  const util = require("util");
+  let inspectorSession = null;
+  function lexicalNames() {
+    try {
+      if (!inspectorSession) {
+        inspectorSession = new (require("inspector").Session)();
+        inspectorSession.connect();
+      }
+      let names = [];
+      inspectorSession.post("Runtime.globalLexicalScopeNames", {}, (err, res) => {
+        if (!err && res && Array.isArray(res.names)) names = res.names;
+      });
+      return names;
+    } catch {
+      return [];
+    }
+  }
+  function summarize(name, read) {
+    let v;
+    try { v = read(); } catch (e) { return { name, type: "uninitialized", summary: "" }; }
+    let type = typeof v;
+    if (v === null) type = "null";
+    else if (type === "object" || type === "function") {
+      try { type = (v.constructor && v.constructor.name) || type; } catch {}
+      if (typeof v === "function") type = /^class\s/.test(Function.prototype.toString.call(v)) ? "class" : "function";
+    }
+    let summary;
+    try {
+      summary = util.inspect(v, { depth: 0, breakLength: Infinity, maxArrayLength: 5, maxStringLength: 60, colors: false });
+      if (Array.isArray(v) || typeof v === "string") summary = "length " + v.length + ": " + summary;
+      else if (v instanceof Map || v instanceof Set) summary = "size " + v.size + ": " + summary;
+    } catch (e) {
+      summary = "(no summary)";
+    }
+    const out = { name, type, summary: summary.slice(0, 200) };
+    if (ArrayBuffer.isView(v)) out.size = v.byteLength;
+    return out;
+  }
+  let baseline = null;
+  Object.defineProperty(globalThis, "__rbx_vars", {
+    enumerable: false,
+    value: () => {
+      if (!cur) return;
+      const seen = new Set();
+      const found = [];
+      let used = 2, omitted = 0;
+      const add = (name, read) => {
+        if (seen.has(name) || name.startsWith("__rbx") || name === "_" || name === "_error") return;
+        seen.add(name);
+        const e = summarize(name, read);
+        const cost = JSON.stringify(e).length + 1;
+        if (used + cost > 11000) { omitted++; return; }
+        used += cost;
+        found.push(e);
+      };
+      for (const name of lexicalNames()) add(name, () => vm.runInThisContext(name));
+      for (const name of Object.getOwnPropertyNames(globalThis)) {
+        if (!baseline.has(name)) add(name, () => globalThis[name]);
+      }
+      cur.extra.vars = found;
+      if (omitted) cur.extra.vars_omitted = omitted;
+    },
+  });
+
   const r = repl.start({
     input: feed,
     output: process.stdout,
@@ -81,6 +148,16 @@
   });
   // Look like a fresh `node` REPL.
   process.argv = [process.argv[0]];
+  // How many lines the value of the cell takes (the REPL shows it with its writer), so a
+  // notebook export can tell it from what the cell printed.
+  const writer = r.writer;
+  r.writer = function (v) {
+    const text = writer.call(this, v);
+    if (cur && !cur.done) cur.extra.value_lines = String(text).split("\n").length;
+    return text;
+  };
+  Object.assign(r.writer, writer);
+  r.writer.options = writer.options;
   const defaultEval = r.eval;
   let cur = null;
   // Ctrl-C. While the REPL runs the script, V8's SIGINT watchdog interrupts it, and no JS
@@ -158,7 +235,8 @@
     // Let pending rejections of this evaluation be reported first.
     setImmediate(() => {
       if (cur === c) cur = null;
-      const payload = c.err ? Buffer.from(JSON.stringify(c.err)).toString("base64") : "";
+      const body = Object.assign({}, c.err || {}, c.extra);
+      const payload = Object.keys(body).length ? Buffer.from(JSON.stringify(body)).toString("base64") : "";
       process.stdout.write("\x1b_rbx;" + NONCE + ";e;" + c.n + ";" + c.status + ";" + payload + "\x1b\\");
     });
   }
@@ -172,11 +250,12 @@
   });
 
   listen();
+  baseline = new Set(Object.getOwnPropertyNames(globalThis));
 
   r.eval = function (cmd, context, file, cb) {
     const m = LINE.exec(cmd);
     if (!m) return defaultEval.call(this, cmd, context, file, cb);
-    const c = { n: m[1], status: "ok", err: null, done: false };
+    const c = { n: m[1], status: "ok", err: null, done: false, extra: {} };
     cur = c;
     unlisten();
     // With the REPL's descriptor closed, something must keep the event loop alive while

@@ -22,7 +22,7 @@ def __rbx_setup():
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     max_images = {max_images}
     user_limit = {sync_base}  # internal evaluations (resynchronisation) are numbered from here
-    cell = {"n": 0, "shots": [], "omitted": 0, "force": None}
+    cell = {"n": 0, "shots": [], "omitted": 0, "force": None, "extra": {}}
     tuned = set()
 
     # --- tables: pandas and numpy print for a wide terminal (the PTY has 200 columns) ---
@@ -193,6 +193,7 @@ def __rbx_setup():
         payload = ""
         body = dict(err or {})
         body.update(extra or {})
+        body.update(cell["extra"])
         if body:
             payload = base64.b64encode(json.dumps(body).encode()).decode()
         for stream in (sys.stdout, sys.stderr):
@@ -207,6 +208,35 @@ def __rbx_setup():
             tb = tb.tb_next
         return tb
 
+    def print_tb(e, tb):
+        # As traceback.print_exception prints it; the end marker says how many lines it
+        # took, so a notebook export can tell the traceback from what the cell printed.
+        text = "".join(traceback.format_exception(type(e), e, tb))
+        sys.stderr.write(text)
+        cell["extra"]["traceback_lines"] = text.count("\n")
+
+    class Counting:
+        # sys.stdout while the display hook shows the value: counts the lines it writes.
+        def __init__(self, real):
+            self.real, self.lines = real, 0
+        def write(self, s):
+            self.lines += s.count("\n")
+            return self.real.write(s)
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    def display(value):
+        real = sys.stdout
+        counting = Counting(real)
+        sys.stdout = counting
+        try:
+            sys.displayhook(value)
+        finally:
+            if sys.stdout is counting:
+                sys.stdout = real
+        if counting.lines:
+            cell["extra"]["value_lines"] = counting.lines
+
     def run_maybe_async(code):
         nonlocal loop
         result = eval(code, g)
@@ -219,7 +249,7 @@ def __rbx_setup():
     def run(n):
         name = "<cell %d>" % n
         status, err, exiting = "ok", None, False
-        cell.update(n=n, shots=[], omitted=0, force=None)
+        cell.update(n=n, shots=[], omitted=0, force=None, extra={})
         os.write(1, ("\x1b_rbx;%s;s;%d\x1b\\" % (nonce, n)).encode())
         try:
             path = os.path.join(ctl, cell_file.replace("{n}", str(n)))
@@ -230,7 +260,7 @@ def __rbx_setup():
                 tree = ast.parse(src, name, "exec")
             except SyntaxError as e:
                 status, err = "error", {"type": type(e).__name__, "message": str(e)}
-                traceback.print_exception(type(e), e, None)
+                print_tb(e, None)
                 return
             last = None
             if tree.body and isinstance(tree.body[-1], ast.Expr):
@@ -242,19 +272,19 @@ def __rbx_setup():
                 if mf is not None and isinstance(value, mf.Figure):
                     cell["force"] = value  # a figure as the cell's value: show it, as notebooks do
                 tune()
-                sys.displayhook(value)
+                display(value)
         except SystemExit:
             exiting = True
             raise
         except KeyboardInterrupt as e:
             status = "interrupted"
-            traceback.print_exception(type(e), e, user_tb(e.__traceback__))
+            print_tb(e, user_tb(e.__traceback__))
         except BaseException as e:
             status = "error"
             err = {"type": type(e).__name__, "message": str(e)[:2000]}
             tb = user_tb(e.__traceback__)
             sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
-            traceback.print_exception(type(e), e, tb)
+            print_tb(e, tb)
         finally:
             if not exiting:
                 extra = None
@@ -268,7 +298,63 @@ def __rbx_setup():
                           % (type(e).__name__, e), file=sys.stderr)
                 emit(n, status, err, extra)
 
+    # --- session_vars: the names the user defined, each with a short summary ---
+    def summary(v):
+        t = type(v)
+        tname = t.__qualname__ if t.__module__ == "builtins" else \
+            t.__module__.split(".")[0] + "." + t.__qualname__
+        text, size = "", None
+        try:
+            size = sys.getsizeof(v)
+        except Exception:
+            pass
+        try:
+            if tname in ("pandas.DataFrame", "pandas.Series"):
+                dtypes = v.dtypes.items() if tname == "pandas.DataFrame" else [(v.name, v.dtype)]
+                cols = ", ".join("%s: %s" % (k, d) for k, d in list(dtypes)[:20])
+                text = "shape %s; %s" % (tuple(v.shape), cols)
+                size = int(v.memory_usage(index=True, deep=False).sum()) \
+                    if tname == "pandas.DataFrame" else int(v.memory_usage(index=True, deep=False))
+            elif tname == "numpy.ndarray":
+                text = "shape %s; dtype %s" % (tuple(v.shape), v.dtype)
+                size = int(v.nbytes)
+            elif inspect.isroutine(v) or inspect.isclass(v):
+                try:
+                    text = v.__name__ + str(inspect.signature(v))
+                except (TypeError, ValueError):
+                    text = v.__name__
+            else:
+                import reprlib
+                short = reprlib.Repr()
+                short.maxstring, short.maxother, short.maxlist = 60, 60, 6
+                text = short.repr(v)
+                if isinstance(v, (str, bytes, list, tuple, dict, set, frozenset)):
+                    text = "len %d: %s" % (len(v), text)
+        except Exception as e:
+            text = "(no summary: %s)" % type(e).__name__
+        return tname, text[:200], size
+
+    def list_vars():
+        found, used, omitted = [], 2, 0
+        for name, v in list(g.items())[:2000]:
+            if name == "_" or (name.startswith("__") and name.endswith("__")) or inspect.ismodule(v):
+                continue
+            tname, text, size = summary(v)
+            entry = {"name": name[:100], "type": tname[:100], "summary": text}
+            if size is not None:
+                entry["size"] = size
+            cost = len(json.dumps(entry)) + 1
+            if used + cost > 11000:
+                omitted += 1
+                continue
+            used += cost
+            found.append(entry)
+        cell["extra"]["vars"] = found
+        if omitted:
+            cell["extra"]["vars_omitted"] = omitted
+
     builtins.__rbx_eval = run
+    builtins.__rbx_vars = list_vars
 
 __rbx_setup()
 del __rbx_setup

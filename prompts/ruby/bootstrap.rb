@@ -15,11 +15,14 @@ json_str = lambda do |s|
   s = s.to_s.dup.force_encoding(Encoding::UTF_8).scrub("?")
   '"' + s.gsub(/[\\"\u0000-\u001f\u007f]/) { |c| format("\\u%04x", c.ord) } + '"'
 end
+# What the end marker carries besides an error (session_vars' list), as JSON text.
+extra = {}
 emit = lambda do |n, status, err|
   payload = ""
-  if err
-    payload = ["{\"type\":#{json_str.(err[0])},\"message\":#{json_str.(err[1])}}"].pack("m0")
-  end
+  fields = extra.map { |k, v| "#{json_str.(k)}:#{v}" }
+  fields.unshift("\"type\":#{json_str.(err[0])},\"message\":#{json_str.(err[1])}") if err
+  payload = ["{#{fields.join(",")}}"].pack("m0") unless fields.empty?
+  extra.clear
   [$stdout, $stderr, STDOUT, STDERR].each { |s| s.flush rescue nil }
   STDOUT.syswrite("\e_rbx;#{nc};e;#{n};#{status};#{payload}\e\\")
 end
@@ -82,3 +85,44 @@ Object.send(:define_method, :__rbx_eval) do |n|
   value
 end
 Object.send(:private, :__rbx_eval)
+# session_vars: irb's local variables and main's instance variables, each with its class, a
+# short summary and its size where objspace tells, in the end marker's payload.
+Object.send(:define_method, :__rbx_vars) do
+  ws = IRB.CurrentContext.workspace
+  found = []
+  used = 2
+  omitted = 0
+  entry = lambda do |name, v|
+    summary = begin
+      s = v.respond_to?(:size) && (v.is_a?(Array) || v.is_a?(Hash) || v.is_a?(String)) ? "size #{v.size}: " : ""
+      s + (v.is_a?(Array) || v.is_a?(Hash) ? (v.size > 20 ? v.first(5).inspect : v.inspect) : v.inspect)
+    rescue Exception
+      "(no summary)"
+    end
+    size = begin
+      require "objspace"
+      ObjectSpace.memsize_of(v)
+    rescue Exception
+      nil
+    end
+    cls = (v.class.name rescue nil) || "?"
+    e = "{\"name\":#{json_str.(name)},\"type\":#{json_str.(cls)},\"summary\":#{json_str.(summary.to_s[0, 200])}"
+    e += ",\"size\":#{size.to_i}" if size && size > 0
+    e + "}"
+  end
+  names = ws.binding.local_variables.reject { |v| v.to_s.start_with?("_") }.map { |v| [v.to_s, ws.binding.local_variable_get(v)] }
+  names += ws.main.instance_variables.map { |v| [v.to_s, ws.main.instance_variable_get(v)] }
+  names.first(2000).each do |name, v|
+    e = entry.(name, v)
+    if used + e.bytesize + 1 > 11000
+      omitted += 1
+      next
+    end
+    used += e.bytesize + 1
+    found << e
+  end
+  extra["vars"] = "[#{found.join(",")}]"
+  extra["vars_omitted"] = omitted.to_s if omitted > 0
+  nil
+end
+Object.send(:private, :__rbx_vars)

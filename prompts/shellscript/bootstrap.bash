@@ -47,3 +47,31 @@ __rbx_end() {
   [[ $- == *e* ]] && return 0
   return "$2"
 }
+# session_vars: the variables and functions the user defined (not those there at start:
+# the environment's and bash's own), one per line, `name<TAB>type<TAB>summary`, read by
+# the language's vars_pattern.
+__rbx_vars() {
+  local n t v d
+  for n in $(compgen -v); do
+    [[ -n ${__rbx_known[$n]+x} || $n == __rbx* || $n == _ ]] && continue
+    # bash's own, which it sets later (in a function, after the rc file, on cd, on resize)
+    [[ $n == BASH* || $n == FUNCNAME || $n == HIST* || $n == COMP* || $n == COLUMNS || $n == LINES || $n == OLDPWD || $n == PIPESTATUS ]] && continue
+    d=$(declare -p "$n" 2> /dev/null) || continue
+    case ${d#declare -} in
+      *A*' '*) t=associative_array; eval "v=\"\${#$n[@]} keys\"" ;;
+      a*' '* | ?a*' '*) t=array; eval "v=\"\${#$n[@]} elements\"" ;;
+      *i*' '*) t=integer; v=${!n} ;;
+      *) t=string; v=${!n}; v="length ${#v}: ${v:0:80}" ;;
+    esac
+    v=${v//[$'\t\n\r']/ }
+    builtin printf '%s\t%s\t%s\n' "$n" "$t" "$v"
+  done
+  while read -r _ _ n; do
+    [[ -n ${__rbx_known_f[$n]+x} || $n == __rbx* ]] && continue
+    builtin printf '%s\t%s\t%s\n' "$n" function ""
+  done < <(declare -F)
+}
+declare -A __rbx_known __rbx_known_f
+for __rbx_v in $(compgen -v) __rbx_v; do __rbx_known[$__rbx_v]=1; done
+while read -r _ _ __rbx_v; do __rbx_known_f[$__rbx_v]=1; done < <(declare -F)
+unset __rbx_v

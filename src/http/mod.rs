@@ -1,7 +1,9 @@
 //! MCP over streamable HTTP: rmcp's `StreamableHttpService` at `/mcp` on axum, behind a
 //! guard that checks Host and Origin, authenticates the bearer token, binds every MCP
-//! session id to the principal that created it, and counts requests in flight; plus
-//! `GET /healthz` and a draining shutdown. Only transport lives here: ownership of REPL
+//! session id to the principal that created it, bounds how long a request body may take,
+//! and counts requests in flight; plus `GET /healthz`, `GET /metrics` and a draining
+//! shutdown. Connections are accepted and served by `listener` (a cap on open connections,
+//! a header read timeout). Only transport lives here: ownership of REPL
 //! sessions and their limits are the session manager's.
 //!
 //! How the principal reaches the tools: the guard puts the authenticated [`Caller`] in
@@ -11,6 +13,7 @@
 //! stateless 2026-07-28 path (no MCP session at all) works the same way.
 
 mod auth;
+mod listener;
 mod policy;
 
 use std::future::Future;
@@ -39,7 +42,7 @@ use crate::config::HttpConfig;
 use crate::identity::Caller;
 use crate::mcp::ReplboxServer;
 use auth::{Presented, Tokens};
-use policy::{HostPolicy, OriginPolicy, is_loopback};
+use policy::{HostPolicy, OriginPolicy, is_loopback, loopback_origins};
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const REALM: &str = "replbox";
@@ -57,6 +60,8 @@ struct Shared {
     requests: InFlight,
     draining: AtomicBool,
     started: Instant,
+    /// Connections served at once, and how long a request may take to arrive.
+    limits: listener::Limits,
 }
 
 /// Serve MCP over streamable HTTP on `addr` until `terminate` completes, then drain and
@@ -78,12 +83,22 @@ pub async fn serve(
         );
     }
     let hosts = HostPolicy::new(&cfg.allowed_hosts, addr.ip())?;
-    let origins = OriginPolicy::new(&cfg.allowed_origins)?;
+    // Checked before binding, so a bad list stops the server before it listens.
+    OriginPolicy::new(&cfg.allowed_origins)?;
 
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr()?;
+    // The operator's origins, and this listener's own when it is on loopback (known once
+    // bound, for port 0).
+    let allowed_origins: Vec<String> = cfg
+        .allowed_origins
+        .iter()
+        .cloned()
+        .chain(loopback_origins(local))
+        .collect();
+    let origins = OriginPolicy::new(&allowed_origins)?;
 
     let mcp_ct = CancellationToken::new();
     let shared = Arc::new(Shared {
@@ -96,15 +111,20 @@ pub async fn serve(
         requests: InFlight::default(),
         draining: AtomicBool::new(false),
         started: Instant::now(),
+        limits: listener::Limits::new(
+            Duration::from_millis(cfg.http_read_timeout_ms),
+            usize::try_from(cfg.http_max_connections).unwrap_or(usize::MAX),
+        ),
     });
-    let router = router(&shared, cfg, mcp_ct.child_token());
+    let router = router(&shared, cfg, &allowed_origins, mcp_ct.child_token());
 
     let stop_accepting = CancellationToken::new();
-    let mut server = tokio::spawn(
-        axum::serve(listener, router)
-            .with_graceful_shutdown(stop_accepting.clone().cancelled_owned())
-            .into_future(),
-    );
+    let mut server = tokio::spawn(listener::serve(
+        listener,
+        router,
+        shared.limits.clone(),
+        stop_accepting.clone(),
+    ));
     announce(&shared.tokens, local, cfg);
     app.start_background();
     let pruner = tokio::spawn(prune_owners(shared.clone()));
@@ -112,11 +132,11 @@ pub async fn serve(
     tokio::select! {
         _ = terminate => {}
         ended = &mut server => {
-            // The server stopped by itself: a listener error.
+            // The server stopped by itself: its task failed.
             pruner.abort();
             mcp_ct.cancel();
             app.shutdown().await;
-            ended??;
+            ended?;
             anyhow::bail!("the HTTP server stopped unexpectedly");
         }
     }
@@ -125,8 +145,8 @@ pub async fn serve(
     pruner.abort();
     app.shutdown().await;
     match tokio::time::timeout(Duration::from_secs(3), &mut server).await {
-        Ok(Ok(Err(e))) => tracing::warn!("HTTP server: {e}"),
-        Ok(_) => {}
+        Ok(Err(e)) => tracing::warn!("HTTP server: {e}"),
+        Ok(Ok(())) => {}
         Err(_) => {
             tracing::warn!("connections still open after shutdown; closing them");
             server.abort();
@@ -140,17 +160,23 @@ pub async fn serve(
 }
 
 /// `/mcp` (rmcp's service, one handler per MCP session, behind the guard) and `/healthz`.
-fn router(shared: &Arc<Shared>, cfg: &HttpConfig, cancel: CancellationToken) -> Router {
+fn router(
+    shared: &Arc<Shared>,
+    cfg: &HttpConfig,
+    origins: &[String],
+    cancel: CancellationToken,
+) -> Router {
     let app = shared.app.clone();
     let service = StreamableHttpService::new(
         move || Ok(ReplboxServer::per_request(app.clone())),
         shared.mcp.clone(),
-        rmcp_config(cfg, &shared.hosts, cancel),
+        rmcp_config(cfg, &shared.hosts, origins, cancel),
     );
     Router::new()
         .route_service("/mcp", service)
         .route_layer(axum::middleware::from_fn_with_state(shared.clone(), guard))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .with_state(shared.clone())
 }
 
@@ -159,6 +185,7 @@ fn router(shared: &Arc<Shared>, cfg: &HttpConfig, cancel: CancellationToken) -> 
 fn rmcp_config(
     cfg: &HttpConfig,
     hosts: &HostPolicy,
+    origins: &[String],
     cancel: CancellationToken,
 ) -> StreamableHttpServerConfig {
     let mut c = StreamableHttpServerConfig::default()
@@ -168,11 +195,9 @@ fn rmcp_config(
         HostPolicy::Any => c.disable_allowed_hosts(),
         HostPolicy::List { raw, .. } => c.with_allowed_hosts(raw.clone()),
     };
-    c = c.with_allowed_origins(cfg.allowed_origins.clone());
-    if cfg.allowed_origins.is_empty() {
-        c = c.enforce_origin_validation();
-    }
-    c
+    // Enforced even when the list is empty: then every request with an Origin is refused.
+    c.with_allowed_origins(origins.to_vec())
+        .enforce_origin_validation()
 }
 
 /// rmcp's MCP sessions, kept while idle for `--http-session-idle-s`, and at least as long
@@ -269,15 +294,24 @@ fn plain(status: StatusCode, text: &'static str) -> Response {
     r
 }
 
+/// What the challenge and the 401 body say, so that a client (or the person configuring
+/// it) looks for a token and does not start an OAuth flow this server cannot finish.
+const STATIC_TOKEN: &str = "this server takes a static bearer token from its operator \
+(Authorization: Bearer <token>); it has no OAuth authorization server";
+
 fn unauthorized(error: Option<&'static str>) -> Response {
     let (challenge, text) = match error {
         None => (
-            format!("Bearer realm=\"{REALM}\""),
-            "Unauthorized: send Authorization: Bearer <token>",
+            format!("Bearer realm=\"{REALM}\", error_description=\"{STATIC_TOKEN}\""),
+            "Unauthorized: send Authorization: Bearer <token>, a static token from the \
+             server's operator (no OAuth)",
         ),
         Some(e) => (
-            format!("Bearer realm=\"{REALM}\", error=\"{e}\""),
-            "Unauthorized: the token is not valid",
+            format!(
+                "Bearer realm=\"{REALM}\", error=\"{e}\", error_description=\"{STATIC_TOKEN}\""
+            ),
+            "Unauthorized: the token is not valid; ask the server's operator for a static \
+             bearer token (no OAuth)",
         ),
     };
     let mut r = plain(StatusCode::UNAUTHORIZED, text);
@@ -303,6 +337,10 @@ async fn guard(State(s): State<Arc<Shared>>, mut req: Request, next: Next) -> Re
     tracing::debug!(principal = %caller.principal, %method, "MCP request");
     req.extensions_mut().insert(caller.clone());
     let counting = (method == Method::POST).then(|| s.requests.enter());
+    // The body must arrive in time too: a half-sent one would otherwise hold its
+    // connection (and its slot) for as long as the client likes.
+    let read_timeout = s.limits.read_timeout;
+    let req = req.map(|body| Body::new(Deadline::new(body, read_timeout)));
     let response = next.run(req).await;
     if session.is_none()
         && let Some(id) = response
@@ -369,6 +407,23 @@ fn admit(s: &Shared, headers: &HeaderMap) -> Result<(Caller, Option<String>), Re
     if s.draining.load(Ordering::SeqCst) {
         return Err(Refused::Draining);
     }
+    let caller = check_client(s, headers)?;
+    // An MCP session id is usable only by the principal that created it.
+    let session = match headers.get(SESSION_HEADER) {
+        None => None,
+        Some(v) => match v.to_str() {
+            Ok(id) if s.owners.get(id).is_some_and(|o| *o == caller) => Some(id.to_string()),
+            _ => {
+                tracing::debug!(principal = %caller.principal, "unknown or foreign MCP session id");
+                return Err(Refused::UnknownSession);
+            }
+        },
+    };
+    Ok((caller, session))
+}
+
+/// Host, Origin and token: who this request comes from, if it may come at all.
+fn check_client(s: &Shared, headers: &HeaderMap) -> Result<Caller, Refused> {
     if !s.hosts.allows(headers) {
         tracing::warn!(
             host = ?headers.get(header::HOST),
@@ -383,19 +438,7 @@ fn admit(s: &Shared, headers: &HeaderMap) -> Result<(Caller, Option<String>), Re
         );
         return Err(Refused::Origin);
     }
-    let caller = authenticate(&s.tokens, headers)?;
-    // An MCP session id is usable only by the principal that created it.
-    let session = match headers.get(SESSION_HEADER) {
-        None => None,
-        Some(v) => match v.to_str() {
-            Ok(id) if s.owners.get(id).is_some_and(|o| *o == caller) => Some(id.to_string()),
-            _ => {
-                tracing::debug!(principal = %caller.principal, "unknown or foreign MCP session id");
-                return Err(Refused::UnknownSession);
-            }
-        },
-    };
-    Ok((caller, session))
+    authenticate(&s.tokens, headers)
 }
 
 /// The principal of the request's bearer token (`local` when no token is configured).
@@ -440,6 +483,65 @@ impl HttpBody for Counted {
     }
 }
 
+/// A request body that fails once `deadline` has passed before its end.
+struct Deadline {
+    inner: Body,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Deadline {
+    fn new(inner: Body, within: Duration) -> Self {
+        Self {
+            inner,
+            sleep: Box::pin(tokio::time::sleep(within)),
+        }
+    }
+}
+
+impl HttpBody for Deadline {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame);
+        }
+        match self.sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(axum::Error::new(
+                "the request body did not arrive in time",
+            )))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Prometheus metrics: behind Host, Origin and the token like `/mcp` (no MCP session).
+async fn metrics(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    if let Err(refused) = check_client(&s, &headers) {
+        return refused.response();
+    }
+    s.app.metrics.set_http_connections(s.limits.open());
+    let mut r = Response::new(Body::from(s.app.metrics_text()));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+    );
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
 /// Liveness and counts; no token needed, no secrets shown.
 async fn healthz(State(s): State<Arc<Shared>>) -> Response {
     let draining = s.draining.load(Ordering::SeqCst);
@@ -453,6 +555,7 @@ async fn healthz(State(s): State<Arc<Shared>>) -> Response {
         "principals": if s.tokens.is_empty() { 1 } else { s.tokens.principals() },
         "principals_with_sessions": s.app.sessions.owners(),
         "in_flight": s.app.calls.get(),
+        "connections": s.limits.open(),
         "auth": if s.tokens.is_empty() { "none" } else { "bearer" },
     });
     let mut r = Response::new(Body::from(body.to_string()));

@@ -1,7 +1,7 @@
 //! Which `Host` and `Origin` headers the HTTP transport serves (DNS-rebinding and browser
 //! protection), and whether an address is loopback.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use axum::http::{HeaderMap, header};
 
@@ -112,6 +112,21 @@ fn parse_origin(s: &str) -> Option<(String, String, Option<u16>)> {
     Some((scheme, normalize_host(auth.host()), port))
 }
 
+/// The origins of a page served from this very listener when it is bound to a loopback
+/// address (`http://localhost:PORT`, `http://127.0.0.1:PORT`, `http://[::1]:PORT`): the
+/// same origin as the server, which no other site can claim, so a DNS-rebinding page (its
+/// own name in `Origin`) is still refused.
+pub(super) fn loopback_origins(bound: SocketAddr) -> Vec<String> {
+    if !is_loopback(bound.ip()) {
+        return Vec::new();
+    }
+    let port = bound.port();
+    ["localhost", "127.0.0.1", "[::1]"]
+        .iter()
+        .map(|h| format!("http://{h}:{port}"))
+        .collect()
+}
+
 impl OriginPolicy {
     pub(super) fn new(configured: &[String]) -> anyhow::Result<Self> {
         let mut p = Self {
@@ -218,6 +233,35 @@ mod tests {
         assert!(p.allows(&headers(&[(header::ORIGIN, "http://localhost:5173")])));
         assert!(p.allows(&headers(&[(header::ORIGIN, "null")])));
         assert!(OriginPolicy::new(&["app.example".into()]).is_err());
+    }
+
+    #[test]
+    fn a_loopback_listener_serves_its_own_origins_only() {
+        let bound: SocketAddr = "127.0.0.1:8765".parse().unwrap();
+        let p = OriginPolicy::new(&loopback_origins(bound)).unwrap();
+        for ok in [
+            "http://127.0.0.1:8765",
+            "http://localhost:8765",
+            "http://LOCALHOST:8765",
+            "http://[::1]:8765",
+        ] {
+            assert!(p.allows(&headers(&[(header::ORIGIN, ok)])), "{ok}");
+        }
+        for bad in [
+            "http://127.0.0.1:8766",
+            "http://localhost",
+            "https://localhost:8765",
+            "http://evil.example.com:8765",
+            "http://localhost.evil.example:8765",
+            "null",
+        ] {
+            assert!(!p.allows(&headers(&[(header::ORIGIN, bad)])), "{bad}");
+        }
+        let v6: SocketAddr = "[::1]:9".parse().unwrap();
+        assert_eq!(loopback_origins(v6).len(), 3);
+        for open in ["0.0.0.0:8765", "192.0.2.7:8765", "[::]:8765"] {
+            assert!(loopback_origins(open.parse().unwrap()).is_empty(), "{open}");
+        }
     }
 
     #[test]

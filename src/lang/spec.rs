@@ -89,6 +89,33 @@ pub struct LangSpec {
     pub run: RunSpec,
     #[serde(default)]
     pub session: Option<SessionSpec>,
+    /// What a notebook of this language says about it (`session_export`): the Jupyter
+    /// kernel people run it with and the `language_info` of nbformat.
+    #[serde(default)]
+    pub notebook: Option<NotebookSpec>,
+}
+
+/// The Jupyter facts of a language: its usual kernel and how its source files look.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotebookSpec {
+    /// The kernel's name (`kernelspec.name`): python3, javascript, ruby, haskell, bash, ir.
+    pub kernel: String,
+    /// `kernelspec.display_name`.
+    pub display_name: String,
+    /// `kernelspec.language` and `language_info.name`.
+    pub language: String,
+    /// Extension of a source file, with its dot (`.py`); also the script export's.
+    pub file_extension: String,
+    #[serde(default)]
+    pub mimetype: Option<String>,
+    #[serde(default)]
+    pub pygments_lexer: Option<String>,
+    #[serde(default)]
+    pub codemirror_mode: Option<String>,
+    /// What starts a line comment (`#`, `//`, `--`): the script export's cell separators
+    /// (`# %%`) and the commented-out cells that failed.
+    pub comment: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -237,6 +264,15 @@ pub struct SessionSpec {
     /// reading the eval line).
     #[serde(default)]
     pub announces_start: bool,
+    /// `session_vars`: the code of an internal evaluation that lists the names the user
+    /// defined. The bootstrap answers in the end marker's payload (`vars`), or, with
+    /// `vars_pattern`, in its output, one match per name.
+    #[serde(default)]
+    pub vars: Option<String>,
+    /// A regex over that evaluation's output with the groups `name`, `type` and, optionally,
+    /// `value` and `size`, for REPLs that can only print their bindings (ghci).
+    #[serde(default)]
+    pub vars_pattern: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

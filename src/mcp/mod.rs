@@ -1,8 +1,12 @@
 //! The MCP surface: parameter and result types and the tool router. It only translates;
 //! the work happens in `run`, `session` and `lang`.
 
+mod args;
+mod audit;
+pub mod client_log;
 mod params;
 mod reply;
+mod schema;
 mod tools;
 
 use std::sync::Arc;
@@ -10,11 +14,13 @@ use std::sync::Arc;
 use base64::Engine;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::{IntoCallToolResult, ToolCallContext};
+#[allow(deprecated)] // MCP logging (SEP-2577) is still what clients use.
+use rmcp::model::SetLevelRequestParams;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, Implementation, ListResourceTemplatesResult,
-    ListResourcesResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
-    ReadResourceResult, Resource, ResourceContents, ResourceTemplate, ServerCapabilities,
-    ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation,
+    ListResourceTemplatesResult, ListResourcesResult, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool_handler};
@@ -23,9 +29,11 @@ use serde_json::Value;
 use crate::app::App;
 use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
-use crate::lang::LookupError;
+use crate::lang::{LookupError, did_you_mean};
 use crate::session::FileError;
-use crate::session::files::{URI_TEMPLATE, file_uri, parse_uri};
+use crate::session::files::{
+    EXPORT_TEMPLATES, URI_TEMPLATE, file_uri, parse_export_uri, parse_uri,
+};
 
 /// One MCP connection's handler. Cheap to clone; all state lives in [`App`].
 #[derive(Clone)]
@@ -35,6 +43,8 @@ pub struct ReplboxServer {
     caller: CallerSource,
     tool_router: ToolRouter<Self>,
     instructions: Arc<String>,
+    /// The level of log notifications this connection asked for (`logging/setLevel`).
+    log_level: client_log::ClientLevel,
 }
 
 /// Where a handler learns its caller.
@@ -104,12 +114,24 @@ impl ReplboxServer {
             }
             route.attr.input_schema = Arc::new(schema);
         }
+        // Every tool's schemas, without what some clients warn about or reject.
+        for route in tool_router.map.values_mut() {
+            let mut input = (*route.attr.input_schema).clone();
+            schema::portable(&mut input);
+            route.attr.input_schema = Arc::new(input);
+            if let Some(output) = &route.attr.output_schema {
+                let mut output = (**output).clone();
+                schema::portable(&mut output);
+                route.attr.output_schema = Some(Arc::new(output));
+            }
+        }
         let instructions = Arc::new(instructions(&app));
         Self {
             app,
             caller,
             tool_router,
             instructions,
+            log_level: client_log::ClientLevel::new(),
         }
     }
 }
@@ -136,7 +158,8 @@ impl ReplboxServer {
             LookupError::Unknown(name) => ToolError::new(
                 ErrorKind::UnsupportedLanguage,
                 format!(
-                    "unknown language {name:?}. Available language ids on this host: {available}"
+                    "unknown language {name:?}.{} Available language ids on this host: {available}",
+                    did_you_mean(self.app.registry.suggest(name, false).as_deref())
                 ),
             ),
             LookupError::NotInstalled { id, reason } => ToolError::new(
@@ -217,9 +240,46 @@ impl ServerHandler for ReplboxServer {
             )
             .into_call_tool_result();
         };
-        context.extensions.insert(caller);
-        let tcc = ToolCallContext::new(self, request, context);
-        self.tool_router.call(tcc).await
+        let route = self.tool_router.map.get(request.name.as_ref());
+        let audit = audit::Call::begin(&self.app, &caller, &request, route.is_some());
+        let peer = context.peer.clone();
+        let call = async {
+            let tool = request.name.clone();
+            let response = match route {
+                Some(route) => {
+                    match args::check(&tool, request.arguments.as_ref(), &route.attr.input_schema) {
+                        Err(e) => e.into_call_tool_result(),
+                        Ok(()) => {
+                            context.extensions.insert(caller);
+                            let tcc = ToolCallContext::new(self, request, context);
+                            let r = self.tool_router.call(tcc).await;
+                            explain_bad_arguments(&tool, r, &route.attr.input_schema)
+                        }
+                    }
+                }
+                None => {
+                    tracing::debug!("call of an unknown tool");
+                    let tcc = ToolCallContext::new(self, request, context);
+                    self.tool_router.call(tcc).await
+                }
+            };
+            audit.end(&self.app, &response);
+            response
+        };
+        client_log::forward(&self.log_level, &peer, call).await
+    }
+
+    /// `logging/setLevel`: from now on this connection's own tool calls send their log
+    /// events at `level` and above as notifications.
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.caller_or_refuse(&context)?;
+        self.log_level.set(request.level);
+        Ok(())
     }
 
     /// The files of the caller's sessions, one page at a time.
@@ -231,9 +291,10 @@ impl ServerHandler for ReplboxServer {
         const PAGE: usize = 500;
         let caller = self.caller_or_refuse(&context)?;
         let start: usize = match request.and_then(|r| r.cursor) {
-            Some(c) => c
-                .parse()
-                .map_err(|_| ErrorData::invalid_params(format!("bad cursor {c:?}"), None))?,
+            Some(c) => c.parse().map_err(|_| {
+                tracing::debug!("resources/list with a bad cursor");
+                ErrorData::invalid_params(format!("bad cursor {c:?}"), None)
+            })?,
             None => 0,
         };
         let all = self.app.sessions.list_files(&caller).await;
@@ -263,9 +324,16 @@ impl ServerHandler for ReplboxServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        let [ipynb, script] = EXPORT_TEMPLATES;
         Ok(ListResourceTemplatesResult::with_all_items(vec![
             ResourceTemplate::new(URI_TEMPLATE, "session file").with_description(
-                "A file in a session's directory, by path relative to it (segments percent-encoded). Text files come back as text, others as base64 blobs.",
+                "A file in a session's directory, by path relative to it (segments percent-encoded). Text files come back as text, others as base64 blobs. An ended session's files stay readable (read-only) for a while.",
+            ),
+            ResourceTemplate::new(ipynb, "session notebook")
+                .with_description("A session's cells as a Jupyter notebook (nbformat 4), as session_export writes it.")
+                .with_mime_type("application/x-ipynb+json"),
+            ResourceTemplate::new(script, "session script").with_description(
+                "A session's cells as a source file of its language (ext: py, js, rb, hs, sh, r), cells separated by `# %%`.",
             ),
         ]))
     }
@@ -278,12 +346,32 @@ impl ServerHandler for ReplboxServer {
     ) -> Result<ReadResourceResponse, ErrorData> {
         let caller = self.caller_or_refuse(&context)?;
         let uri = request.uri;
-        let (id, path) = parse_uri(&uri).map_err(|e| ErrorData::invalid_params(e, None))?;
+        if let Some((id, ext)) = parse_export_uri(&uri) {
+            let r = self
+                .app
+                .sessions
+                .export_resource(&caller, &id, &ext)
+                .await
+                .map_err(|e| match e.kind {
+                    ErrorKind::InvalidArgument => ErrorData::invalid_params(e.message, None),
+                    _ => ErrorData::resource_not_found(e.message, None),
+                })?;
+            let contents = ResourceContents::text(r.document, uri).with_mime_type(r.mime_type);
+            return Ok(ReadResourceResult::new(vec![contents]).into());
+        }
+        let (id, path) = parse_uri(&uri).map_err(|e| {
+            tracing::debug!(principal = %caller.principal, "resources/read of a malformed URI");
+            ErrorData::invalid_params(e, None)
+        })?;
         let data = self
             .app
             .sessions
             .read_file(&caller, &id, &path)
             .await
+            .inspect_err(|_| {
+                // A client's mistake (a missing file, a bad path): not the operator's concern.
+                tracing::debug!(principal = %caller.principal, "resources/read refused");
+            })
             .map_err(|e| match e {
                 FileError::NotFound(m) => ErrorData::resource_not_found(m, None),
                 FileError::Invalid(m) | FileError::TooLarge(m) => {
@@ -309,14 +397,43 @@ impl ServerHandler for ReplboxServer {
         Ok(ReadResourceResult::new(vec![contents]).into())
     }
 
+    #[allow(deprecated)] // enable_logging: see set_level
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
             ServerCapabilities::builder()
+                .enable_logging()
                 .enable_tools()
                 .enable_resources()
                 .build(),
         )
         .with_server_info(Implementation::new("replbox", env!("CARGO_PKG_VERSION")))
         .with_instructions(self.instructions.as_str())
+    }
+}
+
+/// rmcp's own answer to arguments it could not deserialize ("failed to deserialize
+/// parameters: …") as an `invalid_argument` error that says what the tool expects.
+fn explain_bad_arguments(
+    tool: &str,
+    response: Result<CallToolResponse, ErrorData>,
+    schema: &rmcp::model::JsonObject,
+) -> Result<CallToolResponse, ErrorData> {
+    const PREFIX: &str = "failed to deserialize parameters:";
+    let problem = match &response {
+        Ok(CallToolResponse::Complete(CallToolResult {
+            is_error: Some(true),
+            structured_content: None,
+            content,
+            ..
+        })) => content
+            .first()
+            .and_then(|c| c.as_text())
+            .and_then(|t| t.text.strip_prefix(PREFIX))
+            .map(|p| p.trim().to_string()),
+        _ => None,
+    };
+    match problem {
+        Some(p) => args::invalid(tool, &p, schema).into_call_tool_result(),
+        None => response,
     }
 }

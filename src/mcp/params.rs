@@ -108,3 +108,31 @@ pub struct SessionInputParams {
     #[serde(default)]
     pub timeout_ms: Option<u64>,
 }
+
+/// What `session_export` writes.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ExportFormat {
+    /// A Jupyter notebook (nbformat 4): one code cell per evaluation, with its outputs.
+    Ipynb,
+    /// A source file of the language, cells separated by `# %%` (failed cells commented
+    /// out).
+    Script,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionExportParams {
+    pub session_id: String,
+    /// `ipynb` or `script`.
+    pub format: ExportFormat,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionVarsParams {
+    pub session_id: String,
+    /// Deadline in milliseconds for listing them (default 10000).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}

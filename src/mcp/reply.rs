@@ -15,7 +15,7 @@ use crate::session::EvalReport;
 
 /// A result with both a text and a structured form.
 pub(super) fn result<T: Serialize>(text: String, structured: &T, is_error: bool) -> CallToolResult {
-    let value = serde_json::to_value(structured).unwrap_or(Value::Null);
+    let value = structured_value(structured);
     let mut r = if is_error {
         CallToolResult::structured_error(value)
     } else {
@@ -23,6 +23,14 @@ pub(super) fn result<T: Serialize>(text: String, structured: &T, is_error: bool)
     };
     r.content = vec![ContentBlock::text(text)];
     r
+}
+
+/// A structured result as the tool's (portable) output schema describes it: no `null`
+/// fields, an absent field instead.
+pub(super) fn structured_value<T: Serialize>(structured: &T) -> Value {
+    let mut value = serde_json::to_value(structured).unwrap_or(Value::Null);
+    super::schema::drop_nulls(&mut value);
+    value
 }
 
 /// An evaluation's result: its text, then its images as image contents.

@@ -9,15 +9,21 @@ use rmcp::{RoleServer, tool, tool_router};
 
 use super::ReplboxServer;
 use super::params::{
-    RunCodeParams, SessionEvalParams, SessionIdParams, SessionInputParams, SessionStartParams,
+    ExportFormat, RunCodeParams, SessionEvalParams, SessionExportParams, SessionIdParams,
+    SessionInputParams, SessionStartParams, SessionVarsParams,
 };
-use super::reply::{eval_result, progress_reporter, result};
+use super::reply::{eval_result, progress_reporter, result, structured_value};
 use crate::error::ToolError;
 use crate::identity::Caller;
 use crate::run::{RunReport, RunRequest};
+use crate::session::export::{ExportReport, Format};
+use crate::session::history::HistoryReport;
+use crate::session::restore::RestoreReport;
+use crate::session::vars::VarsReport;
 use crate::session::{
     CloseReport, EvalReport, InFile, InterruptReport, ListReport, StartReport, StartRequest,
 };
+use rmcp::model::{ContentBlock, ResourceContents};
 
 #[tool_router(vis = "pub(super)")]
 impl ReplboxServer {
@@ -201,7 +207,7 @@ in another call. The session keeps its state.",
         if let Some(res) = &r.result {
             // The paused evaluation's own result, images included.
             let mut out = eval_result(res);
-            out.structured_content = serde_json::to_value(&r).ok();
+            out.structured_content = Some(structured_value(&r));
             out.is_error = Some(false);
             return Ok(out);
         }
@@ -220,8 +226,9 @@ in another call. The session keeps its state.",
     /// Close a session.
     #[tool(
         name = "session_close",
-        description = "Close a session: its interpreter and everything it started are killed and its private \
-directory is removed.",
+        description = "Close a session: its interpreter and everything it started are killed; its files stay \
+readable (read-only) for a while, then its private directory is removed. A closed session cannot be \
+restored.",
         output_schema = schema_for_output::<CloseReport>(),
         annotations(title = "Close session", read_only_hint = false, destructive_hint = true,
                     idempotent_hint = true, open_world_hint = false)
@@ -239,11 +246,116 @@ directory is removed.",
         ))
     }
 
+    /// A session's cells.
+    #[tool(
+        name = "session_history",
+        description = "List a session's cells in order: eval_id, code, status, error, duration and start \
+time (the newest are kept; the result says how many older ones were dropped). Works for open sessions, \
+ended ones while their record is kept (see session_list) and suspended ones.",
+        output_schema = schema_for_output::<HistoryReport>(),
+        annotations(title = "Session history", read_only_hint = true, destructive_hint = false,
+                    idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn session_history(
+        &self,
+        Parameters(p): Parameters<SessionIdParams>,
+        Extension(caller): Extension<Caller>,
+    ) -> Result<CallToolResult, ToolError> {
+        let r = self.app.sessions.history(&caller, &p.session_id).await?;
+        Ok(result(r.text(), &r, false))
+    }
+
+    /// A session as a notebook or a script.
+    #[tool(
+        name = "session_export",
+        description = "Export a session's cells as a Jupyter notebook (format ipynb: one code cell per \
+evaluation with its printed output, value, error and figures, and the language's kernelspec) or as a \
+script (format script: cells separated by `# %%`, failed cells commented out). Returned as an embedded \
+resource, also readable as replbox://sessions/{id}/export.ipynb (or export.py, .js, …).",
+        output_schema = schema_for_output::<ExportReport>(),
+        annotations(title = "Export session", read_only_hint = true, destructive_hint = false,
+                    idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn session_export(
+        &self,
+        Parameters(p): Parameters<SessionExportParams>,
+        Extension(caller): Extension<Caller>,
+    ) -> Result<CallToolResult, ToolError> {
+        let format = match p.format {
+            ExportFormat::Ipynb => Format::Ipynb,
+            ExportFormat::Script => Format::Script,
+        };
+        let r = self
+            .app
+            .sessions
+            .export(&caller, &p.session_id, format)
+            .await?;
+        let mut text = format!(
+            "session {} exported as {} ({} cells, {} bytes): {}",
+            r.session_id, r.format, r.cells, r.bytes, r.uri
+        );
+        for n in &r.notes {
+            text.push_str(&format!("\n[{n}]"));
+        }
+        let mut out = result(text, &r, false);
+        out.content.push(ContentBlock::resource(
+            ResourceContents::text(r.document.clone(), r.uri.clone()).with_mime_type(&r.mime_type),
+        ));
+        Ok(out)
+    }
+
+    /// Restore a suspended session.
+    #[tool(
+        name = "session_restore",
+        description = "Start a suspended session again (one whose server restarted, or that was closed for \
+idleness, with --state-dir): a fresh interpreter replays the cells that succeeded, in order, side \
+effects included. Returns how many were replayed and any that failed this time.",
+        output_schema = schema_for_output::<RestoreReport>(),
+        annotations(title = "Restore session", read_only_hint = false, destructive_hint = false,
+                    idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn session_restore(
+        &self,
+        Parameters(p): Parameters<SessionIdParams>,
+        Extension(caller): Extension<Caller>,
+    ) -> Result<CallToolResult, ToolError> {
+        let r = self.app.sessions.restore(&caller, &p.session_id).await?;
+        Ok(result(r.text(), &r, false))
+    }
+
+    /// What a session defined.
+    #[tool(
+        name = "session_vars",
+        description = "List the names the user defined in a session (variables, functions, classes; not \
+modules or the language's own), each with its type, a short summary (length, shape and dtypes of data \
+frames and arrays) and its size in memory where the language tells. Nothing is printed in the session.",
+        output_schema = schema_for_output::<VarsReport>(),
+        annotations(title = "Session names", read_only_hint = true, destructive_hint = false,
+                    idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn session_vars(
+        &self,
+        Parameters(p): Parameters<SessionVarsParams>,
+        Extension(caller): Extension<Caller>,
+    ) -> Result<CallToolResult, ToolError> {
+        let timeout = self
+            .app
+            .config
+            .timeout(Some(p.timeout_ms.unwrap_or(10_000)));
+        let r = self
+            .app
+            .sessions
+            .vars(&caller, &p.session_id, timeout)
+            .await?;
+        Ok(result(r.text(), &r, false))
+    }
+
     /// List open sessions.
     #[tool(
         name = "session_list",
         description = "List the open sessions with their language, pid, directory, idle time and whether \
-an evaluation is running.",
+an evaluation is running; then (`ended`) those that ended recently, whose files stay readable for a \
+while, and suspended ones, which session_restore starts again.",
         output_schema = schema_for_output::<ListReport>(),
         annotations(title = "List sessions", read_only_hint = true, destructive_hint = false,
                     idempotent_hint = true, open_world_hint = false)
@@ -252,7 +364,7 @@ an evaluation is running.",
         let r = self.app.sessions.list(&caller);
         let mut text = String::new();
         if r.sessions.is_empty() {
-            text.push_str("no open sessions");
+            text.push_str("no open sessions\n");
         }
         for s in &r.sessions {
             text.push_str(&format!(
@@ -265,6 +377,19 @@ an evaluation is running.",
                 if s.busy { " busy" } else { "" },
                 s.cwd
             ));
+        }
+        for e in &r.ended {
+            text.push_str(&format!(
+                "{} {} {} ({})",
+                e.session_id, e.language, e.state, e.reason
+            ));
+            if let Some(until) = e.files_kept_until {
+                text.push_str(&format!(", files kept until {until} (unix time)"));
+            }
+            if e.restorable {
+                text.push_str(", restorable with session_restore");
+            }
+            text.push('\n');
         }
         result(text, &r, false)
     }

@@ -188,6 +188,7 @@ impl Runner {
             if !ok || step.cancelled || step.spawn_error.is_some() {
                 report.phase = Phase::Compile;
                 Self::fill(&mut report, step);
+                report.hide_dir(place.dir.path());
                 report.duration_ms = started.elapsed().as_millis() as u64;
                 return Ok(report);
             }
@@ -209,6 +210,7 @@ impl Runner {
             }
         };
         Self::fill(&mut report, step);
+        report.hide_dir(place.dir.path());
         report.duration_ms = started.elapsed().as_millis() as u64;
         place.release().await;
         // Replace what this run used (or what the pool dropped), now that the run is over.
@@ -233,7 +235,7 @@ impl Runner {
         if let Some(requested) = &req.venv {
             // Never pooled: the environment is checked as this run's uid, and the
             // interpreter is its own.
-            let mut place = self.caller_place(lang, &detected.exe, cpu_s).await?;
+            let mut place = self.place(lang, &detected.exe, cpu_s, true).await?;
             let policy = VenvPolicy {
                 dirs: (*self.cwd_policy).clone(),
                 trusted: self.sandbox.interpreter_dirs(&detected.exe),
@@ -253,7 +255,7 @@ impl Runner {
         };
         match warm {
             Some(w) => Ok((w.place, Some(w.proc))),
-            None => Ok((self.caller_place(lang, &detected.exe, cpu_s).await?, None)),
+            None => Ok((self.place(lang, &detected.exe, cpu_s, true).await?, None)),
         }
     }
 
@@ -268,22 +270,22 @@ impl Runner {
         .max(1)
     }
 
-    /// A fresh place for a caller's run: [`place`](Self::place) with a uid that pooled
-    /// interpreters give back when none is free.
-    async fn caller_place(&self, lang: &Language, exe: &Path, cpu_s: u64) -> Result<Place, String> {
-        let lease = self.sandbox.lease_for_caller().await?;
-        self.place(lang, exe, cpu_s, lease)
-    }
-
     /// A fresh place for a run: a uid from the pool (when the server is root; returned when
     /// the place is dropped, after its processes are gone) and a private directory it owns.
-    fn place(
+    /// With `reclaim`, a pool of uids all in use first takes one back from the kept files
+    /// of an ended session.
+    async fn place(
         &self,
         lang: &Language,
         exe: &Path,
         cpu_s: u64,
-        lease: Option<Lease>,
+        reclaim: bool,
     ) -> Result<Place, String> {
+        let lease = if reclaim {
+            self.sandbox.lease_or_reclaim().await?
+        } else {
+            self.sandbox.lease()?
+        };
         let uid = lease.as_ref().map(|l| l.uid);
         let dir = self
             .workspace

@@ -126,6 +126,18 @@ impl<W: Ready> Pool<W> {
         self.lock().held = held;
     }
 
+    /// How many interpreters are ready, per language (for metrics).
+    pub fn ready(&self) -> Vec<(String, usize)> {
+        let st = self.lock();
+        let mut v: Vec<(String, usize)> = st
+            .slots
+            .iter()
+            .map(|(lang, slot)| (lang.clone(), slot.ready.len()))
+            .collect();
+        v.sort();
+        v
+    }
+
     /// Take a ready interpreter of `lang`, the oldest first; ones that ended or idled too
     /// long are dropped on the way. This is demand: an empty pool, or one this empties,
     /// grows.
@@ -306,7 +318,7 @@ impl<W: Ready> Pool<W> {
     }
 
     /// Interpreters of `lang` ready now.
-    pub fn ready(&self, lang: &str) -> usize {
+    pub fn ready_of(&self, lang: &str) -> usize {
         self.lock().slots.get(lang).map_or(0, |s| s.ready.len())
     }
 
@@ -461,7 +473,7 @@ mod tests {
         assert_eq!(starts.load(Ordering::SeqCst), START);
         // The starts join the pool from their tasks: let them run.
         for _ in 0..100 {
-            if pool.ready("python") == START {
+            if pool.ready_of("python") == START {
                 break;
             }
             tokio::task::yield_now().await;
@@ -506,13 +518,13 @@ mod tests {
         fill(5);
         // Idle: it halves every SHRINK_AFTER, the oldest going, down to the floor.
         pool.trim_at(t0 + SHRINK_AFTER);
-        assert_eq!(pool.ready("python"), 2);
+        assert_eq!(pool.ready_of("python"), 2);
         pool.trim_at(t0 + SHRINK_AFTER + SHRINK_AFTER / 2);
-        assert_eq!(pool.ready("python"), 2, "not idle long enough again");
+        assert_eq!(pool.ready_of("python"), 2, "not idle long enough again");
         pool.trim_at(t0 + SHRINK_AFTER * 2);
-        assert_eq!(pool.ready("python"), FLOOR);
+        assert_eq!(pool.ready_of("python"), FLOOR);
         pool.trim_at(t0 + SHRINK_AFTER * 4);
-        assert_eq!(pool.ready("python"), FLOOR, "never below the floor");
+        assert_eq!(pool.ready_of("python"), FLOOR, "never below the floor");
         assert_eq!(
             dropped.load(Ordering::SeqCst),
             2 + 4,
@@ -539,7 +551,7 @@ mod tests {
             2,
             "idle: shrunk to 1, and 1 expired"
         );
-        assert_eq!(pool.ready("python"), 0);
+        assert_eq!(pool.ready_of("python"), 0);
         assert_eq!(pool.reserve("python"), FLOOR);
     }
 

@@ -23,7 +23,7 @@ pub struct RunReport {
     /// bytes were left out).
     pub stdout: String,
     pub stderr: String,
-    /// Exit code, when the program exited (null when it was killed by a signal).
+    /// Exit code, when the program exited (absent when it was killed by a signal).
     pub exit_code: Option<i32>,
     /// Name of the signal that ended the program (for example SIGKILL after a timeout).
     pub signal: Option<String>,
@@ -60,6 +60,18 @@ impl RunReport {
             error: None,
             sandbox,
             interpreter: None,
+        }
+    }
+
+    /// Paths in the run's directory shown relative to it in the output, so a traceback
+    /// names `main.py` (as the program was started) rather than where the server keeps its
+    /// runs (interpreters make the script's path absolute).
+    pub(super) fn hide_dir(&mut self, dir: &std::path::Path) {
+        let prefix = format!("{}/", dir.display());
+        for out in [&mut self.stdout, &mut self.stderr] {
+            if out.contains(&prefix) {
+                *out = out.replace(&prefix, "");
+            }
         }
     }
 

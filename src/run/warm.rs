@@ -54,6 +54,21 @@ impl Ready for Warm {
 /// The warm pools of `run-code`.
 pub type WarmPool = Pool<Warm>;
 
+/// A pooled interpreter gives its uid back to a caller that finds none free.
+impl crate::sandbox::Reclaim for WarmPool {
+    fn reclaim(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
+        Box::pin(async move {
+            match self.yield_one() {
+                Some(w) => {
+                    w.release().await;
+                    true
+                }
+                None => false,
+            }
+        })
+    }
+}
+
 /// How often the pools are kept (see [`Runner::fill_pools`]).
 const UPKEEP: Duration = Duration::from_secs(15);
 
@@ -136,7 +151,7 @@ impl Runner {
     pub(super) async fn take_warm(&self, lang: &Arc<Language>, req: &RunRequest) -> Option<Warm> {
         let patience = PATIENCE.min(req.timeout / 4);
         let w = self.pool.take_or_wait(lang.id(), patience).await?;
-        if self.pool.ready(lang.id()) == 0 {
+        if self.pool.ready_of(lang.id()) == 0 {
             // Demand outruns the pool: start its replacements now rather than after the run.
             self.refill(lang);
         }
@@ -172,8 +187,9 @@ impl Runner {
         if !self.sandbox.can_run(&detected.exe) {
             return Err(self.sandbox.cannot_run_reason(&detected.exe));
         }
-        let lease = self.sandbox.lease()?;
-        let place = self.place(lang, &detected.exe, self.pool_cpu_limit(p), lease)?;
+        let place = self
+            .place(lang, &detected.exe, self.pool_cpu_limit(p), false)
+            .await?;
         let vars = place.vars(lang);
         let child = self.child(&place, lang, &BTreeMap::new());
         let mut with_loader = vars.to_vec();

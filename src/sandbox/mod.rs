@@ -136,25 +136,16 @@ pub struct Sandbox {
     pool: Option<Arc<UidPool>>,
     /// A remembered bwrap success still to confirm (see [`probe`]).
     unverified: Mutex<Option<probe::ProbeCache>>,
-    /// Gives a uid back when none is free: the warm pool's (see [`Sandbox::on_short`]).
-    reclaim: std::sync::OnceLock<Reclaim>,
+    /// What can give a uid back when every one is in use, asked in order: the warm pool's
+    /// interpreters, the kept files of ended sessions.
+    reclaimers: Mutex<Vec<std::sync::Weak<dyn Reclaim>>>,
 }
 
-/// Frees one uid held ahead of time (by a pooled interpreter), resolving once it is back;
-/// None when there is nothing to give up.
-pub struct Reclaim(
-    #[allow(clippy::type_complexity)]
-    pub  Box<
-        dyn Fn() -> Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>
-            + Send
-            + Sync,
-    >,
-);
-
-impl std::fmt::Debug for Reclaim {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Reclaim")
-    }
+/// Something that holds uids it can let go of when the pool runs dry: interpreters started
+/// ahead of time, the files of ended sessions kept readable as their uid for a while.
+pub trait Reclaim: Send + Sync {
+    /// Give one uid back (awaiting its release); false when there is none to give.
+    fn reclaim(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>>;
 }
 
 impl Sandbox {
@@ -231,23 +222,42 @@ impl Sandbox {
         }
     }
 
-    /// [`lease`](Self::lease) for a caller: when no uid is free, uids held ahead of time
-    /// (pooled interpreters) are given back one by one until one is.
-    pub async fn lease_for_caller(&self) -> Result<Option<Lease>, String> {
-        loop {
+    /// Uids of the pool this server holds (0 when it does not run as root).
+    pub fn uids_in_use(&self) -> usize {
+        self.pool.as_ref().map_or(0, |p| p.in_use())
+    }
+
+    /// Like [`lease`](Self::lease), but when every uid is in use, first ask the reclaimers
+    /// (in the order they were added) to give one back.
+    pub async fn lease_or_reclaim(&self) -> Result<Option<Lease>, String> {
+        'lease: loop {
             match self.lease() {
                 Ok(l) => return Ok(l),
-                Err(e) => match self.reclaim.get().and_then(|r| (r.0)()) {
-                    Some(freed) => freed.await,
-                    None => return Err(e),
-                },
+                Err(e) => {
+                    let reclaimers: Vec<Arc<dyn Reclaim>> = self
+                        .reclaimers
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .iter()
+                        .filter_map(std::sync::Weak::upgrade)
+                        .collect();
+                    for r in reclaimers {
+                        if r.reclaim().await {
+                            continue 'lease;
+                        }
+                    }
+                    return Err(e);
+                }
             }
         }
     }
 
-    /// What gives uids back to callers when none is free (set once, by the warm pool).
-    pub fn on_short(&self, reclaim: Reclaim) {
-        let _ = self.reclaim.set(reclaim);
+    /// Add what gives uids back when the pool is dry (asked after those added before).
+    pub fn add_reclaimer(&self, r: std::sync::Weak<dyn Reclaim>) {
+        self.reclaimers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(r);
     }
 
     /// Whether uids run short: at most a quarter of them (at least 2) are free. Work done

@@ -143,7 +143,7 @@ impl Plan {
             read_roots: Vec::new(),
             pool: self.pool.clone().ok().flatten(),
             unverified: Mutex::new(None),
-            reclaim: std::sync::OnceLock::new(),
+            reclaimers: Mutex::new(Vec::new()),
         }
     }
 

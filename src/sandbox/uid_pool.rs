@@ -72,6 +72,12 @@ impl UidPool {
         self.size
     }
 
+    /// Uids of the pool this server holds now.
+    pub(super) fn in_use(&self) -> usize {
+        let free = self.free.lock().unwrap_or_else(|p| p.into_inner()).len();
+        (self.size as usize).saturating_sub(free)
+    }
+
     fn try_lock(&self, uid: u32) -> Option<Flock<std::fs::File>> {
         use std::os::unix::fs::OpenOptionsExt;
         let f = std::fs::OpenOptions::new()
@@ -131,6 +137,14 @@ impl Lease {
     /// The flag a process of this lease sets when it ends without a confirmed clean tree.
     pub fn dirty_flag(&self) -> Arc<AtomicBool> {
         self.dirty.clone()
+    }
+
+    /// Kill whatever still runs as this uid now, when its tree was not confirmed gone (a
+    /// lease kept after its session ended, while its files are read as it). Blocking.
+    pub fn sweep_now(&self) {
+        if self.sweep && self.dirty.swap(false, Ordering::Relaxed) {
+            kill_uid(self.uid);
+        }
     }
 }
 

@@ -128,6 +128,13 @@ more than {} files and folders (--max-tracked-files)",
             .filter(|s| s.owner == *caller)
             .map(|s| (s.created_at, s.id.clone(), s.cwd_fd.clone(), s.uid))
             .collect();
+        // Ended sessions whose files are kept, read-only.
+        mine.extend(
+            self.kept
+                .iter()
+                .filter(|k| k.owner == *caller && k.has_files())
+                .map(|k| (k.created_at, k.id.clone(), k.cwd_fd.clone(), k.uid)),
+        );
         mine.sort_by_key(|m| m.0);
         let max = self.config.max_tracked_files.max(1);
         let mut out = Vec::new();
@@ -157,10 +164,15 @@ more than {} files and folders (--max-tracked-files)",
             .into_iter()
             .map(str::to_string)
             .collect();
-        let session = self
-            .lookup(caller, id)
-            .map_err(|e| FileError::NotFound(e.message))?;
-        let cwd = session.cwd_fd.clone();
+        // An open session, or an ended one whose files are kept (read-only: nothing of it
+        // runs any more, and its uid is still its own).
+        let (cwd, uid) = match self.lookup(caller, id) {
+            Ok(s) => (s.cwd_fd.clone(), s.uid),
+            Err(e) => match self.kept(caller, id).filter(|k| k.has_files()) {
+                Some(k) => (k.cwd_fd.clone(), k.uid),
+                None => return Err(FileError::NotFound(e.message)),
+            },
+        };
         let walk = hostfs::Walk {
             same_mount: true,
             forbidden: self.skip_dirs(),
@@ -170,7 +182,7 @@ more than {} files and folders (--max-tracked-files)",
         let shown = path.to_string();
         let sid = id.to_string();
         // As the session's uid, beneath its directory, on its filesystem, through no link.
-        hostfs::as_uid(session.uid, move || {
+        hostfs::as_uid(uid, move || {
             let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
             let file = hostfs::open_beneath(cwd.as_fd(), &refs, &walk).map_err(|e| {
                 match e.raw_os_error() {

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use super::files::Snapshot;
+use super::history::Record;
 use super::interp::Interp;
+use super::journal::Writer;
 use super::report::SessionInfo;
 use crate::identity::Caller;
 use crate::lang::Language;
@@ -46,6 +48,16 @@ pub(super) enum Gone {
 }
 
 impl Gone {
+    /// One word for lists: `closed`, `exited`, `reaped`, `evicted`.
+    pub(super) fn reason(&self) -> &'static str {
+        match self {
+            Gone::Closed => "closed",
+            Gone::Exited { .. } => "exited",
+            Gone::Reaped { .. } => "reaped",
+            Gone::Evicted { .. } => "evicted",
+        }
+    }
+
     pub(super) fn message(&self, id: &str) -> String {
         match self {
             Gone::Closed => format!("session {id} was closed. Start a new one with session_start."),
@@ -80,9 +92,9 @@ pub struct Session {
     pub(super) uid: Option<u32>,
     pub created_at: SystemTime,
     pub idle_timeout: Duration,
-    /// The session's private directory (work, control, out), removed by
-    /// [`dispose`](Self::dispose) or when dropped.
-    pub(super) dir: PrivateDir,
+    /// The session's private directory and uid, released by [`dispose`](Self::dispose)
+    /// or when dropped, or kept a while after it ended ([`take_remains`](Self::take_remains)).
+    pub(super) remains: Mutex<Option<Remains>>,
     /// A handle on the directory where the interpreter leaves what it hands back (the
     /// figures' PNG files).
     pub(super) out_fd: Arc<OwnedFd>,
@@ -101,9 +113,26 @@ pub struct Session {
     pub(super) awaiting: Mutex<Option<Awaiting>>,
     /// Interrupts the evaluation in flight (session_interrupt from another call).
     pub(super) interrupt: Mutex<Option<CancellationToken>>,
-    /// The uid the interpreter runs as; returned (after a sweep) when the session is gone,
-    /// after the interpreter and the directory (see [`release`](Self::release)).
-    pub(super) lease: Option<Lease>,
+    /// The cells it ran and the evaluation in flight (session_history, session_export);
+    /// shared with its ended record.
+    pub(super) record: Arc<Mutex<Record>>,
+    /// Its journal, with `--state-dir`.
+    pub(super) journal: Option<Arc<Writer>>,
+}
+
+/// What a session holds on the host besides its processes: its private directory (work,
+/// control, out) and the uid it runs as. The directory goes first, then the uid (returned
+/// after a sweep when its tree was not confirmed gone).
+pub(super) struct Remains {
+    pub dir: PrivateDir,
+    pub lease: Option<Lease>,
+}
+
+impl Remains {
+    /// Remove the directory, then return the uid (on the blocking pool).
+    pub fn release(self) -> Option<tokio::task::JoinHandle<()>> {
+        self.dir.remove_then(self.lease)
+    }
 }
 
 /// Lock a std mutex, recovering from poisoning (a panic elsewhere must not wedge sessions).
@@ -134,7 +163,23 @@ impl Session {
     /// was still there), then the directory, then the uid.
     fn release(&mut self) -> Option<tokio::task::JoinHandle<()>> {
         drop(self.interp.get_mut().take());
-        self.dir.take().remove_then(self.lease.take())
+        let remains = self
+            .remains
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        remains.and_then(Remains::release)
+    }
+
+    /// The directory and uid of a session whose interpreter is gone, to keep its files
+    /// readable for a while; its uid is swept now if its tree was not confirmed gone, so
+    /// nothing of the session runs while they are read (blocking: call it off the workers).
+    pub(super) fn take_remains(&self) -> Option<Remains> {
+        let remains = lock(&self.remains).take();
+        if let Some(lease) = remains.as_ref().and_then(|r| r.lease.as_ref()) {
+            lease.sweep_now();
+        }
+        remains
     }
 
     pub(super) fn touch(&self) {

@@ -1,15 +1,17 @@
 //! Evaluations: `session_eval`, `session_input` and `session_interrupt` on a session of the
 //! table, and how an evaluation's outcome becomes its report.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
-use super::entry::{Awaiting, Busy, Gone, Session, lock};
+use super::entry::{Awaiting, Busy, Gone, Session, lock, unix};
+use super::history::{Cell, Outputs, Pending};
 use super::interp::{Ending, Interp, Outcome};
 use super::manager::SessionManager;
-use super::report::{EvalReport, InterruptReport, apply_ending};
+use super::report::{EvalReport, EvalStatus, InterruptReport, apply_ending};
 use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 use crate::progress::Progress;
@@ -23,7 +25,7 @@ pub(super) fn release(session: &Session) {
 }
 
 impl SessionManager {
-    fn busy_error(&self, session: &Session) -> ToolError {
+    pub(super) fn busy_error(&self, session: &Session) -> ToolError {
         let busy = lock(&session.busy)
             .as_ref()
             .map(|b| (b.eval_id, b.since.elapsed()));
@@ -46,6 +48,45 @@ or use another session.",
 
     /// Evaluate code in a session.
     pub async fn eval(
+        &self,
+        caller: &Caller,
+        id: &str,
+        code: &str,
+        timeout: Duration,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+    ) -> Result<EvalReport, ToolError> {
+        // A suspended session is restored first (unless the operator said not to).
+        let restored = if self.restores_on_eval(caller, id) {
+            Some(self.restore(caller, id).await?)
+        } else {
+            None
+        };
+        let mut report = self
+            .eval_open(caller, id, code, timeout, cancel, progress)
+            .await?;
+        if let Some(r) = restored {
+            report.notes.insert(
+                0,
+                format!(
+                    "session {id} was suspended: it was restored first ({} cell(s) replayed in {} \
+ms{})",
+                    r.replayed,
+                    r.duration_ms,
+                    if r.failed.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", {} failed on replay", r.failed.len())
+                    }
+                ),
+            );
+            report.replayed = Some(r.replayed);
+            report.replay_failed = r.failed;
+        }
+        Ok(report)
+    }
+
+    async fn eval_open(
         &self,
         caller: &Caller,
         id: &str,
@@ -77,6 +118,15 @@ or stop it with session_interrupt, before evaluating more code.",
             return Err(self.gone_error(&session));
         }
         let eval_id = session.evals.fetch_add(1, Ordering::Relaxed) + 1;
+        lock(&session.record).pending = Some(Pending {
+            eval_id,
+            code: code.to_string(),
+            started_at: unix(SystemTime::now()),
+            started: Instant::now(),
+            timeout_ms: timeout.as_millis() as u64,
+            output: String::new(),
+            inputs: Vec::new(),
+        });
         let token = self.begin(&session, eval_id, cancel);
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
@@ -88,7 +138,9 @@ or stop it with session_interrupt, before evaluating more code.",
         // Still under the interpreter's lock: the next evaluation's files and images must
         // not be taken for this one's.
         self.collect(&session, &mut report).await;
+        self.record(&session, &report).await;
         release(&session);
+        self.retire_exited(&session).await;
         Ok(report)
     }
 
@@ -121,6 +173,9 @@ file in the session's directory and read it from there instead",
             .session(id));
         };
         *lock(&session.awaiting) = None;
+        if let Some(p) = lock(&session.record).pending.as_mut() {
+            p.inputs.push(text.to_string());
+        }
         let token = self.begin(&session, eval_id, cancel);
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
@@ -130,7 +185,9 @@ file in the session's directory and read it from there instead",
         };
         let mut report = self.conclude(&session, &mut guard, eval_id, started, outcome);
         self.collect(&session, &mut report).await;
+        self.record(&session, &report).await;
         release(&session);
+        self.retire_exited(&session).await;
         Ok(report)
     }
 
@@ -159,7 +216,9 @@ file in the session's directory and read it from there instead",
                 report.eval_id = Some(eval_id);
                 let mut result = self.conclude(&session, &mut guard, eval_id, started, outcome);
                 self.collect(&session, &mut result).await;
+                self.record(&session, &result).await;
                 release(&session);
+                self.retire_exited(&session).await;
                 report.result = Some(result);
             }
             Err(_) => {
@@ -172,6 +231,48 @@ file in the session's directory and read it from there instead",
             }
         }
         Ok(report)
+    }
+
+    /// After a call whose evaluation ended the interpreter: keep the session's files and
+    /// history for a while.
+    pub(super) async fn retire_exited(&self, session: &Arc<Session>) {
+        let how = lock(&session.gone).clone();
+        if let Some(how @ Gone::Exited { .. }) = how {
+            self.journal_end(session, &how).await;
+            self.retire(session.clone(), how).await;
+        }
+    }
+
+    /// Add a finished evaluation to the session's history (and journal); a part that ended
+    /// waiting for input is kept until the evaluation is over.
+    pub(super) async fn record(&self, session: &Session, report: &EvalReport) {
+        let cell = {
+            let mut r = lock(&session.record);
+            if report.status == EvalStatus::AwaitingInput {
+                if let Some(p) = r.pending.as_mut() {
+                    p.output.push_str(&report.output);
+                }
+                return;
+            }
+            let Some(p) = r.pending.take() else { return };
+            let cell = Cell {
+                eval_id: p.eval_id,
+                code: p.code,
+                status: report.status,
+                error: report.error.clone(),
+                duration_ms: p.started.elapsed().as_millis() as u64,
+                started_at: p.started_at,
+                outputs: Outputs::of(report, &p.output),
+                replayed: false,
+            };
+            if session.journal.is_none() {
+                r.history.push(cell);
+                return;
+            }
+            r.history.push(cell.clone());
+            (cell, p.inputs, p.timeout_ms)
+        };
+        self.journal_cell(session, cell).await;
     }
 
     /// Mark the session busy with `eval_id`; returns the token that interrupts it.
@@ -192,7 +293,7 @@ file in the session's directory and read it from there instead",
     }
 
     /// Turn an outcome into the report, and record what it means for the session.
-    fn conclude(
+    pub(super) fn conclude(
         &self,
         session: &Session,
         guard: &mut Option<Interp>,

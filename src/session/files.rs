@@ -205,6 +205,28 @@ pub fn parse_uri(uri: &str) -> Result<(String, String), String> {
     Ok((id, segments.join("/")))
 }
 
+/// The URI templates of a session's exports.
+pub const EXPORT_TEMPLATES: [&str; 2] = [
+    "replbox://sessions/{session_id}/export.ipynb",
+    "replbox://sessions/{session_id}/export.{ext}",
+];
+
+/// `replbox://sessions/{id}/export.{ext}`.
+pub fn export_uri(session_id: &str, ext: &str) -> String {
+    format!("{URI_PREFIX}{}/export.{ext}", encode_segment(session_id))
+}
+
+/// The session id and extension of an export URI.
+pub fn parse_export_uri(uri: &str) -> Option<(String, String)> {
+    let rest = uri.strip_prefix(URI_PREFIX)?;
+    let (id, ext) = rest.split_once("/export.")?;
+    let ok = !id.contains('/')
+        && !ext.is_empty()
+        && ext.len() <= 16
+        && ext.bytes().all(|b| b.is_ascii_alphanumeric());
+    ok.then(|| decode(id).ok().map(|id| (id, ext.to_string())))?
+}
+
 fn encode_segment(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
@@ -299,6 +321,18 @@ mod tests {
         assert!(parse_uri("replbox://sessions/x/files/a%2F..%2Fb").is_err());
         assert!(parse_uri("file:///etc/passwd").is_err());
         assert!(parse_uri("replbox://sessions/x/files/%zz").is_err());
+        assert_eq!(
+            parse_export_uri(&export_uri("abc-1", "ipynb")),
+            Some(("abc-1".into(), "ipynb".into()))
+        );
+        assert_eq!(
+            parse_export_uri("replbox://sessions/x/export.py/../a"),
+            None
+        );
+        assert_eq!(
+            parse_export_uri("replbox://sessions/x/files/export.py"),
+            None
+        );
     }
 
     #[test]
@@ -467,8 +501,12 @@ content (the text to write), not both or neither"
 allowed to the local client; send the data as content instead"
                         .into()));
                 }
-                let file = hostfs::open_host_file(&path)
-                    .map_err(|e| at(format!("cannot read {} as {user}: {e}", path.display())))?;
+                let file = hostfs::open_host_file(&path).map_err(|e| {
+                    at(format!(
+                        "path: cannot read {} as {user}: {e}",
+                        path.display()
+                    ))
+                })?;
                 let name = path
                     .file_name()
                     .and_then(|n| n.to_str())
@@ -486,7 +524,7 @@ allowed to the local client; send the data as content instead"
             .map(str::to_string)
             .collect();
         if items.iter().any(|(p, _)| *p == parts) {
-            return Err(at(format!("{name:?} is given twice")));
+            return Err(at(format!("name: {name:?} is given twice")));
         }
         check_target(dest, &parts, user).map_err(at)?;
         items.push((parts, source));

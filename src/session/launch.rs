@@ -9,9 +9,11 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::entry::Session;
+use super::entry::{Remains, Session};
 use super::files::{self, InFile};
+use super::history::Record;
 use super::interp::{Interp, Launch};
+use super::journal::Writer;
 use super::manager::SessionManager;
 use super::report::StartReport;
 use crate::error::{ErrorKind, ToolError};
@@ -19,7 +21,8 @@ use crate::exec::child::{ChildBuilder, check_caller_env};
 use crate::hostfs::{self, CwdPolicy};
 use crate::identity::Caller;
 use crate::lang::{
-    Detected, InterpreterInfo, Language, LookupError, SessionSpec, Why, expand, expand_command,
+    Detected, InterpreterInfo, Language, LookupError, SessionSpec, Why, did_you_mean, expand,
+    expand_command,
 };
 use crate::sandbox::Lease;
 use crate::venv::{self, Venv, VenvPolicy};
@@ -114,40 +117,39 @@ impl SessionManager {
         caller: &Caller,
         req: StartRequest,
     ) -> Result<StartReport, ToolError> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let (report, _) = self.start_as(caller, req, id, None).await?;
+        Ok(report)
+    }
+
+    /// Start session `id`: a new one (`restoring` None: its journal is created), or one
+    /// restored from its journal (which it goes on writing). Every check and limit of a new
+    /// session applies either way.
+    pub(super) async fn start_as(
+        &self,
+        caller: &Caller,
+        req: StartRequest,
+        id: String,
+        restoring: Option<Arc<Writer>>,
+    ) -> Result<(StartReport, Arc<Session>), ToolError> {
         let _slot = self.admit(caller).await?;
         let (lang, spec) = self.session_language(&req.language)?;
         check_caller_env(&req.env).map_err(ToolError::invalid)?;
+        let journaled = restoring.is_none().then(|| req.clone());
         let ask = VenvAsk::of(&lang, req.venv, req.cwd.is_some())?;
         let it = self.interpreter(lang, spec).await?;
         let lease = self
             .sandbox
-            .lease_for_caller()
+            .lease_or_reclaim()
             .await
             .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
         let uid = lease.as_ref().map(|l| l.uid);
-        let id = uuid::Uuid::new_v4().to_string();
         let (dirs, mut prepared, it) = self
             .dirs(&id, uid, req.cwd, req.files, (ask, it), caller)
             .await?;
-        // Until the session is up, a failure takes the files brought in away again.
-        let undo = |e: ToolError| {
-            let (fd, names) = (prepared.cwd_fd.clone(), prepared.brought.clone());
-            async move {
-                if !names.names.is_empty() {
-                    let _ = hostfs::as_uid(uid, move || names.remove(fd.as_fd())).await;
-                }
-                e
-            }
-        };
-        let launch = match self.launch(&it, &dirs, lease.as_ref(), &req.env).await {
-            Ok(l) => l,
-            Err(e) => return Err(undo(e).await),
-        };
-        let interp =
-            match Interp::start(launch, Duration::from_millis(it.spec.start_timeout_ms)).await {
-                Ok(i) => i,
-                Err(m) => return Err(undo(ToolError::new(ErrorKind::StartFailed, m)).await),
-            };
+        let interp = self
+            .bring_up(&it, &dirs, &prepared, lease.as_ref(), &req.env)
+            .await?;
         // The baseline for the first evaluation's file changes: taken once the interpreter
         // is up, so what it wrote while starting is not taken for the code's doing.
         let mut notes: Vec<String> = prepared.venv_note.take().into_iter().collect();
@@ -159,6 +161,10 @@ impl SessionManager {
             notes.push(self.untracked_note());
         }
         let idle_timeout = self.config.idle_timeout(req.idle_timeout_s);
+        let journal = match journaled {
+            Some(r) => self.create_journal(&id, caller, &r, &mut notes).await,
+            None => restoring,
+        };
         let report = StartReport {
             session_id: id.clone(),
             language: it.lang.id().to_string(),
@@ -182,7 +188,10 @@ impl SessionManager {
             uid,
             created_at: now,
             idle_timeout,
-            dir: dirs.dir,
+            remains: Mutex::new(Some(Remains {
+                dir: dirs.dir,
+                lease,
+            })),
             out_fd: prepared.out_fd,
             files: Mutex::new(baseline),
             pid: AtomicU64::new(interp.pid as u64),
@@ -194,10 +203,41 @@ impl SessionManager {
             gone: Mutex::new(None),
             awaiting: Mutex::new(None),
             interrupt: Mutex::new(None),
-            lease,
+            record: Arc::new(Mutex::new(Record::new(self.config.history_bounds()))),
+            journal,
         });
-        self.sessions.insert(id, session);
-        Ok(report)
+        self.sessions.insert(id, session.clone());
+        Ok((report, session))
+    }
+
+    /// Start the interpreter in its directories; until it is up, a failure takes the files
+    /// brought in away again.
+    async fn bring_up(
+        &self,
+        it: &Interpreter,
+        dirs: &Dirs,
+        prepared: &Prepared,
+        lease: Option<&Lease>,
+        env: &BTreeMap<String, String>,
+    ) -> Result<Interp, ToolError> {
+        let uid = lease.map(|l| l.uid);
+        let undo = |e: ToolError| {
+            let (fd, names) = (prepared.cwd_fd.clone(), prepared.brought.clone());
+            async move {
+                if !names.names.is_empty() {
+                    let _ = hostfs::as_uid(uid, move || names.remove(fd.as_fd())).await;
+                }
+                e
+            }
+        };
+        let launch = match self.launch(it, dirs, lease, env).await {
+            Ok(l) => l,
+            Err(e) => return Err(undo(e).await),
+        };
+        match Interp::start(launch, Duration::from_millis(it.spec.start_timeout_ms)).await {
+            Ok(i) => Ok(i),
+            Err(m) => Err(undo(ToolError::new(ErrorKind::StartFailed, m)).await),
+        }
     }
 
     /// The language asked for, and its REPL driver.
@@ -207,7 +247,8 @@ impl SessionManager {
             LookupError::Unknown(n) => ToolError::new(
                 ErrorKind::UnsupportedLanguage,
                 format!(
-                    "unknown language {n:?}. Session languages on this host: {}",
+                    "unknown language {n:?}.{} Session languages on this host: {}",
+                    did_you_mean(self.registry.suggest(&n, true).as_deref()),
                     sessions()
                 ),
             ),

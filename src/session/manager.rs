@@ -7,8 +7,11 @@ use std::time::{Duration, SystemTime};
 
 use dashmap::DashMap;
 
+use super::ended::Kept;
 use super::entry::{Gone, Session, lock};
+pub use super::journal::StateDir;
 use super::report::{CloseReport, ListReport, SessionInfo};
+use super::suspend::Suspended;
 use crate::config::Config;
 use crate::error::{ErrorKind, ToolError};
 use crate::hostfs::CwdPolicy;
@@ -50,17 +53,26 @@ pub struct SessionManager {
     pub(super) starting: Starting,
     /// What a caller's cwd may be.
     pub(super) cwd_policy: Arc<CwdPolicy>,
+    /// Ended sessions whose files and history are kept for a while.
+    pub(super) kept: DashMap<String, Arc<Kept>>,
+    /// Where sessions are journaled (`--state-dir`).
+    pub(super) state: Option<StateDir>,
+    /// Sessions a journal can start again.
+    pub(super) suspended: DashMap<String, Suspended>,
 }
 
 impl SessionManager {
+    /// The table; with a state directory (checked and locked already), its journals are
+    /// read: their sessions are suspended.
     pub fn new(
         config: Arc<Config>,
         registry: Arc<Registry>,
         workspace: Arc<Workspace>,
         sandbox: Arc<Sandbox>,
         cwd_policy: Arc<CwdPolicy>,
+        state: Option<StateDir>,
     ) -> Self {
-        Self {
+        let me = Self {
             config,
             registry,
             workspace,
@@ -69,7 +81,12 @@ impl SessionManager {
             ended: DashMap::new(),
             starting: Mutex::new(HashMap::new()),
             cwd_policy,
-        }
+            kept: DashMap::new(),
+            state,
+            suspended: DashMap::new(),
+        };
+        me.load_journals();
+        me
     }
 
     pub fn count(&self) -> usize {
@@ -92,6 +109,8 @@ impl SessionManager {
                 tick.tick().await;
                 let Some(me) = weak.upgrade() else { return };
                 me.reap_idle().await;
+                me.expire_kept().await;
+                me.expire_journals().await;
             }
         });
     }
@@ -227,6 +246,9 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             }
             return Ok(s.clone());
         }
+        if let Some(s) = self.suspended_of(caller, id) {
+            return Err(self.suspended_error(&s));
+        }
         match self.ended.get(id).map(|g| g.clone()) {
             Some((owner, how)) if owner == *caller => {
                 Err(ToolError::new(ErrorKind::EndedSession, how.message(id)).session(id))
@@ -262,16 +284,28 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         true
     }
 
-    /// End a session for `how`: forget it, kill its tree, remove its directory.
+    /// End a session for `how`: forget it, kill its tree, keep its files for a while (or
+    /// remove its directory).
     async fn end(&self, session: Arc<Session>, how: Gone) -> Option<i32> {
-        if !self.mark_gone(&session, how) {
+        if !self.mark_gone(&session, how.clone()) {
             return None;
         }
-        finish(session).await
+        let exit_code = kill_session(&session).await;
+        self.journal_end(&session, &how).await;
+        self.retire(session, how).await;
+        exit_code
     }
 
-    /// Close a session: kill its interpreter's tree and remove its directory.
+    /// Close a session: kill its interpreter's tree and remove its directory (after the
+    /// files are kept a while) and its journal. A suspended session's journal is deleted.
     pub async fn close(&self, caller: &Caller, id: &str) -> Result<CloseReport, ToolError> {
+        if !self.sessions.contains_key(id) && self.discard(caller, id).await {
+            return Ok(CloseReport {
+                session_id: id.to_string(),
+                closed: true,
+                exit_code: None,
+            });
+        }
         let session = self.lookup(caller, id)?;
         let exit_code = self.end(session, Gone::Closed).await;
         Ok(CloseReport {
@@ -281,7 +315,15 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         })
     }
 
-    /// The caller's open sessions.
+    /// The language id of one of the caller's open sessions (for logs and metrics).
+    pub fn language_of(&self, caller: &Caller, id: &str) -> Option<String> {
+        self.sessions
+            .get(id)
+            .filter(|s| s.owner == *caller)
+            .map(|s| s.lang.id().to_string())
+    }
+
+    /// The caller's open sessions, and those that ended (files kept) or are suspended.
     pub fn list(&self, caller: &Caller) -> ListReport {
         let mut sessions: Vec<SessionInfo> = self
             .sessions
@@ -290,7 +332,18 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             .map(|s| s.info())
             .collect();
         sessions.sort_by_key(|s| s.created_at);
-        ListReport { sessions }
+        let mut ended = self.ended_rows(caller);
+        for row in self.suspended_rows(caller) {
+            // A kept session that is also restorable is one row.
+            match ended.iter_mut().find(|e| e.session_id == row.session_id) {
+                Some(e) => {
+                    e.state = row.state;
+                    e.restorable = true;
+                }
+                None => ended.push(row),
+            }
+        }
+        ListReport { sessions, ended }
     }
 
     /// Close every session (server shutdown).
@@ -305,6 +358,7 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         for t in tasks {
             let _ = t.await;
         }
+        self.release_kept().await;
     }
 }
 

@@ -2,15 +2,23 @@
 //! PTY, driven by its language file.
 
 pub mod artifacts;
+pub mod ended;
 pub mod entry;
 pub mod eval;
+pub mod export;
 pub mod files;
+pub mod history;
 pub mod interp;
+pub mod journal;
 pub mod launch;
 pub mod manager;
 pub mod report;
+pub mod restore;
 pub mod scan;
+pub mod state_dir;
 pub mod stdin_wait;
+pub mod suspend;
+pub mod vars;
 
 pub use artifacts::FileError;
 pub use files::InFile;

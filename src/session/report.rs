@@ -70,6 +70,13 @@ pub struct EvalReport {
     /// turned off.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// The session was suspended and this call restored it first: the number of its cells
+    /// replayed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replayed: Option<u64>,
+    /// Cells that did not succeed when they were replayed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replay_failed: Vec<super::restore::ReplayFailure>,
     /// The image data, sent as image contents (not part of the structured result).
     #[serde(skip)]
     #[schemars(skip)]
@@ -78,6 +85,19 @@ pub struct EvalReport {
     #[serde(skip)]
     #[schemars(skip)]
     pub(crate) pending_images: Vec<ImageRef>,
+    /// How the output splits, as the end marker said: its last lines that show the value
+    /// of the trailing expression, or the traceback of the error (for notebooks).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub(crate) split: OutputSplit,
+}
+
+/// The end marker's word on which trailing lines of the output are the displayed value or
+/// the error's traceback (`value_lines`, `traceback_lines`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct OutputSplit {
+    pub value_lines: usize,
+    pub traceback_lines: usize,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -125,6 +145,10 @@ struct MarkerPayload {
     images: Vec<ImageRef>,
     #[serde(default)]
     images_omitted: u64,
+    #[serde(default)]
+    value_lines: usize,
+    #[serde(default)]
+    traceback_lines: usize,
 }
 
 impl EvalReport {
@@ -146,8 +170,11 @@ impl EvalReport {
             files: Vec::new(),
             files_omitted: 0,
             notes: Vec::new(),
+            replayed: None,
+            replay_failed: Vec::new(),
             attachments: Vec::new(),
             pending_images: Vec::new(),
+            split: OutputSplit::default(),
         }
     }
 
@@ -269,7 +296,7 @@ pub struct StartReport {
 pub struct CloseReport {
     pub session_id: String,
     pub closed: bool,
-    /// The interpreter's exit code (null when it had to be killed).
+    /// The interpreter's exit code (absent when it had to be killed).
     pub exit_code: Option<i32>,
 }
 
@@ -295,7 +322,12 @@ pub struct SessionInfo {
 
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct ListReport {
+    /// The open sessions.
     pub sessions: Vec<SessionInfo>,
+    /// Sessions that ended recently (their files and history are kept for a while) or are
+    /// suspended (restorable with session_restore).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ended: Vec<super::ended::EndedInfo>,
 }
 
 /// What `session_interrupt` returns.
@@ -374,6 +406,10 @@ fn apply_marker(
     let extras = decode_payload(&marker.payload);
     report.pending_images = extras.images;
     report.images_omitted = extras.images_omitted;
+    report.split = OutputSplit {
+        value_lines: extras.value_lines,
+        traceback_lines: extras.traceback_lines,
+    };
     let payload: Option<ErrorInfo> = extras.kind.map(|kind| ErrorInfo {
         kind,
         message: extras.message.unwrap_or_default(),
@@ -417,6 +453,15 @@ fn apply_marker(
     if payload.is_some() {
         report.error = payload;
     }
+}
+
+/// An end marker's payload as JSON (null when empty or not base64 JSON).
+pub(super) fn payload_json(payload: &str) -> serde_json::Value {
+    base64::engine::general_purpose::STANDARD
+        .decode(payload.as_bytes())
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(serde_json::Value::Null)
 }
 
 fn decode_payload(payload: &str) -> MarkerPayload {

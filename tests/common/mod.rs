@@ -16,6 +16,15 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_replbox");
 #[derive(Clone, Default)]
 pub struct Recorder {
     pub progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+    /// Log notifications (`notifications/message`), as their JSON.
+    pub logs: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Recorder {
+    /// The log notifications received so far.
+    pub fn logs(&self) -> Vec<Value> {
+        self.logs.lock().map(|l| l.clone()).unwrap_or_default()
+    }
 }
 
 impl ClientHandler for Recorder {
@@ -26,6 +35,17 @@ impl ClientHandler for Recorder {
     ) {
         if let Ok(mut p) = self.progress.lock() {
             p.push(params);
+        }
+    }
+
+    #[allow(deprecated)] // MCP logging (SEP-2577)
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _ctx: NotificationContext<RoleClient>,
+    ) {
+        if let (Ok(mut l), Ok(v)) = (self.logs.lock(), serde_json::to_value(&params)) {
+            l.push(v);
         }
     }
 }
@@ -88,6 +108,11 @@ impl TestServer {
         // These tests count the server's processes, so no warm pool unless a test asks for
         // one (tests/pool.rs covers pooled runs).
         cmd.env("REPLBOX_POOL", "0");
+        // The audit line of every call would drown the test output; REPLBOX_LOG set for the
+        // tests, or by a test, still wins.
+        if std::env::var_os("REPLBOX_LOG").is_none() {
+            cmd.env("REPLBOX_LOG", "warn");
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -303,7 +328,8 @@ pub fn on_path(program: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// The languages of the design card: in CI (REPLBOX_REQUIRE_ALL=1) a missing one fails.
+/// The languages the README lists as supported: in CI (REPLBOX_REQUIRE_ALL=1) a missing one
+/// fails.
 pub fn require(language: &str, program: &str) -> bool {
     if on_path(program) {
         return true;

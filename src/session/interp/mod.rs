@@ -187,6 +187,22 @@ impl Interp {
         out
     }
 
+    /// An internal evaluation of `code` that answers a question about the session
+    /// (`session_vars`): numbered like the others from SYNC_BASE, never paused for input;
+    /// at the deadline it is interrupted and the REPL recovered as for a user evaluation.
+    /// Output that arrived between evaluations stays for the next one.
+    pub async fn internal(&mut self, code: &str, deadline: Instant) -> Outcome {
+        self.next_sync += 1;
+        let n = self.next_sync;
+        let cap = self.launch.output_cap / 4;
+        let bg = std::mem::replace(&mut self.shared.lock().background, Renderer::new(cap));
+        let out = self
+            .run_cell(n, code, deadline, &CancellationToken::new(), None, false)
+            .await;
+        self.shared.lock().background = bg;
+        out
+    }
+
     /// Run evaluation number `n`. The deadline interrupts; `cancel` interrupts too. If the
     /// code blocks reading the terminal the evaluation pauses (`Ending::AwaitingInput`) and
     /// is continued with [`resume`](Self::resume).

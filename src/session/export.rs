@@ -1,0 +1,518 @@
+//! A session's history as a document: `session_history` (the cells), and `session_export`
+//! as a Jupyter notebook (nbformat 4.5: one code cell per evaluation with its outputs, the
+//! language's kernelspec and language_info) or as a script with cell separators (`# %%`).
+//! Open, ended (while kept) and suspended sessions alike; a suspended one has no outputs.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::entry::lock;
+use super::history::{Cell, CellInfo, HistoryReport, Outputs};
+use super::manager::SessionManager;
+use super::report::EvalStatus;
+use crate::error::ToolError;
+use crate::identity::Caller;
+use crate::lang::{Language, NotebookSpec};
+
+/// What to export a session as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Ipynb,
+    Script,
+}
+
+/// The cells of a session and what they are written with.
+pub(super) struct Source {
+    pub id: String,
+    pub language: String,
+    pub lang: Option<Arc<Language>>,
+    pub state: &'static str,
+    pub cells: Vec<Cell>,
+    pub dropped: u64,
+    pub notes: Vec<String>,
+}
+
+/// What `session_export` returns besides the document itself.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ExportReport {
+    pub session_id: String,
+    /// `ipynb` or `script`.
+    pub format: String,
+    /// The resource the document is also readable as.
+    pub uri: String,
+    pub mime_type: String,
+    pub cells: usize,
+    pub bytes: usize,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    /// The document (sent as an embedded resource, not in the structured result).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub document: String,
+}
+
+impl SessionManager {
+    /// The caller's session `id` as a history source: open, ended while its record is
+    /// kept, or suspended (from its journal).
+    pub(super) async fn source(&self, caller: &Caller, id: &str) -> Result<Source, ToolError> {
+        let from = |record: &std::sync::Mutex<super::history::Record>| {
+            let r = lock(record);
+            let mut notes = Vec::new();
+            notes.extend(r.history.dropped_note());
+            (
+                r.history.cells().cloned().collect::<Vec<_>>(),
+                r.history.dropped(),
+                notes,
+            )
+        };
+        if let Some(s) = self.sessions.get(id).filter(|s| s.owner == *caller) {
+            let (cells, dropped, notes) = from(&s.record);
+            return Ok(Source {
+                id: id.into(),
+                language: s.lang.id().into(),
+                lang: Some(s.lang.clone()),
+                state: "open",
+                cells,
+                dropped,
+                notes,
+            });
+        }
+        if let Some(k) = self.kept(caller, id) {
+            let (cells, dropped, notes) = from(&k.record);
+            return Ok(Source {
+                id: id.into(),
+                language: k.lang.id().into(),
+                lang: Some(k.lang.clone()),
+                state: "ended",
+                cells,
+                dropped,
+                notes,
+            });
+        }
+        if let Some(s) = self.suspended_of(caller, id) {
+            let j = self.read_journal(&s).await?;
+            let lang = self.registry.get(&j.request.language).ok();
+            let cells = j
+                .cells
+                .into_iter()
+                .map(|c| Cell {
+                    eval_id: c.eval_id,
+                    code: c.code,
+                    status: c.status,
+                    error: c.error,
+                    duration_ms: c.duration_ms,
+                    started_at: c.started_at,
+                    outputs: Outputs::default(),
+                    replayed: false,
+                })
+                .collect();
+            return Ok(Source {
+                id: id.into(),
+                language: lang
+                    .as_ref()
+                    .map_or(j.request.language.clone(), |l| l.id().to_string()),
+                lang,
+                state: "suspended",
+                cells,
+                dropped: 0,
+                notes: vec![
+                    "the session is suspended: its journal has the code and status of its \
+cells, not their outputs (restore it to run them again)"
+                        .into(),
+                ],
+            });
+        }
+        // Unknown, or ended and no longer kept: the lookup says which.
+        Err(self
+            .lookup(caller, id)
+            .err()
+            .unwrap_or_else(|| ToolError::internal("the session vanished")))
+    }
+
+    /// `session_history`.
+    pub async fn history(&self, caller: &Caller, id: &str) -> Result<HistoryReport, ToolError> {
+        let s = self.source(caller, id).await?;
+        Ok(HistoryReport {
+            session_id: s.id,
+            language: s.language,
+            state: s.state.into(),
+            cells: s.cells.iter().map(CellInfo::from).collect(),
+            dropped: s.dropped,
+            notes: s.notes,
+        })
+    }
+
+    /// `session_export`.
+    pub async fn export(
+        &self,
+        caller: &Caller,
+        id: &str,
+        format: Format,
+    ) -> Result<ExportReport, ToolError> {
+        let s = self.source(caller, id).await?;
+        let facts = s.lang.as_ref().and_then(|l| l.spec.notebook.clone());
+        let version = s
+            .lang
+            .as_ref()
+            .and_then(|l| l.detected().map(|d| d.version.clone()));
+        let mut notes = s.notes.clone();
+        let (document, uri, mime, name) = match format {
+            Format::Ipynb => {
+                if facts.is_none() {
+                    notes.push(format!(
+                        "{} has no [notebook] facts in its language folder: the notebook names \
+no kernel",
+                        s.language
+                    ));
+                }
+                let nb = notebook(&s, facts.as_ref(), version.as_deref());
+                let text = serde_json::to_string_pretty(&nb)
+                    .map_err(|e| ToolError::internal(format!("cannot write the notebook: {e}")))?;
+                (
+                    text,
+                    super::files::export_uri(id, "ipynb"),
+                    "application/x-ipynb+json".to_string(),
+                    "ipynb",
+                )
+            }
+            Format::Script => {
+                let (comment, ext) = facts.as_ref().map_or(("#", "txt"), |f| {
+                    (f.comment.as_str(), &f.file_extension[1..])
+                });
+                let mime = facts
+                    .as_ref()
+                    .and_then(|f| f.mimetype.clone())
+                    .unwrap_or_else(|| "text/plain".into());
+                (
+                    script(&s, comment, version.as_deref()),
+                    super::files::export_uri(id, ext),
+                    mime,
+                    "script",
+                )
+            }
+        };
+        Ok(ExportReport {
+            session_id: s.id,
+            format: name.into(),
+            uri,
+            mime_type: mime,
+            cells: s.cells.len(),
+            bytes: document.len(),
+            notes,
+            document,
+        })
+    }
+
+    /// The export a resource URI names: `export.ipynb`, or `export.<ext>` with the script
+    /// extension of the session's language.
+    pub async fn export_resource(
+        &self,
+        caller: &Caller,
+        id: &str,
+        ext: &str,
+    ) -> Result<ExportReport, ToolError> {
+        if ext == "ipynb" {
+            return self.export(caller, id, Format::Ipynb).await;
+        }
+        let r = self.export(caller, id, Format::Script).await?;
+        if !r.uri.ends_with(&format!("/export.{ext}")) {
+            return Err(ToolError::invalid(format!(
+                "session {id} exports as export.ipynb or {}",
+                r.uri.rsplit('/').next().unwrap_or("")
+            )));
+        }
+        Ok(r)
+    }
+}
+
+/// Text as nbformat's multi-line strings: a list of lines, each with its newline.
+fn lines(text: &str) -> Value {
+    Value::from(
+        text.split_inclusive('\n')
+            .map(str::to_string)
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn status_word(s: EvalStatus) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// The notebook of a session (nbformat 4.5).
+pub(super) fn notebook(s: &Source, facts: Option<&NotebookSpec>, version: Option<&str>) -> Value {
+    let mut cells = Vec::new();
+    if s.dropped > 0 {
+        cells.push(json!({
+            "cell_type": "markdown",
+            "id": "replbox-dropped",
+            "metadata": {},
+            "source": lines(&format!(
+                "*{} earlier evaluation(s) of this session were no longer kept and are not in \
+        this notebook.*",
+                s.dropped
+            )),
+        }));
+    }
+    for c in &s.cells {
+        cells.push(code_cell(c));
+    }
+    let mut metadata = serde_json::Map::new();
+    if let Some(f) = facts {
+        metadata.insert(
+            "kernelspec".into(),
+            json!({"name": f.kernel, "display_name": f.display_name, "language": f.language}),
+        );
+        let mut info = serde_json::Map::new();
+        info.insert("name".into(), Value::from(f.language.clone()));
+        if let Some(v) = version {
+            info.insert("version".into(), Value::from(v));
+        }
+        info.insert(
+            "file_extension".into(),
+            Value::from(f.file_extension.clone()),
+        );
+        for (k, v) in [
+            ("mimetype", &f.mimetype),
+            ("pygments_lexer", &f.pygments_lexer),
+            ("codemirror_mode", &f.codemirror_mode),
+        ] {
+            if let Some(v) = v {
+                info.insert(k.into(), Value::from(v.clone()));
+            }
+        }
+        metadata.insert("language_info".into(), Value::Object(info));
+    }
+    metadata.insert(
+        "replbox".into(),
+        json!({"session_id": s.id, "language": s.language, "state": s.state,
+               "dropped_cells": s.dropped}),
+    );
+    json!({
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": metadata,
+        "cells": cells,
+    })
+}
+
+/// One evaluation as a code cell: its source, then what it printed (`stream`), the value
+/// shown (`execute_result`), its figures (`display_data`), its error (`error`). A cell that
+/// raised is tagged `raises-exception` and one that never finished (timeout, exit, input)
+/// `skip-execution`, so that re-running the notebook top to bottom (nbclient honours both)
+/// goes the way the session went.
+fn code_cell(c: &Cell) -> Value {
+    let n = c.eval_id;
+    let o = &c.outputs;
+    let mut outputs = Vec::new();
+    if !o.stream.is_empty() {
+        outputs.push(json!({"output_type": "stream", "name": "stdout", "text": lines(&o.stream)}));
+    }
+    if let Some(v) = &o.value {
+        outputs.push(json!({
+            "output_type": "execute_result",
+            "execution_count": n,
+            "data": {"text/plain": lines(v)},
+            "metadata": {},
+        }));
+    }
+    let b64 = base64::engine::general_purpose::STANDARD;
+    for png in &o.images {
+        outputs.push(json!({
+            "output_type": "display_data",
+            "data": {"image/png": b64.encode(png), "text/plain": ["<Figure>"]},
+            "metadata": {},
+        }));
+    }
+    let mut tags = Vec::new();
+    match c.status {
+        EvalStatus::Ok => {}
+        EvalStatus::Error => {
+            tags.push("raises-exception");
+            let (ename, evalue) = c
+                .error
+                .as_ref()
+                .map_or(("Error".to_string(), String::new()), |e| {
+                    (e.kind.clone(), e.message.clone())
+                });
+            outputs.push(json!({
+                "output_type": "error",
+                "ename": ename,
+                "evalue": evalue,
+                "traceback": o.traceback,
+            }));
+        }
+        EvalStatus::Timeout | EvalStatus::Exited | EvalStatus::AwaitingInput => {
+            tags.push("skip-execution");
+        }
+    }
+    let mut meta = serde_json::Map::new();
+    if !tags.is_empty() {
+        meta.insert("tags".into(), Value::from(tags));
+    }
+    meta.insert(
+        "replbox".into(),
+        json!({"eval_id": n, "status": status_word(c.status), "duration_ms": c.duration_ms,
+               "started_at": c.started_at, "replayed": c.replayed}),
+    );
+    json!({
+        "cell_type": "code",
+        "id": format!("cell-{n}"),
+        "execution_count": n,
+        "metadata": meta,
+        "source": lines(&c.code),
+        "outputs": outputs,
+    })
+}
+
+/// The session as a script: `# %%` before each cell (the language's line comment), cells
+/// that did not succeed commented out.
+pub(super) fn script(s: &Source, comment: &str, version: Option<&str>) -> String {
+    let mut out = format!(
+        "{comment} replbox session {} ({}{}), {} cell(s)\n",
+        s.id,
+        s.language,
+        version.map(|v| format!(" {v}")).unwrap_or_default(),
+        s.cells.len()
+    );
+    if s.dropped > 0 {
+        out.push_str(&format!(
+            "{comment} {} earlier cell(s) were no longer kept\n",
+            s.dropped
+        ));
+    }
+    for c in &s.cells {
+        out.push('\n');
+        let failed = c.status != EvalStatus::Ok;
+        let why = match (&c.status, &c.error) {
+            (EvalStatus::Ok, _) => String::new(),
+            (_, Some(e)) => format!(
+                " {}: {}: {}",
+                status_word(c.status),
+                e.kind,
+                e.message.lines().next().unwrap_or("")
+            ),
+            (st, None) => format!(" {}", status_word(*st)),
+        };
+        out.push_str(&format!("{comment} %% [{}]{why}\n", c.eval_id));
+        for line in c.code.lines() {
+            if failed {
+                out.push_str(&format!("{comment} {line}\n"));
+            } else {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::report::ErrorInfo;
+
+    fn source() -> Source {
+        let cell = |n, code: &str, status, error: Option<(&str, &str)>, outputs| Cell {
+            eval_id: n,
+            code: code.into(),
+            status,
+            error: error.map(|(k, m)| ErrorInfo {
+                kind: k.into(),
+                message: m.into(),
+            }),
+            duration_ms: 3,
+            started_at: 1_700_000_000,
+            outputs,
+            replayed: false,
+        };
+        Source {
+            id: "s1".into(),
+            language: "python".into(),
+            lang: None,
+            state: "open",
+            cells: vec![
+                cell(
+                    1,
+                    "print('hi')\n6 * 7",
+                    EvalStatus::Ok,
+                    None,
+                    Outputs {
+                        stream: "hi\n".into(),
+                        value: Some("42".into()),
+                        traceback: vec![],
+                        images: vec![b"\x89PNG".to_vec()],
+                    },
+                ),
+                cell(
+                    2,
+                    "1/0",
+                    EvalStatus::Error,
+                    Some(("ZeroDivisionError", "division by zero")),
+                    Outputs {
+                        traceback: vec!["Traceback (most recent call last):".into()],
+                        ..Outputs::default()
+                    },
+                ),
+                cell(3, "input()", EvalStatus::Timeout, None, Outputs::default()),
+            ],
+            dropped: 2,
+            notes: vec![],
+        }
+    }
+
+    #[test]
+    fn a_notebook_has_a_cell_per_evaluation_with_its_outputs() {
+        let facts = NotebookSpec {
+            kernel: "python3".into(),
+            display_name: "Python 3 (ipykernel)".into(),
+            language: "python".into(),
+            file_extension: ".py".into(),
+            mimetype: Some("text/x-python".into()),
+            pygments_lexer: None,
+            codemirror_mode: None,
+            comment: "#".into(),
+        };
+        let nb = notebook(&source(), Some(&facts), Some("3.11.7"));
+        assert_eq!(nb["nbformat"], 4);
+        assert_eq!(nb["metadata"]["kernelspec"]["name"], "python3");
+        assert_eq!(nb["metadata"]["language_info"]["version"], "3.11.7");
+        let cells = nb["cells"].as_array().unwrap();
+        assert_eq!(cells[0]["cell_type"], "markdown");
+        let c1 = &cells[1];
+        assert_eq!(c1["source"], json!(["print('hi')\n", "6 * 7"]));
+        let kinds: Vec<&str> = c1["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["output_type"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["stream", "execute_result", "display_data"]);
+        assert_eq!(c1["outputs"][1]["data"]["text/plain"], json!(["42"]));
+        assert_eq!(c1["outputs"][2]["data"]["image/png"], "iVBORw==");
+        let c2 = &cells[2];
+        assert_eq!(c2["metadata"]["tags"], json!(["raises-exception"]));
+        assert_eq!(c2["outputs"][0]["ename"], "ZeroDivisionError");
+        assert_eq!(cells[3]["metadata"]["tags"], json!(["skip-execution"]));
+    }
+
+    #[test]
+    fn a_script_comments_out_what_failed() {
+        let s = script(&source(), "#", Some("3.11.7"));
+        assert!(s.starts_with("# replbox session s1 (python 3.11.7), 3 cell(s)\n"));
+        assert!(s.contains("\n# %% [1]\nprint('hi')\n6 * 7\n"), "{s}");
+        assert!(
+            s.contains("\n# %% [2] error: ZeroDivisionError: division by zero\n# 1/0\n"),
+            "{s}"
+        );
+        assert!(s.contains("\n# %% [3] timeout\n# input()\n"), "{s}");
+        let js = script(&source(), "//", None);
+        assert!(js.contains("// %% [1]\n"));
+    }
+}

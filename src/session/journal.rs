@@ -1,0 +1,449 @@
+//! The journal of a session (`--state-dir`): its start request and the code of its cells with
+//! their status, so that a session outlives the server: after a restart it is listed as
+//! suspended and a restore replays it.
+//!
+//! One file per session, `<state dir>/<session id>.journal`, append-only, mode 0600, in a
+//! directory of the server's own (0700, checked at start like the uid lock directory, and
+//! locked so that two servers never share it). Each line is `HASH JSON`: HASH is the first
+//! 16 hex digits of the SHA-256 of JSON, so a line that was changed or cut is recognised.
+//! Every append is written with one `write` and made durable (`fsync`) before the call that
+//! made it returns. A journal is bounded (`--journal-max-mb`): once full, a last line says
+//! so and later cells are not journaled.
+//!
+//! A journal is read as hostile data: a line is at most the journal's bound, unknown fields
+//! are refused, the session id must be the file's, and whatever it asks for goes through
+//! every check of a new session again when it is restored. A last line without its newline
+//! is an append a crash cut short (the call that made it never returned): it is dropped
+//! with a warning. Anything else that does not read is a corrupt journal: reported, renamed
+//! to `.corrupt` and skipped.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::report::{ErrorInfo, EvalStatus};
+pub use super::state_dir::StateDir;
+
+/// The format of the lines written here.
+const VERSION: u32 = 1;
+
+/// What `session_start` was asked, as the journal keeps it (to start the session again).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct StartEntry {
+    pub language: String,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub venv: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub idle_timeout_s: Option<u64>,
+    #[serde(default)]
+    pub files: Vec<FileEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FileEntry {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub content: Option<String>,
+}
+
+/// One evaluation as the journal keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CellEntry {
+    pub eval_id: u64,
+    pub code: String,
+    pub status: EvalStatus,
+    #[serde(default)]
+    pub error: Option<ErrorInfo>,
+    pub duration_ms: u64,
+    pub started_at: u64,
+    pub timeout_ms: u64,
+    /// The answers given with `session_input`, in order.
+    #[serde(default)]
+    pub inputs: Vec<String>,
+}
+
+/// One line of a journal.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Entry {
+    Start {
+        version: u32,
+        session_id: String,
+        /// The principal the session belongs to.
+        owner: String,
+        created_at: u64,
+        request: StartEntry,
+    },
+    Cell(CellEntry),
+    /// The session ended without session_close (`reaped`, `evicted`, `exited`): its journal
+    /// is kept, restorable.
+    End {
+        how: String,
+        at: u64,
+    },
+    /// The session was started again from this journal.
+    Restored {
+        at: u64,
+    },
+    /// The journal reached its bound: cells from `eval_id` on are not in it.
+    Full {
+        eval_id: u64,
+    },
+}
+
+fn line_of(entry: &Entry) -> io::Result<Vec<u8>> {
+    let json = serde_json::to_string(entry).map_err(io::Error::other)?;
+    let mut line = format!("{} {json}\n", hash(json.as_bytes())).into_bytes();
+    line.shrink_to_fit();
+    Ok(line)
+}
+
+fn hash(bytes: &[u8]) -> String {
+    let d = Sha256::digest(bytes);
+    d.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// A journal being written. Appends are blocking (run them off the async workers).
+#[derive(Debug)]
+pub struct Writer {
+    path: PathBuf,
+    file: Mutex<Option<File>>,
+    written: AtomicU64,
+    max: u64,
+    full: AtomicBool,
+}
+
+/// What an append did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    Written,
+    /// The journal was full already, or is now (the line saying so was written instead).
+    Full,
+    /// The journal was removed (the session was closed).
+    Removed,
+}
+
+impl Writer {
+    /// Create the journal of a new session with its first line.
+    pub fn create(path: &Path, start: &Entry, max: u64) -> io::Result<Self> {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_APPEND | libc::O_CLOEXEC)
+            .open(path)?;
+        let line = line_of(start)?;
+        file.write_all(&line)?;
+        file.sync_all()?;
+        // The new name must be durable too.
+        if let Some(dir) = path.parent() {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            file: Mutex::new(Some(file)),
+            written: AtomicU64::new(line.len() as u64),
+            max,
+            full: AtomicBool::new(false),
+        })
+    }
+
+    /// Go on writing an existing journal (a restored session).
+    pub fn reopen(path: &Path, max: u64, full: bool) -> io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)?;
+        let written = file.metadata()?.len();
+        Ok(Self {
+            path: path.to_path_buf(),
+            file: Mutex::new(Some(file)),
+            written: AtomicU64::new(written),
+            max,
+            full: AtomicBool::new(full),
+        })
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.full.load(Ordering::Relaxed)
+    }
+
+    /// Append one line and make it durable. A cell that would take the journal past its
+    /// bound is replaced by a `full` line (once).
+    pub fn append(&self, entry: &Entry) -> io::Result<Appended> {
+        let mut guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(file) = guard.as_mut() else {
+            return Ok(Appended::Removed);
+        };
+        let mut line = line_of(entry)?;
+        if let Entry::Cell(c) = entry {
+            if self.full.load(Ordering::Relaxed) {
+                return Ok(Appended::Full);
+            }
+            // Room is kept for the lines that end or restore the session.
+            if self.written.load(Ordering::Relaxed) + line.len() as u64 + 512 > self.max {
+                self.full.store(true, Ordering::Relaxed);
+                line = line_of(&Entry::Full { eval_id: c.eval_id })?;
+                file.write_all(&line)?;
+                file.sync_data()?;
+                self.written.fetch_add(line.len() as u64, Ordering::Relaxed);
+                return Ok(Appended::Full);
+            }
+        }
+        file.write_all(&line)?;
+        file.sync_data()?;
+        self.written.fetch_add(line.len() as u64, Ordering::Relaxed);
+        Ok(Appended::Written)
+    }
+
+    /// Delete the journal (the session was closed); later appends do nothing.
+    pub fn remove(&self) {
+        let mut guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.take().is_some() {
+            let _ = std::fs::remove_file(&self.path);
+            if let Some(dir) = self.path.parent()
+                && let Ok(d) = File::open(dir)
+            {
+                let _ = d.sync_all();
+            }
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// A journal read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Journal {
+    pub session_id: String,
+    pub owner: String,
+    pub created_at: u64,
+    pub request: StartEntry,
+    /// In order, by increasing `eval_id`.
+    pub cells: Vec<CellEntry>,
+    /// How it ended, when it ended without session_close; None: the server stopped.
+    pub ended: Option<(String, u64)>,
+    /// Cells from this one on were not journaled.
+    pub full_at: Option<u64>,
+    /// A last line cut short by a crash was dropped.
+    pub torn: bool,
+    /// Unix time of the last change of the file.
+    pub modified: u64,
+}
+
+/// Read the journal of session `id` at `path`; `Err` says why it is corrupt.
+pub fn read(path: &Path, id: &str, max: u64) -> Result<Journal, String> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("cannot open it: {e}"))?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    // A journal is at most its bound plus the lines that end it; allow some slack for a
+    // bound that was larger when it was written.
+    let limit = max.saturating_mul(2).saturating_add(1 << 20);
+    if meta.len() > limit {
+        return Err(format!("{} bytes, over the bound", meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    let modified = meta.mtime().max(0) as u64;
+    parse(&bytes, id, modified)
+}
+
+/// Parse a journal's bytes (see [`read`]).
+pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, String> {
+    let mut lines: Vec<&[u8]> = bytes.split_inclusive(|b| *b == b'\n').collect();
+    let mut torn = false;
+    if lines.last().is_some_and(|l| !l.ends_with(b"\n")) {
+        lines.pop();
+        torn = true;
+    }
+    let mut entries = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        let line = &line[..line.len() - 1];
+        let text = std::str::from_utf8(line).map_err(|_| format!("line {}: not UTF-8", i + 1))?;
+        let (h, json) = text
+            .split_once(' ')
+            .ok_or_else(|| format!("line {}: no checksum", i + 1))?;
+        if h != hash(json.as_bytes()) {
+            return Err(format!("line {}: checksum mismatch", i + 1));
+        }
+        let entry: Entry =
+            serde_json::from_str(json).map_err(|e| format!("line {}: {e}", i + 1))?;
+        entries.push(entry);
+    }
+    let mut it = entries.into_iter();
+    let Some(Entry::Start {
+        version,
+        session_id,
+        owner,
+        created_at,
+        request,
+    }) = it.next()
+    else {
+        return Err(if torn {
+            "truncated before its first line ended".into()
+        } else {
+            "it does not begin with the session's start".into()
+        });
+    };
+    if version != VERSION {
+        return Err(format!("version {version}, this server reads {VERSION}"));
+    }
+    if session_id != id {
+        return Err(format!("it names session {session_id:?}, not {id:?}"));
+    }
+    let mut j = Journal {
+        session_id,
+        owner,
+        created_at,
+        request,
+        cells: Vec::new(),
+        ended: None,
+        full_at: None,
+        torn,
+        modified,
+    };
+    for e in it {
+        match e {
+            Entry::Start { .. } => return Err("a second start line".into()),
+            Entry::Cell(c) => {
+                if j.full_at.is_some() {
+                    return Err("a cell after the journal was full".into());
+                }
+                if j.cells.last().is_some_and(|l| l.eval_id >= c.eval_id) || c.eval_id == 0 {
+                    return Err(format!("cell {} out of order", c.eval_id));
+                }
+                j.cells.push(c);
+            }
+            Entry::End { how, at } => j.ended = Some((how, at)),
+            Entry::Restored { .. } => j.ended = None,
+            Entry::Full { eval_id } => j.full_at = Some(eval_id),
+        }
+    }
+    Ok(j)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    const ID: &str = "3f2b8c4e-1d2a-4b6c-8e9f-0a1b2c3d4e5f";
+
+    fn start() -> Entry {
+        Entry::Start {
+            version: VERSION,
+            session_id: ID.into(),
+            owner: "local".into(),
+            created_at: 1,
+            request: StartEntry {
+                language: "python".into(),
+                cwd: None,
+                venv: None,
+                env: BTreeMap::new(),
+                idle_timeout_s: None,
+                files: Vec::new(),
+            },
+        }
+    }
+
+    fn cell(n: u64, code: &str) -> Entry {
+        Entry::Cell(CellEntry {
+            eval_id: n,
+            code: code.into(),
+            status: EvalStatus::Ok,
+            error: None,
+            duration_ms: 1,
+            started_at: 2,
+            timeout_ms: 30_000,
+            inputs: vec![],
+        })
+    }
+
+    #[test]
+    fn writes_read_back_and_bounds() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join(format!("{ID}.journal"));
+        let w = Writer::create(&path, &start(), 1200).unwrap();
+        assert_eq!(w.append(&cell(1, "x = 41")).unwrap(), Appended::Written);
+        assert_eq!(
+            w.append(&cell(2, &"y".repeat(1000))).unwrap(),
+            Appended::Full
+        );
+        assert_eq!(w.append(&cell(3, "z")).unwrap(), Appended::Full);
+        w.append(&Entry::End {
+            how: "reaped".into(),
+            at: 5,
+        })
+        .unwrap();
+        let j = read(&path, ID, 1200).unwrap();
+        assert_eq!(j.cells.len(), 1);
+        assert_eq!(j.cells[0].code, "x = 41");
+        assert_eq!(j.full_at, Some(2));
+        assert_eq!(j.ended, Some(("reaped".into(), 5)));
+        assert!(!j.torn);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        w.remove();
+        assert!(!path.exists());
+        assert_eq!(w.append(&cell(4, "a")).unwrap(), Appended::Removed);
+    }
+
+    #[test]
+    fn a_torn_last_line_is_dropped_and_damage_is_refused() {
+        let mut bytes = line_of(&start()).unwrap();
+        bytes.extend(line_of(&cell(1, "x = 41")).unwrap());
+        let good = parse(&bytes, ID, 0).unwrap();
+        let mut torn = bytes.clone();
+        torn.extend(&line_of(&cell(2, "x += 1")).unwrap()[..20]);
+        let j = parse(&torn, ID, 0).unwrap();
+        assert!(j.torn);
+        assert_eq!(j.cells, good.cells);
+        // A changed byte, a reordered cell, another session's id, garbage: corrupt.
+        let changed = String::from_utf8(bytes.clone())
+            .unwrap()
+            .replace("x = 41", "x = 42");
+        assert!(
+            parse(changed.as_bytes(), ID, 0)
+                .unwrap_err()
+                .contains("checksum")
+        );
+        let mut twice = bytes.clone();
+        twice.extend(line_of(&cell(1, "again")).unwrap());
+        assert!(parse(&twice, ID, 0).unwrap_err().contains("out of order"));
+        assert!(parse(&bytes, "other", 0).is_err());
+        assert!(parse(b"\x00\xffgarbage\n", ID, 0).is_err());
+        assert!(parse(b"", ID, 0).is_err());
+        // A field the server never writes is refused, checksum or not.
+        let json = r#"{"type":"cell","eval_id":2,"code":"1","status":"ok","duration_ms":1,"started_at":1,"timeout_ms":1,"shell":"rm -rf /"}"#;
+        let mut extra = bytes.clone();
+        extra.extend(format!("{} {json}\n", hash(json.as_bytes())).as_bytes());
+        assert!(parse(&extra, ID, 0).is_err());
+    }
+}

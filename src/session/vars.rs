@@ -1,0 +1,251 @@
+//! `session_vars`: the names the user defined in a session, each with its type and a short
+//! summary, so an agent that lost its context sees what it has without printing it all.
+//! The language's `session.vars` code runs as an internal evaluation; its bootstrap answers
+//! in the end marker's payload (`vars`), or prints the REPL's own listing, which
+//! `session.vars_pattern` reads (ghci's `:show bindings`).
+
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::entry::{Gone, lock};
+use super::interp::Ending;
+use super::manager::SessionManager;
+use super::report::payload_json;
+use crate::error::{ErrorKind, ToolError};
+use crate::identity::Caller;
+
+/// Names listed at most, whatever the bootstrap sends.
+const MAX_VARS: usize = 500;
+/// Longest field kept.
+const MAX_FIELD: usize = 300;
+
+/// One name the user defined.
+#[derive(Debug, Clone, Serialize, JsonSchema, PartialEq, Eq)]
+pub struct VarInfo {
+    pub name: String,
+    /// Its type, as the language names it.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A short summary: length, shape and dtypes, a value cut short.
+    pub summary: String,
+    /// Bytes in memory, where the language can tell.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+}
+
+/// What `session_vars` returns.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct VarsReport {
+    pub session_id: String,
+    pub language: String,
+    pub vars: Vec<VarInfo>,
+    /// Names left out to keep the answer short.
+    pub omitted: u64,
+}
+
+impl VarsReport {
+    pub fn text(&self) -> String {
+        let mut t = if self.vars.is_empty() {
+            format!("session {}: no names defined\n", self.session_id)
+        } else {
+            String::new()
+        };
+        for v in &self.vars {
+            t.push_str(&format!("{}: {}", v.name, v.kind));
+            if !v.summary.is_empty() {
+                t.push_str(&format!(" = {}", v.summary));
+            }
+            if let Some(s) = v.size {
+                t.push_str(&format!(" ({})", super::files::human_size(s)));
+            }
+            t.push('\n');
+        }
+        if self.omitted > 0 {
+            t.push_str(&format!("[{} more not listed]\n", self.omitted));
+        }
+        t
+    }
+}
+
+fn cut(s: &str) -> String {
+    let s: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(MAX_FIELD)
+        .collect();
+    s.trim().to_string()
+}
+
+/// The `vars` of a payload, checked field by field (it comes from the session's process).
+fn from_payload(payload: &Value) -> (Vec<VarInfo>, u64) {
+    let list = payload["vars"].as_array().cloned().unwrap_or_default();
+    let mut omitted = payload["vars_omitted"].as_u64().unwrap_or(0);
+    let mut vars = Vec::new();
+    for v in list {
+        let (Some(name), Some(kind)) = (v["name"].as_str(), v["type"].as_str()) else {
+            continue;
+        };
+        if vars.len() >= MAX_VARS {
+            omitted += 1;
+            continue;
+        }
+        vars.push(VarInfo {
+            name: cut(name),
+            kind: cut(kind),
+            summary: cut(v["summary"].as_str().unwrap_or("")),
+            size: v["size"].as_u64(),
+        });
+    }
+    (vars, omitted)
+}
+
+/// The names in the output of a REPL's own listing, one match of `re` each.
+fn from_output(output: &str, re: &regex::Regex) -> (Vec<VarInfo>, u64) {
+    let mut vars: Vec<VarInfo> = Vec::new();
+    let mut omitted = 0;
+    for c in re.captures_iter(output) {
+        let (Some(name), Some(kind)) = (c.name("name"), c.name("type")) else {
+            continue;
+        };
+        if vars.len() >= MAX_VARS {
+            omitted += 1;
+            continue;
+        }
+        vars.push(VarInfo {
+            name: cut(name.as_str()),
+            kind: cut(kind.as_str()),
+            summary: c.name("value").map_or(String::new(), |m| cut(m.as_str())),
+            size: c.name("size").and_then(|m| m.as_str().trim().parse().ok()),
+        });
+    }
+    (vars, omitted)
+}
+
+impl SessionManager {
+    /// List the names the user defined in the caller's session `id`.
+    pub async fn vars(
+        &self,
+        caller: &Caller,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<VarsReport, ToolError> {
+        let session = self.lookup(caller, id)?;
+        let Some(code) = session
+            .lang
+            .spec
+            .session
+            .as_ref()
+            .and_then(|s| s.vars.clone())
+        else {
+            return Err(ToolError::new(
+                ErrorKind::UnsupportedLanguage,
+                format!(
+                    "{} sessions cannot list their names (its language folder has no \
+session.vars); evaluate code that prints them instead",
+                    session.lang.id()
+                ),
+            )
+            .session(id));
+        };
+        if let Some(a) = lock(&session.awaiting).as_ref() {
+            return Err(ToolError::new(
+                ErrorKind::AwaitingInput,
+                format!(
+                    "session {id} is waiting for input to evaluation {}: answer it with \
+session_input, or stop it with session_interrupt, first",
+                    a.eval_id
+                ),
+            )
+            .session(id)
+            .eval(Some(a.eval_id)));
+        }
+        let Ok(mut guard) = session.interp.try_lock() else {
+            return Err(self.busy_error(&session));
+        };
+        let Some(interp) = guard.as_mut() else {
+            return Err(self.gone_error(&session));
+        };
+        session.touch();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let outcome = interp.internal(&code, deadline).await;
+        session.touch();
+        let marker = match outcome.ending {
+            Ending::Done(m) => m,
+            Ending::Exited(_) => {
+                *guard = None;
+                drop(guard);
+                let how = Gone::Exited {
+                    code: None,
+                    signal: None,
+                };
+                self.mark_gone(&session, how);
+                self.retire_exited(&session).await;
+                return Err(self.gone_error(&session));
+            }
+            ending => return Err(unfinished(id, timeout, &ending)),
+        };
+        let (vars, omitted) = match session.lang.vars_pattern() {
+            Some(re) => from_output(&outcome.output.text, re),
+            None => from_payload(&payload_json(&marker.payload)),
+        };
+        Ok(VarsReport {
+            session_id: id.to_string(),
+            language: session.lang.id().to_string(),
+            vars,
+            omitted,
+        })
+    }
+}
+
+/// The error for a listing that did not finish in time.
+fn unfinished(id: &str, timeout: Duration, ending: &Ending) -> ToolError {
+    let what = if matches!(ending, Ending::Restarted { .. }) {
+        "the interpreter had to be restarted: its state is lost"
+    } else {
+        "it was interrupted and the session keeps its state (try a longer timeout_ms)"
+    };
+    ToolError::internal(format!(
+        "listing the names of session {id} did not finish in {} ms; {what}",
+        timeout.as_millis()
+    ))
+    .session(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_are_checked_and_bounded() {
+        let p = serde_json::json!({"vars": [
+            {"name": "df", "type": "pandas.DataFrame", "summary": "shape (3, 2)", "size": 180},
+            {"name": "x\u{1b}[31m", "type": "int", "summary": "1"},
+            {"type": "nameless"},
+            {"name": "f", "type": "function", "size": -1},
+        ], "vars_omitted": 2});
+        let (vars, omitted) = from_payload(&p);
+        assert_eq!(omitted, 2);
+        assert_eq!(vars.len(), 3);
+        assert_eq!(vars[0].size, Some(180));
+        assert_eq!(vars[1].name, "x [31m");
+        assert_eq!(vars[2].size, None);
+        let many = serde_json::json!({"vars": (0..600).map(|i| serde_json::json!({"name": format!("v{i}"), "type": "int"})).collect::<Vec<_>>()});
+        let (vars, omitted) = from_payload(&many);
+        assert_eq!((vars.len(), omitted), (MAX_VARS, 100));
+    }
+
+    #[test]
+    fn a_listing_is_read_with_the_pattern() {
+        let re =
+            regex::Regex::new(r"(?m)^(?P<name>[^\s:]+) :: (?P<type>.+?)(?: = (?P<value>.*))?$")
+                .unwrap();
+        let (vars, _) = from_output("x :: Integer = 42\nf :: Int -> Int = _\n", &re);
+        assert_eq!(vars[0].name, "x");
+        assert_eq!(vars[0].kind, "Integer");
+        assert_eq!(vars[0].summary, "42");
+        assert_eq!(vars[1].kind, "Int -> Int");
+    }
+}
