@@ -48,11 +48,22 @@ impl Drop for InFlightGuard {
     }
 }
 
+/// When every uid is in use, one is taken back from the warm pool first (a head start
+/// lost), then from the kept files of ended sessions (files a caller may still read).
+fn reclaim_uids_from(sandbox: &Sandbox, runner: &Runner, sessions: &Arc<SessionManager>) {
+    let warm: Arc<dyn crate::sandbox::Reclaim> = runner.pool.clone();
+    sandbox.add_reclaimer(Arc::downgrade(&warm));
+    let kept: Arc<dyn crate::sandbox::Reclaim> = sessions.clone();
+    sandbox.add_reclaimer(Arc::downgrade(&kept));
+}
+
 impl App {
     /// Load everything and decide the sandbox level. The bwrap probe runs while the registry
     /// and the workspace are set up; a named level that does not work, or one below
     /// `--require-sandbox`, is an error here, before anything is served.
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
+        // A bad --allow-domain or --allow-host stops the server rather than being dropped.
+        config.egress_policy().map_err(|e| anyhow::anyhow!(e))?;
         // The journals' directory exists before the sandbox is decided: it is one of the
         // trees hidden from user code.
         let state = config
@@ -99,17 +110,15 @@ root: at level none, user code runs as the server's own user and could read the 
             sandbox.masked(),
             &config.allow_cwd,
         ));
+        let shares = crate::share::Shares::new(config.max_active_per_principal);
         let runner = Runner {
             config: config.clone(),
             workspace: workspace.clone(),
             pool: Arc::new(WarmPool::new(config.pool)),
             sandbox: sandbox.clone(),
             cwd_policy: cwd_policy.clone(),
+            shares: shares.clone(),
         };
-        // Pooled interpreters hold uids: when callers find none free, the pool gives its up
-        // first, then ended sessions their kept files.
-        let pool: Arc<dyn crate::sandbox::Reclaim> = runner.pool.clone();
-        sandbox.add_reclaimer(Arc::downgrade(&pool));
         let sessions = Arc::new(SessionManager::new(
             config.clone(),
             registry.clone(),
@@ -117,9 +126,9 @@ root: at level none, user code runs as the server's own user and could read the 
             sandbox.clone(),
             cwd_policy,
             state,
+            shares,
         ));
-        let reclaim: Arc<dyn crate::sandbox::Reclaim> = sessions.clone();
-        sandbox.add_reclaimer(Arc::downgrade(&reclaim));
+        reclaim_uids_from(&sandbox, &runner, &sessions);
         sessions.spawn_reaper();
         Ok(Arc::new(Self {
             config,
@@ -132,10 +141,12 @@ root: at level none, user code runs as the server's own user and could read the 
         }))
     }
 
-    /// What a server starts once it answers: interpreter detection, the check of a
-    /// remembered bwrap probe, then the warm pools. All spawn processes, so they come after
-    /// the transport is up rather than before.
+    /// What a server starts once it answers: the removal of workspaces left by servers that
+    /// are gone, interpreter detection, the check of a remembered bwrap probe, then the warm
+    /// pools. They take time or spawn processes, so they come after the transport is up
+    /// rather than before.
     pub fn start_background(&self) {
+        self.runner.workspace.sweep_stale_in_background();
         self.registry.detect_all_in_background();
         self.sandbox.verify_in_background();
         self.runner.fill_pools(&self.registry);
@@ -159,7 +170,12 @@ root: at level none, user code runs as the server's own user and could read the 
         tracing::info!(
             sandbox = %self.sandbox.level,
             as_root = self.sandbox.root,
-            network = self.sandbox.network,
+            egress = %self
+                .sandbox
+                .egress
+                .as_ref()
+                .map(|e| e.policy().describe())
+                .unwrap_or_else(|| "none".into()),
             memory_mb = l.memory_mb,
             processes = l.processes,
             file_size_mb = l.file_size_mb,

@@ -4,6 +4,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::egress::Policy;
 use crate::sandbox::level::{Level, Mode};
 use crate::sandbox::{Limits, Settings};
 
@@ -58,6 +59,12 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_MAX_SESSIONS_PER_PRINCIPAL", default_value_t = 16)]
     pub max_sessions_per_principal: usize,
 
+    /// Sessions (open or starting) and `run-code` calls (running) one principal may hold at
+    /// once, together: each holds a sandbox uid, so no principal takes them all; 0 means no
+    /// limit.
+    #[arg(long, env = "REPLBOX_MAX_ACTIVE_PER_PRINCIPAL", default_value_t = 32)]
+    pub max_active_per_principal: usize,
+
     /// The most interpreters kept started ahead of time for `run-code`, per language that
     /// has a warm pool (python, javascript, ruby, bash); each runs one program. A pool starts
     /// at 2, doubles up to this when runs empty it, and halves down to 1 for every minute
@@ -78,9 +85,40 @@ pub struct Config {
     )]
     pub require_sandbox: Option<Level>,
 
-    /// Let user code reach the network (off by default at every sandbox level).
+    /// Let user code reach any public host through the egress proxy (HTTP(S) only; never
+    /// the host's loopback, link-local or private ranges). Off by default.
     #[arg(long, env = "REPLBOX_ALLOW_NETWORK")]
     pub allow_network: bool,
+
+    /// A domain user code may reach through the egress proxy (`*.example.org`: the names
+    /// beneath); repeatable, comma-separated. Never at a loopback or private address.
+    #[arg(
+        long = "allow-domain",
+        env = "REPLBOX_ALLOW_DOMAINS",
+        value_name = "DOMAIN",
+        value_delimiter = ','
+    )]
+    pub allow_domain: Vec<String>,
+
+    /// A host and port reached through the egress proxy whatever it resolves to (an
+    /// internal index); repeatable, comma-separated.
+    #[arg(
+        long = "allow-host",
+        env = "REPLBOX_ALLOW_HOSTS",
+        value_name = "HOST:PORT",
+        value_delimiter = ','
+    )]
+    pub allow_host: Vec<String>,
+
+    /// Domains a caller may add for its session or run (`allow_domains`; refused without
+    /// this flag); `*.example.org` covers the names beneath. Repeatable, comma-separated.
+    #[arg(
+        long = "caller-domains",
+        env = "REPLBOX_CALLER_DOMAINS",
+        value_name = "DOMAIN",
+        value_delimiter = ','
+    )]
+    pub caller_domains: Vec<String>,
 
     /// Memory per process of user code, in MiB (RLIMIT_DATA: heap and private mappings);
     /// 0 for no limit.
@@ -127,9 +165,10 @@ pub struct Config {
     )]
     pub mask: Vec<PathBuf>,
 
-    /// A tree a session's `cwd` (or a caller's `venv`) may lie in although the sandbox masks
-    /// it (say, a projects folder under /home); repeatable, colon-separated in the variable.
-    /// The session's user must still be able to reach it.
+    /// A tree a caller's host paths (a session's `cwd`, a `venv`, a file to copy in with
+    /// `files[].path`) may lie in although the sandbox masks it (say, a projects folder under
+    /// /home); repeatable, colon-separated in the variable. The session's user must still be
+    /// able to reach it.
     #[arg(
         long = "allow-cwd",
         env = "REPLBOX_ALLOW_CWD",
@@ -159,6 +198,10 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_MAX_RESOURCE_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_resource_bytes: u64,
 
+    /// Longest line (one JSON-RPC message) read on stdin, in bytes; a longer one is answered
+    /// with an error and skipped.
+    #[arg(long, env = "REPLBOX_MAX_LINE_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_line_bytes: usize,
     /// Cells a session's history keeps (session_history, session_export): the newest.
     #[arg(long, env = "REPLBOX_HISTORY_CELLS", default_value_t = 1000)]
     pub history_cells: usize,
@@ -208,10 +251,14 @@ impl Default for Config {
             max_sessions: 32,
             evict_idle: false,
             max_sessions_per_principal: 16,
+            max_active_per_principal: 32,
             pool: 8,
             sandbox: Mode::Auto,
             require_sandbox: None,
             allow_network: false,
+            allow_domain: Vec::new(),
+            allow_host: Vec::new(),
+            caller_domains: Vec::new(),
             memory_mb: 4096,
             processes: 256,
             file_size_mb: 1024,
@@ -227,6 +274,7 @@ impl Default for Config {
             max_image_bytes: 1024 * 1024,
             max_tracked_files: 5000,
             max_resource_bytes: 4 * 1024 * 1024,
+            max_line_bytes: 4 * 1024 * 1024,
             history_cells: 1000,
             history_mb: 16,
             keep_files_s: 600,
@@ -239,12 +287,22 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The egress policy of the flags (`App::new` reports a bad entry).
+    pub fn egress_policy(&self) -> Result<Policy, String> {
+        Policy::new(
+            self.allow_network,
+            &self.allow_domain,
+            &self.allow_host,
+            &self.caller_domains,
+        )
+    }
+
     /// What the sandbox needs to know of the configuration.
     pub fn sandbox_settings(&self) -> Settings {
         Settings {
             mode: self.sandbox,
             require: self.require_sandbox,
-            network: self.allow_network,
+            egress: self.egress_policy().unwrap_or_default(),
             limits: Limits {
                 memory_mb: self.memory_mb,
                 processes: self.processes,
@@ -291,6 +349,10 @@ impl Config {
                 "--max-sessions-per-principal",
                 self.max_sessions_per_principal.to_string(),
             ),
+            (
+                "--max-active-per-principal",
+                self.max_active_per_principal.to_string(),
+            ),
             ("--pool", self.pool.to_string()),
             ("--sandbox", value_name(&self.sandbox)),
             ("--memory-mb", self.memory_mb.to_string()),
@@ -305,6 +367,7 @@ impl Config {
             ("--max-image-bytes", self.max_image_bytes.to_string()),
             ("--max-tracked-files", self.max_tracked_files.to_string()),
             ("--max-resource-bytes", self.max_resource_bytes.to_string()),
+            ("--max-line-bytes", self.max_line_bytes.to_string()),
             ("--history-cells", self.history_cells.to_string()),
             ("--history-mb", self.history_mb.to_string()),
             ("--keep-files-s", self.keep_files_s.to_string()),
@@ -335,15 +398,28 @@ impl Config {
         if self.allow_network {
             args.push("--allow-network".into());
         }
-        for dir in &self.mask {
-            args.push("--mask".into());
-            args.push(dir.into());
-        }
-        for dir in &self.allow_cwd {
-            args.push("--allow-cwd".into());
-            args.push(dir.into());
+        for (flag, value) in self.list_args() {
+            args.push(flag.into());
+            args.push(value);
         }
         args
+    }
+
+    /// The repeatable flags, one (flag, value) pair per value.
+    fn list_args(&self) -> Vec<(&'static str, OsString)> {
+        let lists = [
+            ("--allow-domain", &self.allow_domain),
+            ("--allow-host", &self.allow_host),
+            ("--caller-domains", &self.caller_domains),
+        ];
+        let lists = lists
+            .into_iter()
+            .flat_map(|(f, l)| l.iter().map(move |v| (f, OsString::from(v))));
+        let dirs = [("--mask", &self.mask), ("--allow-cwd", &self.allow_cwd)];
+        let dirs = dirs
+            .into_iter()
+            .flat_map(|(f, l)| l.iter().map(move |v| (f, OsString::from(v))));
+        lists.chain(dirs).collect()
     }
 }
 
@@ -380,10 +456,14 @@ mod tests {
             max_sessions: 3,
             evict_idle: true,
             max_sessions_per_principal: 4,
+            max_active_per_principal: 14,
             pool: 5,
             sandbox: Mode::Landlock,
             require_sandbox: Some(Level::Landlock),
             allow_network: true,
+            allow_domain: vec!["pypi.org".into(), "*.pythonhosted.org".into()],
+            allow_host: vec!["index.internal:8080".into()],
+            caller_domains: vec!["*.githubusercontent.com".into()],
             memory_mb: 5,
             processes: 6,
             file_size_mb: 7,
@@ -399,6 +479,7 @@ mod tests {
             max_image_bytes: 6,
             max_tracked_files: 7,
             max_resource_bytes: 8,
+            max_line_bytes: 9,
             history_cells: 9,
             history_mb: 10,
             keep_files_s: 11,

@@ -12,8 +12,10 @@
 //!   code is ever followed and a swapped directory is refused.
 //! * Whatever is opened is refused on a kernel pseudo-filesystem ([`check_fs`]): a process of
 //!   the server's own thread group may read the server's `/proc` files whatever its uid.
-//! * [`check_cwd`] is the one `cwd` policy (system directories, workspaces, masked trees,
-//!   reachability by the session's uid).
+//! * [`check_caller_path`] is the one policy for every host path a caller names (system
+//!   directories, workspaces, masked trees unless allowed, reachability by the session's
+//!   uid), by name and by where it really leads: a `cwd` or `venv` ([`check_caller_dir`]), a
+//!   file to copy in ([`open_caller_file`]).
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -507,9 +509,10 @@ fn walk_path(path: &Path, walk: &Walk) -> Result<(OwnedFd, PathBuf), (io::Error,
     Ok((fd, at))
 }
 
-/// Open a file of the host the caller named (`files[].path`, an absolute path) as the calling
-/// thread's user: ordinary links are followed with that user's rights, magic links
-/// (`/proc/self/fd/...`) are not, and nothing on a pseudo-filesystem is read.
+/// Open a file of the host (an absolute path) as the calling thread's user: ordinary links
+/// are followed with that user's rights, magic links (`/proc/self/fd/...`) are not, and
+/// nothing on a pseudo-filesystem is read. No policy: a caller's path goes through
+/// [`open_caller_file`].
 pub fn open_host_file(path: &Path) -> io::Result<File> {
     if !path.is_absolute() {
         return Err(io::Error::new(
@@ -535,6 +538,11 @@ pub fn open_host_file(path: &Path) -> io::Result<File> {
         }
         r => r?,
     };
+    regular_file(fd)
+}
+
+/// `fd` as a file, when it is a regular one and not on a pseudo-filesystem.
+fn regular_file(fd: OwnedFd) -> io::Result<File> {
     check_fs(fd.as_fd())?;
     let file = File::from(fd);
     let meta = file.metadata()?;
@@ -646,7 +654,8 @@ directory that does not contain it",
                 return Err(format!(
                     "{p} is inside {}, which the sandbox hides from sessions (it holds other \
 users' files, credentials or service sockets). The server's operator can allow a tree there with \
---allow-cwd DIR (or REPLBOX_ALLOW_CWD); otherwise use a directory outside it",
+--allow-cwd DIR (or REPLBOX_ALLOW_CWD), for a cwd and for files to copy alike; otherwise use a \
+path outside it",
                     m.display()
                 ));
             }
@@ -689,6 +698,70 @@ pub fn check_cwd(policy: &CwdPolicy, requested: &Path, uid: Option<u32>) -> Resu
     check_caller_dir(policy, requested, uid, "cwd")
 }
 
+/// The one policy for every host path a caller names (`what` names it in messages: `cwd`,
+/// `venv`, `path`), run as the session's user (`user` names it): an absolute path, refused
+/// by its name (system directories, replbox workspaces, masked trees unless `--allow-cwd`
+/// allows them), then by where it really leads once links are resolved with that user's
+/// rights. Returns the canonical path, which the caller then opens following no link, so
+/// that a link swapped in afterwards is refused rather than followed.
+pub fn check_caller_path(
+    policy: &CwdPolicy,
+    requested: &Path,
+    user: &str,
+    what: &str,
+) -> Result<PathBuf, String> {
+    let shown = format!("{what} {}", requested.display());
+    if !requested.is_absolute() {
+        return Err(format!("{shown}: give an absolute path"));
+    }
+    if requested.as_os_str().as_bytes().contains(&0) {
+        return Err(format!("{what} contains a NUL byte"));
+    }
+    let lex = lexical(requested);
+    policy.refuse(&lex, requested, what)?;
+    let real = std::fs::canonicalize(requested).map_err(|e| match e.raw_os_error() {
+        Some(libc::EACCES) => unreachable_message(&shown, &lex, user),
+        _ if what == "path" => cannot_read(requested, user, e),
+        _ => format!("{shown}: {e}"),
+    })?;
+    policy.refuse(&real, requested, what)?;
+    Ok(real)
+}
+
+/// Open the host file a caller named (`files[].path`) as the calling thread's user (run it
+/// through [`as_uid`]), after [`check_caller_path`]: the canonical path that passed is opened
+/// from `/` following no link, so what is read is what was checked.
+pub fn open_caller_file(policy: &CwdPolicy, requested: &Path, user: &str) -> Result<File, String> {
+    let shown = format!("path {}", requested.display());
+    let real = check_caller_path(policy, requested, user, "path")?;
+    let (Some(parent), Some(name)) = (real.parent(), real.file_name()) else {
+        return Err(format!("{shown}: not a file"));
+    };
+    let (dir, _) =
+        walk_path(parent, &Walk::default()).map_err(|(e, at)| match e.raw_os_error() {
+            Some(libc::EACCES) => cannot_enter(&shown, &at, user),
+            Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
+                format!("{shown} changed while it was checked (a link appeared); try again")
+            }
+            _ => cannot_read(requested, user, e),
+        })?;
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let fd =
+        open_one(dir.as_fd(), name, flags, Mode::empty(), &Walk::default()).map_err(|e| match e
+            .raw_os_error()
+        {
+            Some(libc::ELOOP) => {
+                format!("{shown} changed while it was checked (a link appeared); try again")
+            }
+            _ => cannot_read(requested, user, e),
+        })?;
+    regular_file(fd).map_err(|e| cannot_read(requested, user, e))
+}
+
+fn cannot_read(requested: &Path, user: &str, e: io::Error) -> String {
+    format!("path: cannot read {} as {user}: {e}", requested.display())
+}
+
 /// [`check_cwd`] for any directory a caller names (`what` names it in messages: `cwd`,
 /// `venv`): the one policy for a caller's directories.
 pub fn check_caller_dir(
@@ -698,20 +771,8 @@ pub fn check_caller_dir(
     what: &str,
 ) -> Result<Cwd, String> {
     let shown = format!("{what} {}", requested.display());
-    if !requested.is_absolute() {
-        return Err(format!("{shown}: give an absolute path"));
-    }
-    if requested.as_os_str().as_bytes().contains(&0) {
-        return Err(format!("{what} contains a NUL byte"));
-    }
     let user = user_name(uid);
-    let lex = lexical(requested);
-    policy.refuse(&lex, requested, what)?;
-    let real = std::fs::canonicalize(requested).map_err(|e| match e.raw_os_error() {
-        Some(libc::EACCES) => unreachable_message(&shown, &lex, &user),
-        _ => format!("{shown}: {e}"),
-    })?;
-    policy.refuse(&real, requested, what)?;
+    let real = check_caller_path(policy, requested, &user, what)?;
     let (dir, _) =
         walk_path(&real, &Walk::default()).map_err(|(e, at)| match e.raw_os_error() {
             Some(libc::EACCES) => cannot_enter(&shown, &at, &user),

@@ -18,9 +18,13 @@ pub mod app;
 #[cfg(target_os = "linux")]
 pub mod config;
 #[cfg(target_os = "linux")]
+pub mod egress;
+#[cfg(target_os = "linux")]
 pub(crate) mod error;
 #[cfg(target_os = "linux")]
 pub mod exec;
+#[cfg(all(target_os = "linux", feature = "fuzzing"))]
+pub mod fuzzing;
 #[cfg(target_os = "linux")]
 pub mod hostfs;
 #[cfg(target_os = "linux")]
@@ -45,6 +49,10 @@ pub mod run;
 pub mod sandbox;
 #[cfg(target_os = "linux")]
 pub(crate) mod session;
+#[cfg(target_os = "linux")]
+pub(crate) mod share;
+#[cfg(target_os = "linux")]
+pub mod stdio;
 #[cfg(target_os = "linux")]
 pub(crate) mod venv;
 #[cfg(target_os = "linux")]

@@ -36,6 +36,16 @@ struct Cli {
     log_format: LogFormat,
 }
 
+/// `serve`'s settings alone, for a bare `replbox`.
+#[derive(Parser)]
+#[command(name = "replbox")]
+struct BareServe {
+    #[command(flatten)]
+    config: Config,
+    #[command(flatten)]
+    http: HttpConfig,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Serve MCP over stdio (the default when no command is given), or over streamable
@@ -77,6 +87,15 @@ enum Command {
 fn main() -> ExitCode {
     drop_own_python_env_from_path();
     let cli = Cli::parse();
+    // A bare `replbox` is exactly `replbox serve`: its settings come from the REPLBOX_*
+    // variables as serve's do (no flag can be given without a command).
+    let command = cli.command.unwrap_or_else(|| {
+        let bare = BareServe::parse_from(["replbox"]);
+        Command::Serve {
+            config: bare.config,
+            http: bare.http,
+        }
+    });
     init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -88,10 +107,6 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let command = cli.command.unwrap_or(Command::Serve {
-        config: Config::default(),
-        http: HttpConfig::default(),
-    });
     let outcome = runtime.block_on(async move {
         match command {
             Command::Serve { config, http } => match http.addr.clone() {
@@ -186,7 +201,8 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     let app = App::new(config)?;
     app.log_settings();
     let server = ReplboxServer::new(app.clone());
-    let service = server.serve(rmcp::transport::stdio_pipes()).await?;
+    let framing = replbox::stdio::transport(app.config.max_line_bytes);
+    let service = server.serve(framing).await?;
     tracing::info!("serving MCP on stdio");
     // Detection and the warm pools spawn interpreters; start them after the handshake so
     // they do not slow it.
@@ -252,6 +268,9 @@ async fn run(
         env: Default::default(),
         timeout: app.config.timeout(timeout_ms),
         venv: None,
+        // The command line is the local principal, as stdio is.
+        principal: "local".into(),
+        allow_domains: Vec::new(),
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let c2 = cancel.clone();

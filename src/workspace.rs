@@ -3,32 +3,51 @@
 //!
 //! When user code runs as a pool uid (server as root), the root and its `runs/` and
 //! `sessions/` are 0711: a pool uid can pass through to its own directory but not list the
-//! others. A run's directory and a session's `work/`, `out/` and `cache/` belong to its uid
-//! (0700). A session's `ctl/`, where the server writes the bootstrap and the cells, is root's
+//! others. A run's directory and a session's `work/` and `out/` belong to its uid (0700); the
+//! caches' directory (`cache/`, a run's `<run>.cache/`) is root's (0711) and each language's
+//! cache in it the uid's, so that no directory bwrap mounts by path can be renamed by the uid
+//! that owns its parent. A session's `ctl/`, where the server writes the bootstrap and the cells, is root's
 //! with the session's gid (02750, files 0640): the session reads it, no other session does, and
 //! user code cannot plant a symlink there for the server to write through. Caches live and
 //! die with their run or session, so nothing one leaves there reaches the next user of the uid.
-//! The root holds [`WORKSPACE_MARKER`], by which every server recognises a workspace.
+//! The root holds [`WORKSPACE_MARKER`], by which every server recognises a workspace, and
+//! [`LOCK_FILE`], locked (`flock`) by its server for as long as it lives: a workspace whose
+//! lock is free belongs to a server that is gone (killed before it could remove it), and the
+//! next server to start removes it ([`sweep_stale`]).
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+mod rmtree;
+use nix::fcntl::{Flock, FlockArg};
+pub use rmtree::remove_tree;
+use rustix::fs::{AtFlags, Mode, OFlags};
+use tokio::task::JoinHandle;
 
 /// A file in a server's workspace root that names it, so that no session of any server
 /// (whatever uid it runs as) takes a workspace, or a directory inside one, as its `cwd`, and
 /// no walk of a `cwd` that contains one enters it.
 pub const WORKSPACE_MARKER: &str = ".replbox-workspace";
-use tokio::task::JoinHandle;
+
+/// The file of a workspace's root its server holds locked while it lives (root's, 0600:
+/// user code can neither open nor lock it).
+pub const LOCK_FILE: &str = ".replbox-lock";
+
+/// How every workspace's name begins (in the temp dir or `--work-dir`).
+const PREFIX: &str = "replbox-";
 
 /// The server's root directory (`replbox-XXXX` in the temp dir), removed on drop.
 #[derive(Debug)]
 pub struct Workspace {
+    // Declared first: dropped (the tree removed) before the lock is let go.
     root: tempfile::TempDir,
+    _lock: Flock<std::fs::File>,
 }
 
 impl Workspace {
     pub fn new(parent: Option<&Path>) -> std::io::Result<Self> {
         let mut b = tempfile::Builder::new();
-        b.prefix("replbox-");
+        b.prefix(PREFIX);
         // Named by its real path: the sandbox opens the directories it binds and allows
         // without following symbolic links.
         let parent = match parent {
@@ -46,12 +65,47 @@ impl Workspace {
                 .mode(0o711)
                 .create(root.path().join(sub))?;
         }
+        // Locked under another name, then renamed: a sweeping server never sees the lock
+        // file of a starting server unlocked.
+        let tmp = root.path().join(format!("{LOCK_FILE}.new"));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| std::io::Error::from(e))?;
+        std::fs::rename(&tmp, root.path().join(LOCK_FILE))?;
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o644)
             .open(root.path().join(WORKSPACE_MARKER))?;
-        Ok(Self { root })
+        Ok(Self { root, _lock: lock })
+    }
+
+    /// Remove, in the background, the workspaces beside this one whose server is gone.
+    pub fn sweep_stale_in_background(&self) {
+        let Some(parent) = self.root.path().parent().map(Path::to_path_buf) else {
+            return;
+        };
+        let own = self.root.path().to_path_buf();
+        let work = move || {
+            for path in sweep_stale(&parent, &own) {
+                tracing::info!(
+                    "removed {}, the workspace of a replbox server that is gone",
+                    path.display()
+                );
+            }
+        };
+        // Directory walks are blocking work: off the async workers.
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(work);
+            }
+            Err(_) => work(),
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -70,8 +124,7 @@ impl Workspace {
         chown(dir.path(), owner)?;
         // Beside the run's directory, not in it: a program sees only its own files there.
         dir.cache = dir.path().with_extension("cache");
-        std::fs::DirBuilder::new().mode(0o700).create(&dir.cache)?;
-        chown(&dir.cache, owner)?;
+        cache_root(&dir.cache, owner)?;
         Ok(dir)
     }
 
@@ -82,12 +135,13 @@ impl Workspace {
     pub fn new_session_dir(&self, id: &str, owner: Option<u32>) -> std::io::Result<PrivateDir> {
         let mode = if owner.is_some() { 0o711 } else { 0o700 };
         let dir = PrivateDir::create(self.root.path().join("sessions").join(id), mode)?;
-        for sub in ["work", "out", "cache"] {
+        for sub in ["work", "out"] {
             std::fs::DirBuilder::new()
                 .mode(0o700)
                 .create(dir.path().join(sub))?;
             chown(&dir.path().join(sub), owner)?;
         }
+        cache_root(&dir.path().join("cache"), owner)?;
         let ctl = dir.path().join("ctl");
         std::fs::DirBuilder::new().mode(0o700).create(&ctl)?;
         if let Some(uid) = owner {
@@ -103,6 +157,93 @@ impl Workspace {
     pub fn root_id(&self) -> Option<DirId> {
         DirId::of(self.root.path())
     }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        // Before the TempDir's own (recursive) removal, which then finds nothing: what runs
+        // and sessions left may be any shape.
+        remove_tree(self.root.path());
+    }
+}
+
+/// The directory holding a run's or session's caches: root's (0711) when they belong to a
+/// pool uid, so that the uid cannot rename the cache directory bwrap mounts by its path
+/// (see `sandbox::bwrap::check_dest`); its own otherwise.
+fn cache_root(path: &Path, owner: Option<u32>) -> std::io::Result<()> {
+    let mode = if owner.is_some() { 0o711 } else { 0o700 };
+    std::fs::DirBuilder::new().mode(mode).create(path)
+}
+
+/// Remove the workspaces in `parent` (except `own`) whose server is gone, returning their
+/// paths. Only what is proved to be a dead replbox workspace is removed: a real directory
+/// (no link) named `replbox-…`, owned by this server's uid, holding the marker and a lock
+/// file (regular files, this uid's) whose lock is free, taken while removing. Workspaces of
+/// a live server (its lock held), of another user, or of a version that kept no lock are
+/// left alone. Removal follows no symbolic link: the files inside belong to pool uids and
+/// user code may have planted links to anywhere.
+pub fn sweep_stale(parent: &Path, own: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with(PREFIX) {
+            continue;
+        }
+        let path = parent.join(&name);
+        if path == own {
+            continue;
+        }
+        let Some(lock) = dead_workspace(&path) else {
+            continue;
+        };
+        // Iterative and bounded, following no link: the tree may be any shape user code
+        // gave it.
+        remove_tree(&path);
+        removed.push(path);
+        drop(lock);
+    }
+    removed
+}
+
+/// The lock of `path` when it is a replbox workspace of this uid whose server is gone.
+fn dead_workspace(path: &Path) -> Option<Flock<std::fs::File>> {
+    let uid = rustix::process::geteuid().as_raw();
+    let ours = |st: &rustix::fs::Stat, kind: rustix::fs::FileType| {
+        st.st_uid == uid && rustix::fs::FileType::from_raw_mode(st.st_mode) == kind
+    };
+    let dir = rustix::fs::open(
+        path,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    if !ours(
+        &rustix::fs::fstat(&dir).ok()?,
+        rustix::fs::FileType::Directory,
+    ) {
+        return None;
+    }
+    let marker = rustix::fs::statat(&dir, WORKSPACE_MARKER, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+    if !ours(&marker, rustix::fs::FileType::RegularFile) {
+        return None;
+    }
+    let lock = rustix::fs::openat(
+        &dir,
+        LOCK_FILE,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    )
+    .ok()?;
+    if !ours(
+        &rustix::fs::fstat(&lock).ok()?,
+        rustix::fs::FileType::RegularFile,
+    ) {
+        return None;
+    }
+    Flock::lock(std::fs::File::from(lock), FlockArg::LockExclusiveNonblock).ok()
 }
 
 /// The cache directory for a language's tools (`MPLCONFIGDIR`, build caches) of one run or
@@ -211,11 +352,6 @@ fn off_the_workers(work: impl FnOnce() + Send + 'static) -> Option<JoinHandle<()
             None
         }
     }
-}
-
-fn remove_tree(path: &Path) {
-    // remove_dir_all does not follow symlinks that user code may have left in it.
-    let _ = std::fs::remove_dir_all(path);
 }
 
 /// Remove a private directory and its cache when the cache lies beside it (a run's).

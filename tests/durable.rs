@@ -491,6 +491,53 @@ async fn a_session_is_restored_after_sigkill() {
     }
 }
 
+/// Answers are replayed as they were typed: a key sent alone (`enter: false`) gets no Enter
+/// (a raw read of up to 8 bytes would see it).
+#[tokio::test(flavor = "multi_thread")]
+async fn answers_are_replayed_as_typed() {
+    if !require("python", "python3") {
+        return;
+    }
+    let (_t, state) = state_dir();
+    let st = state.to_str().unwrap();
+    let s = TestServer::start_with(&["--state-dir", st], &[]).await;
+    let id = s.start_session("python").await;
+    let o = s
+        .eval(
+            &id,
+            "import os, termios, tty\nold = termios.tcgetattr(0)\ntty.setraw(0)\ntry:\n    k = os.read(0, 8)\nfinally:\n    termios.tcsetattr(0, termios.TCSADRAIN, old)",
+        )
+        .await;
+    assert_eq!(status(&o), "awaiting_input", "{}", o.text);
+    let o = s
+        .call(
+            "session_input",
+            json!({"session_id": id, "text": "q", "enter": false}),
+        )
+        .await;
+    assert_eq!(status(&o), "ok", "{}", o.text);
+    let o = s.eval(&id, "name = input()").await;
+    assert_eq!(status(&o), "awaiting_input", "{}", o.text);
+    let o = s
+        .call("session_input", json!({"session_id": id, "text": "Ada"}))
+        .await;
+    assert_eq!(status(&o), "ok", "{}", o.text);
+    signal(s.pid, nix::sys::signal::Signal::SIGKILL);
+    wait_dead(s.pid).await;
+    drop(s);
+
+    let s = TestServer::start_with(&["--state-dir", st], &[]).await;
+    let o = s.eval(&id, "print(repr(k), repr(name))").await;
+    assert_eq!(
+        (status(&o), output(&o)),
+        ("ok", "b'q' 'Ada'\n"),
+        "{}",
+        o.text
+    );
+    assert_eq!(o.structured["replayed"], 2, "{}", o.structured);
+    s.stop().await;
+}
+
 /// A journal line as the server writes it.
 fn line(json: &Value) -> String {
     use sha2::Digest;

@@ -25,7 +25,7 @@ fn sandbox(work: &std::path::Path) -> Sandbox {
     let settings = Settings {
         mode: Mode::None,
         require: None,
-        network: false,
+        egress: Default::default(),
         limits: Limits {
             memory_mb: 0,
             processes: 0,

@@ -428,7 +428,8 @@ print(" ".join(r))
     )
 }
 
-// 5. No network: loopback listeners of the host see nothing; --allow-network opens it.
+// 5. No network: loopback listeners of the host see nothing, also with --allow-network
+// (which opens the egress proxy only).
 #[tokio::test(flavor = "multi_thread")]
 async fn network_is_off_unless_allowed() {
     if !python() {
@@ -457,16 +458,35 @@ async fn network_is_off_unless_allowed() {
         );
         s.stop().await;
 
-        // The operator can open it.
+        // --allow-network opens the egress proxy, and only that: the host's loopback stays
+        // out of reach, directly and through the proxy.
         let Some(s) = start(setup, &["--allow-network"], &[]).await else {
             continue;
         };
-        assert!(s.instructions().contains("network allowed"));
+        assert!(
+            s.instructions()
+                .contains("network only through the HTTP(S) proxy"),
+            "{}",
+            s.instructions()
+        );
         let o = run(&s, setup, "python", &net_probe(tcp, udp)).await;
-        assert!(o.text.contains("tcp-connected"), "{setup:?}: {}", o.text);
+        assert!(!o.text.contains("tcp-connected"), "{setup:?}: {}", o.text);
+        assert!(!o.text.contains("udp-sent"), "{setup:?}: {}", o.text);
+        let via_proxy = format!(
+            "import urllib.request\ntry:\n    urllib.request.urlopen('http://127.0.0.1:{tcp}/', timeout=10)\nexcept Exception as e:\n    print(e)"
+        );
+        let o = run(&s, setup, "python", &via_proxy).await;
+        assert!(
+            o.text.contains("403") && o.text.contains("resolves to 127.0.0.1"),
+            "{setup:?}: {}",
+            o.text
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let (conns, grams) = l.reached();
-        assert!(conns >= 1 && grams >= 1, "{setup:?}: {conns} {grams}");
+        assert_eq!(
+            l.reached(),
+            (0, 0),
+            "{setup:?}: the host listeners were reached"
+        );
         s.stop().await;
     }
 }

@@ -438,6 +438,48 @@ async fn compile_errors_are_reported_as_such() {
     s.stop().await;
 }
 
+/// Java's source launcher compiles in memory: its compile errors are compile errors too.
+#[tokio::test(flavor = "multi_thread")]
+async fn java_compile_errors_are_reported_as_such() {
+    if !require("java", "javac") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let out = s
+        .run(
+            "java",
+            "class Main { public static void main(String[] a) { int x = ; } }",
+        )
+        .await;
+    assert!(out.is_error);
+    assert_eq!(out.s("phase"), "compile", "{}", out.text);
+    assert_eq!(out.structured["exit_code"], 1);
+    assert!(
+        out.s("stderr").contains("Main.java:1: error"),
+        "{}",
+        out.text
+    );
+    assert!(
+        out.text.ends_with("[compile error: exit code 1]"),
+        "{}",
+        out.text
+    );
+    // A program that compiles and fails is a run failure, whatever it prints.
+    let out = s
+        .run(
+            "java",
+            "class Main { public static void main(String[] a) { System.err.println(\"error: compilation failed!\"); System.exit(3); } }",
+        )
+        .await;
+    assert_eq!(
+        (out.s("phase"), out.structured["exit_code"].as_i64()),
+        ("run", Some(3)),
+        "{}",
+        out.text
+    );
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn compile_time_counts_against_the_timeout() {
     if !on_path("cc") {

@@ -954,3 +954,135 @@ async fn http_call(client: &Peer<RoleClient>, tool: &str, args: Value) -> Out {
         images: Vec::new(),
     }
 }
+
+/// The inotify watches the server holds (`wd:` lines of its inotify descriptors' fdinfo).
+fn inotify_watches(pid: u32) -> usize {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    let mut n = 0;
+    for fd in fds.flatten() {
+        let is_inotify =
+            std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().contains("inotify"));
+        if is_inotify {
+            let info = std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                fd.file_name().to_string_lossy()
+            ))
+            .unwrap_or_default();
+            n += info
+                .lines()
+                .filter(|l| l.starts_with("inotify wd:"))
+                .count();
+        }
+    }
+    n
+}
+
+fn changes(o: &Out) -> Vec<(String, String)> {
+    o.structured["files"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|f| {
+                    (
+                        f["path"].as_str().unwrap_or("").to_string(),
+                        f["change"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+// Change tracking of a big session directory is kept by inotify watches: they are added as
+// the session's uid on directories opened through no link, so a link out of the directory
+// or a directory that uid cannot read is never watched, and what is written through a link
+// is not reported.
+#[tokio::test(flavor = "multi_thread")]
+async fn watched_directories_follow_no_link_and_read_as_the_session_uid() {
+    if !python() {
+        return;
+    }
+    for setup in setups() {
+        // Not sticky, and the files writable: the session changes the test's files.
+        let shared = dir(0o777);
+        for i in 0..300 {
+            let f = shared.path().join(format!("f{i:03}"));
+            std::fs::write(&f, "x").expect("write");
+            chmod(&f, 0o666);
+        }
+        let root_only = shared.path().join("private");
+        std::fs::create_dir(&root_only).expect("mkdir");
+        chmod(&root_only, 0o700);
+        let outside = dir(0o1777);
+        std::fs::create_dir(outside.path().join("deep")).expect("mkdir");
+        chmod(&outside.path().join("deep"), 0o777);
+        std::os::unix::fs::symlink(outside.path(), shared.path().join("out")).expect("symlink");
+        let Some(srv) = start(setup, &["--allow-cwd", s(shared.path())]).await else {
+            continue;
+        };
+        let o = session(&srv, setup, json!({"cwd": shared.path()})).await;
+        assert!(!o.is_error, "{setup:?}: {}", o.text);
+        let id = o.s("session_id").to_string();
+        // Only the directory itself: not the link's target, not the root-only folder.
+        assert_eq!(inotify_watches(srv.pid), 1, "{setup:?}");
+
+        // Written beside the session's code (at bwrap the link's target is not in its view).
+        std::fs::write(root_only.join("hidden-from-uid"), "r").expect("write");
+        std::fs::write(outside.path().join("through-link"), "t").expect("write");
+        let o = eval(
+            &srv,
+            &id,
+            "import os\nopen('new.txt', 'w').write('n')\nopen('f001', 'a').write('more')\nos.remove('f002')\nos.makedirs('d/e')\nopen('d/e/x', 'w').write('x')",
+        )
+        .await;
+        assert_eq!(status(&o), "ok", "{setup:?}: {}", o.text);
+        assert_eq!(
+            changes(&o),
+            [
+                ("d/e/x".to_string(), "created".to_string()),
+                ("f001".into(), "modified".into()),
+                ("f002".into(), "deleted".into()),
+                ("new.txt".into(), "created".into()),
+            ],
+            "{setup:?}: {}",
+            o.text
+        );
+        assert_eq!(
+            inotify_watches(srv.pid),
+            3,
+            "{setup:?}: d and d/e are watched"
+        );
+
+        // A watched folder swapped for a link: its files are gone, the target is not
+        // entered, and writes beneath the target are not the session's.
+        let o = eval(
+            &srv,
+            &id,
+            &format!(
+                "import shutil\nshutil.rmtree('d')\nos.symlink({:?}, 'd')",
+                s(outside.path())
+            ),
+        )
+        .await;
+        std::fs::write(outside.path().join("deep/y"), "y").expect("write");
+        assert_eq!(status(&o), "ok", "{setup:?}: {}", o.text);
+        assert_eq!(
+            changes(&o),
+            [("d/e/x".to_string(), "deleted".to_string())],
+            "{setup:?}: {}",
+            o.text
+        );
+        assert_eq!(inotify_watches(srv.pid), 1, "{setup:?}");
+        let o = eval(&srv, &id, "1").await;
+        assert_eq!(changes(&o), [], "{setup:?}: {}", o.text);
+        srv.call("session_close", json!({ "session_id": id })).await;
+        assert_eq!(
+            inotify_watches(srv.pid),
+            0,
+            "{setup:?}: closed with the session"
+        );
+        srv.stop().await;
+    }
+}

@@ -1000,3 +1000,50 @@ async fn bad_requests_are_clear_errors() {
     assert_eq!(l.structured["sessions"], Value::Array(vec![]));
     s.stop().await;
 }
+
+/// A ghci cell of 1,000 lines (the bootstrap splits it once, then types it chunk by chunk):
+/// every binding is made, in order, output comes in order, and the session goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thousand_line_ghci_cell() {
+    if !require("haskell", "ghci") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("ghci").await;
+    let mut code = String::new();
+    let mut expected = String::new();
+    // Line i binds x<i> to the number of lets so far, each from the previous one.
+    let (mut last, mut lets) = ("0".to_string(), 0);
+    for i in 0..1000 {
+        if i % 250 == 249 {
+            // An expression among the lets: its value shows where it stands.
+            code.push_str(&format!("{last} * 2\n"));
+            expected.push_str(&format!("{}\n", lets * 2));
+        } else {
+            code.push_str(&format!("let x{i} = {last} + 1 :: Int\n"));
+            last = format!("x{i}");
+            lets += 1;
+        }
+    }
+    // A generous deadline: the machine may be shared; the answer is what is checked.
+    let o = s.eval_t(&id, &code, 600_000).await;
+    assert_eq!(
+        (status(&o), output(&o)),
+        ("ok", expected.as_str()),
+        "{}",
+        o.text
+    );
+    // 996 lets (four of the lines were expressions); line 248 was the 249th.
+    assert_eq!(lets, 996);
+    let o = s.eval(&id, "(x998, x248)").await;
+    assert_eq!(
+        (status(&o), output(&o)),
+        ("ok", "(996,249)\n"),
+        "{}",
+        o.text
+    );
+    // A next cell is split afresh, not taken from the previous one's queue.
+    let o = s.eval(&id, "let y = x998 + 4\ny").await;
+    assert_eq!((status(&o), output(&o)), ("ok", "1000\n"), "{}", o.text);
+    s.stop().await;
+}

@@ -2,7 +2,12 @@
 // into the session's control directory, replbox replaces the placeholders below, marked
 // `:json`, by JavaScript string literals.
 "use strict";
-(() => {
+// The bootstrap runs under the script name "repl" rather than this file's path, so that no
+// output (a stack trace node prints itself, as process.abort() does) names replbox's files.
+require("vm").runInThisContext("(" + main.toString() + ")", { filename: "repl" })(require);
+
+function main(require) {
+  "use strict";
   const repl = require("repl");
   const fs = require("fs");
   const vm = require("vm");
@@ -12,8 +17,45 @@
   const NONCE = {nonce:json};
   const CTL = {ctl:json};
   const CELL_FILE = {cell_file:json};
-  const SELF = __filename;
+  const INPUT_FILE = {input_file:json};
+  const PROMPT = {prompt:json};
+  const SELF = "repl";
   const LINE = /^__rbx_eval\((\d+)\)\s*$/;
+
+  // Markers go to a descriptor of their own on the terminal, so code that closes or
+  // redirects stdout cannot swallow them.
+  const { O_WRONLY, O_RDONLY, O_NOCTTY, O_NONBLOCK } = fs.constants;
+  const TTY = fs.fstatSync(1).rdev;
+  let markFd = fs.openSync("/dev/tty", O_WRONLY | O_NOCTTY);
+  function tell(text) {
+    try {
+      const st = fs.fstatSync(markFd);
+      if (!st.isCharacterDevice() || st.rdev !== TTY) throw new Error("not the terminal");
+    } catch {
+      // Closed, or its number reused by the code for something else: leave that alone.
+      try { markFd = fs.openSync("/dev/tty", O_WRONLY | O_NOCTTY); } catch { return; }
+    }
+    try { fs.writeSync(markFd, text); } catch {}
+  }
+
+  // Input typed into the cell (replbox says so with a file) that the program did not read
+  // would be the REPL's next line: read the whole lines of it out of the terminal and count
+  // them (replbox discards a line without Enter itself before typing the next cell).
+  function discardUnread(n) {
+    if (!fs.existsSync(path.join(CTL, INPUT_FILE.replace("{n}", n)))) return 0;
+    let count = 0;
+    let fd = -1;
+    try {
+      fd = fs.openSync("/proc/self/fd/0", O_RDONLY | O_NOCTTY | O_NONBLOCK);
+      const buf = Buffer.alloc(65536);
+      for (let k; count < 1 << 24 && (k = fs.readSync(fd, buf)) > 0; ) count += k;
+    } catch {
+      // EAGAIN: nothing more to read.
+    } finally {
+      if (fd >= 0) fs.closeSync(fd);
+    }
+    return count;
+  }
 
   // Stack traces show the user's frames, not node's internals or this bootstrap.
   Error.prepareStackTrace = (err, frames) => {
@@ -138,7 +180,7 @@
   const r = repl.start({
     input: feed,
     output: process.stdout,
-    prompt: {prompt:json},
+    prompt: PROMPT,
     terminal: false,
     useColors: false,
     ignoreUndefined: true,
@@ -148,6 +190,23 @@
   });
   // Look like a fresh `node` REPL.
   process.argv = [process.argv[0]];
+  try { repl.repl = r; } catch {}
+  // `.exit` (and the end of the REPL's input) ends node, as the `node` REPL does.
+  r.on("exit", () => process.exit());
+  // The prompt is ours between cells (replbox recognises it) and the user's while a cell
+  // runs: `repl.repl.setPrompt('$ ')` is kept for the cell that reads it, never printed.
+  let userPrompt = "> ";
+  let mine = true;
+  function ownPrompt() {
+    if (mine) return;
+    userPrompt = r.getPrompt();
+    r.setPrompt(PROMPT);
+    mine = true;
+  }
+  function giveUserPrompt() {
+    r.setPrompt(userPrompt);
+    mine = false;
+  }
   // How many lines the value of the cell takes (the REPL shows it with its writer), so a
   // notebook export can tell it from what the cell printed.
   const writer = r.writer;
@@ -174,27 +233,40 @@
     process.on("SIGINT", onSigint);
   }
   armSigint();
-  // The cell's first statement announces that user code runs (under the watchdog), so the
-  // server never interrupts before that. The server interrupts as soon as it reads the
-  // marker, and the watchdog stops the script wherever it then is: the marker goes out
-  // with one plain write, never through process.stdout, whose bookkeeping, if stopped
-  // after the write and before its completion, would hold all later output (the end
-  // marker, the prompt) back for ever.
-  Object.defineProperty(globalThis, "__rbx_go", {
-    enumerable: false,
-    value: (n) => {
-      fs.writeSync(1, "\x1b_rbx;" + NONCE + ";s;" + n + "\x1b\\");
-    },
-  });
-  function prefixed(src, n) {
-    // The REPL evaluates `{ a: 1 }` as an object literal; keep that when prefixing.
-    if (/^\s*\{/.test(src) && /\}\s*;?\s*$/.test(src)) {
-      try {
-        new vm.Script("(" + src + ")");
-        src = "(" + src + ")";
-      } catch {}
+  // The REPL's evaluator arms V8's SIGINT watchdog, then switches the terminal out of raw
+  // mode (a method of the REPL, looked up on it) and runs the script: that switch is the
+  // moment the cell starts, and the server may interrupt it from then on. The code itself
+  // is evaluated as typed, so a 'use strict' directive and error positions are its own.
+  const setRawMode = r._setRawMode;
+  r._setRawMode = function (mode) {
+    if (cur && !cur.started && mode === false) {
+      cur.started = true;
+      tell("\x1b_rbx;" + NONCE + ";s;" + cur.n + "\x1b\\");
     }
-    return "__rbx_go(" + n + ");" + src;
+    return setRawMode.call(this, mode);
+  };
+
+  // REPL commands (`.help`, `.load file`, `.exit`) on the cell's first lines run as the
+  // REPL runs them; the rest is code, with its line numbers kept.
+  function splitCommands(src) {
+    const lines = src.split("\n");
+    const commands = [];
+    let i = 0;
+    for (; i < lines.length; i++) {
+      const t = lines[i].trim();
+      if (!t) continue;
+      const m = /^\.([^\s]+)\s*(.*)$/.exec(t);
+      if (t[1] === "." || !Number.isNaN(Number.parseFloat(t)) || !m) break;
+      commands.push([m[1], m[2]]);
+      lines[i] = "";
+    }
+    return { commands, code: commands.length ? lines.join("\n") : src };
+  }
+
+  // Keep the cell's lines, not the typed `__rbx_eval(N)`, in the REPL's record (`.save`).
+  function remember(c) {
+    const i = r.lines.findLastIndex((l) => l.trim() === c.line);
+    if (i >= 0) r.lines.splice(i, 1, ...c.src.replace(/\n$/, "").split("\n"));
   }
 
   function describe(e) {
@@ -231,13 +303,17 @@
     armSigint();
     clearInterval(c.alive);
     closeStdin();
+    const unread = discardUnread(c.n);
+    ownPrompt();
+    remember(c);
     listen();
     // Let pending rejections of this evaluation be reported first.
     setImmediate(() => {
       if (cur === c) cur = null;
       const body = Object.assign({}, c.err || {}, c.extra);
+      if (unread) body.unread = unread;
       const payload = Object.keys(body).length ? Buffer.from(JSON.stringify(body)).toString("base64") : "";
-      process.stdout.write("\x1b_rbx;" + NONCE + ";e;" + c.n + ";" + c.status + ";" + payload + "\x1b\\");
+      tell("\x1b_rbx;" + NONCE + ";e;" + c.n + ";" + c.status + ";" + payload + "\x1b\\");
     });
   }
   // Thrown errors and unhandled rejections reach the REPL's domain, not the callback.
@@ -255,9 +331,10 @@
   r.eval = function (cmd, context, file, cb) {
     const m = LINE.exec(cmd);
     if (!m) return defaultEval.call(this, cmd, context, file, cb);
-    const c = { n: m[1], status: "ok", err: null, done: false, extra: {} };
+    const c = { n: m[1], line: cmd.trim(), src: "", status: "ok", err: null, done: false, extra: {} };
     cur = c;
     unlisten();
+    giveUserPrompt();
     // With the REPL's descriptor closed, something must keep the event loop alive while
     // the evaluation awaits.
     c.alive = setInterval(() => {}, 1 << 30);
@@ -267,20 +344,42 @@
       src = fs.readFileSync(path.join(CTL, CELL_FILE.replace("{n}", c.n)), "utf8");
     } catch (e) {
       fail(c, e);
+      ownPrompt();
       cb(e);
       finish(c);
       return;
     }
+    c.src = src;
+    const { commands, code } = splitCommands(src);
+    if (commands.length) {
+      r._setRawMode(false);
+      // A command ends by showing the prompt: ours, which is no output.
+      ownPrompt();
+      for (const [keyword, rest] of commands) {
+        const command = r.commands[keyword];
+        if (command) command.action.call(r, rest);
+        else r.output.write("Invalid REPL keyword\n");
+      }
+      giveUserPrompt();
+      if (!code.trim()) {
+        ownPrompt();
+        cb(null);
+        finish(c);
+        return;
+      }
+    }
     try {
-      defaultEval.call(this, prefixed(src, c.n), context, "<cell " + c.n + ">", (e, res) => {
+      defaultEval.call(this, code, context, "<cell " + c.n + ">", (e, res) => {
         if (e instanceof repl.Recoverable) e = e.err;
         unstick(e);
         if (e) fail(c, e);
+        ownPrompt();
         cb(e, res);
         finish(c);
       });
     } catch (e) {
       fail(c, e);
+      ownPrompt();
       cb(e);
       finish(c);
     }
@@ -289,4 +388,4 @@
       armSigint();
     }
   };
-})();
+}

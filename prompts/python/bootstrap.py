@@ -2,8 +2,10 @@
 # into the session's control directory, replbox replaces the placeholders below: text ones,
 # marked `:json`, by Python string literals; numbers by numbers.
 def __rbx_setup():
-    import ast, asyncio, base64, builtins, inspect, json, linecache, os, sys, traceback
+    import ast, asyncio, base64, builtins, inspect, json, linecache, os, stat, sys, termios
+    import traceback
     nonce, ctl, out, cell_file = {nonce:json}, {ctl:json}, {out:json}, {cell_file:json}
+    input_file = {input_file:json}
     boot = os.path.abspath(__file__) if "__file__" in globals() else ""
     main = sys.modules["__main__"]
     g = main.__dict__
@@ -17,7 +19,35 @@ def __rbx_setup():
         readline.write_history_file = lambda *a, **k: None
     except Exception:
         pass
-    sys.ps1, sys.ps2 = {prompt:json}, {continuation:json}
+    # The prompts are ours between cells (replbox recognises them) and the user's while a
+    # cell runs: `sys.ps1 = 'In: '` is kept for the cell that reads it, never printed.
+    ours = ({prompt:json}, {continuation:json})
+    user_ps = [">>> ", "... "]
+    sys.ps1, sys.ps2 = ours
+    # Markers go to a descriptor of their own on the terminal, so code that closes or
+    # redirects stdout (os.close(1)) cannot swallow them.
+    tty = os.fstat(1).st_rdev
+
+    def open_tty():
+        try:
+            return os.open("/dev/tty", os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError:
+            return -1
+
+    mark = [os.dup(1)]
+
+    def tell(text):
+        try:
+            st = os.fstat(mark[0])
+            if not stat.S_ISCHR(st.st_mode) or st.st_rdev != tty:
+                raise OSError
+        except OSError:
+            # Closed, or its number reused by the code for something else: leave that alone.
+            mark[0] = open_tty()
+        try:
+            os.write(mark[0], text.encode())
+        except OSError:
+            pass
     loop = None
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     max_images = {max_images}
@@ -201,7 +231,40 @@ def __rbx_setup():
                 stream.flush()
             except Exception:
                 pass
-        os.write(1, ("\x1b_rbx;%s;e;%d;%s;%s\x1b\\" % (nonce, n, status, payload)).encode())
+        tell("\x1b_rbx;%s;e;%d;%s;%s\x1b\\" % (nonce, n, status, payload))
+
+    def discard_unread(n):
+        # Input typed into this cell (replbox says so with a file) that the program did not
+        # read would be the REPL's next line: read it out of the terminal, with the line
+        # discipline briefly out of line mode so that a line without Enter comes too, and
+        # count it. The REPL reads nothing meanwhile: this is its own process.
+        if not os.path.exists(os.path.join(ctl, input_file.replace("{n}", str(n)))):
+            return 0
+        count, fd = 0, 0
+        try:
+            if not os.isatty(0):
+                fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
+            old = termios.tcgetattr(fd)
+            now = list(old)
+            now[3] &= ~termios.ICANON
+            now[6] = list(old[6])
+            now[6][termios.VMIN], now[6][termios.VTIME] = 0, 0
+            termios.tcsetattr(fd, termios.TCSANOW, now)
+            try:
+                while count < 1 << 24:
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        break
+                    count += len(chunk)
+            finally:
+                termios.tcsetattr(fd, termios.TCSANOW, old)
+                termios.tcflush(fd, termios.TCIFLUSH)
+        except (OSError, termios.error):
+            pass
+        finally:
+            if fd != 0:
+                os.close(fd)
+        return count
 
     def user_tb(tb):
         while tb is not None and tb.tb_frame.f_code.co_filename == boot:
@@ -246,11 +309,28 @@ def __rbx_setup():
             result = loop.run_until_complete(result)
         return result
 
+    # --- packages: what `pip install` put in the user site (pip's choice when site-packages
+    # is not writable) is importable from the next cell on, without a restart: the user site,
+    # made after start-up, joins sys.path the way site.py would have added it ---
+    def user_site():
+        try:
+            import site
+            us = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+            if us and us not in sys.path and os.path.isdir(us):
+                site.addsitedir(us)
+                import importlib
+                importlib.invalidate_caches()
+        except Exception:
+            pass
+
     def run(n):
+        user_site()
         name = "<cell %d>" % n
         status, err, exiting = "ok", None, False
         cell.update(n=n, shots=[], omitted=0, force=None, extra={})
-        os.write(1, ("\x1b_rbx;%s;s;%d\x1b\\" % (nonce, n)).encode())
+        owner = os.getpid()
+        sys.ps1, sys.ps2 = user_ps
+        tell("\x1b_rbx;%s;s;%d\x1b\\" % (nonce, n))
         try:
             path = os.path.join(ctl, cell_file.replace("{n}", str(n)))
             with open(path, encoding="utf-8") as f:
@@ -286,7 +366,20 @@ def __rbx_setup():
             sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
             print_tb(e, tb)
         finally:
+            if os.getpid() != owner and not exiting:
+                # A process the cell forked (os.fork()) ends with the cell (sys.exit() in it
+                # ends it too): only the REPL's own process goes back to reading the terminal
+                # and reports the end.
+                for stream in (sys.stdout, sys.stderr):
+                    try:
+                        stream.flush()
+                    except Exception:
+                        pass
+                os._exit(0 if status == "ok" else 1)
+            user_ps[:] = [getattr(sys, "ps1", ""), getattr(sys, "ps2", "")]
+            sys.ps1, sys.ps2 = ours
             if not exiting:
+                user_site()
                 extra = None
                 try:
                     extra = after_cell(n)
@@ -296,6 +389,9 @@ def __rbx_setup():
                 except BaseException as e:
                     print("[replbox: collecting figures failed: %s: %s]"
                           % (type(e).__name__, e), file=sys.stderr)
+                unread = discard_unread(n)
+                if unread:
+                    extra = dict(extra or {}, unread=unread)
                 emit(n, status, err, extra)
 
     # --- session_vars: the names the user defined, each with a short summary ---

@@ -9,12 +9,17 @@ local({
   ctl <- {ctl:json}
   out <- {out:json}
   cell_file <- {cell_file:json}
+  input_file <- {input_file:json}
   max_images <- {max_images}
   user_limit <- {sync_base}  # internal evaluations (resynchronisation) are numbered from here
 
   # Prompts carry the nonce; tables print for a wide terminal (as pandas does, 200 columns).
-  options(prompt = {prompt:json}, continue = {continuation:json}, width = 200,
-          useFancyQuotes = FALSE, menu.graphics = FALSE)
+  # The prompts are ours between cells (replbox recognises them) and the user's while a cell
+  # runs: `options(prompt = "R> ")` is kept for the code that reads it, never printed.
+  our_prompts <- list(prompt = {prompt:json}, continue = {continuation:json})
+  user_prompts <- list(prompt = "> ", continue = "+ ")
+  options(our_prompts)
+  options(width = 200, useFancyQuotes = FALSE, menu.graphics = FALSE)
 
   num <- function(n) format(n, scientific = FALSE, trim = TRUE)
 
@@ -187,6 +192,26 @@ local({
     shots
   }
 
+  # Input typed into this cell (replbox says so with a file) that the program did not read
+  # would be the REPL's next line: read the whole lines of it out of the terminal (a
+  # descriptor of its own, non-blocking, so the REPL's stdin is left as it is) and count
+  # them. A line without Enter cannot reach the REPL; replbox drops it before the next cell.
+  discard_unread <- function(n) {
+    if (!file.exists(file.path(ctl, sub("{n}", num(n), input_file, fixed = TRUE)))) return(0)
+    con <- tryCatch(suppressWarnings(file("/dev/tty", open = "rb", blocking = FALSE,
+                                          raw = TRUE)),
+                    error = function(e) NULL)
+    if (is.null(con)) return(0)
+    on.exit(close(con))
+    count <- 0
+    while (count < 2^24) {
+      got <- tryCatch(readBin(con, "raw", 65536), error = function(e) raw())
+      if (length(got) == 0) break
+      count <- count + length(got)
+    }
+    count
+  }
+
   # --- one cell: each expression evaluated in the global environment as if typed, a
   # visible value printed as the REPL prints it; the first error ends the cell ---
   finish <- function(n, state) {
@@ -203,6 +228,11 @@ local({
       fields["type"] <- js(state$type)
       fields["message"] <- js(substr(state$message, 1, 2000))
     }
+    unread <- tryCatch(discard_unread(n), error = function(e) 0)
+    if (unread > 0) fields["unread"] <- num(unread)
+    user_prompts <<- tryCatch(list(prompt = getOption("prompt"), continue = getOption("continue")),
+                              error = function(e) user_prompts)
+    options(our_prompts)
     names(fields) <- vapply(names(fields), js, "")
     cell$n <- NULL
     emit(sprintf("\033_rbx;%s;e;%s;%s;%s\033\\", nonce, num(n), state$status, payload(fields)))
@@ -228,6 +258,7 @@ local({
     # Runs however the cell ends: normally, or unwound to the prompt by an error (after R
     # printed it), an interrupt or an abort.
     on.exit(finish(n, state))
+    try(options(user_prompts), silent = TRUE)
     emit(sprintf("\033_rbx;%s;s;%s\033\\", nonce, num(n)))
     path <- file.path(ctl, sub("{n}", num(n), cell_file, fixed = TRUE))
     src <- readLines(path, encoding = "UTF-8", warn = FALSE)

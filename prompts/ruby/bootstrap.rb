@@ -1,9 +1,10 @@
 # replbox's bootstrap for irb (see docs/bootstrap-protocol.md). Before writing it into the
 # session's control directory, replbox replaces the placeholders below, marked `:ruby`, by
 # Ruby string literals (in which nothing interpolates).
-nc, dir, cell_file = {nonce:ruby}, {ctl:ruby}, {cell_file:ruby}
+nc, dir, cell_file, input_file = {nonce:ruby}, {ctl:ruby}, {cell_file:ruby}, {input_file:ruby}
 boot = File.expand_path(__FILE__)
 marker, cont = {prompt:ruby}, {continuation:ruby}
+require "io/console"
 IRB.conf[:PROMPT][:RBX] = { PROMPT_I: marker, PROMPT_N: cont, PROMPT_S: cont, PROMPT_C: cont, RETURN: "=> %s\n" }
 IRB.conf[:PROMPT_MODE] = :RBX
 IRB.conf[:ECHO] = false
@@ -15,16 +16,73 @@ json_str = lambda do |s|
   s = s.to_s.dup.force_encoding(Encoding::UTF_8).scrub("?")
   '"' + s.gsub(/[\\"\u0000-\u001f\u007f]/) { |c| format("\\u%04x", c.ord) } + '"'
 end
+# Markers go to a descriptor of their own on the terminal, so code that closes or reopens
+# STDOUT cannot swallow them.
+tty = STDOUT.stat.rdev
+mark = [STDOUT.dup]
+tell = lambda do |text|
+  begin
+    st = mark[0].stat
+    raise IOError unless st.chardev? && st.rdev == tty
+  rescue StandardError
+    mark[0] = (File.open("/dev/tty", "w") rescue nil)
+  end
+  mark[0]&.syswrite(text) rescue nil
+end
 # What the end marker carries besides an error (session_vars' list), as JSON text.
 extra = {}
-emit = lambda do |n, status, err|
-  payload = ""
+emit = lambda do |n, status, err, unread|
   fields = extra.map { |k, v| "#{json_str.(k)}:#{v}" }
   fields.unshift("\"type\":#{json_str.(err[0])},\"message\":#{json_str.(err[1])}") if err
-  payload = ["{#{fields.join(",")}}"].pack("m0") unless fields.empty?
+  fields << "\"unread\":#{unread}" if unread > 0
+  payload = fields.empty? ? "" : ["{#{fields.join(",")}}"].pack("m0")
   extra.clear
   [$stdout, $stderr, STDOUT, STDERR].each { |s| s.flush rescue nil }
-  STDOUT.syswrite("\e_rbx;#{nc};e;#{n};#{status};#{payload}\e\\")
+  tell.("\e_rbx;#{nc};e;#{n};#{status};#{payload}\e\\")
+end
+# Input typed into the cell (replbox says so with a file) that the program did not read would
+# be irb's next line: read it out of STDIN's buffer and the terminal, with the line discipline
+# briefly out of line mode (a line without Enter comes too), and count it.
+discard_unread = lambda do |n|
+  next 0 unless File.exist?(File.join(dir, input_file.sub("{n}", n.to_s)))
+  count = 0
+  begin
+    STDIN.raw(min: 0, time: 0, intr: true) do
+      count += STDIN.readpartial(65536).bytesize while count < (1 << 24)
+    end
+  rescue EOFError, IOError, SystemCallError
+    nil
+  end
+  STDIN.iflush rescue nil
+  count
+end
+# The prompts are ours between cells (replbox recognises them) and the user's while a cell
+# runs: `conf.prompt_mode = :SIMPLE` is kept for the cell that reads it, never printed.
+prompts = %i[@prompt_mode @prompt_i @prompt_s @prompt_c @prompt_n]
+user_prompts = nil
+to_user = lambda do |ctx|
+  if user_prompts
+    prompts.zip(user_prompts) { |iv, v| ctx.instance_variable_set(iv, v) }
+  else
+    ctx.prompt_mode = :DEFAULT
+  end
+end
+to_ours = lambda do |ctx|
+  user_prompts = prompts.map { |iv| ctx.instance_variable_get(iv) }
+  ctx.instance_variable_set(:@prompt_i, marker)
+  %i[@prompt_s @prompt_c @prompt_n].each { |iv| ctx.instance_variable_set(iv, cont) }
+end
+# Ctrl-C raises Interrupt in the cell, as in a Ruby program (irb's own handler raises
+# IRB::Abort, which `rescue Interrupt` does not catch); a trap the code sets is kept.
+irb_int = nil
+int_to_user = lambda do
+  prev = trap("INT", "DEFAULT")
+  irb_int ||= prev
+  trap("INT", prev) unless prev.equal?(irb_int)
+end
+int_to_irb = lambda do
+  now = trap("INT", irb_int)
+  trap("INT", now) unless now == "DEFAULT"
 end
 # Print an exception as ruby does, without the frames of this bootstrap and irb.
 report = lambda do |e|
@@ -54,9 +112,12 @@ show = lambda do |ctx, src, value|
   end
 end
 Object.send(:define_method, :__rbx_eval) do |n|
-  STDOUT.syswrite("\e_rbx;#{nc};s;#{n}\e\\")
   ctx = IRB.CurrentContext
+  to_user.(ctx)
+  int_to_user.()
+  tell.("\e_rbx;#{nc};s;#{n}\e\\")
   status, err, value, exiting = "ok", nil, nil, false
+  owner = Process.pid
   begin
     src = File.read(File.join(dir, cell_file.sub("{n}", n.to_s)), encoding: "UTF-8")
     done = false
@@ -69,7 +130,7 @@ Object.send(:define_method, :__rbx_eval) do |n|
       exiting = true
       Kernel.exit([true, false].include?(code) || code.is_a?(Integer) ? code : 0)
     end
-    show.(ctx, src, value)
+    show.(ctx, src, value) if Process.pid == owner
   rescue SystemExit
     exiting = true
     raise
@@ -80,7 +141,15 @@ Object.send(:define_method, :__rbx_eval) do |n|
     status, err = "error", [e.class.name || e.class.inspect, e.message.to_s[0, 2000]]
     report.(e)
   ensure
-    emit.(n, status, err) unless exiting
+    if Process.pid != owner && !exiting
+      # A process the cell forked (a bare `fork`) ends with the cell: only irb's own
+      # process goes back to reading the terminal and reports the end.
+      [$stdout, $stderr].each { |s| s.flush rescue nil }
+      exit!(status == "ok" ? 0 : 1)
+    end
+    int_to_irb.()
+    to_ours.(ctx)
+    emit.(n, status, err, discard_unread.(n)) unless exiting
   end
   value
 end

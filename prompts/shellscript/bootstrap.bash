@@ -4,10 +4,32 @@
 set +o history
 unset HISTFILE PROMPT_COMMAND PS0
 set +m
-declare -r __rbx_c={ctl:shell} __rbx_n={nonce:shell} __rbx_cell={cell_file:shell}
+declare -r __rbx_c={ctl:shell} __rbx_n={nonce:shell} __rbx_cell={cell_file:shell} \
+  __rbx_in={input_file:shell} __rbx_p1={prompt:shell} __rbx_p2={continuation:shell}
 __rbx_status=0
-PS1={prompt:shell}
-PS2={continuation:shell}
+# The prompts are ours between cells (replbox recognises them) and the user's while a cell
+# runs: `PS1='>>> '` or `source venv/bin/activate` set them for the cell, never printed.
+# __rbx_u holds the user's PS1, PS2, PS0 and PROMPT_COMMAND while ours are in place.
+__rbx_u=('\s-\v\$ ' '> ' '' '')
+__rbx_mine=1
+PS1=$__rbx_p1
+PS2=$__rbx_p2
+# Run before every prompt, also the one after Ctrl-C, when the cell's end was skipped. An
+# element of its own, so that `PROMPT_COMMAND=...` (element 0) keeps it.
+PROMPT_COMMAND=([9]='{ __rbx_own; } 2> /dev/null')
+__rbx_own() {
+  [[ -n $__rbx_mine ]] && return 0
+  __rbx_u=("${PS1-}" "${PS2-}" "${PS0-}" "${PROMPT_COMMAND[0]-}")
+  PS1=$__rbx_p1 PS2=$__rbx_p2
+  unset PS0 'PROMPT_COMMAND[0]'
+  __rbx_mine=1
+}
+__rbx_give() {
+  [[ -z $__rbx_mine ]] && return 0
+  PS1=${__rbx_u[0]} PS2=${__rbx_u[1]} PS0=${__rbx_u[2]}
+  PROMPT_COMMAND[0]=${__rbx_u[3]}
+  __rbx_mine=
+}
 # __rbx_b64 STRING VAR: VAR = base64 of the ASCII STRING (no external program: the code
 # may have changed PATH).
 __rbx_b64() {
@@ -24,24 +46,55 @@ __rbx_b64() {
   done
   builtin printf -v "$2" '%s' "$out"
 }
+# Tracing (set -x) and echoing input (set -v) are turned off around the cell, so that they
+# show the cell's commands and never these functions (which run with stderr on /dev/null).
+__rbx_x=
+__rbx_v=
 __rbx_load() {
   local s=$__rbx_status
+  [[ $- == *x* ]] && { set +x; __rbx_x=1; }
+  [[ $- == *v* ]] && { set +v; __rbx_v=1; }
   { builtin printf '\e_rbx;%s;s;%s\e\\' "$__rbx_n" "$1" > /dev/tty; } 2> /dev/null || builtin printf '\e_rbx;%s;s;%s\e\\' "$__rbx_n" "$1"
+  __rbx_give
   __rbx_code=
   IFS= builtin read -r -d '' __rbx_code < "$__rbx_c/${__rbx_cell/"{n}"/$1}" || :
+  # xtrace would show `eval` itself: the code turns it on (its first line stays line 1);
+  # verbose shows the code as eval reads it.
+  [[ -n $__rbx_x ]] && __rbx_code="set -x; $__rbx_code"
+  [[ -n $__rbx_v ]] && set -v
+  __rbx_x= __rbx_v=
   # Under `set -e` a non-zero status here (and in __rbx_end) would end the shell.
   [[ $- == *e* ]] && return 0
   return "$s"
 }
+# Input typed into the cell (replbox says so with a file) that the program did not read
+# would be the shell's next line: read it out of the terminal (with -n the terminal leaves
+# line mode, so a line without Enter comes too) and count its bytes.
+__rbx_unread() {
+  local LC_ALL=C u=
+  IFS= builtin read -r -d '' -n 16777216 -t 0.02 u
+  __rbx_count=${#u}
+}
 __rbx_end() {
   __rbx_status=$2
+  [[ $- == *x* ]] && { set +x; __rbx_x=1; }
+  [[ $- == *v* ]] && { set +v; __rbx_v=1; }
+  __rbx_own
   unset __rbx_code
-  local m p
-  if (($2 == 0)); then
+  local m p j=
+  __rbx_count=0
+  [[ -e $__rbx_c/${__rbx_in/"{n}"/$1} ]] && __rbx_unread
+  (($2 != 0)) && j="\"type\":\"exit_status\",\"message\":\"$2\""
+  ((__rbx_count > 0)) && j+="${j:+,}\"unread\":$__rbx_count"
+  if [[ -z $j ]]; then
     builtin printf -v m '\e_rbx;%s;e;%s;ok;\e\\' "$__rbx_n" "$1"
   else
-    __rbx_b64 "{\"type\":\"exit_status\",\"message\":\"$2\"}" p
-    builtin printf -v m '\e_rbx;%s;e;%s;error;%s\e\\' "$__rbx_n" "$1" "$p"
+    __rbx_b64 "{$j}" p
+    if (($2 == 0)); then
+      builtin printf -v m '\e_rbx;%s;e;%s;ok;%s\e\\' "$__rbx_n" "$1" "$p"
+    else
+      builtin printf -v m '\e_rbx;%s;e;%s;error;%s\e\\' "$__rbx_n" "$1" "$p"
+    fi
   fi
   { builtin printf '%s' "$m" > /dev/tty; } 2> /dev/null || builtin printf '%s' "$m"
   [[ $- == *e* ]] && return 0

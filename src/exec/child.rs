@@ -4,7 +4,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use super::env as cenv;
+use crate::egress::Endpoint;
 use crate::sandbox::{Jail, Lease, Sandbox};
 
 /// Check a caller's variables before anything is started: names must be non-empty and hold
@@ -43,6 +46,23 @@ impl ChildEnv {
 pub struct Child {
     pub env: ChildEnv,
     pub jail: Jail,
+}
+
+impl Child {
+    /// Give it its way to the egress proxy: the endpoint in its Jail, and the proxy
+    /// variables (both spellings) that HTTP clients, pip and npm read.
+    pub fn with_egress(mut self, endpoint: Option<Arc<Endpoint>>) -> Self {
+        let Some(ep) = endpoint else {
+            return self;
+        };
+        let url = format!("http://127.0.0.1:{}", ep.port);
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+            cenv::set(&mut self.env.server, k, url.clone());
+            cenv::set(&mut self.env.server, &k.to_ascii_lowercase(), url.clone());
+        }
+        self.jail.egress = Some(ep);
+        self
+    }
 }
 
 /// Builds a [`Child`]: its home (HOME and TMPDIR, writable), the interpreter it runs, the
@@ -167,6 +187,7 @@ impl<'a> ChildBuilder<'a> {
             rw: self.rw,
             ro,
             cpu_s: self.cpu_s,
+            egress: None,
             dirty: self.lease.map(|l| l.dirty_flag()),
         };
         Child {

@@ -152,6 +152,27 @@ impl PtyMaster {
         Ok(())
     }
 
+    /// Discard what was typed into the terminal and not read yet (the line discipline's
+    /// input queue, through a descriptor of the terminal's other side: the master's own
+    /// input queue is the program's output).
+    pub fn flush_input(&self) {
+        // SAFETY: TIOCGPTPEER takes open flags and returns a new descriptor (or -1), which
+        // is owned here and closed when dropped.
+        let fd = unsafe {
+            libc::ioctl(
+                self.raw_fd(),
+                libc::TIOCGPTPEER,
+                libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return;
+        }
+        // SAFETY: a descriptor just returned by the kernel, owned by nothing else.
+        let peer = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let _ = termios::tcflush(&peer, termios::FlushArg::TCIFLUSH);
+    }
+
     pub fn raw_fd(&self) -> i32 {
         self.fd.get_ref().as_raw_fd()
     }
@@ -162,6 +183,34 @@ impl PtyMaster {
         termios::tcgetattr(self.fd.get_ref())
             .map(|t| !t.local_flags.contains(LocalFlags::ICANON))
             .unwrap_or(false)
+    }
+
+    /// How long a read of the terminal waits at most: None (until input comes) in canonical
+    /// mode or with VMIN > 0 (VTIME is then a timer between bytes, started by the first);
+    /// VTIME tenths of a second with VMIN 0.
+    pub fn read_timeout(&self) -> Option<std::time::Duration> {
+        let t = termios::tcgetattr(self.fd.get_ref()).ok()?;
+        if t.local_flags.contains(LocalFlags::ICANON) || t.control_chars[libc::VMIN] != 0 {
+            return None;
+        }
+        Some(std::time::Duration::from_millis(
+            100 * u64::from(t.control_chars[libc::VTIME]),
+        ))
+    }
+
+    /// The byte the Enter key sends as the program reading it gets it: a newline when the
+    /// terminal turns carriage returns into newlines (ICRNL, on unless a program turned it
+    /// off) or reads lines, else the key's own carriage return.
+    pub fn enter_key(&self) -> u8 {
+        match termios::tcgetattr(self.fd.get_ref()) {
+            Ok(t)
+                if !t.local_flags.contains(LocalFlags::ICANON)
+                    && !t.input_flags.contains(termios::InputFlags::ICRNL) =>
+            {
+                b'\r'
+            }
+            _ => b'\n',
+        }
     }
 
     /// Whether the terminal turns the interrupt character into SIGINT (ISIG). Programs

@@ -59,6 +59,12 @@ fn reserved_name(name: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// A name an internal principal has: the local one (stdio, or HTTP without tokens), which
+/// may copy host files into a session. A token must never become it, whatever the case.
+fn internal_name(name: &str) -> bool {
+    name.eq_ignore_ascii_case(&Caller::local().principal)
+}
+
 fn check_token(token: &str, whence: &str) -> anyhow::Result<()> {
     if token.is_empty() {
         anyhow::bail!("{whence}: empty token");
@@ -107,6 +113,13 @@ impl Tokens {
                         if reserved_name(name) {
                             anyhow::bail!(
                                 "{whence}: names token-N are reserved for unnamed tokens"
+                            );
+                        }
+                        if internal_name(name) {
+                            anyhow::bail!(
+                                "{whence}: the name {name:?} is reserved for the local principal \
+                                 (the stdio client), which has rights no token may have; \
+                                 choose another name"
                             );
                         }
                         (Some(name.to_string()), token.trim())
@@ -241,6 +254,14 @@ mod tests {
         assert!(tokens(&[], Some("a b c\n")).is_err(), "spaces");
         assert!(tokens(&[], Some("bad name:tok\n")).is_err(), "name");
         assert!(tokens(&[], Some("token-3:tok\n")).is_err(), "reserved");
+        for name in ["local", "LOCAL", "Local"] {
+            let e = tokens(&[], Some(&format!("{name}:tok-of-{name}\n"))).err();
+            assert!(
+                e.is_some_and(|e| e.to_string().contains("reserved")),
+                "{name}"
+            );
+        }
+        assert!(tokens(&[], Some("locale:tok\n")).is_ok());
         assert!(tokens(&[], Some("x:\n")).is_err(), "empty token");
         assert!(tokens(&["dup"], Some("dup\n")).is_err(), "duplicate");
         assert!(Tokens::load(&[], Some(Path::new("/nonexistent/tokens"))).is_err());

@@ -42,7 +42,7 @@ use crate::config::HttpConfig;
 use crate::identity::Caller;
 use crate::mcp::ReplboxServer;
 use auth::{Presented, Tokens};
-use policy::{HostPolicy, OriginPolicy, is_loopback, loopback_origins};
+use policy::{HostPolicy, OriginPolicy, check_tokenless, is_loopback, loopback_origins};
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const REALM: &str = "replbox";
@@ -81,6 +81,9 @@ pub async fn serve(
              loopback address such as 127.0.0.1:{}",
             addr.port()
         );
+    }
+    if tokens.is_empty() {
+        check_tokenless(app.sandbox.level, app.sandbox.egress.is_some())?;
     }
     let hosts = HostPolicy::new(&cfg.allowed_hosts, addr.ip())?;
     // Checked before binding, so a bad list stops the server before it listens.

@@ -5,6 +5,27 @@ use std::net::{IpAddr, SocketAddr};
 
 use axum::http::{HeaderMap, header};
 
+use crate::sandbox::Level;
+
+/// Without a token every request is the local principal, which may copy host files into a
+/// session: a server without tokens refuses to start where user code could reach this host's
+/// loopback, since it could call the server back: at level none, and at landlock with any
+/// network (the egress proxy listens on the host's loopback there, and Landlock's network
+/// rules depend on the kernel). bwrap's network namespace has only its own loopback.
+pub(super) fn check_tokenless(level: Level, network: bool) -> anyhow::Result<()> {
+    if level == Level::Bwrap || (level == Level::Landlock && !network) {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "refusing to serve HTTP without a token at sandbox level {level}{}: user code can \
+         reach this host's loopback there, call this server back as the local principal \
+         and have it copy files only the server may read. Give tokens with --token, \
+         REPLBOX_TOKENS or --tokens-file (user code never sees them), or use a level that \
+         keeps user code off the host's loopback (bwrap, or landlock without network)",
+        if network { " with network" } else { "" }
+    )
+}
+
 pub(super) fn is_loopback(ip: IpAddr) -> bool {
     ip.to_canonical().is_loopback()
 }

@@ -18,6 +18,11 @@ pub const SYNC_BASE: u64 = 1 << 40;
 /// interrupted (removed when it ends); a bootstrap learns it as `{interrupt_file:…}`.
 pub const INTERRUPT_FILE: &str = "interrupted-{n}";
 
+/// Name of the file created in the control directory when input is first typed into
+/// evaluation `{n}` (removed when it ends): the bootstrap then discards what the program left
+/// unread; it learns the name as `{input_file:…}`.
+pub const INPUT_FILE: &str = "input-{n}";
+
 /// How a text value is written as a string literal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -121,6 +126,7 @@ pub const SESSION_VARS: &[(&str, Kind)] = &[
     ("cwd", Kind::Text),
     ("cell_file", Kind::Text),
     ("interrupt_file", Kind::Text),
+    ("input_file", Kind::Text),
     ("sync_base", Kind::Number),
     ("max_images", Kind::Number),
 ];
@@ -145,7 +151,7 @@ pub struct SessionValues {
 }
 
 impl SessionValues {
-    fn vars(&self) -> [(&str, Value<'_>); 11] {
+    fn vars(&self) -> [(&str, Value<'_>); 12] {
         [
             ("nonce", Value::Text(&self.nonce)),
             ("prompt", Value::Text(&self.prompt)),
@@ -156,6 +162,7 @@ impl SessionValues {
             ("cwd", Value::Text(&self.cwd)),
             ("cell_file", Value::Text(&self.cell_file)),
             ("interrupt_file", Value::Text(INTERRUPT_FILE)),
+            ("input_file", Value::Text(INPUT_FILE)),
             ("sync_base", Value::Number(SYNC_BASE)),
             ("max_images", Value::Number(self.max_images)),
         ]

@@ -149,6 +149,10 @@ pub struct RunSpec {
     /// Optional compile step, run in the same directory; its failure is a compile error.
     #[serde(default)]
     pub compile: Option<Vec<String>>,
+    /// For a language that compiles and runs in one step (`java Main.java`): the last line
+    /// of stderr when it could not compile. A run that fails with it is a compile error.
+    #[serde(default)]
+    pub compile_failure: Option<String>,
     /// The program's command line. `{args}` as a whole element expands to the caller's args.
     pub command: Vec<String>,
     /// Extra environment for the run.

@@ -30,6 +30,11 @@ pub struct RunCodeParams {
     /// by `python3 -m venv`, holding pyvenv.cfg and bin/python), so its packages import.
     #[serde(default)]
     pub venv: Option<String>,
+    /// Domains the code may reach through the server's HTTP(S) proxy for this call only
+    /// (e.g. ["pypi.org", "files.pythonhosted.org"] for pip), when the server's operator
+    /// lets callers ask for them; refused otherwise, with the reason.
+    #[serde(default)]
+    pub allow_domains: Vec<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -50,7 +55,8 @@ pub struct SessionStartParams {
     /// Extra environment variables for the interpreter.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Close the session after this many seconds without use (default 1800).
+    /// Close the session after this many seconds without use (default 1800; at least 1, up
+    /// to the server's maximum).
     #[serde(default)]
     pub idle_timeout_s: Option<u64>,
     /// Files to put into the session's directory before it starts, so data reaches the
@@ -59,6 +65,11 @@ pub struct SessionStartParams {
     /// is overwritten. For a whole folder, pass it as `cwd` instead.
     #[serde(default)]
     pub files: Vec<SessionFile>,
+    /// Domains the code may reach through the server's HTTP(S) proxy for this session
+    /// (e.g. ["pypi.org", "files.pythonhosted.org"] for pip), when the server's operator
+    /// lets callers ask for them; refused otherwise, with the reason.
+    #[serde(default)]
+    pub allow_domains: Vec<String>,
 }
 
 /// One file `session_start` brings in.
@@ -101,9 +112,15 @@ pub struct SessionIdParams {
 #[serde(deny_unknown_fields)]
 pub struct SessionInputParams {
     pub session_id: String,
-    /// The answer typed to the program (Enter is added when missing; several lines answer
-    /// several reads).
+    /// The answer typed to the program (Enter is added when missing, unless `enter` is
+    /// false or the text ends with Ctrl-D; several lines answer several reads). Control keys
+    /// are characters: Ctrl-C \u0003, Ctrl-D \u0004, Escape \u001b, arrows \u001b[A to
+    /// \u001b[D, Backspace \u007f.
     pub text: String,
+    /// Add Enter after the text when it does not end a line (default true). false types the
+    /// text exactly as given: a single key for a program that reads keys.
+    #[serde(default)]
+    pub enter: Option<bool>,
     /// Deadline in milliseconds for the continued evaluation.
     #[serde(default)]
     pub timeout_ms: Option<u64>,

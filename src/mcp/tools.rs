@@ -21,7 +21,7 @@ use crate::session::history::HistoryReport;
 use crate::session::restore::RestoreReport;
 use crate::session::vars::VarsReport;
 use crate::session::{
-    CloseReport, EvalReport, InFile, InterruptReport, ListReport, StartReport, StartRequest,
+    Answer, CloseReport, EvalReport, InFile, InterruptReport, ListReport, StartReport, StartRequest,
 };
 use rmcp::model::{ContentBlock, ResourceContents};
 
@@ -47,6 +47,7 @@ calls; use session_start/session_eval to keep state.",
     async fn run_code(
         &self,
         Parameters(p): Parameters<RunCodeParams>,
+        Extension(caller): Extension<Caller>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
         let lang = self
@@ -62,12 +63,14 @@ calls; use session_start/session_eval to keep state.",
             env: p.env,
             timeout,
             venv: p.venv.map(std::path::PathBuf::from),
+            principal: caller.principal.clone(),
+            allow_domains: p.allow_domains,
         };
         let progress = progress_reporter(&ctx, timeout);
         let report = self
             .app
             .runner
-            .run(&lang, req, &ctx.ct, progress.as_deref())
+            .run_for(&caller, &lang, req, &ctx.ct, progress.as_deref())
             .await?;
         Ok(result(report.text(), &report, !report.success()))
     }
@@ -101,6 +104,7 @@ calls; use session_start/session_eval to keep state.",
                     content: f.content,
                 })
                 .collect(),
+            allow_domains: p.allow_domains,
         };
         let r = self.app.sessions.start(&caller, req).await?;
         let mut text = format!(
@@ -160,8 +164,13 @@ awaiting_input (the code is reading stdin).",
     #[tool(
         name = "session_input",
         description = "Answer a program that is waiting for input (session_eval returned status \
-awaiting_input): `text` is typed followed by Enter, and the same evaluation continues. Returns the same \
-shape as session_eval, with the output printed after the answer.",
+awaiting_input): `text` is typed followed by Enter, and the same evaluation continues. Several lines \
+answer several reads; what the program leaves unread when the evaluation ends is discarded (never run \
+as code) and named in `discarded_input`. With `enter: false` the text is typed exactly as given, for a \
+program reading single keys. Keys as characters: Ctrl-C \\u0003 (interrupts, as session_interrupt), \
+Ctrl-D \\u0004 (ends the input of a line-reading program; no Enter is added after it), Escape \\u001b, \
+arrows \\u001b[A up, \\u001b[B down, \\u001b[C right, \\u001b[D left, Tab \\t, Backspace \\u007f, \
+Enter \\r. Returns the same shape as session_eval, with the output printed after the answer.",
         output_schema = schema_for_output::<EvalReport>(),
         annotations(title = "Answer input", read_only_hint = false, destructive_hint = false,
                     idempotent_hint = false, open_world_hint = false)
@@ -180,7 +189,10 @@ shape as session_eval, with the output printed after the answer.",
             .input(
                 &caller,
                 &p.session_id,
-                &p.text,
+                Answer {
+                    text: &p.text,
+                    enter: p.enter.unwrap_or(true),
+                },
                 timeout,
                 &ctx.ct,
                 progress.as_deref(),

@@ -18,9 +18,11 @@ use crate::error::ToolError;
 use crate::exec::Proc;
 use crate::exec::child::{Child, ChildBuilder, check_caller_env};
 use crate::hostfs::{self, CwdPolicy};
+use crate::identity::Caller;
 use crate::lang::{InterpreterInfo, Language, Why, expand, expand_command};
 use crate::progress::Progress;
-use crate::sandbox::{Lease, Sandbox};
+use crate::sandbox::{Holder, Lease, Sandbox};
+use crate::share::{Shares, Use};
 use crate::venv::{self, Venv, VenvPolicy};
 use crate::workspace::{PrivateDir, Workspace};
 pub use report::{Phase, RunReport};
@@ -37,6 +39,10 @@ pub struct RunRequest {
     pub timeout: Duration,
     /// A Python virtual environment to run in (a caller path, checked as the run's uid).
     pub venv: Option<PathBuf>,
+    /// Who asks (the caller's principal): decides which uid the run may get.
+    pub principal: String,
+    /// Domains the caller asks to reach (checked against the operator's `--caller-domains`).
+    pub allow_domains: Vec<String>,
 }
 
 impl RunRequest {
@@ -64,6 +70,8 @@ pub struct Runner {
     pub(crate) pool: Arc<WarmPool>,
     /// What a caller's directory (a `venv`) may be.
     pub(crate) cwd_policy: Arc<CwdPolicy>,
+    /// Every principal's share of sessions and runs (shared with the sessions).
+    pub(crate) shares: Arc<Shares>,
 }
 
 /// Why there is no place to run in.
@@ -142,6 +150,20 @@ impl Place {
 }
 
 impl Runner {
+    /// [`run`](Self::run) for `caller`, holding one of its shares (`share`) while it runs:
+    /// refused when the caller already holds all its shares in sessions and runs.
+    pub async fn run_for(
+        &self,
+        caller: &Caller,
+        lang: &Arc<Language>,
+        req: RunRequest,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+    ) -> Result<RunReport, ToolError> {
+        let _share = self.shares.take(caller, Use::Run)?;
+        self.run(lang, req, cancel, progress).await
+    }
+
     /// Run `req` once: in a pooled interpreter when the pool can honour it, else in a fresh
     /// place; compile first for compiled languages. A refused request (see
     /// [`RunRequest::check`], a `venv` the run's uid may not use) is an error; a run that
@@ -154,6 +176,10 @@ impl Runner {
         progress: Option<&Progress>,
     ) -> Result<RunReport, ToolError> {
         req.check(lang)?;
+        let domains = self
+            .sandbox
+            .check_caller_domains(&req.allow_domains)
+            .map_err(ToolError::invalid)?;
         let started = Instant::now();
         let watch = Watch {
             deadline: tokio::time::Instant::from_std(started + req.timeout),
@@ -179,7 +205,11 @@ impl Runner {
             return Ok(fail(report, format!("cannot write the program: {e}")));
         }
         let vars = place.vars(lang);
-        let child = self.child(&place, lang, &req.env);
+        let who = format!("run {}", place.dir_s);
+        let child = match self.sandbox.egress_endpoint(&who, &domains) {
+            Ok(ep) => self.child(&place, lang, &req.env).with_egress(ep),
+            Err(m) => return Ok(fail(report, m)),
+        };
         if let Some(compile) = &spec.compile {
             let argv = expand_command(compile, &vars, &[]);
             let spawn = pipes(argv, &child, place.dir.path());
@@ -210,6 +240,14 @@ impl Runner {
             }
         };
         Self::fill(&mut report, step);
+        if report.exit_code.is_some_and(|c| c != 0)
+            && !report.timed_out
+            && spec.compile_failure.as_deref().is_some_and(|last| {
+                report.stderr.trim_end().lines().next_back().map(str::trim) == Some(last)
+            })
+        {
+            report.phase = Phase::Compile;
+        }
         report.hide_dir(place.dir.path());
         report.duration_ms = started.elapsed().as_millis() as u64;
         place.release().await;
@@ -235,7 +273,8 @@ impl Runner {
         if let Some(requested) = &req.venv {
             // Never pooled: the environment is checked as this run's uid, and the
             // interpreter is its own.
-            let mut place = self.place(lang, &detected.exe, cpu_s, true).await?;
+            let holder = Holder::Visits(&req.principal);
+            let mut place = self.place(lang, &detected.exe, cpu_s, holder, true).await?;
             let policy = VenvPolicy {
                 dirs: (*self.cwd_policy).clone(),
                 trusted: self.sandbox.interpreter_dirs(&detected.exe),
@@ -255,7 +294,13 @@ impl Runner {
         };
         match warm {
             Some(w) => Ok((w.place, Some(w.proc))),
-            None => Ok((self.place(lang, &detected.exe, cpu_s, true).await?, None)),
+            None => {
+                let holder = Holder::Visits(&req.principal);
+                Ok((
+                    self.place(lang, &detected.exe, cpu_s, holder, true).await?,
+                    None,
+                ))
+            }
         }
     }
 
@@ -272,19 +317,20 @@ impl Runner {
 
     /// A fresh place for a run: a uid from the pool (when the server is root; returned when
     /// the place is dropped, after its processes are gone) and a private directory it owns.
-    /// With `reclaim`, a pool of uids all in use first takes one back from the kept files
-    /// of an ended session.
+    /// The uid is `holder`'s (see `Sandbox::lease`). With `reclaim`, a pool of uids all in
+    /// use first takes one back from the warm pool or the kept files of an ended session.
     async fn place(
         &self,
         lang: &Language,
         exe: &Path,
         cpu_s: u64,
+        holder: Holder<'_>,
         reclaim: bool,
     ) -> Result<Place, String> {
         let lease = if reclaim {
-            self.sandbox.lease_or_reclaim().await?
+            self.sandbox.lease_or_reclaim(holder).await?
         } else {
-            self.sandbox.lease()?
+            self.sandbox.lease(holder)?
         };
         let uid = lease.as_ref().map(|l| l.uid);
         let dir = self

@@ -206,6 +206,33 @@ impl<W: Ready> Pool<W> {
         self.lock().slots.get(lang).map_or(0, |s| s.starting)
     }
 
+    /// Take the oldest ready interpreter of any language (to stop it: its uid is needed);
+    /// ones that ended are dropped on the way. Not refilled here: the next run refills.
+    pub fn take_any(&self) -> Option<W> {
+        let mut discarded = Vec::new();
+        let taken = {
+            let mut st = self.lock();
+            let mut oldest: Option<(&String, Instant)> = None;
+            for (lang, slot) in st.slots.iter_mut() {
+                while let Some(w) = slot.ready.front_mut() {
+                    if !w.ended() {
+                        break;
+                    }
+                    discarded.extend(slot.ready.pop_front());
+                }
+                if let Some(w) = slot.ready.front()
+                    && oldest.is_none_or(|(_, born)| w.born() < born)
+                {
+                    oldest = Some((lang, w.born()));
+                }
+            }
+            let lang = oldest.map(|(l, _)| l.clone());
+            lang.and_then(|l| st.slots.get_mut(&l)?.ready.pop_front())
+        };
+        drop(discarded);
+        taken
+    }
+
     /// Start as many interpreters of `lang` as it lacks, each with `start`, in the
     /// background; each joins the pool when its start has finished.
     pub fn refill<F, Fut>(self: &Arc<Self>, lang: &str, start: F)
@@ -302,19 +329,6 @@ impl<W: Ready> Pool<W> {
         }
         drop(dropped);
         refill
-    }
-
-    /// Give up one ready interpreter (of any language, the oldest), so that its user id
-    /// goes back to callers.
-    pub fn yield_one(&self) -> Option<W> {
-        let mut st = self.lock();
-        let lang = st
-            .slots
-            .iter()
-            .filter_map(|(l, s)| s.ready.front().map(|w| (w.born(), l.clone())))
-            .min()
-            .map(|(_, l)| l)?;
-        st.slots.get_mut(&lang)?.ready.pop_front()
     }
 
     /// Interpreters of `lang` ready now.
@@ -426,6 +440,36 @@ mod tests {
         assert!(pool.take_at("python", later, true).is_none());
         assert_eq!(dropped.load(Ordering::SeqCst), 4, "all killed");
         assert_eq!(pool.reserve("python"), 4, "emptied: it grew to the cap");
+    }
+
+    #[test]
+    fn take_any_takes_the_oldest_of_any_language() {
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let pool = Pool::new(2);
+        pool.activate();
+        assert!(pool.take_any().is_none());
+        let t0 = Instant::now();
+        assert_eq!(pool.reserve("python"), 2);
+        assert_eq!(pool.reserve("ruby"), 2);
+        let mut ended = fake(1, t0, &dropped);
+        ended.ended = true;
+        pool.started("python", Ok(Some(ended)));
+        pool.started(
+            "python",
+            Ok(Some(fake(3, t0 + Duration::from_secs(2), &dropped))),
+        );
+        pool.started(
+            "ruby",
+            Ok(Some(fake(2, t0 + Duration::from_secs(1), &dropped))),
+        );
+        assert_eq!(pool.take_any().map(|w| w.n), Some(2), "the oldest alive");
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            2,
+            "1 ended, dropped; 2 taken"
+        );
+        assert_eq!(pool.take_any().map(|w| w.n), Some(3));
+        assert!(pool.take_any().is_none());
     }
 
     #[test]
@@ -572,12 +616,12 @@ mod tests {
         pool.hold(true);
         assert_eq!(pool.reserve("python"), 0, "held");
         assert_eq!(
-            pool.yield_one().map(|w| w.n),
+            pool.take_any().map(|w| w.n),
             Some(2),
             "the oldest of any language"
         );
-        assert_eq!(pool.yield_one().map(|w| w.n), Some(1));
-        assert!(pool.yield_one().is_none());
+        assert_eq!(pool.take_any().map(|w| w.n), Some(1));
+        assert!(pool.take_any().is_none());
         pool.hold(false);
         // `Ok(None)` (not started, uids short) is no failure.
         assert_eq!(pool.reserve("python"), 2);

@@ -17,6 +17,7 @@ use super::supervise::pipes;
 use super::{Place, RunRequest, Runner};
 use crate::exec::{self, Proc};
 use crate::lang::{Language, PoolSpec, Registry, expand_command};
+use crate::sandbox::{Holder, Reclaim};
 
 /// A pooled interpreter waiting for its program. Dropping it kills its tree (the helper
 /// tears it down on SIGTERM) and removes its directory.
@@ -26,15 +27,6 @@ pub struct Warm {
     /// uid. Dropped after `proc`, so the uid is returned once its processes are gone.
     pub place: Place,
     pub born: Instant,
-}
-
-impl Warm {
-    /// Kill it and wait until its directory is removed and its uid returned.
-    pub async fn release(self) {
-        let Warm { proc, place, .. } = self;
-        drop(proc);
-        place.release().await;
-    }
 }
 
 impl Ready for Warm {
@@ -54,17 +46,28 @@ impl Ready for Warm {
 /// The warm pools of `run-code`.
 pub type WarmPool = Pool<Warm>;
 
-/// A pooled interpreter gives its uid back to a caller that finds none free.
-impl crate::sandbox::Reclaim for WarmPool {
-    fn reclaim(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
+/// A pooled interpreter is only a head start: when every uid is in use, one is stopped to
+/// give its uid to a caller's session or run rather than make the caller wait or fail.
+impl Reclaim for WarmPool {
+    /// Pooled interpreters hold unbound uids (bound to no principal): any caller may take one.
+    fn reclaim<'a>(
+        &'a self,
+        _principal: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>> {
         Box::pin(async move {
-            match self.yield_one() {
-                Some(w) => {
-                    w.release().await;
-                    true
-                }
-                None => false,
-            }
+            let Some(mut w) = self.take_any() else {
+                return false;
+            };
+            tracing::info!(
+                pid = w.proc.pid,
+                "stopping a pooled interpreter: its uid is needed"
+            );
+            w.proc.kill_tree().await;
+            let Warm { proc, place, .. } = w;
+            drop(proc);
+            // Its directory removed and its uid returned before the caller leases again.
+            place.release().await;
+            true
         })
     }
 }
@@ -83,6 +86,7 @@ impl Runner {
             return false;
         };
         self.pool.enabled()
+            && self.sandbox.can_prestart()
             && lang.spec.run.compile.is_none()
             // Pooled interpreters start with a CPU limit they can only lower.
             && (cpu_s == self.pool_cpu_limit(p) || p.sets_cpu_limit && cpu_s < self.pool_cpu_limit(p))
@@ -91,6 +95,8 @@ impl Runner {
             && !req.args.iter().any(|a| a.contains('\0'))
             // A virtual environment is checked as the run's own uid and has its own python.
             && req.venv.is_none()
+            // The way to the egress proxy is each run's own, made when it starts.
+            && self.sandbox.egress.is_none()
             && !req
                 .env
                 .keys()
@@ -103,6 +109,13 @@ impl Runner {
     /// user ids ran short are filled again.
     pub(crate) fn fill_pools(&self, registry: &Registry) {
         if !self.pool.enabled() {
+            return;
+        }
+        if !self.sandbox.can_prestart() {
+            tracing::info!(
+                "no warm pool at sandbox level none as root: a run's uid is bound to its \
+                 caller before the run starts"
+            );
             return;
         }
         self.pool.activate();
@@ -188,7 +201,13 @@ impl Runner {
             return Err(self.sandbox.cannot_run_reason(&detected.exe));
         }
         let place = self
-            .place(lang, &detected.exe, self.pool_cpu_limit(p), false)
+            .place(
+                lang,
+                &detected.exe,
+                self.pool_cpu_limit(p),
+                Holder::Nobody,
+                false,
+            )
             .await?;
         let vars = place.vars(lang);
         let child = self.child(&place, lang, &BTreeMap::new());

@@ -5,13 +5,14 @@
 //!
 //! Levels, strongest first:
 //! * `bwrap`: bubblewrap puts the helper in new mount, pid, ipc, uts, cgroup and network
-//!   namespaces with a read-only root, masked secret-bearing directories, a private bounded
+//!   namespaces (the network one holding only loopback, and the bridge to the egress proxy
+//!   when the operator allows one) with a read-only root, masked secret-bearing directories, a private bounded
 //!   /tmp and /dev/shm, and only the run's own directories writable; the helper then applies
 //!   rlimits, the uid drop, Landlock and seccomp as below.
 //! * `landlock`: no namespaces (but a private /dev/shm where the helper can make one); the
 //!   helper applies rlimits, the uid drop, a Landlock ruleset (reads: everything but the
-//!   masked directories; writes: the run's own directories; no TCP; no signals or abstract
-//!   sockets outside) and a seccomp filter.
+//!   masked directories; writes: the run's own directories; no TCP but to the egress
+//!   proxy's port; no signals or abstract sockets outside) and a seccomp filter.
 //! * `none`: rlimits and the uid drop only.
 
 use std::ffi::OsString;
@@ -22,6 +23,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use replbox_exec::{ExecArgs, LandlockMode, PROGRAM_FD, Rlimit, STATUS_FD};
 
+use crate::egress::{Egress, Endpoint};
+
 pub mod bwrap;
 pub mod landlock;
 pub mod level;
@@ -30,7 +33,7 @@ pub mod uid_pool;
 
 pub use level::{Level, Mode};
 pub use probe::Probe;
-pub use uid_pool::{Lease, UidPool, kill_uid};
+pub use uid_pool::{Holder, Lease, UidPool, kill_uid};
 
 /// Directories hidden from user code at every level that can hide anything: they hold other
 /// users' files, credentials, sockets of system services and other programs' temp files.
@@ -81,7 +84,8 @@ pub struct Settings {
     pub mode: Mode,
     /// Refuse to start below this level.
     pub require: Option<Level>,
-    pub network: bool,
+    /// What user code may reach through the egress proxy (nothing by default).
+    pub egress: crate::egress::Policy,
     pub limits: Limits,
     /// Directories to hide besides [`DEFAULT_MASKS`].
     pub masks: Vec<PathBuf>,
@@ -101,6 +105,8 @@ pub struct Jail {
     pub ro: Vec<PathBuf>,
     /// CPU seconds (one-shot runs only).
     pub cpu_s: Option<u64>,
+    /// Its way to the egress proxy (the only network it has), when the operator allows one.
+    pub egress: Option<Arc<Endpoint>>,
     /// Set by a process that ended without the helper confirming its whole tree gone: the
     /// lease's uid is then swept before reuse.
     pub dirty: Option<Arc<AtomicBool>>,
@@ -123,7 +129,8 @@ pub struct Sandbox {
     pub level: Level,
     /// The server runs as root: user code runs as a uid of the pool.
     pub root: bool,
-    pub network: bool,
+    /// The egress proxy, when the operator allows any network: the only way out.
+    pub egress: Option<Arc<Egress>>,
     pub limits: Limits,
     /// Landlock ABI of the running kernel (0: none).
     pub landlock_abi: i32,
@@ -136,16 +143,21 @@ pub struct Sandbox {
     pool: Option<Arc<UidPool>>,
     /// A remembered bwrap success still to confirm (see [`probe`]).
     unverified: Mutex<Option<probe::ProbeCache>>,
-    /// What can give a uid back when every one is in use, asked in order: the warm pool's
-    /// interpreters, the kept files of ended sessions.
+    /// What can give a uid back when every one is in use, asked in order (the warm pool's
+    /// interpreters, the kept files of ended sessions).
     reclaimers: Mutex<Vec<std::sync::Weak<dyn Reclaim>>>,
 }
 
-/// Something that holds uids it can let go of when the pool runs dry: interpreters started
-/// ahead of time, the files of ended sessions kept readable as their uid for a while.
+/// Something that holds uids it can let go of when the pool runs dry: the warm pool's
+/// interpreters, the files of ended sessions kept readable as their uid for a while.
 pub trait Reclaim: Send + Sync {
-    /// Give one uid back (awaiting its release); false when there is none to give.
-    fn reclaim(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>>;
+    /// Give back one uid `principal` may use (awaiting its release); false when there is
+    /// none to give. A kept session's uid is bound to its owner, so only the principal's
+    /// own kept sessions can give one.
+    fn reclaim<'a>(
+        &'a self,
+        principal: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>>;
 }
 
 impl Sandbox {
@@ -214,12 +226,65 @@ impl Sandbox {
         Some(prefix.to_path_buf())
     }
 
-    /// Take a uid for one session or run (None when the server is not root).
-    pub fn lease(&self) -> Result<Option<Lease>, String> {
-        match &self.pool {
-            None => Ok(None),
-            Some(pool) => pool.clone().acquire(self.level != Level::Bwrap).map(Some),
+    /// Check the domains a caller asks for (`allow_domains`) against the operator's
+    /// `--caller-domains`; a message for the agent when refused.
+    pub fn check_caller_domains(&self, asked: &[String]) -> Result<Vec<String>, String> {
+        match &self.egress {
+            Some(e) => e.policy().check_caller(asked),
+            None => crate::egress::Policy::default().check_caller(asked),
         }
+    }
+
+    /// A way to the egress proxy for one session or run (`who` names it in the log),
+    /// allowing the operator's list and `extra` (checked by
+    /// [`check_caller_domains`](Self::check_caller_domains)); None when that allows
+    /// nothing. Inside bwrap a Unix socket the helper's bridge reaches, elsewhere a
+    /// loopback port.
+    pub fn egress_endpoint(
+        &self,
+        who: &str,
+        extra: &[String],
+    ) -> Result<Option<Arc<Endpoint>>, String> {
+        let Some(e) = &self.egress else {
+            return Ok(None);
+        };
+        if extra.is_empty() && !e.policy().grants_anything() {
+            return Ok(None);
+        }
+        let ep = if self.wrapped() {
+            e.unix(who, extra)
+        } else {
+            e.tcp(who, extra)
+        };
+        ep.map(|ep| Some(Arc::new(ep)))
+            .map_err(|e| format!("cannot open the egress proxy: {e}"))
+    }
+
+    /// Take a uid for one session or run of `holder` (None when the server is not root).
+    /// At level none a run can write where its uid is reached afterwards (the host's /tmp,
+    /// /dev/shm, any directory open to it): it binds its uid like a session, and work of no
+    /// principal gets none.
+    pub fn lease(&self, holder: Holder<'_>) -> Result<Option<Lease>, String> {
+        let Some(pool) = &self.pool else {
+            return Ok(None);
+        };
+        let holder = match holder {
+            Holder::Visits(p) if self.level == Level::None => Holder::Binds(p),
+            Holder::Nobody if self.level == Level::None => {
+                return Err("at sandbox level none a uid goes to a principal's work only".into());
+            }
+            h => h,
+        };
+        pool.clone()
+            .acquire(self.level != Level::Bwrap, holder)
+            .map(Some)
+    }
+
+    /// Whether interpreters may be started ahead of any principal (the warm pool): not when
+    /// the server is root at level none, where each uid must be bound to the principal whose
+    /// code runs as it before it runs (see [`lease`](Self::lease)).
+    pub fn can_prestart(&self) -> bool {
+        self.pool.is_none() || self.level != Level::None
     }
 
     /// Uids of the pool this server holds (0 when it does not run as root).
@@ -227,11 +292,14 @@ impl Sandbox {
         self.pool.as_ref().map_or(0, |p| p.in_use())
     }
 
-    /// Like [`lease`](Self::lease), but when every uid is in use, first ask the reclaimers
-    /// (in the order they were added) to give one back.
-    pub async fn lease_or_reclaim(&self) -> Result<Option<Lease>, String> {
+    /// Like [`lease`](Self::lease), but when every uid is in use, first ask the reclaimer
+    /// (if any) to give one back.
+    pub async fn lease_or_reclaim(&self, holder: Holder<'_>) -> Result<Option<Lease>, String> {
+        let (Holder::Binds(principal) | Holder::Visits(principal)) = holder else {
+            return self.lease(holder);
+        };
         'lease: loop {
-            match self.lease() {
+            match self.lease(holder) {
                 Ok(l) => return Ok(l),
                 Err(e) => {
                     let reclaimers: Vec<Arc<dyn Reclaim>> = self
@@ -242,7 +310,7 @@ impl Sandbox {
                         .filter_map(std::sync::Weak::upgrade)
                         .collect();
                     for r in reclaimers {
-                        if r.reclaim().await {
+                        if r.reclaim(principal).await {
                             continue 'lease;
                         }
                     }
@@ -274,6 +342,21 @@ impl Sandbox {
         &self.masked
     }
 
+    /// Why the directory `dir` (canonical: a caller's cwd) may not be bound into the sandbox:
+    /// at level bwrap it is mounted by its path, which users other than root must not be able
+    /// to change (see [`bwrap::check_dest`]). Nothing is mounted at the other levels.
+    pub(crate) fn check_bind(&self, dir: &Path) -> Result<(), String> {
+        if !self.wrapped() {
+            return Ok(());
+        }
+        bwrap::check_dest(
+            dir,
+            &bwrap::private_roots(self),
+            &[],
+            &bwrap::trusted_uids(),
+        )
+    }
+
     /// One line for the server's instructions.
     pub fn describe(&self) -> String {
         let what = match self.level {
@@ -292,12 +375,31 @@ impl Sandbox {
         } else {
             ""
         };
-        let net = if self.network {
-            "network allowed"
-        } else if self.level == Level::None {
-            "network not restricted"
-        } else {
-            "no network"
+        let net = match (&self.egress, self.level) {
+            (None, Level::None) => "network not restricted".to_string(),
+            (None, _) => "no network".to_string(),
+            (Some(e), _) if !e.policy().grants_anything() => format!(
+                "no network unless a call asks for allow_domains among: {}",
+                e.policy().callers.join(", ")
+            ),
+            (Some(e), level) => {
+                format!(
+                    "network only through the HTTP(S) proxy in HTTPS_PROXY, to {}{}",
+                    e.policy().describe(),
+                    if level == Level::None {
+                        ", advisory at this level"
+                    } else {
+                        ""
+                    }
+                ) + &if e.policy().callers.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; a call may add allow_domains among: {}",
+                        e.policy().callers.join(", ")
+                    )
+                }
+            }
         };
         let l = &self.limits;
         let mb = |v: u64| {
@@ -389,7 +491,12 @@ impl Sandbox {
             let (read, write) = landlock::rules(self.wrapped(), &self.read_roots, jail);
             args.read = read;
             args.write = write;
-            args.net = self.network;
+            args.proxy_port = jail.egress.as_ref().map(|e| e.port);
+            args.proxy_socket = jail
+                .egress
+                .as_ref()
+                .filter(|e| e.socket.is_some() && self.wrapped())
+                .map(|_| PathBuf::from(bwrap::proxy_socket_inside(self)));
             args.seccomp = true;
             args.private_shm = (!self.wrapped()).then(|| mib(l.tmpfs_mb));
         }

@@ -25,7 +25,7 @@ struct Plan {
     mode: Mode,
     require: Option<Level>,
     root: bool,
-    network: bool,
+    egress: crate::egress::Policy,
     limits: Limits,
     helper: PathBuf,
     bwrap: Option<PathBuf>,
@@ -54,7 +54,7 @@ impl Sandbox {
             mode: settings.mode,
             require: settings.require,
             root,
-            network: settings.network,
+            egress: settings.egress.clone(),
             limits: settings.limits.clone(),
             helper: super::helper_exe().to_path_buf(),
             bwrap,
@@ -134,7 +134,7 @@ impl Plan {
         Sandbox {
             level,
             root: self.root,
-            network: self.network,
+            egress: None,
             limits: self.limits.clone(),
             landlock_abi: landlock_abi(),
             helper: self.helper.clone(),
@@ -250,6 +250,12 @@ impl Probe {
         } else if self.cached {
             sandbox.unverified = Mutex::new(self.cache);
         }
+        if plan.egress.enabled() {
+            let dir = workspace.join("egress");
+            let egress = crate::egress::Egress::new(plan.egress.clone(), &dir)
+                .map_err(|e| anyhow::anyhow!("cannot set up the egress proxy: {e}"))?;
+            sandbox.egress = Some(Arc::new(egress));
+        }
         if level == Level::Landlock {
             let mut hidden = sandbox.masked.clone();
             hidden.push(std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.into()));
@@ -330,7 +336,7 @@ pub fn find_on_path(program: &str) -> Option<PathBuf> {
 /// A successful bwrap probe, remembered so that later starts answer `initialize` without
 /// waiting ~10 ms for bwrap. Only successes are kept (a failure is always re-checked), and the
 /// key covers what decides the outcome: bwrap's and the helper's binaries, the kernel and
-/// this boot, the uid, the network setting and the masks. A start that uses the cache still
+/// this boot, the uid and the masks. A start that uses the cache still
 /// probes in the background and forgets the entry if bwrap stopped working; spawns then fail
 /// with bwrap's error (closed, not downgraded) until the server is restarted.
 #[derive(Debug)]
@@ -370,13 +376,12 @@ impl ProbeCache {
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
         let key = format!(
-            "v2 euid={} bwrap={} helper={} kernel={} boot={} net={} masks={:?}\n",
+            "v3 euid={} bwrap={} helper={} kernel={} boot={} masks={:?}\n",
             nix::unistd::geteuid(),
             stamp(plan.bwrap.as_deref()?),
             stamp(&plan.helper),
             kernel.trim(),
             boot.trim(),
-            plan.network,
             plan.masked
         );
         Some(Self {

@@ -3,8 +3,21 @@
 //! each other. Several servers on one host share the uid range, so a uid is taken with an
 //! exclusive `flock` on a file in a root-only directory (released by the kernel if the server
 //! dies), besides this server's own free list.
+//!
+//! A uid is bound to the first principal whose code may leave files as it: the principal's
+//! name is written in the uid's lock file (so every server on the host sees it) and the uid
+//! goes to no other principal afterwards, since what that code left (a 0600 file in a shared
+//! `cwd`, at level `none` in the host's `/tmp` or `/dev/shm`) stays readable as the uid. A
+//! principal gets one of its own uids first, then an unbound one; when neither is free the
+//! lease is refused (a `limit`, naming `--uids`). Work that provably leaves nothing behind
+//! (a run at level `bwrap` or `landlock`, where every place it can write is private and
+//! removed) may use an unbound uid and leave it unbound: so may a warm interpreter, started
+//! before any principal is known, at those levels. Bindings last as long as the state
+//! directory (`/run`: until reboot); removing a uid's lock file (once nothing of that uid is
+//! left on the host) unbinds it.
 
 use std::collections::BTreeSet;
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,25 +44,54 @@ impl UidPool {
         }
     }
 
-    pub(super) fn acquire(self: Arc<Self>, sweep: bool) -> Result<Lease, String> {
+    /// Take a uid for `holder` (see the module's documentation for which one).
+    pub(super) fn acquire(
+        self: Arc<Self>,
+        sweep: bool,
+        holder: Holder<'_>,
+    ) -> Result<Lease, String> {
+        let principal = match holder {
+            Holder::Binds(p) | Holder::Visits(p) => Some(p),
+            Holder::Nobody => None,
+        };
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        // The lowest free slot, so that a lone caller keeps finding its warm build caches;
-        // skip those another server holds.
-        let mut taken = None;
+        // The lowest of the principal's own free uids, else the lowest unbound one; skip
+        // those another server holds.
+        let (mut own, mut unbound, mut others) = (None, None, 0u32);
         for &slot in free.iter() {
-            if let Some(lock) = self.try_lock(self.base + slot) {
-                taken = Some((slot, lock));
-                break;
+            let Some(lock) = self.try_lock(self.base + slot) else {
+                continue;
+            };
+            match read_owner(&lock) {
+                Some(o) if Some(o.as_str()) == principal => {
+                    own = Some((slot, lock));
+                    break;
+                }
+                Some(_) => others += 1,
+                None if unbound.is_none() => {
+                    unbound = Some((slot, lock));
+                    if principal.is_none() {
+                        break;
+                    }
+                }
+                None => {}
             }
         }
-        let Some((slot, lock)) = taken else {
-            return Err(format!(
-                "all {} sandbox user ids ({}..{}) are in use by open sessions and running \
-                 programs; close a session, or start the server with a larger --uids",
-                self.size,
-                self.base,
-                self.base + self.size
-            ));
+        let (slot, lock) = match (own, unbound) {
+            (Some(o), _) => o,
+            (None, Some(u)) => {
+                if let Holder::Binds(p) = holder
+                    && let Err(e) = write_owner(&u.1, p)
+                {
+                    return Err(format!(
+                        "cannot record the principal of sandbox user id {} in {}: {e}",
+                        self.base + u.0,
+                        self.lock_dir.display()
+                    ));
+                }
+                u
+            }
+            (None, None) => return Err(self.exhausted(principal, others)),
         };
         free.remove(&slot);
         drop(free);
@@ -72,6 +114,28 @@ impl UidPool {
         self.size
     }
 
+    /// Why no uid could be leased: `others` free ones are bound to other principals.
+    fn exhausted(&self, principal: Option<&str>, others: u32) -> String {
+        let range = format!("{}..{}", self.base, self.base + self.size);
+        if others == 0 {
+            return format!(
+                "all {} sandbox user ids ({range}) are in use by open sessions and running \
+                 programs; close a session, or start the server with a larger --uids",
+                self.size
+            );
+        }
+        let whom = principal.map_or("work of no principal".to_string(), |p| {
+            format!("principal {p}")
+        });
+        format!(
+            "no sandbox user id is left for {whom}: of the {} ({range}), {others} belong to \
+             other principals (a uid stays with the first principal whose code ran as it, as \
+             files that code left stay readable as that uid) and the others are in use; close \
+             a session, or start the server with a larger --uids",
+            self.size
+        )
+    }
+
     /// Uids of the pool this server holds now.
     pub(super) fn in_use(&self) -> usize {
         let free = self.free.lock().unwrap_or_else(|p| p.into_inner()).len();
@@ -83,6 +147,7 @@ impl UidPool {
         let f = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
+            .read(true)
             .write(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
@@ -97,6 +162,41 @@ impl UidPool {
             .unwrap_or_else(|p| p.into_inner())
             .insert(slot);
     }
+}
+
+/// Who a lease is for: which uids it may take, and whether it binds one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder<'a> {
+    /// Code of this principal that may leave files its uid can reach (every session; a run
+    /// at level none): one of the principal's own uids, else an unbound one, bound to the
+    /// principal from then on.
+    Binds(&'a str),
+    /// A run of this principal that leaves nothing behind (levels bwrap and landlock): one
+    /// of its own uids or an unbound one, left as it was.
+    Visits(&'a str),
+    /// Work started before any principal is known, leaving nothing behind (a warm
+    /// interpreter at bwrap or landlock): an unbound uid, left unbound.
+    Nobody,
+}
+
+/// The principal a uid's lock file names (None: unbound). A file that cannot be read counts
+/// as bound to someone else.
+fn read_owner(f: &std::fs::File) -> Option<String> {
+    let mut buf = [0u8; 128];
+    match f.read_at(&mut buf, 0) {
+        Ok(n) => {
+            let name = String::from_utf8_lossy(&buf[..n]).trim().to_string();
+            (!name.is_empty()).then_some(name)
+        }
+        Err(_) => Some("\0unreadable".into()),
+    }
+}
+
+/// Bind the uid of the lock file `f` (held) to `principal`.
+fn write_owner(f: &std::fs::File, principal: &str) -> std::io::Result<()> {
+    f.set_len(0)?;
+    f.write_all_at(format!("{principal}\n").as_bytes(), 0)?;
+    f.sync_data()
 }
 
 /// The server's state directory (uid locks, the probe cache): root's alone (checked, so
@@ -203,16 +303,80 @@ mod tests {
         let locks = tempfile::tempdir().expect("tempdir");
         let pool = Arc::new(UidPool::new(5000, 2, locks.path().to_path_buf()));
         let other = Arc::new(UidPool::new(5000, 2, locks.path().to_path_buf()));
-        let a = pool.clone().acquire(false).expect("first");
-        let b = pool.clone().acquire(false).expect("second");
+        let a = pool
+            .clone()
+            .acquire(false, Holder::Binds("a"))
+            .expect("first");
+        let b = pool
+            .clone()
+            .acquire(false, Holder::Binds("a"))
+            .expect("second");
         assert_ne!(a.uid, b.uid);
-        assert!(pool.clone().acquire(false).is_err());
+        assert!(pool.clone().acquire(false, Holder::Binds("a")).is_err());
         assert!(
-            other.clone().acquire(false).is_err(),
+            other.clone().acquire(false, Holder::Binds("a")).is_err(),
             "another server sees them taken"
         );
         drop(a);
-        let c = pool.clone().acquire(false).expect("after release");
+        let c = pool
+            .clone()
+            .acquire(false, Holder::Binds("a"))
+            .expect("after release");
         assert_eq!(c.uid, 5000);
+    }
+
+    #[test]
+    fn a_uid_stays_with_the_first_principal_that_binds_it() {
+        let locks = tempfile::tempdir().expect("tempdir");
+        let pool = Arc::new(UidPool::new(6000, 3, locks.path().to_path_buf()));
+        let a = pool
+            .clone()
+            .acquire(false, Holder::Binds("alice"))
+            .expect("alice");
+        assert_eq!(a.uid, 6000);
+        drop(a);
+        // Bob gets another, though alice's is free and the lowest.
+        let b = pool
+            .clone()
+            .acquire(false, Holder::Binds("bob"))
+            .expect("bob");
+        assert_eq!(b.uid, 6001);
+        // What leaves nothing behind takes an unbound uid and leaves it so.
+        let w = pool.clone().acquire(false, Holder::Nobody).expect("warm");
+        assert_eq!(w.uid, 6002);
+        drop(w);
+        let v = pool
+            .clone()
+            .acquire(false, Holder::Visits("carol"))
+            .expect("visit");
+        assert_eq!(v.uid, 6002);
+        drop(v);
+        // Another server on the host sees the bindings.
+        let other = Arc::new(UidPool::new(6000, 3, locks.path().to_path_buf()));
+        let a = other
+            .clone()
+            .acquire(false, Holder::Binds("alice"))
+            .expect("own");
+        assert_eq!(a.uid, 6000);
+        let c = other
+            .clone()
+            .acquire(false, Holder::Binds("carol"))
+            .expect("unbound");
+        assert_eq!(c.uid, 6002);
+        drop((a, b, c));
+        // Every uid is bound: a fourth principal is refused, whatever is free.
+        let e = pool
+            .clone()
+            .acquire(false, Holder::Binds("dave"))
+            .unwrap_err();
+        assert!(e.contains("--uids") && e.contains("principal dave"), "{e}");
+        assert!(pool.clone().acquire(false, Holder::Nobody).is_err());
+        assert!(pool.clone().acquire(false, Holder::Visits("dave")).is_err());
+        // A principal's visit uses its own uid.
+        let v = pool
+            .clone()
+            .acquire(false, Holder::Visits("bob"))
+            .expect("bob's");
+        assert_eq!(v.uid, 6001);
     }
 }

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::entry::{Session, lock};
-use super::files::{self, Snapshot};
+use super::files;
 use super::manager::SessionManager;
 use super::report::{Attachment, EvalReport, ImageInfo, ImageRef};
+use super::watch::Tracked;
 use crate::hostfs;
 use crate::identity::Caller;
 use crate::workspace::DirId;
@@ -17,17 +18,17 @@ use crate::workspace::DirId;
 impl SessionManager {
     /// A snapshot of `cwd` to compare the next evaluation against; None when the directory
     /// has more entries than tracking looks at (or tracking is off).
-    pub(super) async fn baseline(&self, uid: Option<u32>, cwd: &Arc<OwnedFd>) -> Option<Snapshot> {
+    pub(super) async fn baseline(&self, uid: Option<u32>, cwd: &Arc<OwnedFd>) -> Option<Tracked> {
         let max = self.config.max_tracked_files;
         if max == 0 {
             return None;
         }
         let cwd = cwd.clone();
         let skip = self.skip_dirs();
-        hostfs::as_uid(uid, move || files::snapshot(cwd.as_fd(), max, &skip))
+        hostfs::as_uid(uid, move || Tracked::start(cwd.as_fd(), max, &skip))
             .await
             .ok()
-            .filter(|s| s.complete)
+            .flatten()
     }
 
     /// Directories a session's listing never enters and a read never goes through: the
@@ -64,10 +65,9 @@ files and folders (--max-tracked-files)",
         // As the session's uid: both directories are the session code's to write.
         let job = hostfs::as_uid(session.uid, move || {
             let images = read_images(out.as_fd(), refs, max_images, max_bytes);
-            let tracked = old.map(|old| {
-                let new = files::snapshot(cwd.as_fd(), max_entries, &skip);
-                let changes = new.complete.then(|| files::diff(&id, &old, &new));
-                (new, changes)
+            let tracked = old.map(|mut tracked| {
+                let changes = tracked.refresh(cwd.as_fd(), max_entries, &skip, &id);
+                (tracked, changes)
             });
             (images, tracked)
         });

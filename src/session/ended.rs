@@ -190,11 +190,15 @@ impl SessionManager {
 }
 
 impl Reclaim for SessionManager {
-    fn reclaim(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
+    fn reclaim<'a>(
+        &'a self,
+        principal: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>> {
         Box::pin(async move {
-            let Some(id) =
-                self.oldest_kept(|k| lock(&k.remains).as_ref().is_some_and(|r| r.lease.is_some()))
-            else {
+            let Some(id) = self.oldest_kept(|k| {
+                k.owner.principal == principal
+                    && lock(&k.remains).as_ref().is_some_and(|r| r.lease.is_some())
+            }) else {
                 return false;
             };
             let Some(k) = self.kept.get(&id).map(|k| k.clone()) else {

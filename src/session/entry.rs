@@ -9,14 +9,15 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
-use super::files::Snapshot;
 use super::history::Record;
 use super::interp::Interp;
 use super::journal::Writer;
 use super::report::SessionInfo;
+use super::watch::Tracked;
 use crate::identity::Caller;
 use crate::lang::Language;
 use crate::sandbox::Lease;
+use crate::share::Share;
 use crate::workspace::PrivateDir;
 
 pub(super) struct Busy {
@@ -99,8 +100,8 @@ pub struct Session {
     /// figures' PNG files).
     pub(super) out_fd: Arc<OwnedFd>,
     /// The files of `cwd` as the previous evaluation left them; None when change tracking
-    /// is off (the directory is too big to walk at every evaluation).
-    pub(super) files: Mutex<Option<Snapshot>>,
+    /// is off (the directory is too big to track at every evaluation).
+    pub(super) files: Mutex<Option<Tracked>>,
     pub(super) interp: tokio::sync::Mutex<Option<Interp>>,
     pub(super) pid: AtomicU64,
     /// The helper the interpreter runs under: what a close signals while an evaluation
@@ -118,6 +119,8 @@ pub struct Session {
     pub(super) record: Arc<Mutex<Record>>,
     /// Its journal, with `--state-dir`.
     pub(super) journal: Option<Arc<Writer>>,
+    /// The owner's share of sessions and runs it holds while it is open.
+    pub(super) share: Mutex<Option<Share>>,
 }
 
 /// What a session holds on the host besides its processes: its private directory (work,
@@ -163,6 +166,10 @@ impl Session {
     /// was still there), then the directory, then the uid.
     fn release(&mut self) -> Option<tokio::task::JoinHandle<()>> {
         drop(self.interp.get_mut().take());
+        // The watches on its directory (an inotify instance of the server's few).
+        if let Ok(files) = self.files.get_mut() {
+            files.take();
+        }
         let remains = self
             .remains
             .get_mut()

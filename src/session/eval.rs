@@ -16,6 +16,13 @@ use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 use crate::progress::Progress;
 
+/// What `session_input` types: the text, and whether Enter follows it.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'a> {
+    pub text: &'a str,
+    pub enter: bool,
+}
+
 /// The call that marked the session busy is over. Called once its report is complete, with
 /// the interpreter's lock still held: a client that sees the session free in session_list
 /// must not then be refused by session_eval because the call is still collecting files.
@@ -126,6 +133,7 @@ or stop it with session_interrupt, before evaluating more code.",
             timeout_ms: timeout.as_millis() as u64,
             output: String::new(),
             inputs: Vec::new(),
+            no_enter: Vec::new(),
         });
         let token = self.begin(&session, eval_id, cancel);
         let started = Instant::now();
@@ -149,12 +157,13 @@ or stop it with session_interrupt, before evaluating more code.",
         &self,
         caller: &Caller,
         id: &str,
-        text: &str,
+        answer: Answer<'_>,
         timeout: Duration,
         cancel: &CancellationToken,
         progress: Option<&Progress>,
     ) -> Result<EvalReport, ToolError> {
         let session = self.lookup(caller, id)?;
+        let Answer { text, enter } = answer;
         if let Some(long) = text.split('\n').find(|l| l.len() > 4000) {
             return Err(ToolError::invalid(format!(
                 "a line of {} bytes is too long for a terminal (4000 at most); write the data to a \
@@ -174,13 +183,16 @@ file in the session's directory and read it from there instead",
         };
         *lock(&session.awaiting) = None;
         if let Some(p) = lock(&session.record).pending.as_mut() {
+            if !enter {
+                p.no_enter.push(p.inputs.len());
+            }
             p.inputs.push(text.to_string());
         }
         let token = self.begin(&session, eval_id, cancel);
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
         let outcome = match guard.as_mut() {
-            Some(interp) => interp.resume(text, deadline, &token, progress).await,
+            Some(interp) => interp.resume(text, enter, deadline, &token, progress).await,
             None => return Err(self.gone_error(&session)),
         };
         let mut report = self.conclude(&session, &mut guard, eval_id, started, outcome);
@@ -270,7 +282,7 @@ file in the session's directory and read it from there instead",
                 return;
             }
             r.history.push(cell.clone());
-            (cell, p.inputs, p.timeout_ms)
+            (cell, p.inputs, p.no_enter, p.timeout_ms)
         };
         self.journal_cell(session, cell).await;
     }
@@ -304,8 +316,11 @@ file in the session's directory and read it from there instead",
         let mut report = EvalReport::empty(&session.id, eval_id);
         report.output = outcome.output.text;
         report.truncated = outcome.output.omitted > 0;
+        report.notes.extend(outcome.output.notes);
         report.duration_ms = started.elapsed().as_millis() as u64;
         apply_ending(&mut report, &outcome.ending, session.lang.error_pattern());
+        report.discarded(&outcome.typed);
+        report.notes.extend(outcome.notes);
         match outcome.ending {
             Ending::Restarted { reason } => {
                 tracing::warn!(session = %session.id, %reason, "interpreter restarted");

@@ -1,122 +1,18 @@
-//! The files of a session's directory: which ones an evaluation created, changed or removed,
-//! which ones `resources/list` shows, and the `replbox://` URIs that name them.
-//!
-//! A snapshot records (size, mtime, inode) of each regular file under the directory. The
-//! walk is bounded (entries looked at), does not follow symbolic links, does not enter
-//! hidden directories (`.cache`, `.git`, ... — HOME is the session's directory, so tools
-//! keep their caches there) or `__pycache__`/`node_modules`, and leaves hidden files out.
+//! The files of a session's directory: which ones an evaluation created, changed or removed
+//! (from [`snapshot`]s), which ones `resources/list` shows, the `replbox://` URIs that name
+//! them, and the files `session_start` brings in.
 
-use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
-
-use rustix::fs::{AtFlags, FileType};
 
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use crate::hostfs::{self, Walk};
-use crate::workspace::DirId;
+use rustix::fs::{AtFlags, FileType};
 
-/// What is recorded of one file: a change in any of these is a modification.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stamp {
-    pub size: u64,
-    mtime_s: i64,
-    mtime_ns: i64,
-    ino: u64,
-}
-
-/// The regular files under a directory, by path relative to it (`/`-separated).
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    pub files: BTreeMap<String, Stamp>,
-    /// False when the walk stopped at the entry limit: the listing is partial.
-    pub complete: bool,
-}
-
-/// Directories never entered (besides hidden ones): caches that tools write by themselves.
-const SKIP_DIRS: &[&str] = &["__pycache__", "node_modules"];
-/// Depth below which the walk does not go.
-const MAX_DEPTH: usize = 32;
-
-/// Walk the directory `root` (a handle, as the calling thread's user: run it through
-/// [`as_uid`](crate::hostfs::as_uid)), looking at no more than `max_entries` entries, following
-/// no link, staying on its filesystem, not entering the directories in `skip` (the server's
-/// workspace, should a caller's cwd contain it), any replbox workspace, or what that user may
-/// not read.
-pub fn snapshot(root: BorrowedFd<'_>, max_entries: usize, skip: &[DirId]) -> Snapshot {
-    let mut snap = Snapshot {
-        files: BTreeMap::new(),
-        complete: true,
-    };
-    let walk = Walk {
-        same_mount: true,
-        forbidden: skip.to_vec(),
-        into_workspaces: false,
-    };
-    let Ok(top) = hostfs::open_dir_beneath(root, &walk) else {
-        return snap;
-    };
-    let mut seen = 0usize;
-    let mut stack: Vec<(OwnedFd, String, usize)> = vec![(top, String::new(), 0)];
-    while let Some((dir, prefix, depth)) = stack.pop() {
-        let Ok(mut rd) = rustix::fs::Dir::read_from(&dir) else {
-            continue; // unreadable or gone meanwhile: nothing to list there
-        };
-        while let Some(Ok(entry)) = rd.read() {
-            let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
-            }
-            seen += 1;
-            if seen > max_entries {
-                snap.complete = false;
-                return snap;
-            }
-            let Ok(name) = std::str::from_utf8(name) else {
-                continue; // not UTF-8: cannot be named in a URI or JSON faithfully
-            };
-            if name.starts_with('.') {
-                continue;
-            }
-            let rel = if prefix.is_empty() {
-                name.to_string()
-            } else {
-                format!("{prefix}/{name}")
-            };
-            // lstat: a link is neither a directory nor a file here.
-            let Ok(st) = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
-                continue;
-            };
-            match FileType::from_raw_mode(st.st_mode) {
-                FileType::Directory => {
-                    if depth + 1 >= MAX_DEPTH || SKIP_DIRS.contains(&name) {
-                        continue;
-                    }
-                    if let Ok(sub) = hostfs::open_subdir(dir.as_fd(), name, &walk) {
-                        stack.push((sub, rel, depth + 1));
-                    }
-                }
-                FileType::RegularFile => {
-                    // The stat fields' types differ by architecture.
-                    #[allow(clippy::unnecessary_cast)]
-                    snap.files.insert(
-                        rel,
-                        Stamp {
-                            size: st.st_size as u64,
-                            mtime_s: st.st_mtime as i64,
-                            mtime_ns: st.st_mtime_nsec as i64,
-                            ino: st.st_ino,
-                        },
-                    );
-                }
-                _ => {}
-            }
-        }
-    }
-    snap
-}
+pub use super::snapshot::{Snapshot, Stamp, snapshot};
+pub(super) use super::snapshot::{enters, join, snapshot_with, walk_into, walk_of};
+use crate::hostfs::{self, CwdPolicy, Walk};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -306,6 +202,7 @@ pub fn human_size(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workspace::DirId;
 
     #[test]
     fn uris_round_trip_and_refuse_smuggled_separators() {
@@ -433,12 +330,13 @@ impl Written {
 /// thread's user (run it through [`as_uid`](crate::hostfs::as_uid)): everything is checked
 /// first (names, sources, that nothing is overwritten or reached through a link, that the
 /// user may write there), then written beneath `dest`. On any failure nothing stays.
-/// `host_paths`: whether this caller may copy files of the server's machine; `user` names
+/// `host_paths`: the policy for files of the server's machine (a cwd's: see
+/// [`check_caller_path`](hostfs::check_caller_path)), when this caller may copy them; `user` names
 /// the session's user in messages.
 pub fn bring_in(
     files: Vec<InFile>,
     dest: BorrowedFd<'_>,
-    host_paths: bool,
+    host_paths: Option<&CwdPolicy>,
     user: &str,
 ) -> Result<Written, String> {
     let items = plan(files, dest, host_paths, user)?;
@@ -474,7 +372,7 @@ pub fn bring_in(
 fn plan(
     files: Vec<InFile>,
     dest: BorrowedFd<'_>,
-    host_paths: bool,
+    host_paths: Option<&CwdPolicy>,
     user: &str,
 ) -> Result<Vec<(Vec<String>, Source)>, String> {
     if files.len() > MAX_IN_FILES {
@@ -496,17 +394,14 @@ content (the text to write), not both or neither"
                 ));
             }
             (Some(path), None) => {
-                if !host_paths {
+                let Some(policy) = host_paths else {
                     return Err(at("copying a file of the server's machine (path) is only \
 allowed to the local client; send the data as content instead"
                         .into()));
-                }
-                let file = hostfs::open_host_file(&path).map_err(|e| {
-                    at(format!(
-                        "path: cannot read {} as {user}: {e}",
-                        path.display()
-                    ))
-                })?;
+                };
+                // The cwd's policy (masked trees, workspaces, system directories), then
+                // opened where it was checked, as the session's user.
+                let file = hostfs::open_caller_file(policy, &path, user).map_err(at)?;
                 let name = path
                     .file_name()
                     .and_then(|n| n.to_str())

@@ -195,6 +195,8 @@ pub(super) struct Pending {
     pub output: String,
     /// The answers typed with `session_input`, in order (replayed after a restore).
     pub inputs: Vec<String>,
+    /// Which of `inputs` were typed as given, without Enter (`enter: false`).
+    pub no_enter: Vec<usize>,
 }
 
 /// One cell as `session_history` lists it.

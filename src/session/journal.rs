@@ -49,6 +49,9 @@ pub struct StartEntry {
     pub idle_timeout_s: Option<u64>,
     #[serde(default)]
     pub files: Vec<FileEntry>,
+    /// Domains asked for (checked again against the server's policy on restore).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_domains: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -77,6 +80,9 @@ pub struct CellEntry {
     /// The answers given with `session_input`, in order.
     #[serde(default)]
     pub inputs: Vec<String>,
+    /// Which of `inputs` were typed as given, without Enter (`enter: false`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub no_enter: Vec<usize>,
 }
 
 /// One line of a journal.
@@ -369,6 +375,7 @@ mod tests {
                 env: BTreeMap::new(),
                 idle_timeout_s: None,
                 files: Vec::new(),
+                allow_domains: Vec::new(),
             },
         }
     }
@@ -383,6 +390,7 @@ mod tests {
             started_at: 2,
             timeout_ms: 30_000,
             inputs: vec![],
+            no_enter: vec![],
         })
     }
 

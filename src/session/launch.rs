@@ -24,7 +24,7 @@ use crate::lang::{
     Detected, InterpreterInfo, Language, LookupError, SessionSpec, Why, did_you_mean, expand,
     expand_command,
 };
-use crate::sandbox::Lease;
+use crate::sandbox::{Holder, Lease};
 use crate::venv::{self, Venv, VenvPolicy};
 use crate::workspace::PrivateDir;
 
@@ -40,6 +40,8 @@ pub struct StartRequest {
     pub idle_timeout_s: Option<u64>,
     /// Files to put into the session's directory before it starts.
     pub files: Vec<InFile>,
+    /// Domains the caller asks to reach (checked against the operator's `--caller-domains`).
+    pub allow_domains: Vec<String>,
 }
 
 /// The interpreter a session runs: its language, REPL driver, what detection found, and
@@ -112,6 +114,18 @@ struct Dirs {
 
 impl SessionManager {
     /// Start a session; errors are messages for the agent.
+    /// `idle_timeout_s` 0 would close the session at once: refused, saying what it means.
+    fn check_idle_timeout(&self, requested: Option<u64>) -> Result<(), ToolError> {
+        if requested != Some(0) {
+            return Ok(());
+        }
+        Err(ToolError::invalid(format!(
+            "idle_timeout_s must be at least 1: it is how many seconds the session may stay \
+unused before it is closed (omit it for the default, {} s; at most {} s)",
+            self.config.idle_timeout_s, self.config.max_idle_timeout_s
+        )))
+    }
+
     pub async fn start(
         &self,
         caller: &Caller,
@@ -132,15 +146,16 @@ impl SessionManager {
         id: String,
         restoring: Option<Arc<Writer>>,
     ) -> Result<(StartReport, Arc<Session>), ToolError> {
-        let _slot = self.admit(caller).await?;
+        self.check_idle_timeout(req.idle_timeout_s)?;
+        let mut slot = self.admit(caller).await?;
         let (lang, spec) = self.session_language(&req.language)?;
-        check_caller_env(&req.env).map_err(ToolError::invalid)?;
+        let domains = self.check_request(&req)?;
         let journaled = restoring.is_none().then(|| req.clone());
         let ask = VenvAsk::of(&lang, req.venv, req.cwd.is_some())?;
         let it = self.interpreter(lang, spec).await?;
         let lease = self
             .sandbox
-            .lease_or_reclaim()
+            .lease_or_reclaim(Holder::Binds(&caller.principal))
             .await
             .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
         let uid = lease.as_ref().map(|l| l.uid);
@@ -148,7 +163,7 @@ impl SessionManager {
             .dirs(&id, uid, req.cwd, req.files, (ask, it), caller)
             .await?;
         let interp = self
-            .bring_up(&it, &dirs, &prepared, lease.as_ref(), &req.env)
+            .bring_up(&it, &dirs, &prepared, lease.as_ref(), (&req.env, &domains))
             .await?;
         // The baseline for the first evaluation's file changes: taken once the interpreter
         // is up, so what it wrote while starting is not taken for the code's doing.
@@ -205,9 +220,19 @@ impl SessionManager {
             interrupt: Mutex::new(None),
             record: Arc::new(Mutex::new(Record::new(self.config.history_bounds()))),
             journal,
+            share: Mutex::new(slot.share()),
         });
         self.sessions.insert(id, session.clone());
         Ok((report, session))
+    }
+
+    /// Refuse what no session can take: an invalid variable, domains the operator does not
+    /// let callers ask for. The domains, checked.
+    fn check_request(&self, req: &StartRequest) -> Result<Vec<String>, ToolError> {
+        check_caller_env(&req.env).map_err(ToolError::invalid)?;
+        self.sandbox
+            .check_caller_domains(&req.allow_domains)
+            .map_err(ToolError::invalid)
     }
 
     /// Start the interpreter in its directories; until it is up, a failure takes the files
@@ -218,7 +243,7 @@ impl SessionManager {
         dirs: &Dirs,
         prepared: &Prepared,
         lease: Option<&Lease>,
-        env: &BTreeMap<String, String>,
+        (env, domains): (&BTreeMap<String, String>, &[String]),
     ) -> Result<Interp, ToolError> {
         let uid = lease.map(|l| l.uid);
         let undo = |e: ToolError| {
@@ -230,7 +255,7 @@ impl SessionManager {
                 e
             }
         };
-        let launch = match self.launch(it, dirs, lease, env).await {
+        let launch = match self.launch(it, dirs, lease, env, domains).await {
             Ok(l) => l,
             Err(e) => return Err(undo(e).await),
         };
@@ -346,8 +371,14 @@ impl SessionManager {
         let (work_fd, out_fd) = (own(&work)?, own(&out)?);
         let mut prepared = hostfs::as_uid(uid, {
             let policy = self.cwd_policy.clone();
+            let sandbox = self.sandbox.clone();
             let local = caller.is_local();
-            move || prepare_dirs(&policy, uid, cwd, venv, work_fd, out_fd, files, local)
+            move || {
+                let bind = |p: &Path| sandbox.check_bind(p);
+                prepare_dirs(
+                    &policy, &bind, uid, cwd, venv, work_fd, out_fd, files, local,
+                )
+            }
         })
         .await
         .map_err(ToolError::internal)?
@@ -375,6 +406,7 @@ impl SessionManager {
         dirs: &Dirs,
         lease: Option<&Lease>,
         caller_env: &BTreeMap<String, String>,
+        domains: &[String],
     ) -> Result<Arc<Launch>, ToolError> {
         let spec = &it.spec;
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
@@ -426,6 +458,12 @@ impl SessionManager {
             .language_env(language.map(|(k, v)| (k.clone(), expand(v, &vars))))
             .caller_env(caller_env)
             .build();
+        let who = format!("session {}", dirs.dir.path().display());
+        let endpoint = self
+            .sandbox
+            .egress_endpoint(&who, domains)
+            .map_err(ToolError::internal)?;
+        let child = child.with_egress(endpoint);
         Ok(Arc::new(Launch {
             sandbox: self.sandbox.clone(),
             jail: child.jail,
@@ -457,10 +495,12 @@ struct Prepared {
 }
 
 /// Decide the caller's cwd (else the session's `work/`) and virtual environment, and bring
-/// the files in: run as the session's uid (through [`hostfs::as_uid`]).
+/// the files in: run as the session's uid (through [`hostfs::as_uid`]). `bind` says why the
+/// sandbox may not bind a cwd (checked before any file is brought in).
 #[allow(clippy::too_many_arguments)]
 fn prepare_dirs(
     policy: &CwdPolicy,
+    bind: &dyn Fn(&Path) -> Result<(), String>,
     uid: Option<u32>,
     cwd: Option<PathBuf>,
     (ask, venv_policy): (VenvAsk, VenvPolicy),
@@ -472,6 +512,7 @@ fn prepare_dirs(
     let (caller_cwd, cwd_fd, writable) = match cwd {
         Some(p) => {
             let c = hostfs::check_cwd(policy, &p, uid)?;
+            bind(&c.path).map_err(|e| format!("cwd {}: {e}", p.display()))?;
             (Some(c.path), c.dir, c.writable)
         }
         None => (None, work_fd, true),
@@ -502,7 +543,13 @@ Python. Pass venv to name an environment"
     let brought = if in_files.is_empty() {
         files::Written::default()
     } else {
-        files::bring_in(in_files, cwd_fd.as_fd(), local, &hostfs::user_name(uid))?
+        let host_paths = local.then_some(policy);
+        files::bring_in(
+            in_files,
+            cwd_fd.as_fd(),
+            host_paths,
+            &hostfs::user_name(uid),
+        )?
     };
     Ok(Prepared {
         caller_cwd,
@@ -520,9 +567,9 @@ fn read_only_note(cwd: &Path, uid: Option<u32>) -> String {
     let who = uid.map_or("the server's user".to_string(), |u| format!("uid {u}"));
     format!(
         "cwd {} is read-only for this session: its code runs as {who}, which may not write \
-there; it can read the files. To let sessions write there, give the directory write permission \
-for that user (for example an ACL, setfacl -m u:{}:rwx, or mode 1777), or leave cwd out to work \
-in a private directory",
+there; it can read the files. To let sessions write there, give that user write permission with \
+an ACL on the directory (setfacl -m u:{}:rwx DIR; keep the directory and those above it root's), \
+or leave cwd out to work in a private directory",
         cwd.display(),
         uid.map_or("USER".to_string(), |u| u.to_string()),
     )

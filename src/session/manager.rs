@@ -18,6 +18,7 @@ use crate::hostfs::CwdPolicy;
 use crate::identity::Caller;
 use crate::lang::Registry;
 use crate::sandbox::Sandbox;
+use crate::share::{Share, Shares, Use};
 use crate::workspace::Workspace;
 
 /// Sessions being started, per principal: they count against the limits.
@@ -27,6 +28,15 @@ type Starting = Mutex<HashMap<Caller, usize>>;
 pub(super) struct Slot<'a> {
     starting: &'a Starting,
     caller: Caller,
+    /// The caller's share, handed to the session once it runs.
+    share: Option<Share>,
+}
+
+impl Slot<'_> {
+    /// The share this slot holds, for the session to hold until it ends.
+    pub(super) fn share(&mut self) -> Option<Share> {
+        self.share.take()
+    }
 }
 
 impl Drop for Slot<'_> {
@@ -59,6 +69,8 @@ pub struct SessionManager {
     pub(super) state: Option<StateDir>,
     /// Sessions a journal can start again.
     pub(super) suspended: DashMap<String, Suspended>,
+    /// Every principal's share of sessions and runs (shared with `run-code`).
+    pub(super) shares: Arc<Shares>,
 }
 
 impl SessionManager {
@@ -71,6 +83,7 @@ impl SessionManager {
         sandbox: Arc<Sandbox>,
         cwd_policy: Arc<CwdPolicy>,
         state: Option<StateDir>,
+        shares: Arc<Shares>,
     ) -> Self {
         let me = Self {
             config,
@@ -84,6 +97,7 @@ impl SessionManager {
             kept: DashMap::new(),
             state,
             suspended: DashMap::new(),
+            shares,
         };
         me.load_journals();
         me
@@ -165,10 +179,14 @@ session_close (session_list shows them), or reuse one with session_eval.",
                 }
                 let all_starting: usize = starting.values().sum();
                 if self.sessions.len() + all_starting < self.config.max_sessions {
+                    // Sessions and runs together, after the sessions' own limit, whose
+                    // message is the more useful one when both are reached.
+                    let share = self.shares.take(caller, Use::Session)?;
                     *starting.entry(caller.clone()).or_insert(0) += 1;
                     return Ok(Slot {
                         starting: &self.starting,
                         caller: caller.clone(),
+                        share: Some(share),
                     });
                 }
             }
@@ -273,6 +291,9 @@ session_close ({yours}), or wait for idle sessions to be closed.",
             *g = Some(how.clone());
         }
         self.sessions.remove(&session.id);
+        // Its share goes back with its place in the table: what it keeps after it ended
+        // (files, their uid) is reclaimed when a uid is needed.
+        drop(lock(&session.share).take());
         // Bounded memory of ended sessions.
         if self.ended.len() >= 4096
             && let Some(k) = self.ended.iter().next().map(|e| e.key().clone())

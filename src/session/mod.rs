@@ -15,12 +15,15 @@ pub mod manager;
 pub mod report;
 pub mod restore;
 pub mod scan;
+pub mod snapshot;
 pub mod state_dir;
 pub mod stdin_wait;
 pub mod suspend;
 pub mod vars;
+mod watch;
 
 pub use artifacts::FileError;
+pub use eval::Answer;
 pub use files::InFile;
 pub use launch::StartRequest;
 pub use manager::SessionManager;

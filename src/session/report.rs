@@ -66,6 +66,10 @@ pub struct EvalReport {
     /// Changed files beyond the ones listed.
     #[serde(skip_serializing_if = "is_zero")]
     pub files_omitted: u64,
+    /// Input typed with `session_input` that the program did not read before the evaluation
+    /// ended. It was discarded, never run as code.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discarded_input: Option<String>,
     /// Things the agent should know about this result: a cap that was hit, file tracking
     /// turned off.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -85,6 +89,10 @@ pub struct EvalReport {
     #[serde(skip)]
     #[schemars(skip)]
     pub(crate) pending_images: Vec<ImageRef>,
+    /// Bytes of typed input the program left unread, as the end marker counted them.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub(crate) unread: u64,
     /// How the output splits, as the end marker said: its last lines that show the value
     /// of the trailing expression, or the traceback of the error (for notebooks).
     #[serde(skip)]
@@ -145,6 +153,9 @@ struct MarkerPayload {
     images: Vec<ImageRef>,
     #[serde(default)]
     images_omitted: u64,
+    /// Bytes of typed input the bootstrap found unread, and discarded, at the end.
+    #[serde(default)]
+    unread: u64,
     #[serde(default)]
     value_lines: usize,
     #[serde(default)]
@@ -169,13 +180,33 @@ impl EvalReport {
             images_omitted: 0,
             files: Vec::new(),
             files_omitted: 0,
+            discarded_input: None,
             notes: Vec::new(),
             replayed: None,
             replay_failed: Vec::new(),
             attachments: Vec::new(),
             pending_images: Vec::new(),
+            unread: 0,
             split: OutputSplit::default(),
         }
+    }
+
+    /// Say which input the program left unread: the last `unread` bytes of what was typed
+    /// into the evaluation (the terminal hands input over in order).
+    pub(crate) fn discarded(&mut self, typed: &[u8]) {
+        if self.unread == 0 || typed.is_empty() {
+            return;
+        }
+        let n = usize::try_from(self.unread)
+            .unwrap_or(usize::MAX)
+            .min(typed.len());
+        let text = String::from_utf8_lossy(&typed[typed.len() - n..]).into_owned();
+        let shown: String = text.chars().take(200).collect();
+        let more = if shown.len() < text.len() { "…" } else { "" };
+        self.notes.push(format!(
+            "input the program did not read was discarded, not run: {shown:?}{more}"
+        ));
+        self.discarded_input = Some(text);
     }
 
     pub fn is_error(&self) -> bool {
@@ -397,8 +428,9 @@ pub(super) fn apply_ending(
     }
 }
 
-/// Fill status and error from the end marker (or the language's error pattern).
-fn apply_marker(
+/// Fill status and error from the end marker (or the language's error pattern). Public for
+/// the fuzz targets (`fuzz/`): the payload is bytes user code can forge.
+pub fn apply_marker(
     report: &mut EvalReport,
     marker: &scan::EndMarker,
     error_pattern: Option<&regex::Regex>,
@@ -406,6 +438,7 @@ fn apply_marker(
     let extras = decode_payload(&marker.payload);
     report.pending_images = extras.images;
     report.images_omitted = extras.images_omitted;
+    report.unread = extras.unread;
     report.split = OutputSplit {
         value_lines: extras.value_lines,
         traceback_lines: extras.traceback_lines,

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::entry::{Busy, Session, lock};
 use super::files::InFile;
 use super::history::{Cell, Outputs, Pending};
-use super::interp::{Ending, Outcome};
+use super::interp::Ending;
 use super::journal::{CellEntry, Entry, Writer};
 use super::launch::StartRequest;
 use super::manager::SessionManager;
@@ -147,6 +147,7 @@ without --state-dir there is none).",
             language: req.language.clone(),
             cwd: req.cwd.as_ref().map(PathBuf::from),
             venv: req.venv.as_ref().map(PathBuf::from),
+            allow_domains: req.allow_domains.clone(),
             env: req.env.clone(),
             idle_timeout_s: req.idle_timeout_s,
             // Files brought into a caller's cwd are still there; a private directory is new.
@@ -224,24 +225,17 @@ without --state-dir there is none).",
                 .eval(c.eval_id, &c.code, deadline, &never, None)
                 .await;
             let mut before = String::new();
-            let mut answers = c.inputs.iter();
+            let mut answers = c.inputs.iter().enumerate();
             while matches!(outcome.ending, Ending::AwaitingInput) {
                 before.push_str(&outcome.output.text);
                 outcome = match answers.next() {
-                    Some(a) => {
-                        let mut a = a.clone();
-                        if !a.ends_with('\n') {
-                            a.push('\n');
-                        }
-                        interp.resume(&a, deadline, &never, None).await
+                    Some((i, a)) => {
+                        let enter = !c.no_enter.contains(&i);
+                        interp.resume(a, enter, deadline, &never, None).await
                     }
                     None => interp.interrupt_paused().await,
                 };
             }
-            let outcome = Outcome {
-                ending: outcome.ending,
-                output: outcome.output,
-            };
             let mut report = self.conclude(session, &mut guard, c.eval_id, started, outcome);
             self.collect(session, &mut report).await;
             *lock(&session.busy) = None;

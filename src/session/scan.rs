@@ -27,7 +27,7 @@ pub struct EndMarker {
 }
 
 /// A marker body longer than this is not ours (or is broken): pass it through as data.
-const MAX_MARKER: usize = 16 * 1024;
+pub const MAX_MARKER: usize = 16 * 1024;
 
 pub struct Scanner {
     prompt: Vec<u8>,
@@ -80,7 +80,8 @@ impl Scanner {
                     };
                     let body_start = start + prefix_len;
                     match memmem::find(&buf[body_start..], b"\x1b\\") {
-                        Some(len) => {
+                        // Over the bound whether it came in one read or in many.
+                        Some(len) if len <= MAX_MARKER => {
                             let body = &buf[body_start..body_start + len];
                             let parsed = if matches!(kind, Kind::End) {
                                 parse_end(body).map(Event::End)
@@ -96,6 +97,10 @@ impl Scanner {
                                     .push(Event::Data(buf[start..body_start + len + 2].to_vec())),
                             }
                             pos = body_start + len + 2;
+                        }
+                        Some(_) => {
+                            events.push(Event::Data(buf[start..body_start].to_vec()));
+                            pos = body_start;
                         }
                         None if buf.len() - body_start > MAX_MARKER => {
                             // Not a marker after all; release it as output.
@@ -146,6 +151,8 @@ impl Scanner {
     }
 
     /// Length of the longest suffix of `b` that is a proper prefix of a control string.
+    /// Only suffixes starting with a pattern's first byte can be one, so those are found
+    /// with `memchr` in the last bytes: O(pattern length) per read, not its square.
     fn partial_suffix(&self, b: &[u8]) -> usize {
         let mut best = 0;
         let pats = [
@@ -155,9 +162,18 @@ impl Scanner {
             self.continuation.as_ref(),
         ];
         for p in pats.into_iter().flatten() {
-            let max = (p.len() - 1).min(b.len());
-            for len in (best + 1..=max).rev() {
-                if b[b.len() - len..] == p[..len] {
+            let Some(&first) = p.first() else {
+                continue;
+            };
+            let window = (p.len() - 1).min(b.len());
+            let tail = &b[b.len() - window..];
+            // Longest first: the earliest start in the window.
+            for at in memchr::memchr_iter(first, tail) {
+                let len = window - at;
+                if len <= best {
+                    break;
+                }
+                if tail[at..] == p[..len] {
                     best = len;
                     break;
                 }
@@ -276,10 +292,53 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_control_string_is_held_back_and_nothing_else() {
+        let mut s = scanner();
+        // Text ending in the start of an end marker: the start waits, the rest goes.
+        let ev = s.feed(b"abc\x1b\x1b_rbx;ab");
+        assert_eq!(ev, vec![Event::Data(b"abc\x1b".to_vec())]);
+        assert_eq!(s.pending(), b"\x1b_rbx;ab");
+        let ev = s.feed(b"c;e;3;ok;\x1b\\");
+        assert_eq!(
+            ev[0],
+            Event::End(EndMarker {
+                n: 3,
+                status: "ok".into(),
+                payload: String::new()
+            })
+        );
+        // Text with escapes that cannot start one goes at once.
+        let ev = s.feed(b"x\x1b[1m\x1b");
+        assert_eq!(ev, vec![Event::Data(b"x\x1b[1m".to_vec())]);
+        assert_eq!(s.pending(), b"\x1b");
+    }
+
+    #[test]
     fn continuation_is_reported() {
         let mut s = scanner();
         let ev = collect(&mut s, &[b"\x1b_rbx;abc;c\x1b\\"]);
         assert_eq!(ev, vec![Event::Continuation]);
+    }
+
+    #[test]
+    fn a_marker_body_over_the_bound_is_output_however_it_is_read() {
+        let mut stream = b"\x1b_rbx;abc;e;3;ok;".to_vec();
+        stream.extend(std::iter::repeat_n(b'A', MAX_MARKER));
+        stream.extend_from_slice(b"\x1b\\after");
+        let whole = collect(&mut scanner(), &[&stream]);
+        let chunks: Vec<&[u8]> = stream.chunks(4096).collect();
+        let split = collect(&mut scanner(), &chunks);
+        assert_eq!(whole, split);
+        assert_eq!(whole, vec![Event::Data(stream.clone())]);
+        // At the bound it is still a marker.
+        let mut at = b"\x1b_rbx;abc;e;3;ok;".to_vec();
+        at.extend(std::iter::repeat_n(b'A', MAX_MARKER - "3;ok;".len()));
+        at.extend_from_slice(b"\x1b\\");
+        let ev = collect(&mut scanner(), &[&at]);
+        assert!(
+            matches!(ev.as_slice(), [Event::End(m)] if m.n == 3),
+            "{ev:?}"
+        );
     }
 
     #[test]

@@ -9,86 +9,247 @@
 //!   terminal registered for input.
 //!
 //! "The terminal" is matched by device number, so it works whatever the path inside a
-//! sandbox's /dev looks like.
+//! sandbox's /dev looks like; a descriptor opened on `/dev/tty` (getpass, a child asking
+//! for a password) is the terminal when the process's controlling terminal is.
+//!
+//! A wait also has its timeout (the system call's argument, or the terminal's VTIME for a
+//! read), so a program that waits a moment for optional input is told from one that waits
+//! for an answer.
+
+use std::time::Duration;
 
 use replbox_exec::procfs;
 
 use crate::lang::spec::InputWait;
 
+/// The waiting system calls by number, with where each keeps its timeout.
 #[cfg(target_arch = "x86_64")]
-mod nr {
-    pub const READ: &[u64] = &[0, 17, 19]; // read, pread64, readv
-    pub const POLL: &[u64] = &[7, 271]; // poll, ppoll
-    pub const SELECT: &[u64] = &[23, 270]; // select, pselect6
-    pub const EPOLL: &[u64] = &[232, 281, 441]; // epoll_wait, epoll_pwait, epoll_pwait2
-}
+const CALLS: &[(u64, Kind)] = &[
+    (0, Kind::Read),
+    (17, Kind::Read),     // pread64
+    (19, Kind::Read),     // readv
+    (7, Kind::Poll),      // timeout in ms, third argument
+    (271, Kind::Ppoll),   // struct timespec *, third argument
+    (23, Kind::Select),   // struct timeval *, fifth argument
+    (270, Kind::Pselect), // pselect6: struct timespec *, fifth argument
+    (232, Kind::Epoll),   // epoll_wait: ms, fourth argument
+    (281, Kind::Epoll),   // epoll_pwait
+    (441, Kind::Epoll2),  // epoll_pwait2: struct timespec *, fourth argument
+];
 
 #[cfg(target_arch = "aarch64")]
-mod nr {
-    pub const READ: &[u64] = &[63, 65, 67]; // read, readv, pread64
-    pub const POLL: &[u64] = &[73]; // ppoll
-    pub const SELECT: &[u64] = &[72]; // pselect6
-    pub const EPOLL: &[u64] = &[22, 441]; // epoll_pwait, epoll_pwait2
-}
+const CALLS: &[(u64, Kind)] = &[
+    (63, Kind::Read),
+    (65, Kind::Read),    // readv
+    (67, Kind::Read),    // pread64
+    (73, Kind::Ppoll),   // ppoll
+    (72, Kind::Pselect), // pselect6
+    (22, Kind::Epoll),   // epoll_pwait
+    (441, Kind::Epoll2), // epoll_pwait2
+];
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-mod nr {
-    pub const READ: &[u64] = &[];
-    pub const POLL: &[u64] = &[];
-    pub const SELECT: &[u64] = &[];
-    pub const EPOLL: &[u64] = &[];
+const CALLS: &[(u64, Kind)] = &[];
+
+/// `/dev/tty`: whichever terminal is the process's controlling one.
+const DEV_TTY: u64 = 5 << 8;
+
+/// A wait for input from the terminal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Wait {
+    /// Which thread, in which system call (for the logs).
+    pub(crate) who: String,
+    /// How long the wait lasts at most (None: until input comes).
+    pub(crate) timeout: Option<Duration>,
+}
+
+/// The terminal a tree is judged against: its device number, the kinds of wait that count,
+/// and how long a read on it lasts (None: until input comes; the terminal's VTIME when it
+/// is out of canonical mode with VMIN 0).
+pub(crate) struct Terminal<'a> {
+    pub(crate) rdev: u64,
+    pub(crate) signals: &'a [InputWait],
+    pub(crate) read_timeout: Option<Duration>,
 }
 
 /// A process in the tree rooted at `root` (excluding `root` itself, the helper) blocked
-/// waiting for input from the terminal with device number `tty`, judged by the kinds of
-/// wait in `signals`: which thread, in which system call.
-pub fn tree_reader(root: u32, tty: u64, signals: &[InputWait]) -> Option<String> {
+/// waiting for input from the terminal. When several are, an untimed wait wins, then the
+/// longest.
+pub(crate) fn tree_wait(root: u32, term: &Terminal<'_>) -> Option<Wait> {
+    let mut best: Option<Wait> = None;
     for pid in procfs::descendants(root) {
-        for tid in procfs::threads(pid) {
-            if let Some(line) = procfs::syscall(pid, tid)
-                && blocked_on_tty(pid, &line, tty, signals)
-            {
-                return Some(format!(
-                    "pid {pid} thread {tid} in syscall {}",
-                    line.split_whitespace().next().unwrap_or("?")
-                ));
+        if let Some(w) = process_wait(pid, term)
+            && better(w.timeout, best.as_ref())
+        {
+            let untimed = w.timeout.is_none();
+            best = Some(w);
+            if untimed {
+                break;
             }
         }
     }
-    None
+    best
 }
 
-/// Interpret one `/proc/.../syscall` line.
-fn blocked_on_tty(pid: u32, line: &str, tty: u64, signals: &[InputWait]) -> bool {
-    let mut fields = line.split_whitespace();
-    let Some(Ok(nr)) = fields.next().map(|f| f.parse::<u64>()) else {
-        return false; // "running", or not in a system call
+/// One process (any of its threads) blocked waiting for input from the terminal. A runtime
+/// may wait for the terminal in one thread with no timeout while another thread keeps the
+/// timer that ends the wait (GHC's `System.Timeout.timeout`): the longest timed wait of the
+/// process's other threads then bounds the read.
+pub(crate) fn process_wait(pid: u32, term: &Terminal<'_>) -> Option<Wait> {
+    let mut best: Option<Wait> = None;
+    let mut timer: Option<Duration> = None;
+    for tid in procfs::threads(pid) {
+        let Some(line) = procfs::syscall(pid, tid) else {
+            continue;
+        };
+        let Some(call) = Call::parse(&line) else {
+            continue;
+        };
+        if !call.reads_tty(pid, term) {
+            if let Some(t) = call.timeout(pid, term) {
+                timer = timer.max(t);
+            }
+            continue;
+        }
+        let timeout = call.timeout(pid, term).unwrap_or(None);
+        if better(timeout, best.as_ref()) {
+            best = Some(Wait {
+                who: format!("pid {pid} thread {tid} in syscall {}", call.nr),
+                timeout,
+            });
+        }
+    }
+    if let Some(w) = best.as_mut()
+        && w.timeout.is_none()
+    {
+        w.timeout = timer;
+    }
+    best
+}
+
+/// Whether a wait with `timeout` says more than `than`: untimed beats timed, then longer.
+fn better(timeout: Option<Duration>, than: Option<&Wait>) -> bool {
+    match than {
+        None => true,
+        Some(b) => match (timeout, b.timeout) {
+            (None, Some(_)) => true,
+            (Some(a), Some(b)) => a > b,
+            _ => false,
+        },
+    }
+}
+
+/// Which waiting system call a thread is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Poll,
+    Ppoll,
+    Select,
+    Pselect,
+    Epoll,
+    Epoll2,
+}
+
+/// A thread's system call, from one `/proc/.../syscall` line: its number and arguments.
+struct Call {
+    nr: u64,
+    kind: Kind,
+    args: Vec<u64>,
+}
+
+impl Call {
+    /// None for "running", a call that is not a wait, or a line that cannot be read.
+    fn parse(line: &str) -> Option<Self> {
+        let mut fields = line.split_whitespace();
+        let nr = fields.next()?.parse::<u64>().ok()?;
+        let args: Vec<u64> = fields
+            .take(6)
+            .filter_map(|f| u64::from_str_radix(f.trim_start_matches("0x"), 16).ok())
+            .collect();
+        if args.len() < 5 {
+            return None;
+        }
+        let kind = CALLS.iter().find(|(n, _)| *n == nr)?.1;
+        Some(Self { nr, kind, args })
+    }
+
+    /// Whether the call waits for input from the terminal, judged by the kinds of wait the
+    /// language counts.
+    fn reads_tty(&self, pid: u32, term: &Terminal<'_>) -> bool {
+        let (a, tty) = (&self.args, term.rdev);
+        let on = |w: InputWait| term.signals.contains(&w);
+        match self.kind {
+            Kind::Read => on(InputWait::Read) && fd_is_tty(pid, a[0], tty),
+            Kind::Select | Kind::Pselect => {
+                on(InputWait::Select) && select_reads_tty(pid, a[0], a[1], tty)
+            }
+            Kind::Poll | Kind::Ppoll => on(InputWait::Poll) && poll_reads_tty(pid, a[0], a[1], tty),
+            Kind::Epoll | Kind::Epoll2 => on(InputWait::Epoll) && epoll_reads_tty(pid, a[0], tty),
+        }
+    }
+
+    /// How long the call waits at most: None when it is no timed wait at all (a read of
+    /// something else than the terminal), Some(None) when it waits until something comes.
+    fn timeout(&self, pid: u32, term: &Terminal<'_>) -> Option<Option<Duration>> {
+        let a = &self.args;
+        Some(match self.kind {
+            Kind::Read => {
+                if fd_is_tty(pid, a[0], term.rdev) {
+                    term.read_timeout
+                } else {
+                    return None;
+                }
+            }
+            Kind::Select => timeval(pid, a[4], TimeUnit::Micros),
+            Kind::Pselect => timeval(pid, a[4], TimeUnit::Nanos),
+            Kind::Poll => millis(a[2]),
+            Kind::Ppoll => timeval(pid, a[2], TimeUnit::Nanos),
+            Kind::Epoll => millis(a[3]),
+            Kind::Epoll2 => timeval(pid, a[3], TimeUnit::Nanos),
+        })
+    }
+}
+
+/// A timeout in milliseconds as a C `int` (negative: none).
+fn millis(arg: u64) -> Option<Duration> {
+    let ms = arg as u32 as i32;
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
+enum TimeUnit {
+    Micros,
+    Nanos,
+}
+
+/// A `struct timeval` or `struct timespec` in the process's memory (a null pointer, or one
+/// that cannot be read: no timeout). The kernel writes the time left back only when the
+/// call returns, so this is the wait's whole timeout.
+fn timeval(pid: u32, addr: u64, unit: TimeUnit) -> Option<Duration> {
+    if addr == 0 {
+        return None;
+    }
+    let raw = procfs::read_mem(pid, addr, 16)?;
+    let sec = i64::from_ne_bytes(raw[..8].try_into().ok()?);
+    let frac = i64::from_ne_bytes(raw[8..].try_into().ok()?);
+    if sec < 0 || frac < 0 {
+        return None;
+    }
+    let frac = match unit {
+        TimeUnit::Micros => Duration::from_micros(frac as u64),
+        TimeUnit::Nanos => Duration::from_nanos(frac as u64),
     };
-    let args: Vec<u64> = fields
-        .take(6)
-        .filter_map(|f| u64::from_str_radix(f.trim_start_matches("0x"), 16).ok())
-        .collect();
-    if args.len() < 3 {
-        return false;
-    }
-    let on = |w: InputWait| signals.contains(&w);
-    if on(InputWait::Read) && nr::READ.contains(&nr) {
-        return fd_is_tty(pid, args[0], tty);
-    }
-    if on(InputWait::Select) && nr::SELECT.contains(&nr) {
-        return select_reads_tty(pid, args[0], args[1], tty);
-    }
-    if on(InputWait::Poll) && nr::POLL.contains(&nr) {
-        return poll_reads_tty(pid, args[0], args[1], tty);
-    }
-    if on(InputWait::Epoll) && nr::EPOLL.contains(&nr) {
-        return epoll_reads_tty(pid, args[0], tty);
-    }
-    false
+    Some(Duration::from_secs(sec as u64).saturating_add(frac))
 }
 
+/// Whether descriptor `fd` of `pid` is the terminal: the terminal's own device, or
+/// `/dev/tty` in a process whose controlling terminal it is.
 fn fd_is_tty(pid: u32, fd: u64, tty: u64) -> bool {
-    procfs::fd_rdev(pid, fd) == Some(tty)
+    match procfs::fd_rdev(pid, fd) {
+        Some(rdev) if rdev == tty => true,
+        Some(DEV_TTY) => procfs::tty_nr(pid) == Some(tty),
+        _ => false,
+    }
 }
 
 /// `select(nfds, readfds, …)`: read the readfds bitmap from the process's memory.
@@ -151,7 +312,7 @@ mod tests {
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
 
-    fn wait_until(f: impl Fn() -> bool) -> bool {
+    fn wait_until(mut f: impl FnMut() -> bool) -> bool {
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(5) {
             if f() {
@@ -162,12 +323,89 @@ mod tests {
         false
     }
 
+    fn term(rdev: u64) -> Terminal<'static> {
+        Terminal {
+            rdev,
+            signals: &[
+                InputWait::Read,
+                InputWait::Poll,
+                InputWait::Select,
+                InputWait::Epoll,
+            ],
+            read_timeout: None,
+        }
+    }
+
     #[test]
     fn parses_running_and_garbage() {
-        let all = [InputWait::Read, InputWait::Epoll];
-        assert!(!blocked_on_tty(1, "running", 0, &all));
-        assert!(!blocked_on_tty(1, "", 0, &all));
-        assert!(!blocked_on_tty(1, "0 0x0", 0, &all));
+        assert!(Call::parse("running").is_none());
+        assert!(Call::parse("").is_none());
+        assert!(Call::parse("0 0x0").is_none());
+        assert!(Call::parse("202 0x1 0x2 0x3 0x4 0x5 0x6 0x7 0x8").is_none()); // futex
+        let poll = Call::parse("7 0x10 0x2 0xbb8 0x0 0x0 0x0 0x7ff 0x7ff").expect("poll");
+        assert_eq!(
+            poll.timeout(1, &term(0)),
+            Some(Some(Duration::from_millis(3000)))
+        );
+        assert_eq!(millis(u64::from(u32::MAX)), None);
+        assert_eq!(millis(1500), Some(Duration::from_millis(1500)));
+    }
+
+    /// A shell reading a terminal, on a terminal of its own (its controlling one when
+    /// `ctty`): where it waits, and for how long.
+    fn shell_on_a_terminal(script: &str, ctty: bool) -> (Option<Wait>, u64) {
+        use std::os::unix::process::CommandExt;
+        let pty = nix::pty::openpty(None, None).expect("openpty");
+        let rdev = nix::sys::stat::fstat(&pty.slave).expect("fstat").st_rdev;
+        let mut cmd = Command::new("bash");
+        cmd.args(["--norc", "--noprofile", "-c", script])
+            .stdin(Stdio::from(pty.slave.try_clone().expect("dup")))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if ctty {
+            // SAFETY: setsid and TIOCSCTTY on the child's own stdin, async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::setsid();
+                    libc::ioctl(0, libc::TIOCSCTTY, 0);
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().expect("bash");
+        let pid = child.id();
+        let mut seen = None;
+        wait_until(|| {
+            seen = process_wait(pid, &term(rdev));
+            seen.is_some()
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        (seen, rdev)
+    }
+
+    #[test]
+    fn an_untimed_read_has_no_timeout() {
+        let (seen, _) = shell_on_a_terminal("read x", false);
+        assert_eq!(seen.map(|w| w.timeout), Some(None));
+    }
+
+    #[test]
+    fn a_timed_read_has_its_timeout() {
+        // bash sets what is left of its 7 s, a hair less.
+        let (seen, _) = shell_on_a_terminal("read -t 7 x", false);
+        let timeout = seen.and_then(|w| w.timeout);
+        assert!(
+            timeout.is_some_and(|t| t > Duration::from_secs(6) && t <= Duration::from_secs(7)),
+            "{timeout:?}"
+        );
+    }
+
+    /// `/dev/tty` is the terminal for a process whose controlling terminal it is.
+    #[test]
+    fn a_read_of_dev_tty_is_a_read_of_the_terminal() {
+        let (seen, _) = shell_on_a_terminal("read x < /dev/tty", true);
+        assert_eq!(seen.map(|w| w.timeout), Some(None));
     }
 
     /// A child reading a pipe is "blocked reading fd 0", and the device check tells a pipe
@@ -182,12 +420,14 @@ mod tests {
         let pid = child.id();
         // Wait until cat is blocked in read(0).
         assert!(wait_until(|| {
-            std::fs::read_to_string(format!("/proc/{pid}/syscall"))
-                .map(|s| nr::READ.iter().any(|n| s.starts_with(&format!("{n} 0x0 "))))
-                .unwrap_or(false)
+            std::fs::read_to_string(format!("/proc/{pid}/syscall")).is_ok_and(|s| {
+                CALLS
+                    .iter()
+                    .any(|(n, k)| *k == Kind::Read && s.starts_with(&format!("{n} 0x0 ")))
+            })
         }));
         // A pipe is not a character device, so it never matches a terminal.
-        assert_eq!(tree_reader(std::process::id(), 0, &[InputWait::Read]), None);
+        assert_eq!(tree_wait(std::process::id(), &term(0)), None);
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(b"x\n");
         }

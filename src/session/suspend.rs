@@ -139,6 +139,7 @@ impl SessionManager {
                 language: req.language.clone(),
                 cwd: req.cwd.as_ref().map(|p| p.display().to_string()),
                 venv: req.venv.as_ref().map(|p| p.display().to_string()),
+                allow_domains: req.allow_domains.clone(),
                 env: req.env.clone(),
                 idle_timeout_s: req.idle_timeout_s,
                 files: req
@@ -171,11 +172,15 @@ impl SessionManager {
     }
 
     /// Journal a finished cell (made durable before the call returns).
-    pub(super) async fn journal_cell(&self, session: &Session, done: (Cell, Vec<String>, u64)) {
+    pub(super) async fn journal_cell(
+        &self,
+        session: &Session,
+        done: (Cell, Vec<String>, Vec<usize>, u64),
+    ) {
         let Some(w) = session.journal.clone() else {
             return;
         };
-        let (cell, inputs, timeout_ms) = done;
+        let (cell, inputs, no_enter, timeout_ms) = done;
         let entry = Entry::Cell(CellEntry {
             eval_id: cell.eval_id,
             code: cell.code,
@@ -185,6 +190,7 @@ impl SessionManager {
             started_at: cell.started_at,
             timeout_ms,
             inputs,
+            no_enter,
         });
         let was_full = w.is_full();
         let r = tokio::task::spawn_blocking(move || w.append(&entry)).await;

@@ -13,7 +13,8 @@ use serde_json::Value;
 use tokio::process::Command;
 
 /// Longest wait for a handshake or one tool call before the bench gives up with an error.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+// Long enough for the largest ghci cell on a busy machine.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub struct McpServer {
     client: RunningService<RoleClient, ()>,
@@ -150,6 +151,20 @@ impl Handle {
             bail!("{tool} on `{}` failed: {text}", self.label);
         }
         Ok((elapsed, text))
+    }
+
+    /// Like [`call_text`](Self::call_text), with the structured content too.
+    pub async fn call_json(&self, tool: &str, args: Value) -> Result<(Duration, String, Value)> {
+        let Value::Object(args) = args else {
+            bail!("{tool}: arguments must be an object");
+        };
+        let (elapsed, result) = call_peer(&self.peer, &self.label, tool, &args).await?;
+        let text = text_of(&result);
+        if result.is_error == Some(true) {
+            bail!("{tool} on `{}` failed: {text}", self.label);
+        }
+        let structured = result.structured_content.clone().unwrap_or(Value::Null);
+        Ok((elapsed, text, structured))
     }
 }
 

@@ -153,7 +153,7 @@ impl RawRepl {
         let child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", interp.exe.display()))?;
-        let mut me = Self {
+        let me = Self {
             master,
             child,
             prompt: spec.prompt.as_bytes(),
@@ -180,7 +180,20 @@ impl RawRepl {
         Ok(elapsed)
     }
 
-    async fn read_until_prompt(&mut self, expected: Option<&str>) -> Result<Vec<u8>> {
+    /// Type `text` (many lines, written while the answers are read) and time until
+    /// `expected` and a prompt after it are back.
+    pub async fn feed(&mut self, text: &str, expected: &str) -> Result<Duration> {
+        let started = Instant::now();
+        let (written, got) = tokio::join!(
+            self.master.write_all(text.as_bytes()),
+            self.read_until_prompt(Some(expected))
+        );
+        written?;
+        got?;
+        Ok(started.elapsed())
+    }
+
+    async fn read_until_prompt(&self, expected: Option<&str>) -> Result<Vec<u8>> {
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];
         let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;

@@ -222,6 +222,44 @@ pub fn targets(sections: &[SectionReport]) -> Vec<TargetReport> {
             }
         }
     }
+    // Evaluation overhead: at most 0.3 ms over the interpreter's own round trip.
+    for row in [
+        "session_eval:python",
+        "session_eval:javascript",
+        "session_eval:ruby",
+        "session_eval:shellscript",
+        "session_eval_files:python",
+    ] {
+        if let Some(s) = find(row)
+            && let Some(f) = &s.floor
+        {
+            let (ours, raw) = (s.ours.stats.median_ms, f.series.stats.median_ms);
+            out.push(TargetReport {
+                what: s.title.clone(),
+                target: "<= raw PTY round trip + 0.3 ms (median against median)".into(),
+                measured: format!("{:+.2} ms ({ours:.2} against {raw:.2} ms)", ours - raw),
+                met: ours - raw <= 0.3,
+            });
+        }
+    }
+    // Long ghci cells: linear, within 2x of ghci taking the same lines itself.
+    for row in [
+        "ghci_cell:let300",
+        "ghci_cell:let1000",
+        "ghci_cell:decl10000",
+    ] {
+        if let Some(s) = find(row)
+            && let Some(f) = &s.floor
+        {
+            let (ours, ghci) = (s.ours.stats.median_ms, f.series.stats.median_ms);
+            out.push(TargetReport {
+                what: s.title.clone(),
+                target: "<= 2x ghci itself (median against median)".into(),
+                measured: format!("{:.2}x ({ours:.0} against {ghci:.0} ms)", ours / ghci),
+                met: ours <= 2.0 * ghci,
+            });
+        }
+    }
     if let Some(s) = find("concurrent_run_code") {
         let m = s.ours.stats.median_ms;
         let one = s
@@ -259,6 +297,41 @@ the same 8 pythons spawned directly at once: {:.1} ms",
                 met: m <= 1000.0 && largest <= limit && flagged,
             });
         }
+    }
+    if let Some(s) = find("big_output:session")
+        && let Some(f) = &s.floor
+    {
+        let (m, pipe) = (s.ours.stats.median_ms, f.series.stats.median_ms);
+        out.push(TargetReport {
+            what: "200,000 printed lines through a session, against python to a pipe".into(),
+            target: "<= 1.3x (median against median)".into(),
+            measured: format!("{:.2}x ({m:.0} against {pipe:.0} ms)", m / pipe),
+            met: m <= 1.3 * pipe,
+        });
+    }
+    if let Some(s) = find("render_flood") {
+        let timeout = s.metric("timeout_ms").unwrap_or(f64::NAN);
+        let longest = s.ours.samples_ms.iter().copied().fold(0.0, f64::max);
+        out.push(TargetReport {
+            what: "4 MB cursor-escape flood through a session".into(),
+            target: "every one within its timeout_ms, status ok".into(),
+            measured: format!(
+                "median {:.0} ms, longest {longest:.0} ms, against timeout_ms {timeout:.0}",
+                s.ours.stats.median_ms
+            ),
+            met: longest < timeout,
+        });
+    }
+    if let Some(s) = find("render_flood:bystander")
+        && let Some(f) = &s.floor
+    {
+        let (m, alone) = (s.ours.stats.median_ms, f.series.stats.median_ms);
+        out.push(TargetReport {
+            what: "run-code print(1) while two sessions flood, against it alone".into(),
+            target: "answered while the floods run; median <= 5x alone".into(),
+            measured: format!("{:.2}x ({m:.1} against {alone:.1} ms)", m / alone),
+            met: m <= 5.0 * alone,
+        });
     }
     if let Some(s) = find("idle_memory")
         && let Some(per) = s.metric("per_session_kib")

@@ -38,6 +38,8 @@ use crate::langs::{LANGS, Lang};
 use crate::report::{self, FloorReport, Machine, Report, SectionReport, Series, Stats};
 use crate::server::Server;
 
+mod flood;
+
 /// `replbox-bench` flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -158,6 +160,14 @@ pub const SECTIONS: &[Section] = &[
         measure: |ctx| Box::pin(session_eval(ctx)),
     },
     Section {
+        name: "eval_overhead",
+        measure: |ctx| Box::pin(eval_overhead(ctx)),
+    },
+    Section {
+        name: "ghci_cells",
+        measure: |ctx| Box::pin(ghci_cells(ctx)),
+    },
+    Section {
         name: "sandbox",
         measure: |ctx| Box::pin(sandbox_levels(ctx)),
     },
@@ -172,6 +182,10 @@ pub const SECTIONS: &[Section] = &[
     Section {
         name: "big_output",
         measure: |ctx| Box::pin(big_output(ctx)),
+    },
+    Section {
+        name: "render_flood",
+        measure: |ctx| Box::pin(flood::render_flood(ctx)),
     },
     Section {
         name: "idle_memory",
@@ -698,6 +712,177 @@ async fn session_eval(ctx: &Ctx) -> Result<Vec<Row>> {
             });
         }
         Ok(rows)
+    }
+    .await;
+    server.stop().await;
+    measured
+}
+
+/// What an evaluation costs besides the interpreter: an empty tool call (`session_list`,
+/// the MCP round trip through the server, no floor), and `session_eval` `1+1` (python) in a
+/// session whose directory holds 1,000 files (what change tracking costs), against the raw
+/// round trip.
+async fn eval_overhead(ctx: &Ctx) -> Result<Vec<Row>> {
+    let server = McpServer::start(ctx.serve_with(&ctx.without_pool())).await?;
+    let measured = async {
+        let h = server.handle();
+        let mut empty = Vec::with_capacity(ctx.iterations);
+        for round in 0..WARMUP + ctx.iterations {
+            let (t, _) = h.call_text("session_list", json!({})).await?;
+            if round >= WARMUP {
+                empty.push(t);
+            }
+        }
+        let mut rows = vec![Row {
+            name: "mcp:empty_call".into(),
+            title: "an empty tool call (session_list): the MCP round trip".into(),
+            measurement: Measurement::new(empty, None),
+        }];
+        if python_here(ctx).await? {
+            rows.push(eval_among_files(ctx, &server).await?);
+        }
+        Ok::<_, anyhow::Error>(rows)
+    }
+    .await;
+    server.stop().await;
+    measured
+}
+
+async fn eval_among_files(ctx: &Ctx, server: &McpServer) -> Result<Row> {
+    let Some(l) = LANGS.iter().find(|l| l.id == "python") else {
+        bail!("python is not in the bench's table");
+    };
+    let interp = Interpreter::resolve_session(&ctx.config, l.id).await?;
+    let id = start_session(server, l.id).await?;
+    let mut raw = RawRepl::start(&interp, &l.raw).await?;
+    let h = server.handle();
+    let result = async {
+        let (_, text) = h
+            .call_text(
+                "session_eval",
+                json!({"session_id": id, "code": "import os
+for i in range(1000):
+    open(f'f{i:04}.txt', 'w').write('x')
+len(os.listdir('.'))"}),
+            )
+            .await?;
+        if !text.starts_with("1000") {
+            bail!("creating 1,000 files answered {text:?}");
+        }
+        for _ in 0..WARMUP {
+            eval_expecting(&h, &id, l.expr, l.answer).await?;
+            raw.round_trip(l.expr, l.raw.answer).await?;
+        }
+        server.wait_quiet(QUIET).await;
+        let raw = std::sync::Arc::new(tokio::sync::Mutex::new(&mut raw));
+        alternate(
+            ctx.iterations,
+            || eval_expecting(&h, &id, l.expr, l.answer),
+            || {
+                let raw = raw.clone();
+                async move { raw.lock().await.round_trip(l.expr, l.raw.answer).await }
+            },
+        )
+        .await
+    }
+    .await;
+    raw.stop().await;
+    close_session(server, &id).await;
+    let (samples, floor) = result?;
+    Ok(Row {
+        name: "session_eval_files:python".into(),
+        title: "session_eval 1+1 (python) with 1,000 files in the session's directory".into(),
+        measurement: Measurement::against(
+            samples,
+            format!(
+                "{} {} behind a PTY driven directly (raw round trip)",
+                interp.exe.display(),
+                l.raw.args.join(" ")
+            ),
+            floor,
+        ),
+    })
+}
+
+/// Long ghci cells: 300 and 1,000 `let` lines and 10,000 declarations, each followed by an
+/// expression, in a fresh session per sample, against ghci itself taking the same lines
+/// the same way behind a PTY (typed all at once; the declarations as one `:{ :}` block,
+/// which is how the session sends consecutive declarations).
+async fn ghci_cells(ctx: &Ctx) -> Result<Vec<Row>> {
+    let Some(l) = LANGS.iter().find(|l| l.id == "haskell") else {
+        bail!("haskell is not in the bench's table");
+    };
+    if !installed(ctx, true, false)
+        .await?
+        .iter()
+        .any(|x| x.id == l.id)
+    {
+        return Ok(Vec::new());
+    }
+    let interp = Interpreter::resolve_session(&ctx.config, l.id).await?;
+    let server = McpServer::start(ctx.serve_with(&ctx.without_pool())).await?;
+    let lets = |n: usize| {
+        let mut cell: String = (0..n).map(|i| format!("let x{i} = {i} :: Int\n")).collect();
+        cell.push_str(&format!("x{} * 1000 + 7\n", n - 1));
+        (cell.clone(), cell, format!("{}", (n - 1) * 1000 + 7))
+    };
+    let decls = |n: usize| {
+        let body: String = (0..n).map(|i| format!("f{i} = {i} :: Int\n")).collect();
+        let tail = format!("f{} * 1000 + 7\n", n - 1);
+        (
+            format!("{body}{tail}"),
+            format!(":{{\n{body}:}}\n{tail}"),
+            format!("{}", (n - 1) * 1000 + 7),
+        )
+    };
+    let cases = [
+        ("let300", "300 `let` lines", lets(300), 5),
+        ("let1000", "1,000 `let` lines", lets(1000), 5),
+        ("decl10000", "10,000 declarations", decls(10_000), 3),
+    ];
+    let measured = async {
+        let mut rows = Vec::new();
+        for (name, what, (cell, typed, answer), rounds) in cases {
+            let expected = format!("{answer}\n");
+            let ours = || async {
+                let id = start_session(&server, l.id).await?;
+                let r = server
+                    .handle()
+                    .call_text(
+                        "session_eval",
+                        json!({"session_id": id, "code": cell, "timeout_ms": 600_000}),
+                    )
+                    .await;
+                close_session(&server, &id).await;
+                let (t, text) = r?;
+                if text != expected {
+                    bail!("ghci cell {name} returned {text:?}, expected {expected:?}");
+                }
+                Ok(t)
+            };
+            let floor = || async {
+                let mut raw = RawRepl::start(&interp, &l.raw).await?;
+                let t = raw.feed(&typed, &answer).await;
+                raw.stop().await;
+                t
+            };
+            let (samples, floor_samples) =
+                alternate(rounds.min(ctx.iterations), ours, floor).await?;
+            rows.push(Row {
+                name: format!("ghci_cell:{name}"),
+                title: format!("a ghci cell of {what} and an expression (fresh session)"),
+                measurement: Measurement::against(
+                    samples,
+                    format!(
+                        "the same lines typed into {} {} behind a PTY",
+                        interp.exe.display(),
+                        l.raw.args.join(" ")
+                    ),
+                    floor_samples,
+                ),
+            });
+        }
+        Ok::<_, anyhow::Error>(rows)
     }
     .await;
     server.stop().await;

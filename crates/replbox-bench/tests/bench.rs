@@ -126,6 +126,8 @@ fn bench_json_has_every_section_with_its_samples() {
                 "concurrent_run_code",
                 "big_output:run_code",
                 "big_output:session",
+                "render_flood",
+                "render_flood:bystander",
                 "idle_memory",
                 "soak",
             ]
@@ -153,7 +155,7 @@ fn bench_json_has_every_section_with_its_samples() {
         }
         assert!(s.get("ratio").is_some(), "{name} has no ratio field: {s:#}");
         // Rows compared with a floor carry its samples and a ratio; the others neither.
-        let has_floor = !matches!(name, "initialize" | "idle_memory" | "soak");
+        let has_floor = !matches!(name, "initialize" | "idle_memory" | "soak" | "render_flood");
         if has_floor {
             let floor = &s["floor"];
             assert_eq!(
@@ -188,13 +190,14 @@ fn bench_json_has_every_section_with_its_samples() {
             metric("big_output:session", "truncation_flagged"),
             Some(1.0)
         );
+        assert_eq!(metric("render_flood", "timeout_ms"), Some(60_000.0));
         // Every performance target is judged, met or not (two per sandbox level measured).
         let targets = report["targets"].as_array().expect("targets");
         let levels = names
             .iter()
             .filter(|n| n.starts_with("sandbox:run_code:"))
             .count();
-        assert_eq!(targets.len(), 9 + 2 * levels, "{targets:#?}");
+        assert_eq!(targets.len(), 12 + 2 * levels, "{targets:#?}");
         assert!(targets.iter().all(|t| t["met"].is_boolean()));
     }
     // Where and how it ran, and that the peer was left out on request.

@@ -90,6 +90,12 @@ pub struct ExecArgs {
     /// mounts a tmpfs there, gone with the last process of the tree. Where the kernel
     /// refuses that, the program has no writable /dev/shm.
     pub private_shm: Option<u64>,
+    /// The one TCP port the program may connect to (the egress proxy on loopback): Landlock
+    /// allows connecting to it alone, and seccomp allows IP stream sockets (no UDP, no raw).
+    pub proxy_port: Option<u16>,
+    /// Bridge `127.0.0.1:proxy_port`, inside the sandbox's own network namespace, to this
+    /// Unix socket (the server's proxy), in a process of the tree (see [`crate::bridge`]).
+    pub proxy_socket: Option<PathBuf>,
 }
 
 impl ExecArgs {
@@ -140,6 +146,12 @@ impl ExecArgs {
         if let Some(n) = self.private_shm {
             flag("--private-shm", Some(n.to_string().into()));
         }
+        if let Some(p) = self.proxy_port {
+            flag("--proxy-port", Some(p.to_string().into()));
+        }
+        if let Some(p) = &self.proxy_socket {
+            flag("--proxy-socket", Some(p.clone().into()));
+        }
         v
     }
 
@@ -180,6 +192,8 @@ impl ExecArgs {
                     })
                 }
                 "--private-shm" => out.private_shm = Some(number(name, utf8(name, &value()?)?)?),
+                "--proxy-port" => out.proxy_port = Some(number(name, utf8(name, &value()?)?)?),
+                "--proxy-socket" => out.proxy_socket = Some(value()?.into()),
                 "--read" => out.read.push(value()?.into()),
                 "--write" => out.write.push(value()?.into()),
                 _ => return Err(format!("unknown option {a:?}")),
@@ -329,6 +343,8 @@ mod tests {
             net: true,
             seccomp: true,
             private_shm: Some(256 << 20),
+            proxy_port: Some(3128),
+            proxy_socket: Some("/run/replbox-egress.sock".into()),
         };
         round_trip(&all);
         round_trip(&ExecArgs {
@@ -352,6 +368,8 @@ mod tests {
             &["--program-fd"],
             &["--landlock", "maybe"],
             &["--private-shm", "big"],
+            &["--proxy-port", "70000"],
+            &["--proxy-socket"],
             &["--what"],
             &["--", "true"],
         ] {

@@ -32,7 +32,7 @@ impl Confinement {
             None => None,
         };
         let seccomp = if args.seccomp {
-            seccomp::programs(args.net)?
+            seccomp::programs(args.net, args.proxy_port.is_some())?
         } else {
             Vec::new()
         };
@@ -174,7 +174,7 @@ fn set_rlimit(r: Rlimit, v: u64) -> Result<(), String> {
 /// Become `uid`/`gid` for good: empty the capability bounding set (so nothing can bring a
 /// capability back even through a file capability), drop supplementary groups, then gid and
 /// uid (real, effective and saved). Changing from uid 0 clears every capability.
-fn drop_to(uid: u32, gid: u32) -> Result<(), String> {
+pub(crate) fn drop_to(uid: u32, gid: u32) -> Result<(), String> {
     for cap in 0..64 {
         // SAFETY: prctl with integer arguments; PR_CAPBSET_READ fails past the last cap.
         unsafe {

@@ -1,12 +1,13 @@
 //! The Landlock ruleset: reads and writes beneath the given trees, TCP unless the network is
-//! allowed, and the signal and abstract-socket scopes.
+//! allowed (then only connecting to the proxy's port, when one is given), and the signal and
+//! abstract-socket scopes.
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, Ruleset,
-    RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetError, Scope,
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath,
+    Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetError, Scope,
 };
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
 
@@ -33,12 +34,15 @@ pub fn ruleset(args: &ExecArgs) -> Result<RulesetCreated, RulesetError> {
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(handled)?;
     if !args.net {
-        // Handled with no rule: no TCP bind or connect at all.
+        // Handled with no rule (but the proxy's port): no TCP bind, no other connect.
         rs = rs.handle_access(AccessNet::from_all(abi))?;
     }
     // No signals to, and no abstract Unix sockets of, processes outside the sandbox.
     rs = rs.scope(Scope::from_all(abi))?;
     let mut created = rs.create()?;
+    if let (false, Some(port)) = (args.net, args.proxy_port) {
+        created = created.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?;
+    }
     let read = AccessFs::from_read(abi) & handled;
     for (paths, access) in [(&args.read, read), (&args.write, handled)] {
         for p in paths {

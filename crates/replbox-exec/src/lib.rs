@@ -25,10 +25,15 @@
 //!   through `PR_SET_PDEATHSIG`), every process of the tree is killed and reaped; the helper
 //!   then writes the program's exact end and whether the tree was seen gone ([`status`]) and
 //!   exits the same way.
+//! * With `--proxy-socket` (inside bwrap's network namespace), a bridge process of the tree,
+//!   as the program's uid, relays `127.0.0.1:PORT` to the server's egress proxy ([`bridge`]);
+//!   with `--proxy-port`, Landlock lets the program connect to that TCP port and no other,
+//!   and seccomp allows IP stream sockets only.
 //!
 //! [`procfs`] holds every /proc reader the helper and the server use.
 
 mod args;
+mod bridge;
 mod confine;
 mod landlock;
 pub mod procfs;

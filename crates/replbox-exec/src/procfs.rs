@@ -20,6 +20,17 @@ pub fn ppid_state(pid: i32) -> Option<(i32, char)> {
     Some((ppid, state))
 }
 
+/// The controlling terminal of a process (`tty_nr` of /proc/PID/stat, a device number as
+/// `stat` gives it; 0 for none).
+pub fn tty_nr(pid: u32) -> Option<u64> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
+    // state, ppid, pgrp, session, tty_nr
+    let nr: i64 = rest.split_whitespace().nth(4)?.parse().ok()?;
+    u64::try_from(nr).ok()
+}
+
 /// The thread ids of a process.
 pub fn threads(pid: u32) -> Vec<u32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -167,6 +178,7 @@ mod tests {
         assert!(threads(me).contains(&me));
         assert!(describe_tree(me).starts_with(&format!("{me} ")));
         assert!(ppid_state(-1).is_none());
+        assert!(tty_nr(me).is_some());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The seccomp filters: the kernel surface user code never needs, sockets other than Unix
-//! ones (unless the network is allowed), namespaces through clone, and clone3 and x32 calls
+//! ones (unless the network is allowed; TCP ones only when the proxy is the way out), namespaces through clone, and clone3 and x32 calls
 //! answered ENOSYS.
 
 use std::collections::BTreeMap;
@@ -63,7 +63,13 @@ const CLONE_NS_FLAGS: &[u64] = &[
     // (only clone3, which answers ENOSYS, and unshare, which is denied).
 ];
 
-pub fn programs(net: bool) -> Result<Vec<BpfProgram>, String> {
+/// Socket types a program that may reach only the proxy must not make: everything but
+/// `SOCK_STREAM` (the low bits of `socket`'s type argument), so no UDP and no raw sockets.
+const NOT_STREAM: &[u64] = &[0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+
+/// `net`: any socket family the resolver and clients use. `tcp`: IP stream sockets only
+/// (Landlock decides which port they may connect to).
+pub fn programs(net: bool, tcp: bool) -> Result<Vec<BpfProgram>, String> {
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| format!("seccomp: {e}"))?;
     let err = |e: seccompiler::BackendError| format!("seccomp: {e}");
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
@@ -73,7 +79,9 @@ pub fn programs(net: bool) -> Result<Vec<BpfProgram>, String> {
     // Sockets: Unix only, unless the network is allowed (then IP too, and netlink, which the
     // resolver uses to list interfaces).
     let mut families = vec![libc::AF_UNIX as u64];
-    if net {
+    if tcp && !net {
+        families.extend([libc::AF_INET as u64, libc::AF_INET6 as u64]);
+    } else if net {
         families.extend([
             libc::AF_INET as u64,
             libc::AF_INET6 as u64,
@@ -85,12 +93,31 @@ pub fn programs(net: bool) -> Result<Vec<BpfProgram>, String> {
         .map(|f| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *f))
         .collect::<Result<Vec<_>, _>>()
         .map_err(err)?;
-    for nr in [libc::SYS_socket, libc::SYS_socketpair] {
-        rules.insert(
-            nr,
-            vec![SeccompRule::new(not_allowed.clone()).map_err(err)?],
-        );
+    let mut socket_rules = vec![SeccompRule::new(not_allowed.clone()).map_err(err)?];
+    if tcp && !net {
+        // socket(): an IP family (allowed below) with any type but a stream is refused.
+        for family in [libc::AF_INET as u64, libc::AF_INET6 as u64] {
+            for ty in NOT_STREAM {
+                let is_family =
+                    SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, family);
+                let is_type = SeccompCondition::new(
+                    1,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::MaskedEq(0xf),
+                    *ty,
+                );
+                socket_rules.push(
+                    SeccompRule::new(vec![is_family.map_err(err)?, is_type.map_err(err)?])
+                        .map_err(err)?,
+                );
+            }
+        }
     }
+    rules.insert(libc::SYS_socket, socket_rules);
+    rules.insert(
+        libc::SYS_socketpair,
+        vec![SeccompRule::new(not_allowed.clone()).map_err(err)?],
+    );
     let clone_rules = CLONE_NS_FLAGS
         .iter()
         .map(|f| {

@@ -148,6 +148,12 @@ pub fn run(args: ExecArgs) -> ! {
     let call = ExecCall::new(program).unwrap_or_else(|e| die(&e));
     // Everything that can fail for a reason worth a message is prepared before the fork.
     let confine = Confinement::prepare(&args).unwrap_or_else(|e| die(&e));
+    if let Some(socket) = &args.proxy_socket {
+        let port = args
+            .proxy_port
+            .unwrap_or_else(|| die("--proxy-socket needs --proxy-port"));
+        crate::bridge::start(port, socket, args.ids).unwrap_or_else(|e| die(&e));
+    }
 
     // SAFETY: the helper is single-threaded, so the child may do anything the parent could.
     let child = match unsafe { fork() } {

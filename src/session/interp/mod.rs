@@ -6,6 +6,7 @@
 //! process (the PTY reports EIO once the whole tree is gone). An evaluation writes the code
 //! to a cell file, types the one eval line, and waits on the shared state.
 
+mod input;
 mod recover;
 mod stream;
 
@@ -17,13 +18,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::scan::EndMarker;
-use super::stdin_wait;
 use crate::exec::child::ChildEnv;
 use crate::exec::pty::{self, PtyMaster};
 use crate::exec::{self, Proc, SpawnSpec, Stdio3};
 use crate::lang::SessionSpec;
 use crate::lang::protocol::{INTERRUPT_FILE, SYNC_BASE};
-use crate::lang::spec::InputWait;
 use crate::output::{Rendered, Renderer};
 use crate::progress::Progress;
 use crate::sandbox::{Jail, Sandbox};
@@ -74,6 +73,22 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 pub struct Outcome {
     pub ending: Ending,
     pub output: Rendered,
+    /// What the agent should know besides the output (said in the result's notes).
+    pub notes: Vec<String>,
+    /// Everything `session_input` typed into the evaluation (its last 64 KiB), once it is
+    /// over: the end marker says how much of it the program left unread.
+    pub typed: Vec<u8>,
+}
+
+impl Outcome {
+    fn new(ending: Ending, output: Rendered) -> Self {
+        Self {
+            ending,
+            output,
+            notes: Vec::new(),
+            typed: Vec::new(),
+        }
+    }
 }
 
 /// A running interpreter.
@@ -99,6 +114,10 @@ pub struct Interp {
     /// Files of finished evaluations (cells, interrupt flags), removed with the next cell's
     /// write: one trip to the blocking pool per evaluation.
     finished: Vec<PathBuf>,
+    /// What `session_input` typed into the evaluation in flight.
+    typed: Vec<u8>,
+    /// Whether the control directory says so yet (`input-N`).
+    typed_flag: bool,
 }
 
 impl Drop for Interp {
@@ -128,6 +147,8 @@ impl Interp {
             paused: None,
             in_sync: false,
             finished: Vec::new(),
+            typed: Vec::new(),
+            typed_flag: false,
         };
         me.ready(timeout).await?;
         Ok(me)
@@ -214,7 +235,8 @@ impl Interp {
         cancel: &CancellationToken,
         progress: Option<&Progress>,
     ) -> Outcome {
-        self.run_cell(n, code, deadline, cancel, progress, true)
+        let code = unix_newlines(code);
+        self.run_cell(n, &code, deadline, cancel, progress, true)
             .await
     }
 
@@ -227,6 +249,7 @@ impl Interp {
         progress: Option<&Progress>,
         detect_input: bool,
     ) -> Outcome {
+        self.forget_typed();
         let spec = &self.launch.spec;
         let n_s = n.to_string();
         let cell = self.launch.ctl.join(spec.cell_name(n));
@@ -259,42 +282,23 @@ impl Interp {
                 Renderer::new(self.launch.output_cap / 4),
             )
         };
+        if detect_input {
+            // Keys typed without Enter that no program read are still in the terminal's
+            // line buffer; the eval line must not be appended to them.
+            self.master.flush_input();
+        }
         let line = spec.eval_line(n, &cell);
         let ending = match self.type_line(&line).await {
             Err(_) => self.wait_exit().await,
             Ok(()) => self.wait(n, deadline, cancel, progress, detect_input).await,
         };
-        let mut output = self.end_part(n, &ending);
-        let bg = background.finish();
+        let mut outcome = self.finish(n, ending).await;
+        let bg = background.finish().await;
         if !bg.text.is_empty() {
-            output.text = format!("{}{}", bg.text, output.text);
-            output.omitted += bg.omitted;
+            outcome.output.text = format!("{}{}", bg.text, outcome.output.text);
+            outcome.output.omitted += bg.omitted;
         }
-        Outcome { ending, output }
-    }
-
-    /// Continue an evaluation paused waiting for input: type `text` (a newline is added
-    /// when missing) and wait as for an evaluation.
-    pub async fn resume(
-        &mut self,
-        text: &str,
-        deadline: Instant,
-        cancel: &CancellationToken,
-        progress: Option<&Progress>,
-    ) -> Outcome {
-        let Some(n) = self.paused.take() else {
-            return self.fail_now("no evaluation is waiting for input".into());
-        };
-        let mut bytes = text.as_bytes().to_vec();
-        if !bytes.ends_with(b"\n") {
-            bytes.push(b'\n');
-        }
-        let ending = match self.master.write_all(&bytes).await {
-            Err(_) => self.wait_exit().await,
-            Ok(()) => self.wait(n, deadline, cancel, progress, true).await,
-        };
-        let output = self.end_part(n, &ending);
-        Outcome { ending, output }
+        outcome
     }
 
     /// Interrupt an evaluation paused waiting for input.
@@ -303,33 +307,44 @@ impl Interp {
             return self.fail_now("no evaluation is waiting for input".into());
         };
         let ending = self.interrupt_and_recover(n).await.ending(false);
-        let output = self.end_part(n, &ending);
-        Outcome { ending, output }
+        self.finish(n, ending).await
+    }
+
+    /// The outcome of this part of evaluation `n` (see [`end_part`](Self::end_part)); with
+    /// what was typed into it, when it is over.
+    async fn finish(&mut self, n: u64, ending: Ending) -> Outcome {
+        let output = self.end_part(n, &ending).await;
+        let mut outcome = Outcome::new(ending, output);
+        if !matches!(outcome.ending, Ending::AwaitingInput) {
+            outcome.typed = std::mem::take(&mut self.typed);
+        }
+        outcome
     }
 
     /// Collect the output of this part of evaluation `n`; unless it paused for input, the
     /// evaluation is over.
-    fn end_part(&mut self, n: u64, ending: &Ending) -> Rendered {
-        let mut st = self.shared.lock();
-        let part = std::mem::replace(&mut st.out, Renderer::new(self.launch.output_cap));
-        if matches!(ending, Ending::AwaitingInput) {
-            drop(st);
+    async fn end_part(&mut self, n: u64, ending: &Ending) -> Rendered {
+        let awaiting = matches!(ending, Ending::AwaitingInput);
+        let part = {
+            let mut st = self.shared.lock();
+            if !awaiting {
+                st.current = None;
+            }
+            std::mem::replace(&mut st.out, Renderer::new(self.launch.output_cap))
+        };
+        if awaiting {
             self.paused = Some(n);
         } else {
-            st.current = None;
-            drop(st);
             self.finished
                 .push(self.launch.ctl.join(self.launch.spec.cell_name(n)));
             self.finished.push(interrupt_flag(&self.launch.ctl, n));
+            self.finished.push(input::input_flag(&self.launch.ctl, n));
         }
-        part.finish()
+        part.finish().await
     }
 
     fn fail_now(&self, reason: String) -> Outcome {
-        Outcome {
-            ending: Ending::Failed(reason),
-            output: Renderer::new(0).finish(),
-        }
+        Outcome::new(Ending::Failed(reason), Rendered::default())
     }
 
     /// Wait for the end marker of evaluation `n`, interrupting at the deadline, pausing
@@ -348,11 +363,9 @@ impl Interp {
         input_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut progress_tick = tokio::time::interval_at(now + PROGRESS_EVERY, PROGRESS_EVERY);
         progress_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        // A first sighting of "waiting for input", with the output version at that moment:
-        // confirmed only if the next poll sees the same with no output in between. Runtimes
-        // arm their terminal reads briefly while doing other things (ghci while it prints);
-        // a program that waits for input stays silent and stays waiting.
-        let mut suspected: Option<u64> = None;
+        // A first sighting of "waiting for input", with the output version at that moment
+        // (see `input::confirm`).
+        let mut suspected: Option<input::Suspicion> = None;
         loop {
             match self.check(n) {
                 Check::End(end) => return Ending::Done(end),
@@ -390,14 +403,13 @@ impl Interp {
     }
 
     /// One poll of evaluation `n`'s processes: the end of the tree, or the code waiting for
-    /// input, seen on two polls in a row at the same output `version` (`suspected` keeps
-    /// the version of the first sighting).
+    /// input, confirmed at the same output `version` (`suspected` keeps the first sighting).
     async fn poll(
         &mut self,
         n: u64,
         detect_input: bool,
         version: u64,
-        suspected: &mut Option<u64>,
+        suspected: &mut Option<input::Suspicion>,
     ) -> Option<Ending> {
         // The helper's own exit is the authority on the tree being gone, whatever else may
         // still hold the terminal open.
@@ -409,17 +421,18 @@ impl Interp {
             // The exact status (the helper's record, not bwrap's summary).
             return Some(self.wait_exit().await);
         }
-        if detect_input
-            && self.running_user_code(n)
-            && self.waits_for_input()
-            && self.nothing_unread(n)
-        {
-            if *suspected == Some(version) {
-                return Some(Ending::AwaitingInput);
-            }
-            *suspected = Some(version);
+        let wait = if detect_input && self.running_user_code(n) {
+            self.input_wait()
         } else {
-            *suspected = None;
+            None
+        };
+        match wait {
+            Some(w) if self.nothing_unread(n) => {
+                if input::confirm(suspected, version, w.timeout, Instant::now()) {
+                    return Some(Ending::AwaitingInput);
+                }
+            }
+            _ => *suspected = None,
         }
         None
     }
@@ -450,36 +463,6 @@ impl Interp {
                 Ok(Ok(())) => continue,
                 _ => return,
             }
-        }
-    }
-
-    /// Whether the REPL has taken the eval line and is running the cell: until then the REPL
-    /// itself is (rightly) reading the terminal. Without a start marker, assume it has.
-    fn running_user_code(&self, n: u64) -> bool {
-        !self.launch.spec.announces_start || self.shared.lock().started == Some(n)
-    }
-
-    /// After seeing the program wait for input: has everything it wrote before that been
-    /// read, without an end marker for `n`? Otherwise the wait seen was the REPL's own,
-    /// after the evaluation ended.
-    fn nothing_unread(&self, n: u64) -> bool {
-        let st = self.shared.lock();
-        st.end.as_ref().is_none_or(|e| e.n != n) && !st.closed && self.master.unread() == 0
-    }
-
-    /// Whether the program is blocked reading the terminal (see `stdin_wait`).
-    fn waits_for_input(&self) -> bool {
-        let signals = &self.launch.spec.input_wait;
-        if signals.contains(&InputWait::Raw) && self.master.is_raw() {
-            tracing::debug!("waiting for input: the terminal is in raw mode");
-            return true;
-        }
-        match stdin_wait::tree_reader(self.helper_pid, self.tty, signals) {
-            Some(how) => {
-                tracing::debug!(%how, "waiting for input");
-                true
-            }
-            None => false,
         }
     }
 
@@ -537,10 +520,35 @@ fn spawn_on_pty(launch: &Launch) -> Result<(Proc, PtyMaster, u64), String> {
     Ok((proc, master, tty))
 }
 
+/// `text` with Windows (CRLF) and old Mac (CR) line endings made Unix ones: a REPL reads
+/// a carriage return as part of the line (bash would run `cd d1\r`).
+pub fn unix_newlines(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains('\r') {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    std::borrow::Cow::Owned(text.replace("\r\n", "\n").replace('\r', "\n"))
+}
+
 /// The file that exists in the control directory while evaluation `n` is being interrupted.
 pub fn interrupt_flag(ctl: &Path, n: u64) -> PathBuf {
     ctl.join(crate::lang::expand(
         INTERRUPT_FILE,
         &[("n", &n.to_string())],
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_endings_become_unix_ones() {
+        assert_eq!(unix_newlines("a\r\nb\r\n"), "a\nb\n");
+        assert_eq!(unix_newlines("a\rb"), "a\nb");
+        assert_eq!(unix_newlines("a\r\r\nb"), "a\n\nb");
+        assert!(matches!(
+            unix_newlines("plain\n"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
 }

@@ -13,6 +13,8 @@ use crate::session::scan::EndMarker;
 
 /// How often an unanswered interrupt is repeated.
 const REPEAT_INTERRUPT: Duration = Duration::from_secs(1);
+/// How often an interrupted REPL whose prompt did not come is looked at under /proc.
+const LOOK_AGAIN: Duration = Duration::from_millis(150);
 
 impl Interp {
     /// Send the interrupt, wait briefly for the REPL to come back (its end marker, or a
@@ -57,6 +59,10 @@ impl Interp {
         // repeated every second until the grace period ends; only then is the tree killed.
         let mut again =
             tokio::time::interval_at(Instant::now() + REPEAT_INTERRUPT, REPEAT_INTERRUPT);
+        let mut look = tokio::time::interval_at(Instant::now() + LOOK_AGAIN, LOOK_AGAIN);
+        // Sightings in a row of the REPL reading its terminal: back at a prompt that is not
+        // ours (the user's code set its own).
+        let mut reading = 0;
         let mut rx = self.shared.tick.subscribe();
         let marker = loop {
             match self.check_since(n, prompts_before) {
@@ -73,8 +79,14 @@ impl Interp {
             tokio::select! {
                 changed = rx.changed() => { if changed.is_err() { break None; } }
                 _ = again.tick() => { let _ = self.send_interrupt().await; }
+                _ = look.tick() => {
+                    reading = if self.repl_reads() { reading + 1 } else { 0 };
+                    if reading >= 2 {
+                        break None;
+                    }
+                }
                 _ = tokio::time::sleep_until(until) => {
-                    return match self.restart().await {
+                    return match self.restart_keeping_output().await {
                         Ok(()) => Recovery::Restarted("the interpreter did not stop when interrupted".into()),
                         Err(e) => Recovery::Restarted(e),
                     };
@@ -120,13 +132,22 @@ impl Interp {
                 Recovery::Back(marker)
             }
             Ending::Exited(st) => Recovery::Exited(st),
-            _ => match self.restart().await {
+            _ => match self.restart_keeping_output().await {
                 Ok(()) => {
                     Recovery::Restarted("the interpreter did not recover after an interrupt".into())
                 }
                 Err(e) => Recovery::Restarted(e),
             },
         }
+    }
+
+    /// Restart, keeping what the evaluation in flight printed before (it is returned with the
+    /// note that the state is lost).
+    async fn restart_keeping_output(&mut self) -> Result<(), String> {
+        let kept = std::mem::replace(&mut self.shared.lock().out, Renderer::new(0));
+        let restarted = self.restart().await;
+        self.shared.lock().out = kept;
+        restarted
     }
 
     /// Kill this interpreter's tree and start a fresh one in its place.

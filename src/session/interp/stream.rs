@@ -2,13 +2,18 @@
 //! files output, prompts and markers in state shared with the evaluation in flight.
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::{Interp, Launch};
 use crate::exec::pty::{PtyMaster, ReadOutcome};
 use crate::output::Renderer;
 use crate::session::scan::{EndMarker, Event, Scanner};
+
+// The renderer's screen is the terminal the interpreter was given.
+const _: () = assert!(crate::output::SCREEN_ROWS == crate::exec::pty::ROWS as usize);
 
 /// State shared between the reader task and evaluations.
 pub(super) struct StreamState {
@@ -141,8 +146,21 @@ pub(super) enum Check {
     Pending,
 }
 
+/// Reads coming within this long of each other...
+const BURST_GAP: Duration = Duration::from_millis(2);
+/// ...this many in a row mean a program printing many short lines. Then, after a read
+/// smaller than [`SMALL_READ`], the reader waits [`BATCH_WAIT`] so the next read takes
+/// many lines at once: otherwise each line costs a wake-up, a read and a context switch
+/// (200,000 printed lines cost as many). A program writing faster than `SMALL_READ` per
+/// `BATCH_WAIT` fills its reads and is never waited for; a short evaluation never is.
+const BURST_READS: u32 = 32;
+const SMALL_READ: usize = 2048;
+const BATCH_WAIT: Duration = Duration::from_millis(1);
+
 pub(super) async fn read_loop(master: Arc<PtyMaster>, shared: Arc<Shared>) {
     let mut buf = vec![0u8; 64 * 1024];
+    let mut last_read = Instant::now();
+    let mut burst = 0u32;
     loop {
         // Read and file the bytes under the stream lock, so that whoever holds the lock
         // sees either the bytes still unread in the terminal or their effect, never neither.
@@ -152,18 +170,40 @@ pub(super) async fn read_loop(master: Arc<PtyMaster>, shared: Arc<Shared>) {
                 match m.read_now(&mut buf)? {
                     ReadOutcome::Data(n) => {
                         st.feed(&buf[..n]);
-                        Ok(true)
+                        Ok(Some(n))
                     }
-                    ReadOutcome::Closed => Ok(false),
+                    ReadOutcome::Closed => Ok(None),
                 }
             })
             .await;
-        match res {
-            Ok(true) => shared.tick.send_modify(|v| *v = v.wrapping_add(1)),
-            Ok(false) | Err(_) => {
+        let n = match res {
+            Ok(Some(n)) => n,
+            Ok(None) | Err(_) => {
                 shared.close();
                 return;
             }
+        };
+        shared.tick.send_modify(|v| *v = v.wrapping_add(1));
+        let now = Instant::now();
+        burst = if now - last_read < BURST_GAP {
+            burst.saturating_add(1)
+        } else {
+            0
+        };
+        last_read = now;
+        if burst >= BURST_READS && n < SMALL_READ {
+            tokio::time::sleep(BATCH_WAIT).await;
+            // The gap to the next read is the program's, not this wait's.
+            last_read = Instant::now();
+        }
+        // Rendering that has fallen behind (on the blocking pool) holds reading back, so
+        // the bytes waiting stay bounded and the program waits, as on a slow terminal.
+        let behind = {
+            let st = shared.lock();
+            st.out.backlog().or_else(|| st.background.backlog())
+        };
+        if let Some(caught_up) = behind {
+            caught_up.await;
         }
     }
 }

@@ -1,0 +1,199 @@
+//! The egress proxy: the only way out of the sandbox when the operator allows any network
+//! (`--allow-domain`, `--allow-host`, `--allow-network`). It runs in the server, one listener
+//! per run or session (an [`Endpoint`]), so its log says who asked; what it lets through is
+//! decided by [`policy`], on the name and on the address it resolves to.
+//!
+//! At `bwrap` the endpoint is a Unix socket bound into the sandbox, whose network namespace
+//! has only loopback: the helper's bridge relays `127.0.0.1:`[`BRIDGE_PORT`] to it. At
+//! `landlock` and `none` it is a TCP port on the host's loopback (at `landlock` the only port
+//! user code may connect to).
+
+pub mod policy;
+mod proxy;
+
+use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Semaphore;
+use tokio::task::{AbortHandle, JoinSet};
+
+pub use policy::Policy;
+
+/// The port the bridge listens on inside a sandbox's own network namespace.
+pub const BRIDGE_PORT: u16 = 3128;
+/// Connections open at once through one endpoint, and through the whole server.
+const PER_ENDPOINT: usize = 32;
+const PER_SERVER: usize = 512;
+
+/// The server's proxy: the policy, this host's addresses, where endpoints' sockets live.
+#[derive(Debug)]
+pub struct Egress {
+    policy: Policy,
+    own: Arc<Vec<IpAddr>>,
+    dir: PathBuf,
+    total: Arc<Semaphore>,
+}
+
+/// One run's or session's way to the proxy; closing it (dropping) stops its listener and
+/// every connection through it.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// The Unix socket (bwrap), else None.
+    pub socket: Option<PathBuf>,
+    /// The TCP port user code connects to on 127.0.0.1 (inside the sandbox's namespace for a
+    /// socket).
+    pub port: u16,
+    task: AbortHandle,
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.task.abort();
+        if let Some(s) = &self.socket {
+            let _ = std::fs::remove_file(s);
+        }
+    }
+}
+
+impl Egress {
+    /// The proxy for `policy`, keeping its sockets in `dir` (created, the server's own).
+    pub fn new(policy: Policy, dir: &Path) -> std::io::Result<Self> {
+        match std::fs::create_dir(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        // Passable, not listable: the pool uids reach their own socket by its random name.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+        Ok(Self {
+            policy,
+            own: Arc::new(own_addresses()),
+            dir: dir.to_path_buf(),
+            total: Arc::new(Semaphore::new(PER_SERVER)),
+        })
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// What one endpoint allows: the operator's policy and a caller's checked domains.
+    fn shared(&self, extra: &[String]) -> Arc<proxy::Shared> {
+        Arc::new(proxy::Shared {
+            policy: self.policy.with_domains(extra),
+            own: self.own.clone(),
+        })
+    }
+
+    /// A Unix-socket endpoint (for a sandbox with its own network namespace), allowing the
+    /// policy and `extra` (a caller's checked domains). The socket is connectable by anyone
+    /// who can reach the directory: the pool uid's bridge must.
+    pub fn unix(&self, who: &str, extra: &[String]) -> std::io::Result<Endpoint> {
+        let path = self
+            .dir
+            .join(format!("{}.sock", uuid::Uuid::new_v4().simple()));
+        let listener = tokio::net::UnixListener::bind(&path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+        let task = self.accept(who, listener, self.shared(extra));
+        Ok(Endpoint {
+            socket: Some(path),
+            port: BRIDGE_PORT,
+            task,
+        })
+    }
+
+    /// A TCP endpoint on the host's loopback, on a port of the kernel's choosing.
+    pub fn tcp(&self, who: &str, extra: &[String]) -> std::io::Result<Endpoint> {
+        let std = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        std.set_nonblocking(true)?;
+        let port = std.local_addr()?.port();
+        let listener = tokio::net::TcpListener::from_std(std)?;
+        let task = self.accept(who, listener, self.shared(extra));
+        Ok(Endpoint {
+            socket: None,
+            port,
+            task,
+        })
+    }
+
+    /// The accept loop of one endpoint: bounded connections, each served by [`proxy::serve`];
+    /// aborting it drops every connection it started.
+    fn accept<L: Listener>(
+        &self,
+        who: &str,
+        listener: L,
+        shared: Arc<proxy::Shared>,
+    ) -> AbortHandle {
+        let total = self.total.clone();
+        let who: Arc<str> = Arc::from(who);
+        let mine = Arc::new(Semaphore::new(PER_ENDPOINT));
+        tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                let stream = match listener.next().await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(who = %who, "egress: accept failed: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                while conns.try_join_next().is_some() {}
+                let (Ok(a), Ok(b)) = (
+                    mine.clone().try_acquire_owned(),
+                    total.clone().try_acquire_owned(),
+                ) else {
+                    tracing::warn!(who = %who, "egress: too many connections, one closed");
+                    continue;
+                };
+                let (shared, who) = (shared.clone(), who.clone());
+                conns.spawn(async move {
+                    proxy::serve(stream, shared, who).await;
+                    drop((a, b));
+                });
+            }
+        })
+        .abort_handle()
+    }
+}
+
+/// A listener of either kind.
+trait Listener: Send + Sync + 'static {
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    fn next(&self) -> impl Future<Output = std::io::Result<Self::Stream>> + Send;
+}
+
+impl Listener for tokio::net::UnixListener {
+    type Stream = tokio::net::UnixStream;
+    async fn next(&self) -> std::io::Result<Self::Stream> {
+        self.accept().await.map(|(s, _)| s)
+    }
+}
+
+impl Listener for tokio::net::TcpListener {
+    type Stream = tokio::net::TcpStream;
+    async fn next(&self) -> std::io::Result<Self::Stream> {
+        self.accept().await.map(|(s, _)| s)
+    }
+}
+
+/// This host's own addresses (every interface's), refused as destinations.
+fn own_addresses() -> Vec<IpAddr> {
+    let mut v = Vec::new();
+    if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
+        for a in addrs {
+            let Some(addr) = a.address else { continue };
+            if let Some(s) = addr.as_sockaddr_in() {
+                v.push(IpAddr::V4(s.ip()));
+            } else if let Some(s) = addr.as_sockaddr_in6() {
+                v.push(IpAddr::V6(s.ip()));
+            }
+        }
+    }
+    v.sort();
+    v.dedup();
+    v
+}

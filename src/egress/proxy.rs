@@ -1,0 +1,311 @@
+//! One connection to the proxy: an HTTP/1 request head (bounded, with a deadline), then
+//! either a CONNECT tunnel (HTTPS; the TLS inside is not looked at) or one plain `http://`
+//! request forwarded with `Connection: close`. Whatever the client asks, the upstream is
+//! connected to only at an address [`Policy`] allows, checked on the resolved address itself
+//! (the name is resolved once, here, and that address is the one connected to).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+
+use super::policy::{Policy, normalize, public_address};
+
+/// The largest request head read.
+const MAX_HEAD: usize = 16 * 1024;
+/// The time a client has to send its request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Resolving a name, and connecting to one address.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every connection of an endpoint shares.
+#[derive(Debug)]
+pub struct Shared {
+    pub policy: Policy,
+    /// This host's own addresses (never connected to unless the operator names them).
+    pub own: Arc<Vec<IpAddr>>,
+}
+
+/// Why a request was not forwarded: the status and a one-line reason (ASCII, no CR/LF), sent
+/// as the reason phrase too, so that clients which show only the status line (pip's "Tunnel
+/// connection failed: 403 ...") show why.
+struct Refusal(u16, String);
+
+/// Serve one client connection; `who` names the session or run it belongs to, for the log.
+pub async fn serve<S>(mut client: S, shared: Arc<Shared>, who: Arc<str>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (head, extra) = match timeout(HEAD_TIMEOUT, read_head(&mut client)).await {
+        Ok(Some(h)) => h,
+        _ => return,
+    };
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut req = httparse::Request::new(&mut headers);
+    let (method, target) = match req.parse(&head) {
+        Ok(httparse::Status::Complete(_)) => (
+            req.method.unwrap_or_default().to_string(),
+            req.path.unwrap_or_default().to_string(),
+        ),
+        _ => return refuse(&mut client, Refusal(400, "malformed request".into())).await,
+    };
+    let result = if method.eq_ignore_ascii_case("CONNECT") {
+        tunnel(&mut client, &shared, &who, &target, &extra).await
+    } else {
+        forward(&mut client, &shared, &who, &method, &target, &req, &extra).await
+    };
+    if let Err(r) = result {
+        tracing::info!(who = %who, target = %printable(&target), "egress refused: {}", r.1);
+        refuse(&mut client, r).await;
+    }
+}
+
+/// CONNECT host:port: open the tunnel, then relay both ways.
+async fn tunnel<S>(
+    client: &mut S,
+    shared: &Shared,
+    who: &str,
+    target: &str,
+    extra: &[u8],
+) -> Result<(), Refusal>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (host, port) = split_authority(target, None)
+        .ok_or_else(|| Refusal(400, "CONNECT needs HOST:PORT".into()))?;
+    let mut up = connect(shared, who, &host, port).await?;
+    if client
+        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .await
+        .is_err()
+        || up.write_all(extra).await.is_err()
+    {
+        return Ok(());
+    }
+    let _ = tokio::io::copy_bidirectional(client, &mut up).await;
+    Ok(())
+}
+
+/// A plain `http://` request: sent upstream in origin form, without the proxy's own headers
+/// and with `Connection: close`; then the response (and any body) relayed as it comes.
+async fn forward<S>(
+    client: &mut S,
+    shared: &Shared,
+    who: &str,
+    method: &str,
+    target: &str,
+    req: &httparse::Request<'_, '_>,
+    extra: &[u8],
+) -> Result<(), Refusal>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let rest = target
+        .strip_prefix("http://")
+        .or_else(|| target.strip_prefix("HTTP://"))
+        .ok_or_else(|| {
+            Refusal(
+                400,
+                "only http:// URLs are forwarded (https goes through CONNECT)".into(),
+            )
+        })?;
+    let (authority, path) = match rest.find(['/', '?']) {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let path = if path.starts_with('?') {
+        format!("/{path}")
+    } else {
+        path.to_string()
+    };
+    let (host, port) = split_authority(authority, Some(80))
+        .ok_or_else(|| Refusal(400, "the URL has no valid host".into()))?;
+    let mut up = connect(shared, who, &host, port).await?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
+    for h in req.headers.iter() {
+        let name = h.name.to_ascii_lowercase();
+        if name.starts_with("proxy-") || name == "connection" || name == "keep-alive" {
+            continue;
+        }
+        head.extend_from_slice(h.name.as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(h.value);
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"Connection: close\r\n\r\n");
+    if up.write_all(&head).await.is_err() || up.write_all(extra).await.is_err() {
+        return Ok(());
+    }
+    let _ = tokio::io::copy_bidirectional(client, &mut up).await;
+    Ok(())
+}
+
+/// Connect to `host:port` if the policy allows the name and the address it resolves to.
+async fn connect(shared: &Shared, who: &str, host: &str, port: u16) -> Result<TcpStream, Refusal> {
+    let p = &shared.policy;
+    let shown = printable(host);
+    if !p.name_allowed(host, port) {
+        return Err(Refusal(
+            403,
+            format!(
+                "replbox egress: {shown} is not on the allowlist (allowed: {})",
+                p.describe()
+            ),
+        ));
+    }
+    let named = p.named_host(host, port);
+    let addrs: Vec<SocketAddr> = match timeout(
+        RESOLVE_TIMEOUT,
+        tokio::net::lookup_host((host.to_string(), port)),
+    )
+    .await
+    {
+        Ok(Ok(a)) => a.collect(),
+        _ => {
+            return Err(Refusal(
+                502,
+                format!("replbox egress: cannot resolve {shown}"),
+            ));
+        }
+    };
+    let allowed: Vec<SocketAddr> = addrs
+        .iter()
+        .copied()
+        .filter(|a| named || public_address(a.ip(), &shared.own))
+        .collect();
+    if allowed.is_empty() {
+        let first = addrs
+            .first()
+            .map(|a| a.ip().to_string())
+            .unwrap_or_default();
+        return Err(Refusal(
+            403,
+            format!(
+                "replbox egress: {shown} resolves to {first}, a loopback, private, link-local \
+                 or this host's own address, which user code may not reach (the operator can \
+                 allow one host with --allow-host HOST:PORT)"
+            ),
+        ));
+    }
+    for addr in allowed {
+        if let Ok(Ok(s)) = timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+            tracing::info!(who = %who, host = %shown, %addr, "egress connected");
+            return Ok(s);
+        }
+    }
+    Err(Refusal(
+        502,
+        format!("replbox egress: cannot connect to {shown}:{port}"),
+    ))
+}
+
+/// Read up to the end of the request head; returns the head and what came after it.
+async fn read_head<S: AsyncRead + Unpin>(s: &mut S) -> Option<(Vec<u8>, Vec<u8>)> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 2048];
+    loop {
+        let n = s.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        let from = buf.len().saturating_sub(3);
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(i) = memchr::memmem::find(&buf[from..], b"\r\n\r\n") {
+            let end = from + i + 4;
+            let extra = buf.split_off(end);
+            return Some((buf, extra));
+        }
+        if buf.len() > MAX_HEAD {
+            return None;
+        }
+    }
+}
+
+/// `host:port` (or `[v6]:port`); `default` when the port is left out.
+fn split_authority(a: &str, default: Option<u16>) -> Option<(String, u16)> {
+    let a = a.rsplit_once('@').map_or(a, |(_, h)| h);
+    let (host, port) = if let Some(rest) = a.strip_prefix('[') {
+        let (h, after) = rest.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().ok()?,
+            None if after.is_empty() => default?,
+            None => return None,
+        };
+        (h.to_string(), port)
+    } else {
+        match a.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), p.parse().ok()?),
+            None => (a.to_string(), default?),
+        }
+    };
+    let host = normalize(&host);
+    let ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | ':' | '_'));
+    (ok && port != 0).then_some((host, port))
+}
+
+/// A client-given string, safe for a status line and a log: printable ASCII, bounded.
+fn printable(s: &str) -> String {
+    s.chars()
+        .take(200)
+        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+        .collect()
+}
+
+async fn refuse<S: AsyncWrite + Unpin>(client: &mut S, Refusal(code, msg): Refusal) {
+    let reason: String = msg
+        .chars()
+        .take(400)
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect();
+    let body = format!("{msg}\n");
+    let text = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = client.write_all(text.as_bytes()).await;
+    let _ = client.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authorities_parse() {
+        assert_eq!(
+            split_authority("PyPI.org:443", None),
+            Some(("pypi.org".into(), 443))
+        );
+        assert_eq!(
+            split_authority("[::1]:8080", None),
+            Some(("::1".into(), 8080))
+        );
+        assert_eq!(
+            split_authority("example.com", Some(80)),
+            Some(("example.com".into(), 80))
+        );
+        assert_eq!(
+            split_authority("user:pw@example.com", Some(80)),
+            Some(("example.com".into(), 80))
+        );
+        assert_eq!(split_authority("example.com", None), None);
+        assert_eq!(split_authority("a b:80", None), None);
+        assert_eq!(split_authority("x:0", None), None);
+        assert_eq!(split_authority("x:99999", None), None);
+    }
+}

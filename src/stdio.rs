@@ -1,0 +1,442 @@
+//! MCP over stdio: the line framing between the process's stdin and stdout and rmcp.
+//!
+//! rmcp reads one JSON-RPC message a line, but answers nothing to a line it cannot read (not
+//! UTF-8, not JSON, longer than its limit), so a client waits forever for that request's
+//! reply. This layer reads the lines itself, bounded by `--max-line-bytes`, hands rmcp every
+//! message it accepts (rmcp keeps doing the protocol), and answers every other line that
+//! could be a request with a JSON-RPC error: parse error (-32700) for what is not JSON,
+//! invalid request (-32600) for a line too long or JSON that is not a message rmcp accepts,
+//! with the request's id when it can be read, `null` otherwise. Notifications get no answer,
+//! as JSON-RPC wants. Everything written to stdout goes through one task, one serialized
+//! message a line, so nothing but JSON-RPC ever reaches it and lines never interleave.
+
+use std::future::Future;
+
+use rmcp::RoleServer;
+use rmcp::model::ClientJsonRpcMessage;
+use rmcp::service::TxJsonRpcMessage;
+use rmcp::transport::Transport;
+use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+/// JSON-RPC's "Parse error": the line is not JSON.
+pub const PARSE_ERROR: i64 = -32700;
+/// JSON-RPC's "Invalid Request": JSON, but not a request this server reads.
+pub const INVALID_REQUEST: i64 = -32600;
+
+/// Bytes of an over-long line kept to find its id (an id comes first in practice).
+const ID_PREFIX: usize = 4096;
+/// Messages waiting for the writer; past this, reading waits for the client to read.
+const QUEUE: usize = 64;
+
+/// What to do with one line.
+#[derive(Debug)]
+pub enum Verdict {
+    /// A message for rmcp.
+    Message(Box<ClientJsonRpcMessage>),
+    /// An error to answer with (a whole JSON-RPC response).
+    Answer(Value),
+    /// Nothing: a blank line, or a notification or response that cannot be read.
+    Ignore,
+}
+
+/// A JSON-RPC error response.
+pub fn error(id: Value, code: i64, message: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+}
+
+/// Judge one complete line (without its newline).
+pub fn classify(line: &[u8]) -> Verdict {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    // RFC 8259 lets a parser ignore a byte order mark.
+    let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Verdict::Ignore;
+    }
+    let rejected = match serde_json::from_slice::<ClientJsonRpcMessage>(line) {
+        Ok(m) => return Verdict::Message(Box::new(m)),
+        Err(e) => e,
+    };
+    let value = match serde_json::from_slice::<Value>(line) {
+        Ok(v) => v,
+        Err(e) => {
+            return Verdict::Answer(error(
+                recover_id(line),
+                PARSE_ERROR,
+                &format!("parse error: the line is not JSON in UTF-8 ({e})"),
+            ));
+        }
+    };
+    let Some(obj) = value.as_object() else {
+        return Verdict::Answer(error(
+            Value::Null,
+            INVALID_REQUEST,
+            "invalid request: a message is one JSON object per line (batches are not supported)",
+        ));
+    };
+    let is_response = obj.contains_key("result") || obj.contains_key("error");
+    match obj.get("id") {
+        // A notification (or a response) that cannot be read: JSON-RPC answers neither.
+        None if obj.contains_key("method") || is_response => Verdict::Ignore,
+        Some(_) if is_response => Verdict::Ignore,
+        id => Verdict::Answer(error(
+            id.cloned().filter(valid_id).unwrap_or(Value::Null),
+            INVALID_REQUEST,
+            &format!("invalid request: not a JSON-RPC request this server reads ({rejected})"),
+        )),
+    }
+}
+
+/// The answer to a line longer than `max` bytes, of which `prefix` are its first bytes.
+pub fn oversized(prefix: &[u8], max: usize) -> Value {
+    error(
+        recover_id(prefix),
+        INVALID_REQUEST,
+        &format!(
+            "invalid request: the message is longer than this server's limit of {max} bytes \
+             a line (--max-line-bytes); send less in one call"
+        ),
+    )
+}
+
+/// An id JSON-RPC allows: a string or a number.
+fn valid_id(v: &Value) -> bool {
+    v.is_string() || v.is_number()
+}
+
+/// The `id` of a top-level JSON object that may be cut short or broken further on: the
+/// object's members are read in order until the first error, and an `id` met before it is
+/// kept. `null` when there is none to read.
+pub fn recover_id(bytes: &[u8]) -> Value {
+    struct Members<'a>(&'a mut Option<Value>);
+    impl<'de> Visitor<'de> for Members<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON-RPC message")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<String>()? {
+                if key == "id" {
+                    let v: Value = map.next_value()?;
+                    *self.0 = valid_id(&v).then_some(v);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(())
+        }
+    }
+    let mut id = None;
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let _ = serde::Deserializer::deserialize_map(&mut de, Members(&mut id));
+    id.unwrap_or(Value::Null)
+}
+
+/// One line for the writer, and who waits for it to be written.
+struct Out {
+    bytes: Vec<u8>,
+    done: Option<oneshot::Sender<std::io::Result<()>>>,
+}
+
+/// The transport rmcp serves on: lines in from `R`, messages out through the writer task.
+pub struct Framing<R> {
+    read: BufReader<R>,
+    /// The line being read (cut to its first bytes once it is too long).
+    line: Vec<u8>,
+    max: usize,
+    /// Dropping the rest of a line found too long, up to its newline.
+    discarding: bool,
+    /// An error answer waiting for room in the writer's queue.
+    pending: Option<Vec<u8>>,
+    out: Option<mpsc::Sender<Out>>,
+    writer: Option<JoinHandle<()>>,
+}
+
+/// The process's stdin and stdout, framed (within a Tokio runtime).
+pub fn transport(max_line: usize) -> Framing<impl AsyncRead + Unpin + Send + 'static> {
+    let (read, write) = rmcp::transport::stdio_pipes();
+    Framing::new(read, write, max_line)
+}
+
+enum Read {
+    Line,
+    Oversized,
+    Eof,
+}
+
+enum Step {
+    Line,
+    More,
+    OversizedEnd,
+}
+
+impl<R: AsyncRead + Unpin + Send + 'static> Framing<R> {
+    pub fn new<W: AsyncWrite + Unpin + Send + 'static>(read: R, write: W, max_line: usize) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        Self {
+            read: BufReader::new(read),
+            line: Vec::new(),
+            max: max_line,
+            discarding: false,
+            pending: None,
+            out: Some(tx),
+            writer: Some(tokio::spawn(write_loop(write, rx))),
+        }
+    }
+
+    /// Read up to the next newline into `self.line`, never holding more than `max` bytes.
+    /// Cancellation-safe (rmcp polls `receive` in a `select!`): what was consumed is in
+    /// `self.line` or was discarded by decision recorded in `self.discarding`.
+    async fn read_line(&mut self) -> std::io::Result<Read> {
+        loop {
+            let (consumed, step) = {
+                let avail = self.read.fill_buf().await?;
+                if avail.is_empty() {
+                    return Ok(Read::Eof);
+                }
+                let newline = memchr::memchr(b'\n', avail);
+                let take = newline.map_or(avail.len(), |i| i + 1);
+                let end = |done| if done { Step::OversizedEnd } else { Step::More };
+                let content = self.line.len() + newline.unwrap_or(take);
+                if self.discarding {
+                    (take, end(newline.is_some()))
+                } else if content > self.max {
+                    // Keep the first bytes (where the id is), drop the rest.
+                    let room = ID_PREFIX.saturating_sub(self.line.len());
+                    self.line.extend_from_slice(&avail[..take.min(room)]);
+                    self.line.truncate(ID_PREFIX);
+                    self.discarding = true;
+                    (take, end(newline.is_some()))
+                } else {
+                    self.line.extend_from_slice(&avail[..take]);
+                    let step = if newline.is_some() {
+                        Step::Line
+                    } else {
+                        Step::More
+                    };
+                    (take, step)
+                }
+            };
+            self.read.consume(consumed);
+            match step {
+                Step::Line => return Ok(Read::Line),
+                Step::More => {}
+                Step::OversizedEnd => {
+                    self.discarding = false;
+                    return Ok(Read::Oversized);
+                }
+            }
+        }
+    }
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receiver<Out>) {
+    while let Some(out) = rx.recv().await {
+        let result = async {
+            w.write_all(&out.bytes).await?;
+            w.flush().await
+        }
+        .await;
+        let failed = result.is_err();
+        if let Err(e) = &result {
+            tracing::warn!("cannot write to stdout: {e}");
+        }
+        if let Some(done) = out.done {
+            let _ = done.send(result);
+        }
+        if failed {
+            return;
+        }
+    }
+}
+
+fn closed() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::NotConnected, "stdout is closed")
+}
+
+fn line_of(v: &impl serde::Serialize) -> serde_json::Result<Vec<u8>> {
+    let mut bytes = serde_json::to_vec(v)?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+impl<R: AsyncRead + Unpin + Send + 'static> Transport<RoleServer> for Framing<R> {
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let tx = self.out.clone();
+        let bytes = line_of(&item);
+        async move {
+            let bytes = bytes.map_err(std::io::Error::other)?;
+            let (done, wait) = oneshot::channel();
+            tx.ok_or_else(closed)?
+                .send(Out {
+                    bytes,
+                    done: Some(done),
+                })
+                .await
+                .map_err(|_| closed())?;
+            wait.await.map_err(|_| closed())?
+        }
+    }
+
+    async fn receive(&mut self) -> Option<ClientJsonRpcMessage> {
+        loop {
+            if self.pending.is_some() {
+                // Waiting for room here, not dropping answers, bounds what a client that
+                // does not read can make the server hold.
+                let permit = self.out.as_ref()?.reserve().await.ok()?;
+                if let Some(bytes) = self.pending.take() {
+                    permit.send(Out { bytes, done: None });
+                }
+            }
+            let read = match self.read_line().await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!("cannot read stdin: {e}");
+                    return None;
+                }
+            };
+            let answer = match read {
+                // A last line without its newline is a message cut short: nobody waits.
+                Read::Eof => return None,
+                Read::Oversized => {
+                    tracing::debug!(max = self.max, "a line longer than --max-line-bytes");
+                    Some(oversized(&self.line, self.max))
+                }
+                Read::Line => {
+                    let text = self.line.strip_suffix(b"\n").unwrap_or(&self.line);
+                    match classify(text) {
+                        Verdict::Message(m) => {
+                            self.line.clear();
+                            return Some(*m);
+                        }
+                        Verdict::Answer(a) => {
+                            tracing::debug!(answer = %a, "a line rmcp cannot read");
+                            Some(a)
+                        }
+                        Verdict::Ignore => None,
+                    }
+                }
+            };
+            self.line.clear();
+            if let Some(a) = answer {
+                self.pending = line_of(&a).ok();
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        // Everything queued is written before the writer ends (bounded: a client that stopped
+        // reading must not hold the server up).
+        drop(self.out.take());
+        if let Some(w) = self.writer.take() {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), w).await;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(line: &[u8]) -> Value {
+        match classify(line) {
+            Verdict::Answer(a) => a,
+            other => panic!("{:?}: {other:?}", String::from_utf8_lossy(line)),
+        }
+    }
+
+    #[test]
+    fn requests_pass_and_bad_lines_are_answered() {
+        assert!(matches!(
+            classify(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#),
+            Verdict::Message(_)
+        ));
+        assert!(matches!(classify(b"  \r"), Verdict::Ignore));
+        let a = answer(b"\xff");
+        assert_eq!(
+            (a["id"].clone(), a["error"]["code"].clone()),
+            (Value::Null, json!(-32700))
+        );
+        let a = answer(b"{\"id\":\"x\",\"method\":\"\xff\"}");
+        assert_eq!(
+            (a["id"].clone(), a["error"]["code"].clone()),
+            (json!("x"), json!(-32700))
+        );
+        let a = answer(br#"{"jsonrpc":"2.0","id":{"no":1},"method":3}"#);
+        assert_eq!(
+            (a["id"].clone(), a["error"]["code"].clone()),
+            (Value::Null, json!(-32600))
+        );
+        assert!(matches!(
+            classify(br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":1}"#),
+            Verdict::Ignore
+        ));
+        // A response of the client that cannot be read is not answered either.
+        assert!(matches!(
+            classify(br#"{"jsonrpc":"2.0","id":4,"error":5}"#),
+            Verdict::Ignore
+        ));
+    }
+
+    #[test]
+    fn ids_are_found_in_broken_lines() {
+        assert_eq!(
+            recover_id(br#"{"jsonrpc":"2.0","id":42,"params":{"a":"#),
+            json!(42)
+        );
+        assert_eq!(recover_id(br#"{"params":{"id":1},"id":"s"#), Value::Null);
+        assert_eq!(recover_id(br#"{"params":{"id":1},"id":"s","#), json!("s"));
+        assert_eq!(recover_id(br#"{"id":[1]}"#), Value::Null);
+        assert_eq!(recover_id(b"[{\"id\":1}]"), Value::Null);
+        assert_eq!(recover_id(b""), Value::Null);
+    }
+
+    #[tokio::test]
+    async fn lines_are_bounded_and_every_request_is_answered() {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let (read, write) = tokio::io::split(server);
+        let mut t = Framing::new(read, write, 64);
+        let long = format!(r#"{{"id":5,"method":"x","params":"{}"}}"#, "y".repeat(200));
+        let input = format!(
+            "{long}\nnot json\n{}\n",
+            r#"{"jsonrpc":"2.0","id":6,"method":"ping"}"#
+        );
+        client.write_all(input.as_bytes()).await.unwrap();
+        let m = t.receive().await.expect("the ping");
+        assert!(serde_json::to_string(&m).unwrap().contains("ping"));
+        assert!(t.line.capacity() < 4096 + 1024, "{}", t.line.capacity());
+        drop(client.shutdown().await);
+        assert!(t.receive().await.is_none());
+        t.close().await.unwrap();
+        // The client sees the end once both halves of the server's end are gone.
+        drop(t);
+        let mut out = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut client, &mut out)
+            .await
+            .unwrap();
+        let lines: Vec<Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert_eq!(lines[0]["id"], 5);
+        assert_eq!(lines[0]["error"]["code"], INVALID_REQUEST);
+        assert!(
+            lines[0]["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("64 bytes")
+        );
+        assert_eq!(lines[1]["id"], Value::Null);
+        assert_eq!(lines[1]["error"]["code"], PARSE_ERROR);
+    }
+}

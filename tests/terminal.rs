@@ -1,0 +1,1134 @@
+//! Sessions behave like a careful person at a terminal in the cases agents hit: input the
+//! program did not read, reads of /dev/tty, reads with their own timeout, a prompt the
+//! user changed, a forced restart, CRLF code, keys sent alone, and each REPL's own corner
+//! (ghci's stdin, node's dot-commands, R's interrupts and workers). Every check runs through the MCP client, per
+//! language, from a table.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+/// Session languages and the program each needs.
+const LANGS: &[(&str, &str)] = &[
+    ("python", "python3"),
+    ("javascript", "node"),
+    ("ruby", "ruby"),
+    ("haskell", "ghci"),
+    ("shellscript", "bash"),
+    ("r", "R"),
+];
+
+/// Whether `language` can run here (a missing one is skipped, saying so, and fails under
+/// REPLBOX_REQUIRE_ALL=1).
+fn here(language: &str) -> bool {
+    LANGS
+        .iter()
+        .find(|(l, _)| *l == language)
+        .is_some_and(|(l, p)| require(l, p))
+}
+
+async fn input(s: &TestServer, id: &str, text: &str) -> Out {
+    s.call("session_input", json!({"session_id": id, "text": text}))
+        .await
+}
+
+/// Type `text` exactly, with no Enter.
+async fn keys(s: &TestServer, id: &str, text: &str) -> Out {
+    s.call(
+        "session_input",
+        json!({"session_id": id, "text": text, "enter": false}),
+    )
+    .await
+}
+
+fn discarded(o: &Out) -> Option<&str> {
+    o.structured["discarded_input"].as_str()
+}
+
+fn error_type(o: &Out) -> &str {
+    o.structured["error"]["type"].as_str().unwrap_or("")
+}
+
+/// Evaluate `code`, which must wait for input, and say so.
+async fn awaits(s: &TestServer, id: &str, lang: &str, code: &str) -> Out {
+    let o = s.eval(id, code).await;
+    assert_eq!(status(&o), "awaiting_input", "{lang}: {code}: {}", o.text);
+    o
+}
+
+/// Evaluate `code` and require `ok` with exactly `expected` as output.
+async fn prints(s: &TestServer, id: &str, lang: &str, code: &str, expected: &str) {
+    let o = s.eval(id, code).await;
+    assert_eq!(
+        (status(&o), output(&o)),
+        ("ok", expected),
+        "{lang}: {code}: {}",
+        o.text
+    );
+}
+
+// ---- 1. Input the program did not read never runs as code -------------------------------
+
+/// (language, code that reads one line and prints `got LINE`, code that prints INJECTED,
+/// code that prints `after`)
+const READ_ONE: &[(&str, &str, &str, &str)] = &[
+    (
+        "python",
+        "v = input('one? ')\nprint('got', v)",
+        "print('INJECTED')",
+        "print('after')",
+    ),
+    (
+        "javascript",
+        "const b = Buffer.alloc(100)\nconst k = require('fs').readSync(0, b)\nconsole.log('got', b.subarray(0, k).toString().trim())",
+        "console.log('INJECTED')",
+        "console.log('after')",
+    ),
+    (
+        "ruby",
+        "v = gets\nputs \"got #{v.chomp}\"",
+        "puts 'INJECTED'",
+        "puts 'after'",
+    ),
+    (
+        "haskell",
+        "v <- getLine\nputStrLn (\"got \" ++ v)",
+        "putStrLn \"INJECTED\"",
+        "putStrLn \"after\"",
+    ),
+    (
+        "shellscript",
+        "read v\necho got $v",
+        "echo INJECTED",
+        "echo after",
+    ),
+    (
+        "r",
+        "v <- readline('one? ')\ncat('got ', v, '\\n', sep = '')",
+        "cat('INJECTED\\n')",
+        "cat('after\\n')",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn input_the_program_did_not_read_is_discarded_not_run() {
+    let s = TestServer::start().await;
+    for &(lang, ask, inject, after) in READ_ONE {
+        if !here(lang) {
+            continue;
+        }
+        let id = s.start_session(lang).await;
+        awaits(&s, &id, lang, ask).await;
+        let o = input(&s, &id, &format!("first\n{inject}\n")).await;
+        assert_eq!(
+            (status(&o), output(&o)),
+            ("ok", "got first\n"),
+            "{lang}: {}",
+            o.text
+        );
+        let unread = format!("{inject}\n");
+        assert_eq!(discarded(&o), Some(unread.as_str()), "{lang}: {}", o.text);
+        assert!(o.text.contains("discarded, not run"), "{lang}: {}", o.text);
+        // Nothing of it ran, now or later.
+        prints(&s, &id, lang, after, "after\n").await;
+    }
+    s.stop().await;
+}
+
+/// (language, code that reads three lines and prints them on one line)
+const READ_THREE: &[(&str, &str)] = &[
+    (
+        "python",
+        "a = input()\nb = input()\nc = input()\nprint(a, b, c)",
+    ),
+    (
+        "javascript",
+        "const rl = require('readline').createInterface({input: process.stdin})\nconst it = rl[Symbol.asyncIterator]()\nconst a = (await it.next()).value\nconst b = (await it.next()).value\nconst c = (await it.next()).value\nrl.close()\nconsole.log(a, b, c)",
+    ),
+    (
+        "ruby",
+        "a = gets.chomp\nb = gets.chomp\nc = gets.chomp\nputs [a, b, c].join(' ')",
+    ),
+    (
+        "haskell",
+        "a <- getLine\nb <- getLine\nc <- getLine\nputStrLn (unwords [a, b, c])",
+    ),
+    ("shellscript", "read a; read b; read c; echo $a $b $c"),
+    (
+        "r",
+        "a <- readline()\nb <- readline()\nc <- readline()\ncat(paste(a, b, c), '\\n', sep = '')",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn several_lines_answer_several_reads() {
+    let s = TestServer::start().await;
+    for &(lang, code) in READ_THREE {
+        if !here(lang) {
+            continue;
+        }
+        let id = s.start_session(lang).await;
+        awaits(&s, &id, lang, code).await;
+        let o = input(&s, &id, "1\n2\n3").await;
+        assert_eq!(
+            (status(&o), output(&o)),
+            ("ok", "1 2 3\n"),
+            "{lang}: {}",
+            o.text
+        );
+        assert_eq!(discarded(&o), None, "{lang}: {}", o.text);
+    }
+    s.stop().await;
+}
+
+/// `read -n 1` answered with a word reads its first letter; the rest is not a command.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_read_answered_with_a_word_runs_none_of_it() {
+    if !here("shellscript") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("shellscript").await;
+    let o = awaits(
+        &s,
+        &id,
+        "bash",
+        "read -n 1 -p '[y/n] ' a; echo; echo \"got $a\"",
+    )
+    .await;
+    assert_eq!(output(&o), "[y/n] ");
+    let o = input(&s, &id, "yes").await;
+    assert_eq!((status(&o), output(&o)), ("ok", "\ngot y\n"), "{}", o.text);
+    assert_eq!(discarded(&o), Some("es\n"), "{}", o.text);
+    prints(&s, &id, "bash", "echo next", "next\n").await;
+    s.stop().await;
+}
+
+// ---- 2. Reads of /dev/tty wait for input ----------------------------------------------------
+
+/// (language, code that reads a line from /dev/tty and prints its length)
+const DEV_TTY: &[(&str, &str)] = &[
+    (
+        "python",
+        "import getpass\npw = getpass.getpass('pw: ')\nprint(len(pw))",
+    ),
+    (
+        "javascript",
+        "const fs = require('fs')\nconst fd = fs.openSync('/dev/tty', 'r')\nconst buf = Buffer.alloc(64)\nconst k = fs.readSync(fd, buf)\nfs.closeSync(fd)\nconsole.log(k - 1)",
+    ),
+    (
+        "ruby",
+        "pw = File.open('/dev/tty') { |f| f.gets }\nputs pw.chomp.size",
+    ),
+    (
+        "haskell",
+        "h <- System.IO.openFile \"/dev/tty\" System.IO.ReadMode\npw <- System.IO.hGetLine h\nprint (length pw)",
+    ),
+    (
+        "shellscript",
+        "read -s -p 'pw: ' pw < /dev/tty; echo; echo ${#pw}",
+    ),
+    (
+        "r",
+        "con <- file('/dev/tty', 'r', raw = TRUE)\npw <- readLines(con, n = 1)\nclose(con)\ncat(nchar(pw), '\\n', sep = '')",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_of_dev_tty_waits_for_input() {
+    let s = TestServer::start().await;
+    for &(lang, code) in DEV_TTY {
+        if !here(lang) {
+            continue;
+        }
+        let id = s.start_session(lang).await;
+        awaits(&s, &id, lang, code).await;
+        let o = input(&s, &id, "secret").await;
+        assert_eq!(status(&o), "ok", "{lang}: {}", o.text);
+        assert!(output(&o).ends_with("6\n"), "{lang}: {}", o.text);
+    }
+    s.stop().await;
+}
+
+/// The program a child process runs asks for a password on /dev/tty.
+const CHILD_ASKS: &str = "read -p 'pw: ' p < /dev/tty; echo ${#p}";
+
+/// (language, code that runs `bash -c CHILD_ASKS` in the foreground)
+const CHILD_TTY: &[(&str, &str)] = &[
+    (
+        "python",
+        "import subprocess\n_ = subprocess.run(['bash', '-c', CMD])",
+    ),
+    (
+        "javascript",
+        "void require('child_process').spawnSync('bash', ['-c', CMD], {stdio: 'inherit'})",
+    ),
+    ("ruby", "system('bash', '-c', CMD)\nnil"),
+    (
+        "haskell",
+        "System.Process.callProcess \"bash\" [\"-c\", CMD]",
+    ),
+    ("shellscript", "bash -c CMD"),
+    ("r", "invisible(system(paste('bash -c', shQuote(CMD))))"),
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_child_asking_on_dev_tty_waits_for_input() {
+    let s = TestServer::start().await;
+    for &(lang, template) in CHILD_TTY {
+        if !here(lang) {
+            continue;
+        }
+        let quoted = match lang {
+            "haskell" => replbox::lang::protocol::Format::Haskell.quote(CHILD_ASKS),
+            "ruby" => replbox::lang::protocol::Format::Ruby.quote(CHILD_ASKS),
+            "shellscript" => replbox::lang::protocol::Format::Shell.quote(CHILD_ASKS),
+            _ => replbox::lang::protocol::Format::Json.quote(CHILD_ASKS),
+        };
+        let code = template.replace("CMD", &quoted);
+        let id = s.start_session(lang).await;
+        let o = awaits(&s, &id, lang, &code).await;
+        assert!(output(&o).ends_with("pw: "), "{lang}: {}", o.text);
+        let o = input(&s, &id, "abcd").await;
+        assert_eq!(
+            (status(&o), output(&o)),
+            ("ok", "4\n"),
+            "{lang}: {}",
+            o.text
+        );
+    }
+    s.stop().await;
+}
+
+// ---- 3. A read with its own timeout goes on by itself ---------------------------------------
+
+/// (language, code that waits 1.5 s for a line and then prints `went on ...`, what it prints)
+const TIMED_READ: &[(&str, &str, &str)] = &[
+    (
+        "python",
+        "import select, sys\nr, _, _ = select.select([sys.stdin], [], [], 1.5)\nprint('went on', len(r))",
+        "went on 0\n",
+    ),
+    (
+        "javascript",
+        "const rl = require('readline').createInterface({input: process.stdin})\nconst got = await new Promise((r) => { rl.once('line', r); setTimeout(() => r('nothing'), 1500) })\nrl.close()\nconsole.log('went on', got)",
+        "went on nothing\n",
+    ),
+    (
+        "ruby",
+        "r = IO.select([$stdin], nil, nil, 1.5)\nputs \"went on #{r.inspect}\"",
+        "went on nil\n",
+    ),
+    (
+        "haskell",
+        "r <- System.Timeout.timeout 1500000 getLine\nputStrLn (\"went on \" ++ show r)",
+        "went on Nothing\n",
+    ),
+    (
+        "shellscript",
+        "read -t 1.5 x; echo went on $?",
+        "went on 142\n",
+    ),
+    // Base R has no timed read of its own: a child's.
+    (
+        "r",
+        "invisible(system(\"bash -c 'read -t 1.5 x; echo went on $?'\"))",
+        "went on 142\n",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_with_its_own_timeout_goes_on_by_itself() {
+    let s = TestServer::start().await;
+    for &(lang, code, expected) in TIMED_READ {
+        if !here(lang) {
+            continue;
+        }
+        let id = s.start_session(lang).await;
+        prints(&s, &id, lang, code, expected).await;
+    }
+    s.stop().await;
+}
+
+/// A timed wait long enough to be meant for an answer is a prompt.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_timed_read_is_a_prompt() {
+    let s = TestServer::start().await;
+    for (lang, code, expected) in [
+        (
+            "shellscript",
+            "read -t 60 -p 'Continue? ' x; echo got $x",
+            "got y\n",
+        ),
+        (
+            "python",
+            "import select, sys\nr, _, _ = select.select([sys.stdin], [], [], 60)\nprint('got', sys.stdin.readline().strip())",
+            "got y\n",
+        ),
+    ] {
+        if !here(lang) {
+            continue;
+        }
+        let id = s.start_session(lang).await;
+        awaits(&s, &id, lang, code).await;
+        let o = input(&s, &id, "y").await;
+        assert_eq!(
+            (status(&o), output(&o)),
+            ("ok", expected),
+            "{lang}: {}",
+            o.text
+        );
+    }
+    s.stop().await;
+}
+
+// ---- 4. A prompt the user changes -----------------------------------------------------------
+
+struct PromptRow {
+    language: &'static str,
+    /// Change the REPL's prompts.
+    set: &'static str,
+    /// Print `ok`.
+    ok: &'static str,
+    /// Set x to 41 and loop for ever.
+    forever: &'static str,
+    /// Print x + 1 and what the code sees as its prompt, and what that shows.
+    read_back: (&'static str, &'static str),
+}
+
+const PROMPTS: &[PromptRow] = &[
+    PromptRow {
+        language: "python",
+        set: "import sys\nsys.ps1, sys.ps2 = 'In: ', '..: '",
+        ok: "print('ok')",
+        forever: "x = 41\nwhile True: pass",
+        read_back: ("print(x + 1, sys.ps1)", "42 In: \n"),
+    },
+    PromptRow {
+        language: "javascript",
+        set: "require('repl').repl.setPrompt('$ ')",
+        ok: "console.log('ok')",
+        forever: "var x = 41\nwhile (true) {}",
+        read_back: (
+            "console.log(x + 1, require('repl').repl.getPrompt())",
+            "42 $ \n",
+        ),
+    },
+    PromptRow {
+        language: "ruby",
+        set: "conf.prompt_mode = :SIMPLE\nnil",
+        ok: "puts 'ok'",
+        forever: "x = 41\nloop {}",
+        read_back: ("puts x + 1, conf.prompt_mode", "42\nSIMPLE\n"),
+    },
+    PromptRow {
+        language: "haskell",
+        set: ":set prompt \"XX> \"\n:set prompt-cont \"XX| \"",
+        ok: "putStrLn \"ok\"",
+        forever: "x = 41\nlength [1..]",
+        read_back: ("print (x + 1)", "42\n"),
+    },
+    PromptRow {
+        language: "shellscript",
+        set: "PS1='>>> '; PS2='... '",
+        ok: "echo ok",
+        forever: "x=41; while :; do :; done",
+        read_back: ("echo $((x + 1)) \"$PS1\"", "42 >>> \n"),
+    },
+    PromptRow {
+        language: "r",
+        set: "options(prompt = 'R> ', continue = 'R+ ')",
+        ok: "cat('ok\\n')",
+        forever: "x <- 41\nrepeat {}",
+        read_back: (
+            "cat(x + 1, ' ', getOption('prompt'), '\\n', sep = '')",
+            "42 R> \n",
+        ),
+    },
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prompt_the_user_sets_never_shows_and_timeouts_keep_the_state() {
+    let s = TestServer::start().await;
+    for row in PROMPTS {
+        let lang = row.language;
+        if !here(lang) {
+            continue;
+        }
+        let id = s.start_session(lang).await;
+        prints(&s, &id, lang, row.set, "").await;
+        prints(&s, &id, lang, row.ok, "ok\n").await;
+        let o = s.eval_t(&id, row.forever, 1000).await;
+        assert_eq!(status(&o), "timeout", "{lang}: {}", o.text);
+        assert_eq!(o.structured.get("restarted"), None, "{lang}: {}", o.text);
+        prints(&s, &id, lang, row.read_back.0, row.read_back.1).await;
+        prints(&s, &id, lang, row.ok, "ok\n").await;
+    }
+    s.stop().await;
+}
+
+/// A virtual environment's activate script prefixes PS1; nothing of it shows.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_activated_virtual_environment_changes_no_output() {
+    if !here("shellscript") || !require("python", "python3") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("shellscript").await;
+    let o = s
+        .eval_t(&id, "python3 -m venv --without-pip venv", 120_000)
+        .await;
+    assert_eq!(status(&o), "ok", "{}", o.text);
+    prints(
+        &s,
+        &id,
+        "bash",
+        "source venv/bin/activate\necho hello",
+        "hello\n",
+    )
+    .await;
+    prints(
+        &s,
+        &id,
+        "bash",
+        "echo \"$VIRTUAL_ENV_PROMPT\" | tr -d '() '",
+        "venv\n",
+    )
+    .await;
+    let o = s.eval_t(&id, "x=1; sleep 60", 1000).await;
+    assert_eq!(status(&o), "timeout", "{}", o.text);
+    assert_eq!(o.structured.get("restarted"), None, "{}", o.text);
+    prints(&s, &id, "bash", "deactivate; echo $x", "1\n").await;
+    s.stop().await;
+}
+
+// ---- 5. Output printed before a forced restart is kept --------------------------------------
+
+/// (language, code that prints `important result 42`, ignores Ctrl-C and loops for ever,
+/// code that prints `ok`)
+const STUBBORN: &[(&str, &str, &str)] = &[
+    (
+        "python",
+        "import signal\nprint('important result 42', flush=True)\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass",
+        "print('ok')",
+    ),
+    (
+        "javascript",
+        "console.log('important result 42')\nrequire('child_process').spawnSync('bash', ['-c', \"trap '' INT; while :; do :; done\"], {stdio: 'inherit'})",
+        "console.log('ok')",
+    ),
+    (
+        "ruby",
+        "puts 'important result 42'\ntrap('INT', 'IGNORE')\nloop {}",
+        "puts 'ok'",
+    ),
+    (
+        "haskell",
+        "putStrLn \"important result 42\"\n_ <- System.Posix.Signals.installHandler System.Posix.Signals.sigINT System.Posix.Signals.Ignore Nothing\nlength [1..]",
+        "putStrLn \"ok\"",
+    ),
+    (
+        "shellscript",
+        "echo 'important result 42'; trap '' INT; while :; do :; done",
+        "echo ok",
+    ),
+    (
+        "r",
+        "cat('important result 42\\n')\nsuspendInterrupts(repeat {})",
+        "cat('ok\\n')",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn output_before_a_forced_restart_is_kept() {
+    let s = TestServer::start().await;
+    for &(lang, code, ok) in STUBBORN {
+        if !here(lang) {
+            continue;
+        }
+        let id = s.start_session(lang).await;
+        let o = s.eval_t(&id, code, 1000).await;
+        assert_eq!(status(&o), "timeout", "{lang}: {}", o.text);
+        assert_eq!(o.structured["restarted"], true, "{lang}: {}", o.text);
+        assert!(
+            output(&o).starts_with("important result 42\n"),
+            "{lang}: {}",
+            o.text
+        );
+        assert!(
+            o.text.contains("restarted: state lost"),
+            "{lang}: {}",
+            o.text
+        );
+        // The fresh interpreter answers.
+        prints(&s, &id, lang, ok, "ok\n").await;
+    }
+    s.stop().await;
+}
+
+// ---- 6. CRLF line endings -------------------------------------------------------------------
+
+/// (language, code with CRLF line endings, what it prints)
+const CRLF: &[(&str, &str, &str)] = &[
+    ("python", "z = 1\r\nprint(f'[{z}]')\r\n", "[1]\n"),
+    (
+        "javascript",
+        "let z = 1\r\nconsole.log(`[${z}]`)\r\n",
+        "[1]\n",
+    ),
+    ("ruby", "z = 1\r\nputs \"[#{z}]\"\r\n", "[1]\n"),
+    (
+        "haskell",
+        "let z = 1\r\nputStrLn (\"[\" ++ show z ++ \"]\")\r\n",
+        "[1]\n",
+    ),
+    (
+        "shellscript",
+        "Z=1\r\necho \"[$Z]\"\r\nmkdir -p d1\r\ncd d1\r\n[[ $PWD == */d1 ]] && echo in d1\r\n",
+        "[1]\nin d1\n",
+    ),
+    ("r", "z <- 1\r\ncat('[', z, ']\\n', sep = '')\r\n", "[1]\n"),
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crlf_line_endings_are_unix_ones() {
+    let s = TestServer::start().await;
+    for &(lang, code, expected) in CRLF {
+        if !here(lang) {
+            continue;
+        }
+        let id = s.start_session(lang).await;
+        prints(&s, &id, lang, code, expected).await;
+    }
+    s.stop().await;
+}
+
+// ---- 7. ghci's stdin and comments -----------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ghci_reports_an_unclosed_comment() {
+    if !here("haskell") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("haskell").await;
+    let o = s.eval(&id, "{- unterminated\nputStrLn \"ran\"").await;
+    assert_eq!(status(&o), "error", "{}", o.text);
+    assert_eq!(error_type(&o), "error", "{}", o.text);
+    assert!(
+        output(&o).contains("<cell 1>:1:1: error: unterminated `{-'"),
+        "{}",
+        o.text
+    );
+    assert!(!output(&o).contains("ran"), "{}", o.text);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ghci_reads_to_the_end_leave_the_session_alive() {
+    if !here("haskell") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("haskell").await;
+    // interact reads until Ctrl-D.
+    awaits(
+        &s,
+        &id,
+        "haskell",
+        "import Data.Char\ninteract (map toUpper)",
+    )
+    .await;
+    let o = input(&s, &id, "abc\n\u{4}").await;
+    assert_eq!((status(&o), output(&o)), ("ok", "ABC\n"), "{}", o.text);
+    prints(&s, &id, "haskell", "1 + 1", "2\n").await;
+    // getContents, read lazily within the cell.
+    awaits(&s, &id, "haskell", "s <- getContents\nputStrLn (take 5 s)").await;
+    let o = input(&s, &id, "abcdefg").await;
+    assert_eq!((status(&o), output(&o)), ("ok", "abcde\n"), "{}", o.text);
+    prints(&s, &id, "haskell", "2 + 2", "4\n").await;
+    // getContents in one cell, used in another: the string ends with its cell.
+    prints(&s, &id, "haskell", "t <- getContents", "").await;
+    let o = s.eval(&id, "length t").await;
+    assert_eq!(
+        (status(&o), error_type(&o)),
+        ("error", "Exception"),
+        "{}",
+        o.text
+    );
+    prints(&s, &id, "haskell", "3 + 3", "6\n").await;
+    s.stop().await;
+}
+
+/// (language, code that reads its input to the end and prints how many lines it got, and
+/// code printing `alive`)
+const READ_TO_END: &[(&str, &str, &str)] = &[
+    (
+        "python",
+        "import sys\nprint(len(sys.stdin.readlines()))",
+        "print('alive')",
+    ),
+    (
+        "javascript",
+        "console.log(require('fs').readFileSync(0, 'utf8').split('\\n').length - 1)",
+        "console.log('alive')",
+    ),
+    ("ruby", "puts $stdin.readlines.size", "puts 'alive'"),
+    ("shellscript", "wc -l", "echo alive"),
+    (
+        "r",
+        "cat(length(readLines('stdin')), '\\n', sep = '')",
+        "cat('alive\\n')",
+    ),
+];
+
+/// Ctrl-D ends what a program reads, in every language, and the session goes on (ghci's
+/// own cases are above).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_to_the_end_of_input_leaves_the_session_alive() {
+    let s = TestServer::start().await;
+    for &(lang, code, alive) in READ_TO_END {
+        if !here(lang) {
+            continue;
+        }
+        let id = s.start_session(lang).await;
+        awaits(&s, &id, lang, code).await;
+        let o = input(&s, &id, "a\nb\n\u{4}").await;
+        assert_eq!(
+            (status(&o), output(&o).trim_start()),
+            ("ok", "2\n"),
+            "{lang}: {}",
+            o.text
+        );
+        prints(&s, &id, lang, alive, "alive\n").await;
+        prints(&s, &id, lang, alive, "alive\n").await;
+    }
+    s.stop().await;
+}
+
+// ---- 8. Nothing of replbox's machinery in any output ----------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_directives_errors_and_dot_commands_are_nodes() {
+    if !here("javascript") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("javascript").await;
+    let o = s.eval(&id, "'use strict'; undeclaredY = 1").await;
+    assert_eq!(
+        (status(&o), error_type(&o)),
+        ("error", "ReferenceError"),
+        "{}",
+        o.text
+    );
+    let o = s.eval(&id, "foo bar").await;
+    assert_eq!(
+        output(&o),
+        "<cell 2>:1\nfoo bar\n    ^^^\n\nUncaught SyntaxError: Unexpected identifier 'bar'\n"
+    );
+    let o = s.eval(&id, ".help").await;
+    assert_eq!(status(&o), "ok", "{}", o.text);
+    assert!(
+        output(&o).starts_with(".break") && output(&o).contains("\n.exit "),
+        "{}",
+        o.text
+    );
+    assert!(output(&o).ends_with("REPL\n"), "{}", o.text);
+    let o = s.eval(&id, ".nonsense").await;
+    assert_eq!(output(&o), "Invalid REPL keyword\n", "{}", o.text);
+    // Commands first, then code, whose lines keep their numbers.
+    prints(&s, &id, "javascript", ".break\nconsole.log(6 * 7)", "42\n").await;
+    let o = s.eval(&id, ".break\n\nfoo bar").await;
+    assert!(
+        output(&o).starts_with("<cell 6>:3\nfoo bar\n"),
+        "{}",
+        o.text
+    );
+    let o = s.eval(&id, "process.abort()").await;
+    assert_eq!(status(&o), "exited", "{}", o.text);
+    for leak in ["rbx", "bootstrap", "replbox", "/ctl/"] {
+        assert!(!output(&o).contains(leak), "{leak}: {}", o.text);
+    }
+    let id = s.start_session("javascript").await;
+    let o = s.eval(&id, ".exit").await;
+    assert_eq!(
+        (status(&o), o.structured["exit_code"].as_i64()),
+        ("exited", Some(0)),
+        "{}",
+        o.text
+    );
+    s.stop().await;
+}
+
+/// (language, code that fails on its first line)
+const FAILS: &[(&str, &str)] = &[
+    ("python", "def f(:\n  pass"),
+    ("python", "1 / 0"),
+    ("javascript", "foo bar"),
+    ("javascript", "null.x"),
+    ("ruby", "def f(\n"),
+    ("ruby", "1 / 0"),
+    ("haskell", "1 +"),
+    ("haskell", "error \"boom\" :: Int"),
+    ("shellscript", "set -x\necho traced\nfalse"),
+    ("shellscript", "set -u; echo $undefined_here"),
+    ("r", "f <- function() stop('boom')\nf()"),
+    ("r", "1 +"),
+    ("r", "x <- )"),
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_output_shows_replbox_machinery() {
+    let s = TestServer::start().await;
+    for &(lang, code) in FAILS {
+        if !here(lang) {
+            continue;
+        }
+        let id = s.start_session(lang).await;
+        let o = s.eval(&id, code).await;
+        assert_eq!(status(&o), "error", "{lang}: {code}: {}", o.text);
+        for leak in ["rbx", "bootstrap", "replbox", "/ctl/"] {
+            assert!(!o.text.contains(leak), "{lang}: {code}: {leak}: {}", o.text);
+        }
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bash_traces_show_the_cells_commands_only() {
+    if !here("shellscript") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("shellscript").await;
+    prints(&s, &id, "bash", "set -x", "").await;
+    prints(&s, &id, "bash", "echo traced", "++ echo traced\ntraced\n").await;
+    prints(&s, &id, "bash", "set +x", "++ set +x\n").await;
+    prints(&s, &id, "bash", "echo plain", "plain\n").await;
+    s.stop().await;
+}
+
+// ---- 9. Closing stdout ----------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_closing_stdout_is_the_users_error() {
+    if !here("python") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("python").await;
+    prints(&s, &id, "python", "import os, sys\nos.close(1)", "").await;
+    let o = s.eval(&id, "print('lost')").await;
+    assert_eq!(
+        (status(&o), error_type(&o)),
+        ("error", "OSError"),
+        "{}",
+        o.text
+    );
+    assert!(output(&o).contains("Bad file descriptor"), "{}", o.text);
+    assert!(!output(&o).contains("bootstrap"), "{}", o.text);
+    prints(
+        &s,
+        &id,
+        "python",
+        "print('still here', file=sys.stderr)",
+        "still here\n",
+    )
+    .await;
+    s.stop().await;
+}
+
+/// In bash, as at a terminal, a closed stdout makes writes fail; stderr still shows.
+#[tokio::test(flavor = "multi_thread")]
+async fn bash_closing_stdout_is_the_users_error() {
+    if !here("shellscript") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("shellscript").await;
+    prints(&s, &id, "bash", "exec 1>&-", "").await;
+    let o = s.eval(&id, "echo lost").await;
+    assert_eq!(status(&o), "error", "{}", o.text);
+    assert!(output(&o).contains("Bad file descriptor"), "{}", o.text);
+    prints(&s, &id, "bash", "echo still here >&2", "still here\n").await;
+    s.stop().await;
+}
+
+/// R's output diverted with sink() is the user's: the cell still ends, and sink() brings
+/// the output back.
+#[tokio::test(flavor = "multi_thread")]
+async fn r_diverted_output_is_the_users() {
+    if !here("r") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("r").await;
+    prints(&s, &id, "r", "sink('/dev/null')", "").await;
+    prints(&s, &id, "r", "cat('lost\\n')", "").await;
+    prints(&s, &id, "r", "sink()\ncat('back\\n')", "back\n").await;
+    s.stop().await;
+}
+
+// ---- 10. Keys sent alone --------------------------------------------------------------------
+
+/// (language, code that reads one key in raw mode and prints it, what it prints for `q`)
+const ONE_KEY: &[(&str, &str, &str)] = &[
+    (
+        "python",
+        "import sys, termios, tty\nfd = sys.stdin.fileno()\nold = termios.tcgetattr(fd)\ntty.setraw(fd)\ntry:\n    k = sys.stdin.read(1)\nfinally:\n    termios.tcsetattr(fd, termios.TCSADRAIN, old)\nprint(repr(k))",
+        "'q'\n",
+    ),
+    (
+        "javascript",
+        "process.stdin.setRawMode(true)\nconst k = await new Promise((r) => process.stdin.once('data', r))\nprocess.stdin.setRawMode(false)\nconsole.log(JSON.stringify(k.toString()))",
+        "\"q\"\n",
+    ),
+    (
+        "ruby",
+        "require 'io/console'\nk = STDIN.getch\nputs k.inspect",
+        "\"q\"\n",
+    ),
+    (
+        "haskell",
+        "System.IO.hSetBuffering System.IO.stdin System.IO.NoBuffering\nk <- getChar\nSystem.IO.hSetBuffering System.IO.stdin System.IO.LineBuffering\nprint k",
+        "'q'\n",
+    ),
+    ("shellscript", "read -rsn1 k; echo \"[$k]\"", "[q]\n"),
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_is_sent_alone_without_enter() {
+    let s = TestServer::start().await;
+    for &(lang, code, expected) in ONE_KEY {
+        if !here(lang) {
+            continue;
+        }
+        let id = s.start_session(lang).await;
+        awaits(&s, &id, lang, code).await;
+        let o = keys(&s, &id, "q").await;
+        assert_eq!(
+            (status(&o), output(&o)),
+            ("ok", expected),
+            "{lang}: {}",
+            o.text
+        );
+        assert_eq!(discarded(&o), None, "{lang}: {}", o.text);
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn control_keys_do_what_they_do_at_a_terminal() {
+    if !here("python") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("python").await;
+    // An arrow key, read raw: its escape sequence.
+    awaits(
+        &s,
+        &id,
+        "python",
+        "import os, termios, tty\nold = termios.tcgetattr(0)\ntty.setraw(0)\ntry:\n    k = os.read(0, 3)\nfinally:\n    termios.tcsetattr(0, termios.TCSADRAIN, old)\nprint(k)",
+    )
+    .await;
+    let o = keys(&s, &id, "\u{1b}[A").await;
+    assert_eq!(output(&o), "b'\\x1b[A'\n", "{}", o.text);
+    // Ctrl-D ends the input of a program reading to the end; no Enter follows it.
+    awaits(
+        &s,
+        &id,
+        "python",
+        "import sys\nprint(repr(sys.stdin.read()))",
+    )
+    .await;
+    let o = input(&s, &id, "abc\n\u{4}").await;
+    assert_eq!((status(&o), output(&o)), ("ok", "'abc\\n'\n"), "{}", o.text);
+    // Ctrl-C interrupts, and the session keeps its state.
+    prints(&s, &id, "python", "kept = 7", "").await;
+    awaits(&s, &id, "python", "input('name? ')").await;
+    let o = keys(&s, &id, "\u{3}").await;
+    assert_eq!(
+        (status(&o), error_type(&o)),
+        ("error", "KeyboardInterrupt"),
+        "{}",
+        o.text
+    );
+    prints(&s, &id, "python", "print(kept)", "7\n").await;
+    s.stop().await;
+}
+
+/// A program that stops waiting by itself before the answer comes gets nothing typed.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_to_a_program_that_stopped_waiting_is_not_typed() {
+    if !here("shellscript") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("shellscript").await;
+    // A wait of 3 s counts as a prompt; it is over before the answer is typed.
+    let o = awaits(
+        &s,
+        &id,
+        "bash",
+        "read -t 3 -p 'quick? ' x; echo \"status $?\"",
+    )
+    .await;
+    assert_eq!(output(&o), "quick? ");
+    // Wait (bounded) until the read has timed out and the shell reads its next line.
+    let sessions = s.call("session_list", json!({})).await;
+    let pid = sessions.structured["sessions"][0]["pid"]
+        .as_i64()
+        .unwrap_or(0);
+    let read_nr = if cfg!(target_arch = "aarch64") { 63 } else { 0 };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !std::fs::read_to_string(format!("/proc/{pid}/syscall"))
+        .is_ok_and(|l| l.starts_with(&format!("{read_nr} 0x0 ")))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the read never timed out"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let o = input(&s, &id, "echo TYPED").await;
+    assert_eq!(status(&o), "ok", "{}", o.text);
+    assert!(output(&o).contains("status 142"), "{}", o.text);
+    assert!(o.text.contains("was not typed"), "{}", o.text);
+    prints(&s, &id, "bash", "echo after", "after\n").await;
+    s.stop().await;
+}
+
+// ---- 12. Small ones -------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_timeout_of_zero_is_refused() {
+    let s = TestServer::start().await;
+    let o = s
+        .call(
+            "session_start",
+            json!({"language": "shellscript", "idle_timeout_s": 0}),
+        )
+        .await;
+    assert_eq!(o.error_kind(), "invalid_argument", "{}", o.text);
+    assert!(o.text.contains("at least 1"), "{}", o.text);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ruby_rescue_interrupt_catches_a_timeout() {
+    if !here("ruby") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("ruby").await;
+    let o = s
+        .eval_t(
+            &id,
+            "begin\n  sleep 30\nrescue Interrupt => e\n  puts \"rescued #{e.class}\"\nend",
+            1000,
+        )
+        .await;
+    assert_eq!(
+        (status(&o), output(&o)),
+        ("timeout", "rescued Interrupt\n"),
+        "{}",
+        o.text
+    );
+    // Uncaught, the interrupt is an Interrupt too, and irb goes on.
+    let o = s.eval_t(&id, "x = 5\nsleep 30", 1000).await;
+    assert_eq!(status(&o), "timeout", "{}", o.text);
+    prints(&s, &id, "ruby", "puts x", "5\n").await;
+    s.stop().await;
+}
+
+/// R's timeout is the interrupt condition that `tryCatch(..., interrupt = )` catches.
+#[tokio::test(flavor = "multi_thread")]
+async fn r_try_catch_interrupt_catches_a_timeout() {
+    if !here("r") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("r").await;
+    let o = s
+        .eval_t(
+            &id,
+            "tryCatch(Sys.sleep(30), interrupt = function(e) cat('caught', class(e)[1], '\\n'))",
+            1000,
+        )
+        .await;
+    assert_eq!(
+        (status(&o), output(&o)),
+        ("timeout", "caught interrupt \n"),
+        "{}",
+        o.text
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_fork_leaves_one_repl() {
+    if !here("python") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("python").await;
+    prints(
+        &s,
+        &id,
+        "python",
+        "import os\npid = os.fork()\nif pid == 0:\n    print('child')\nelse:\n    os.waitpid(pid, 0)\n    print('parent')",
+        "child\nparent\n",
+    )
+    .await;
+    for _ in 0..3 {
+        prints(&s, &id, "python", "print('once')", "once\n").await;
+    }
+    s.stop().await;
+}
+
+/// A bare `fork` in irb: the child ends with the cell; one REPL answers.
+#[tokio::test(flavor = "multi_thread")]
+async fn ruby_fork_leaves_one_repl() {
+    if !here("ruby") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("ruby").await;
+    prints(
+        &s,
+        &id,
+        "ruby",
+        "pid = fork\nif pid.nil?\n  puts 'child'\nelse\n  Process.wait(pid)\n  puts 'parent'\nend\nnil",
+        "child\nparent\n",
+    )
+    .await;
+    for _ in 0..3 {
+        prints(&s, &id, "ruby", "puts 'once'", "once\n").await;
+    }
+    s.stop().await;
+}
+
+/// R's forked workers (parallel::mclapply) end in their own process; one REPL answers.
+#[tokio::test(flavor = "multi_thread")]
+async fn r_forked_workers_leave_one_repl() {
+    if !here("r") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("r").await;
+    prints(
+        &s,
+        &id,
+        "r",
+        "x <- parallel::mclapply(1:4, function(i) i * 2, mc.cores = 2)\ncat(unlist(x), '\\n')",
+        "2 4 6 8 \n",
+    )
+    .await;
+    for _ in 0..3 {
+        prints(&s, &id, "r", "cat('once\\n')", "once\n").await;
+    }
+    s.stop().await;
+}
