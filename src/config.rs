@@ -65,9 +65,11 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_MAX_ACTIVE_PER_PRINCIPAL", default_value_t = 32)]
     pub max_active_per_principal: usize,
 
-    /// Interpreters kept started ahead of time for `run-code`, per language that has a
-    /// warm pool (python); each runs one program. 0 disables the pool.
-    #[arg(long, env = "REPLBOX_POOL", default_value_t = 2)]
+    /// The most interpreters kept started ahead of time for `run-code`, per language that
+    /// has a warm pool (python, javascript, ruby, bash); each runs one program. A pool starts
+    /// at 2, doubles up to this when runs empty it, and halves down to 1 for every minute
+    /// without a run. 0 disables the pools.
+    #[arg(long, env = "REPLBOX_POOL", default_value_t = 8)]
     pub pool: usize,
     /// Isolation of user code: `auto` picks the strongest level that works here (probed at
     /// start), or name one; a named level that does not work stops the server.
@@ -250,7 +252,7 @@ impl Default for Config {
             evict_idle: false,
             max_sessions_per_principal: 16,
             max_active_per_principal: 32,
-            pool: 2,
+            pool: 8,
             sandbox: Mode::Auto,
             require_sandbox: None,
             allow_network: false,

@@ -11,9 +11,23 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{Value, json};
 
-/// What the pool's interpreters carry on their command line (the loader's first line,
-/// prompts/python/pool_loader.py). Their helpers do not: the helper gets its program as data.
-const MARK: &str = "replbox warm pool";
+/// The pooled languages: (language id, program that must be on PATH, what its pooled
+/// interpreters carry on their command line: the loader's first line, or for node the
+/// loader's file). Their helpers do not: the helper gets its program as data.
+const POOLED: &[(&str, &str, &str)] = &[
+    ("python", "python3", "replbox warm pool: python"),
+    ("javascript", "node", "/.replbox-pool.js"),
+    ("ruby", "ruby", "replbox warm pool: ruby"),
+    ("shellscript", "bash", "replbox warm pool: bash"),
+];
+
+fn mark(lang: &str) -> &'static str {
+    POOLED
+        .iter()
+        .find(|(l, _, _)| *l == lang)
+        .map(|(_, _, m)| *m)
+        .unwrap_or_else(|| panic!("{lang} is not pooled"))
+}
 
 fn cmdline(pid: i32) -> String {
     std::fs::read(format!("/proc/{pid}/cmdline"))
@@ -38,23 +52,33 @@ fn children(pid: i32) -> Vec<i32> {
     out
 }
 
-/// Every pooled interpreter of the server, by the pid of the server's child that carries it
-/// (the helper, or bwrap around it): those with the pool loader in their tree.
-fn pool_helpers(server: i32) -> BTreeSet<i32> {
+/// The pooled interpreters of `lang` (every language's when None), by the pid of the
+/// server's child that carries each (the helper, or bwrap around it).
+fn pool_helpers_of(server: i32, lang: Option<&str>) -> BTreeSet<i32> {
+    let marks: Vec<&str> = match lang {
+        Some(l) => vec![mark(l)],
+        None => POOLED.iter().map(|(_, _, m)| *m).collect(),
+    };
     children(server)
         .into_iter()
         .filter(|&h| {
-            descendants(h)
-                .into_iter()
-                .any(|p| cmdline(p).contains(MARK))
+            descendants(h).into_iter().any(|p| {
+                let c = cmdline(p);
+                marks.iter().any(|m| c.contains(m))
+            })
         })
         .collect()
 }
 
-/// The pooled interpreters waiting for a request: those whose tree is a chain ending in one
-/// interpreter blocked reading its stdin. Returns the server's children that carry them.
-fn ready_pool(server: i32) -> BTreeSet<i32> {
-    pool_helpers(server)
+fn pool_helpers(server: i32, lang: &str) -> BTreeSet<i32> {
+    pool_helpers_of(server, Some(lang))
+}
+
+/// The pooled interpreters of `lang` waiting for a request: those whose tree is a chain
+/// ending in one interpreter blocked reading its stdin. Returns the server's children that
+/// carry them.
+fn ready_pool(server: i32, lang: Option<&str>) -> BTreeSet<i32> {
+    pool_helpers_of(server, lang)
         .into_iter()
         .filter(|&h| {
             let tree = descendants(h);
@@ -75,16 +99,16 @@ fn waits_on_stdin(pid: i32) -> bool {
     it.next() == Some("0") && it.next() == Some("0x0")
 }
 
-async fn wait_ready(s: &TestServer, n: usize) -> BTreeSet<i32> {
+async fn wait_ready(s: &TestServer, lang: &str, n: usize) -> BTreeSet<i32> {
     let t = Instant::now();
     loop {
-        let ready = ready_pool(s.pid as i32);
+        let ready = ready_pool(s.pid as i32, Some(lang));
         if ready.len() >= n {
             return ready;
         }
         assert!(
             t.elapsed() < Duration::from_secs(30),
-            "the pool never had {n} interpreters ready (has {ready:?}; tree {:?})",
+            "the {lang} pool never had {n} interpreters ready (has {ready:?}; tree {:?})",
             s.descendants()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -123,19 +147,32 @@ fn normalized(out: &Out) -> Value {
     s
 }
 
-/// (what it checks, arguments of run-code) for programs whose cold and warm results must be
-/// identical.
-fn programs() -> Vec<(&'static str, Value)> {
-    let py = |code: &str| json!({"languageId": "python", "code": code});
-    let with = |code: &str, extra: Value| {
-        let mut v = py(code);
-        if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
-            for (k, x) in e {
-                o.insert(k.clone(), x.clone());
-            }
+/// Arguments of run-code: `code` in `lang`, with `extra` fields.
+fn args(lang: &str, code: &str, extra: Value) -> Value {
+    let mut v = json!({"languageId": lang, "code": code});
+    if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+        for (k, x) in e {
+            o.insert(k.clone(), x.clone());
         }
-        v
-    };
+    }
+    v
+}
+
+/// (what it checks, arguments of run-code) for programs whose cold and warm results must be
+/// identical, in `lang`.
+fn programs(lang: &str) -> Vec<(&'static str, Value)> {
+    match lang {
+        "python" => python_programs(),
+        "javascript" => node_programs(),
+        "ruby" => ruby_programs(),
+        "shellscript" => bash_programs(),
+        _ => panic!("no programs for {lang}"),
+    }
+}
+
+fn python_programs() -> Vec<(&'static str, Value)> {
+    let py = |code: &str| args("python", code, json!({}));
+    let with = |code: &str, extra: Value| args("python", code, extra);
     vec![
         ("output", py("print(1+1)")),
         (
@@ -270,11 +307,272 @@ print(sys.modules['__main__'].__dict__ is globals(), __annotations__, type(__bui
     ]
 }
 
+fn node_programs() -> Vec<(&'static str, Value)> {
+    let js = |code: &str| args("javascript", code, json!({}));
+    let with = |code: &str, extra: Value| args("javascript", code, extra);
+    vec![
+        ("output", js("console.log(1+1)")),
+        (
+            "argv, main module, file names, execArgv, module cache",
+            with(
+                "console.log(process.argv.slice(1), process.argv[1] === __filename, require.main === module, module.id, module.parent, __dirname === process.cwd(), process.execArgv, Object.keys(require.cache), process.argv0 === process.argv[0] || process.argv0)",
+                json!({"args": ["a b", "", "--flag", "é"]}),
+            ),
+        ),
+        (
+            "stdin given",
+            with(
+                "let d = ''\nprocess.stdin.setEncoding('utf8')\nprocess.stdin.on('data', c => d += c).on('end', () => console.log(JSON.stringify(d)))",
+                json!({"stdin": "line one\nline two é"}),
+            ),
+        ),
+        (
+            "no stdin",
+            js(
+                "const fs = require('fs')\nconsole.log(JSON.stringify(fs.readFileSync(0, 'utf8')), fs.fstatSync(0).isFIFO())",
+            ),
+        ),
+        (
+            "environment: same variables, same order",
+            with(
+                "console.log(Object.keys(process.env).join(','))\nconsole.log(process.env.GREETING, process.env.HOME === process.cwd())",
+                json!({"env": {"GREETING": "héllo wörld", "AAA_FIRST": "1", "ZZZ": "a=b"}}),
+            ),
+        ),
+        (
+            "environment reaches subprocesses",
+            with(
+                "console.log(require('child_process').execSync('echo $GREETING; cat', {input: 'piped'}).toString())",
+                json!({"env": {"GREETING": "to the child"}}),
+            ),
+        ),
+        (
+            "a forked child starts as a cold one",
+            js(
+                "const { fork } = require('child_process')\nif (process.argv[2] === 'child') console.log('child', process.execArgv, process.argv.length)\nelse fork(__filename, ['child']).on('exit', c => console.log('parent saw', c))",
+            ),
+        ),
+        (
+            "CPU limit",
+            js(
+                "console.log(require('child_process').execSync('ulimit -St; ulimit -Ht').toString())",
+            ),
+        ),
+        ("exit code", js("console.log('partial')\nprocess.exit(3)")),
+        (
+            "exitCode and exit handlers",
+            js(
+                "process.on('exit', c => console.log('exit', c))\nsetTimeout(() => { console.log('timer'); process.exitCode = 4 }, 10)",
+            ),
+        ),
+        (
+            "uncaught error: node's report and stack",
+            js(
+                "function inner() {\n  throw new Error('boom')\n}\nfunction outer() { inner() }\nouter()",
+            ),
+        ),
+        ("syntax error", js("console.log('unclosed'\n")),
+        (
+            "import in a CommonJS file",
+            js("import fs from 'fs'\nconsole.log(fs)"),
+        ),
+        ("missing module", js("require('no_such_module_here')")),
+        (
+            "unhandled rejection",
+            js(
+                "Promise.reject(new TypeError('rejected'))\nsetTimeout(() => console.log('never'), 100)",
+            ),
+        ),
+        (
+            "killed by a signal",
+            js("console.log('x')\nprocess.kill(process.pid, 'SIGKILL')"),
+        ),
+        (
+            "SIGINT",
+            js("process.kill(process.pid, 'SIGINT')\nsetTimeout(() => {}, 1000)"),
+        ),
+        (
+            "files in the run directory",
+            js(
+                "const fs = require('fs')\nfs.writeFileSync('out.txt', 'x')\nconsole.log(fs.readdirSync('.').sort())",
+            ),
+        ),
+        (
+            "require of a sibling file",
+            js(
+                "require('fs').writeFileSync('lib.js', 'module.exports = module.parent === require.main')\nconsole.log(require('./lib'))",
+            ),
+        ),
+        (
+            "stderr with exit 0",
+            js("console.log('out')\nconsole.error('err')"),
+        ),
+        // node keeps the CPU limit it started with (the default timeout's): the servers of
+        // this test have a short default timeout, and this program takes it.
+        ("timeout", js("console.log('started')\nwhile (true) {}")),
+    ]
+}
+
+fn ruby_programs() -> Vec<(&'static str, Value)> {
+    let rb = |code: &str| args("ruby", code, json!({}));
+    let with = |code: &str, extra: Value| args("ruby", code, extra);
+    vec![
+        ("output", rb("puts 1+1")),
+        (
+            "$0, __FILE__, __dir__, ARGV, self, locals, DATA",
+            with(
+                "p [$0, __FILE__, $PROGRAM_NAME, __dir__ == Dir.pwd, ARGV, ARGV.map(&:encoding), self, local_variables, defined?(DATA), __method__]",
+                json!({"args": ["a b", "", "--flag", "é"]}),
+            ),
+        ),
+        (
+            "stdin given",
+            with(
+                "p $stdin.read, $stdin.tty?",
+                json!({"stdin": "line one\nline two é"}),
+            ),
+        ),
+        ("no stdin", rb("p $stdin.read, File.pipe?('/dev/stdin')")),
+        (
+            "environment: same variables, same order",
+            with(
+                "p ENV.keys\np ENV['GREETING'], ENV['GREETING'].encoding, ENV['HOME'] == Dir.pwd",
+                json!({"env": {"GREETING": "héllo wörld", "AAA_FIRST": "1", "ZZZ": "a=b"}}),
+            ),
+        ),
+        (
+            "environment reaches subprocesses",
+            with(
+                "puts `echo $GREETING`",
+                json!({"env": {"GREETING": "to the child"}}),
+            ),
+        ),
+        ("CPU limit", rb("p Process.getrlimit(:CPU)")),
+        ("exit code", rb("puts 'partial'\nexit 3")),
+        ("exit!", rb("at_exit { puts 'not run' }\nexit!(4)")),
+        ("abort", rb("abort 'bye'")),
+        (
+            "uncaught exception",
+            rb("def inner\n  raise 'boom'\nend\n\ndef outer\n  inner\nend\n\nouter"),
+        ),
+        ("NameError with its highlight", rb("x = 1\nfoo_bar + x")),
+        ("syntax error", rb("puts(\"x\"\n")),
+        ("load error", rb("require 'no_such_gem_here'")),
+        (
+            "at_exit runs after an error",
+            rb("at_exit { puts 'at_exit ran' }\nraise ArgumentError, 'x'"),
+        ),
+        ("Interrupt", rb("raise Interrupt")),
+        (
+            "killed by a signal",
+            rb("puts 'x'\n$stdout.flush\nProcess.kill(:KILL, $$)"),
+        ),
+        ("top-level return", rb("puts 1\nreturn\nputs 2")),
+        (
+            "DATA after __END__",
+            rb("puts DATA.read\n__END__\ndata here\n"),
+        ),
+        (
+            "require_relative",
+            rb(
+                "File.write('lib.rb', 'X = __FILE__')\nrequire_relative 'lib'\np File.basename(X), $LOADED_FEATURES.grep(/lib.rb/).map { |f| File.basename(f) }",
+            ),
+        ),
+        (
+            "magic comments",
+            rb("# frozen_string_literal: true\ns = 'a'\np s.frozen?, __ENCODING__"),
+        ),
+        ("warnings", rb("warn 'careful'\nx = 1 if (y = 2)\np x")),
+        (
+            "threads die with the main thread",
+            rb("Thread.new { sleep 0.2; puts 'thread' }\nputs 'main'"),
+        ),
+        (
+            "files in the run directory",
+            rb("File.write('out.txt', 'x')\np Dir.children('.').sort"),
+        ),
+        ("stderr with exit 0", rb("puts 'out'\n$stderr.puts 'err'")),
+        (
+            "timeout",
+            with(
+                "puts 'started'\n$stdout.flush\nloop {}",
+                json!({"timeout_ms": 1500}),
+            ),
+        ),
+    ]
+}
+
+fn bash_programs() -> Vec<(&'static str, Value)> {
+    let sh = |code: &str| args("shellscript", code, json!({}));
+    let with = |code: &str, extra: Value| args("shellscript", code, extra);
+    vec![
+        ("output", sh("echo $((1+1))")),
+        (
+            "$0, arguments, BASH_SOURCE, SHLVL, $_",
+            with(
+                "echo \"$_|$0|$#|$*|${BASH_SOURCE[*]}|$LINENO|$SHLVL|${FUNCNAME[*]}|$BASH_ARGV0|${BASH_ARGV[*]}|$-\"\nf() { echo \"${FUNCNAME[*]}|${BASH_SOURCE[*]}|$(caller)\"; }\nf",
+                json!({"args": ["a b", "", "--flag", "é"]}),
+            ),
+        ),
+        (
+            "stdin given",
+            with("cat; echo", json!({"stdin": "line one\nline two é"})),
+        ),
+        ("no stdin", sh("cat; [ -p /dev/stdin ] && echo pipe")),
+        (
+            "environment: same variables, same order",
+            with(
+                "env\necho ---\nexport -p\necho ---\ntr '\\0' '\\n' < /proc/$$/environ",
+                json!({"env": {"GREETING": "héllo wörld", "AAA_FIRST": "1", "ZZZ": "a=b"}}),
+            ),
+        ),
+        (
+            "BASH_ENV from the caller",
+            with(
+                "echo main",
+                json!({"env": {"BASH_ENV": "/dev/null", "SHELLOPTS": "xtrace"}}),
+            ),
+        ),
+        ("CPU limit", sh("ulimit -St; ulimit -Ht")),
+        ("exit code", sh("echo partial\nexit 3")),
+        (
+            "command not found",
+            sh("nosuch_command_here\necho \"after $?\""),
+        ),
+        ("syntax error", sh("echo before\nif then fi")),
+        ("set -e", sh("set -e\nfalse\necho no")),
+        ("EXIT trap", sh("trap 'echo bye' EXIT\necho hi")),
+        ("killed by a signal", sh("echo x\nkill -9 $$")),
+        ("SIGINT", sh("kill -INT $$\necho after")),
+        (
+            "process group and session",
+            sh("read -r -a st < /proc/$$/stat\necho $(( st[4] == $$ )) $(( st[5] == $$ ))"),
+        ),
+        ("files in the run directory", sh("echo x > out.txt\nls -A")),
+        ("stderr with exit 0", sh("echo out\necho err >&2")),
+        (
+            "timeout",
+            with(
+                "echo started\nwhile :; do :; done",
+                json!({"timeout_ms": 1500}),
+            ),
+        ),
+    ]
+}
+
 /// A cold and a pooled server at sandbox `level`, or None (with the reason printed; a
 /// failure in CI) when the level does not work here.
-async fn pair(level: &str) -> Option<(TestServer, TestServer)> {
+async fn pair(level: &str, default_timeout_ms: &str) -> Option<(TestServer, TestServer)> {
     let start = |pool: &'static str| async move {
-        TestServer::try_start(&["--sandbox", level, "--pool", pool], &[], None).await
+        let args = [
+            "--sandbox",
+            level,
+            "--pool",
+            pool,
+            "--default-timeout-ms",
+            default_timeout_ms,
+        ];
+        TestServer::try_start(&args, &[], None).await
     };
     match (start("0").await, start("2").await) {
         (Ok(c), Ok(w)) => Some((c, w)),
@@ -288,14 +586,23 @@ async fn pair(level: &str) -> Option<(TestServer, TestServer)> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn pooled_runs_give_exactly_the_cold_results() {
-    if !require("python", "python3") {
+/// Every program of `lang` cold and pooled, at every level.
+async fn same_cold_and_warm(lang: &str) {
+    let Some((_, program, _)) = POOLED.iter().find(|(l, _, _)| *l == lang) else {
+        panic!("{lang} is not pooled");
+    };
+    if !require(lang, program) {
         return;
     }
     // Each level starts a process differently (bwrap, the helper's Landlock, neither).
+    // node's timeout program takes the default timeout (see node_programs).
+    let default_timeout = if lang == "javascript" {
+        "6000"
+    } else {
+        "30000"
+    };
     for level in ["bwrap", "landlock", "none"] {
-        let Some((cold, warm)) = pair(level).await else {
+        let Some((cold, warm)) = pair(level, default_timeout).await else {
             continue;
         };
         let wpid = warm.pid as i32;
@@ -303,10 +610,10 @@ async fn pooled_runs_give_exactly_the_cold_results() {
         // before it runs (docs/security.md, Uids and principals). Its runs are cold ones.
         let no_pool = level == "none" && nix::unistd::geteuid().is_root();
         let mut failures = Vec::new();
-        for (what, args) in programs() {
+        for (what, args) in programs(lang) {
             let c = cold.call("run-code", args.clone()).await;
             if no_pool {
-                let idle = pool_helpers(wpid);
+                let idle = pool_helpers(wpid, lang);
                 assert!(
                     idle.is_empty(),
                     "{level}: interpreters started ahead: {idle:?}"
@@ -315,20 +622,20 @@ async fn pooled_runs_give_exactly_the_cold_results() {
             let ready = if no_pool {
                 BTreeSet::new()
             } else {
-                wait_ready(&warm, 2).await
+                wait_ready(&warm, lang, 2).await
             };
             let w = warm.call("run-code", args.clone()).await;
             // The run used one of the interpreters that were ready (its helper is gone).
-            let still = pool_helpers(wpid);
+            let still = pool_helpers(wpid, lang);
             assert!(
                 no_pool || ready.iter().any(|h| !still.contains(h)),
-                "{level} {what}: the run did not use the pool (ready {ready:?}, now {still:?})"
+                "{lang} {level} {what}: the run did not use the pool (ready {ready:?}, now {still:?})"
             );
             assert_eq!(c.structured["sandbox"], level, "{}", c.text);
             let (nc, nw) = (normalized(&c), normalized(&w));
             if nc != nw {
                 failures.push(format!(
-                    "{level} {what}:\n  cold {}\n  warm {}",
+                    "{lang} {level} {what}:\n  cold {}\n  warm {}",
                     serde_json::to_string(&nc).unwrap_or_default(),
                     serde_json::to_string(&nw).unwrap_or_default()
                 ));
@@ -341,6 +648,26 @@ async fn pooled_runs_give_exactly_the_cold_results() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn pooled_python_runs_give_exactly_the_cold_results() {
+    same_cold_and_warm("python").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pooled_node_runs_give_exactly_the_cold_results() {
+    same_cold_and_warm("javascript").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pooled_ruby_runs_give_exactly_the_cold_results() {
+    same_cold_and_warm("ruby").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pooled_bash_runs_give_exactly_the_cold_results() {
+    same_cold_and_warm("shellscript").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn what_the_pool_cannot_honour_runs_cold() {
     if !require("python", "python3") {
         return;
@@ -348,7 +675,7 @@ async fn what_the_pool_cannot_honour_runs_cold() {
     let cold = TestServer::start().await;
     let warm = pooled_server(2).await;
     let wpid = warm.pid as i32;
-    let cases = [
+    let mut cases = vec![
         (
             "PYTHONPATH changes sys.path at start",
             json!({"languageId": "python", "code": "import sys\nprint('/opt/extra' in sys.path)", "env": {"PYTHONPATH": "/opt/extra"}}),
@@ -370,12 +697,29 @@ async fn what_the_pool_cannot_honour_runs_cold() {
             json!({"languageId": "python", "code": "print(1)\u{0}"}),
         ),
     ];
+    if on_path("node") {
+        cases.push((
+            "NODE_OPTIONS is read at start",
+            json!({"languageId": "javascript", "code": "console.log(process.execArgv, process.env.NODE_OPTIONS)", "env": {"NODE_OPTIONS": "--stack-size=500"}}),
+        ));
+        cases.push((
+            "node cannot lower its CPU limit to a shorter timeout's",
+            json!({"languageId": "javascript", "code": "console.log(require('child_process').execSync('ulimit -t').toString())", "timeout_ms": 5000}),
+        ));
+    }
+    if on_path("ruby") {
+        cases.push((
+            "RUBYOPT is read at start",
+            json!({"languageId": "ruby", "code": "p $VERBOSE", "env": {"RUBYOPT": "-W2"}}),
+        ));
+    }
     for (what, args) in cases {
+        let lang = args["languageId"].as_str().unwrap_or_default().to_string();
         let c = cold.call("run-code", args.clone()).await;
-        let ready = wait_ready(&warm, 2).await;
+        let ready = wait_ready(&warm, &lang, 2).await;
         let w = warm.call("run-code", args.clone()).await;
         assert_eq!(normalized(&c), normalized(&w), "{what}");
-        let still = pool_helpers(wpid);
+        let still = pool_helpers(wpid, &lang);
         assert!(
             ready.is_subset(&still),
             "{what}: a pooled interpreter was used (ready {ready:?}, now {still:?})"
@@ -401,13 +745,13 @@ async fn the_pool_refills_with_fresh_interpreters() {
     let s = pooled_server(2).await;
     let mut seen = BTreeSet::new();
     for i in 0..5 {
-        let ready = wait_ready(&s, 2).await;
+        let ready = wait_ready(&s, "python", 2).await;
         assert_eq!(ready.len(), 2, "never more than --pool: {ready:?}");
         seen.extend(ready.iter().copied());
         let out = s.run("python", &format!("print({i})")).await;
         assert_eq!(out.text, format!("{i}\n"));
     }
-    let ready = wait_ready(&s, 2).await;
+    let ready = wait_ready(&s, "python", 2).await;
     seen.extend(ready.iter().copied());
     // Each run used one interpreter and one new one replaced it.
     assert_eq!(seen.len(), 2 + 5, "{seen:?}");
@@ -442,17 +786,27 @@ async fn pooled_runs_leave_nothing_behind() {
     let code = format!(
         "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execv('/bin/sleep', ['sleep', '{tag}'])\n    os._exit(0)\ndef up():\n    for p in filter(str.isdigit, os.listdir('/proc')):\n        try:\n            if b'{tag}' in open('/proc/' + p + '/cmdline', 'rb').read(): return True\n        except OSError: pass\nwhile not up(): time.sleep(0.01)\nprint('parent done')\n"
     );
-    let ready = wait_ready(&s, 2).await;
+    let ready = wait_ready(&s, "python", 2).await;
     let out = s.run("python", &code).await;
     assert_eq!(out.text, "parent done\n");
-    assert!(ready.iter().any(|h| !pool_helpers(pid).contains(h)));
+    assert!(
+        ready
+            .iter()
+            .any(|h| !pool_helpers(pid, "python").contains(h))
+    );
     let left = wait_none_with(&format!("sleep {tag}"), Duration::from_secs(5)).await;
     assert!(
         left.is_empty(),
         "the daemon outlived the pooled run: {left:?}"
     );
-    // Only the pool itself is left: each pooled interpreter with what carries it.
-    let ready = wait_ready(&s, 2).await;
+    // Only the pools themselves are left: each pooled interpreter (of every language) with
+    // what carries it.
+    let mut ready = BTreeSet::new();
+    for (lang, program, _) in POOLED {
+        if on_path(program) {
+            ready.extend(wait_ready(&s, lang, 2).await);
+        }
+    }
     let mut expected: BTreeSet<i32> = ready.clone();
     for h in &ready {
         expected.extend(descendants(*h));
@@ -476,7 +830,7 @@ async fn pooled_runs_leave_nothing_behind() {
         assert_eq!(out.text, format!("{i} {i} ['main.py', 'mine.txt']\n"));
     }
     // Closing the server kills the pool.
-    let helpers = pool_helpers(pid);
+    let helpers = pool_helpers_of(pid, None);
     let interpreters: Vec<i32> = helpers.iter().flat_map(|h| descendants(*h)).collect();
     assert!(!helpers.is_empty());
     match std::sync::Arc::try_unwrap(s) {
@@ -500,4 +854,88 @@ async fn pooled_runs_leave_nothing_behind() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn back_to_back_runs_grow_the_pool_up_to_the_cap() {
+    if !require("python", "python3") {
+        return;
+    }
+    let s = std::sync::Arc::new(pooled_server(4).await);
+    wait_ready(&s, "python", 2).await;
+    // Runs at once empty the pool: it grows (2 -> 4), never past --pool.
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            (i, s.run("python", &format!("print({i})")).await)
+        }));
+    }
+    for t in tasks {
+        let (i, out) = t.await.expect("task");
+        assert_eq!(out.text, format!("{i}\n"));
+    }
+    let ready = wait_ready(&s, "python", 4).await;
+    assert_eq!(ready.len(), 4, "{ready:?}");
+    let all = pool_helpers(s.pid as i32, "python");
+    assert_eq!(all.len(), 4, "never more than --pool: {all:?}");
+    match std::sync::Arc::try_unwrap(s) {
+        Ok(s) => s.stop().await,
+        Err(_) => panic!("the server is still shared"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pooled_interpreters_give_their_uids_to_callers() {
+    if !require("python", "python3") {
+        return;
+    }
+    if !is_root() {
+        eprintln!("SKIP: uids are handed out only when the server runs as root");
+        return;
+    }
+    // 4 uids: the pools take at most 2 (they leave a quarter, at least 2, free), and give
+    // theirs up when callers need them.
+    let s =
+        TestServer::start_with(&["--pool", "2", "--uids", "4", "--uid-base", "231000"], &[]).await;
+    let t = Instant::now();
+    while ready_pool(s.pid as i32, None).len() < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the pools never filled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let out = s.call("session_start", json!({"language": "python"})).await;
+        assert!(!out.is_error, "session {i}: {}", out.text);
+        ids.push(
+            out.structured["session_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        );
+    }
+    assert!(
+        ready_pool(s.pid as i32, None).is_empty(),
+        "every uid is a session's: no pooled interpreter is left"
+    );
+    let out = s.run("python", "print('no uid left')").await;
+    assert!(
+        out.is_error || out.structured["error"].is_string(),
+        "{}",
+        out.text
+    );
+    assert!(out.text.contains("sandbox user ids"), "{}", out.text);
+    // A closed session's uid serves runs again.
+    let out = s.call("session_close", json!({"session_id": ids[0]})).await;
+    assert!(!out.is_error, "{}", out.text);
+    let out = s.run("python", "print('ran')").await;
+    assert_eq!(out.text, "ran\n");
+    s.stop().await;
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
 }

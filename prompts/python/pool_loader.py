@@ -1,4 +1,4 @@
-# replbox warm pool: this interpreter was started ahead of time. It waits on stdin for one
+# replbox warm pool: python. This interpreter was started ahead of time. It waits on stdin for one
 # request, then runs the program the way `python3 -u main.py ARGS` would have.
 def __rbx_pool():
     import os, sys
@@ -32,7 +32,7 @@ def __rbx_pool():
         head += take(1)
     fields = take(int(head)).decode("utf-8", "surrogateescape").split("\0")
     file, cpu, k, m = fields[0], int(fields[1]), int(fields[2]), int(fields[3])
-    argv, env = fields[4:4 + m], fields[4 + m:]
+    argv, env = fields[5:5 + m], fields[5 + m:]
     # As the helper sets it for a cold run: SIGXCPU at the limit, SIGKILL a second later.
     setrlimit(RLIMIT_CPU, (cpu, cpu + 1))
     # The run's environment, with the same variables in the same order. The sandbox may set

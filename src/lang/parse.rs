@@ -120,8 +120,15 @@ fn check_pool(p: &PoolSpec, compiled: bool, bad: Bad<'_>) -> anyhow::Result<()> 
     if p.command.is_empty() {
         return Err(bad("run.pool.command", "must not be empty"));
     }
-    if !p.command.iter().any(|c| c.contains("{loader}")) {
-        return Err(bad("run.pool.command", "must contain {loader}"));
+    if !p
+        .command
+        .iter()
+        .any(|c| c.contains("{loader}") || c.contains("{loader_file}"))
+    {
+        return Err(bad(
+            "run.pool.command",
+            "must contain {loader} or {loader_file}",
+        ));
     }
     if p.command.iter().any(|c| c == "{args}") {
         return Err(bad(

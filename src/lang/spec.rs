@@ -173,9 +173,13 @@ pub struct RunSpec {
 #[serde(deny_unknown_fields)]
 pub struct PoolSpec {
     /// Command line; the same placeholders as `run.command` (not `{args}`), plus
-    /// `{loader}`, the loader's source.
+    /// `{loader}`, the loader's source, or `{loader_file}`, the absolute path of a copy of
+    /// it written into the interpreter's directory as `.replbox-pool.EXT` (EXT being the
+    /// loader's), for interpreters that take code only from files (`node -r FILE`). The
+    /// loader must remove that copy before it reads its request, so the program never sees
+    /// it.
     pub command: Vec<String>,
-    /// The loader's source file, passed whole as `{loader}`.
+    /// The loader's source file, passed whole as `{loader}` (or as `{loader_file}`).
     pub loader: Source,
     /// Caller variables that change how the interpreter starts (read before the loader
     /// runs): a run that sets one starts cold. A trailing `*` matches a prefix. Variables
@@ -183,6 +187,15 @@ pub struct PoolSpec {
     /// cold.
     #[serde(default)]
     pub cold_env: Vec<String>,
+    /// The loader sets the run's CPU limit from its request (the interpreter starts with the
+    /// largest a run can have). When false (an interpreter that cannot: node), it starts with
+    /// the limit of a run with the default timeout, and only runs with that limit are pooled.
+    #[serde(default = "yes")]
+    pub sets_cpu_limit: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// How a persistent REPL of this language is driven behind a PTY.

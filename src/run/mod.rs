@@ -260,7 +260,7 @@ impl Runner {
     /// (with the interpreter), else a fresh one.
     async fn place_for(
         &self,
-        lang: &Language,
+        lang: &Arc<Language>,
         req: &RunRequest,
         cpu_s: u64,
     ) -> Result<(Place, Option<Proc>), NoPlace> {
@@ -288,7 +288,7 @@ impl Runner {
             return Ok((place, None));
         }
         let warm = if self.poolable(lang, req, cpu_s) {
-            self.pool.take(lang.id())
+            self.take_warm(lang, req).await
         } else {
             None
         };

@@ -1,5 +1,10 @@
-//! The warm pool's books: per language, a few interpreters started ahead of time, each used
-//! for one run and then gone, and replaced in the background after that run.
+//! The warm pool's books: per language, interpreters started ahead of time, each used for
+//! one run and then gone, and replaced in the background after that run.
+//!
+//! Sizes follow demand: each language's pool starts at [`START`] interpreters (at most the
+//! cap, `--pool`), doubles (up to the cap) whenever a run finds it empty or empties it, and
+//! halves (down to [`FLOOR`]) for every [`SHRINK_AFTER`] without a run. A run that finds it
+//! empty while interpreters are starting waits for one of them rather than starting its own.
 //!
 //! The pool is generic over what a ready interpreter is ([`Ready`]) and over how one is
 //! started (the future given to [`Pool::refill`]), so its bookkeeping is tested without
@@ -10,6 +15,8 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
 
 /// An interpreter waiting for its program. Dropping it kills it.
 pub trait Ready: Send + 'static {
@@ -25,6 +32,13 @@ pub trait Ready: Send + 'static {
 /// sees a machine older than a few minutes (files installed meanwhile, a changed time zone).
 pub const MAX_IDLE: Duration = Duration::from_secs(300);
 
+/// A language's pool size as the server starts (at most the cap).
+pub const START: usize = 2;
+/// The smallest a language's pool shrinks to when idle (when the cap is not 0).
+pub const FLOOR: usize = 1;
+/// A pool without a run for this long halves (down to [`FLOOR`]), and again after as long.
+pub const SHRINK_AFTER: Duration = Duration::from_secs(60);
+
 /// Refilling stops after this many consecutive failed starts of a language's interpreter.
 const MAX_FAILURES: u32 = 3;
 
@@ -34,14 +48,20 @@ struct Slot<W> {
     starting: usize,
     /// Consecutive failures to start one: refilling stops after a few, until a start works.
     failures: u32,
+    /// How many it should hold now: between the floor and the cap, following demand.
+    target: usize,
+    /// The last run that took one, or the last time it shrank (idleness counts from it).
+    last_busy: Instant,
 }
 
-impl<W> Default for Slot<W> {
-    fn default() -> Self {
+impl<W> Slot<W> {
+    fn new(target: usize, now: Instant) -> Self {
         Self {
             ready: VecDeque::new(),
             starting: 0,
             failures: 0,
+            target,
+            last_busy: now,
         }
     }
 }
@@ -51,23 +71,29 @@ struct State<W> {
     /// Filling has begun (`serve` fills; a one-shot `replbox run` never does).
     active: bool,
     closed: bool,
+    /// Refills stop while this is set: user ids run short (see [`Pool::hold`]).
+    held: bool,
 }
 
-/// The pools of every language, each holding up to `size` interpreters.
+/// The pools of every language, each holding up to `cap` interpreters.
 pub struct Pool<W> {
-    size: usize,
+    cap: usize,
     state: Mutex<State<W>>,
+    /// Signalled whenever a start finishes (for runs waiting on one).
+    arrived: Notify,
 }
 
 impl<W: Ready> Pool<W> {
-    pub fn new(size: usize) -> Self {
+    pub fn new(cap: usize) -> Self {
         Self {
-            size,
+            cap,
             state: Mutex::new(State {
                 slots: HashMap::new(),
                 active: false,
                 closed: false,
+                held: false,
             }),
+            arrived: Notify::new(),
         }
     }
 
@@ -76,7 +102,14 @@ impl<W: Ready> Pool<W> {
     }
 
     pub fn enabled(&self) -> bool {
-        self.size > 0
+        self.cap > 0
+    }
+
+    fn slot<'a>(&self, st: &'a mut State<W>, lang: &str, now: Instant) -> &'a mut Slot<W> {
+        let start = START.min(self.cap);
+        st.slots
+            .entry(lang.to_string())
+            .or_insert_with(|| Slot::new(start, now))
     }
 
     /// Let refills happen from now on (until [`close`](Self::close)).
@@ -85,6 +118,12 @@ impl<W: Ready> Pool<W> {
         if !st.closed {
             st.active = true;
         }
+    }
+
+    /// Stop (`true`) or resume (`false`) refilling: the runner holds the pools while user
+    /// ids run short, so that interpreters waiting for a run never keep callers from one.
+    pub fn hold(&self, held: bool) {
+        self.lock().held = held;
     }
 
     /// How many interpreters are ready, per language (for metrics).
@@ -100,19 +139,23 @@ impl<W: Ready> Pool<W> {
     }
 
     /// Take a ready interpreter of `lang`, the oldest first; ones that ended or idled too
-    /// long are dropped on the way.
+    /// long are dropped on the way. This is demand: an empty pool, or one this empties,
+    /// grows.
     pub fn take(&self, lang: &str) -> Option<W> {
-        self.take_at(lang, Instant::now())
+        self.take_at(lang, Instant::now(), true)
     }
 
-    /// [`take`](Self::take) as of `now`.
-    fn take_at(&self, lang: &str, now: Instant) -> Option<W> {
+    /// [`take`](Self::take) as of `now`; `demand` counts the take towards the pool's size.
+    fn take_at(&self, lang: &str, now: Instant, demand: bool) -> Option<W> {
         let mut discarded = Vec::new();
         let taken = {
+            let cap = self.cap;
             let mut st = self.lock();
-            let slot = st.slots.get_mut(lang)?;
-            loop {
-                let mut w = slot.ready.pop_front()?;
+            let slot = self.slot(&mut st, lang, now);
+            let taken = loop {
+                let Some(mut w) = slot.ready.pop_front() else {
+                    break None;
+                };
                 if w.ended() {
                     tracing::warn!(lang, pid = w.pid(), "a pooled interpreter ended unused");
                     discarded.push(w);
@@ -121,11 +164,46 @@ impl<W: Ready> Pool<W> {
                 } else {
                     break Some(w);
                 }
+            };
+            if demand {
+                slot.last_busy = now;
+                if slot.ready.is_empty() {
+                    slot.target = (slot.target * 2).max(1).min(cap);
+                }
             }
+            taken
         };
         // Killed outside the lock.
         drop(discarded);
         taken
+    }
+
+    /// [`take`](Self::take), or when the pool is empty but interpreters of `lang` are
+    /// starting, the first of them to be ready (waiting at most `patience`): it is further
+    /// along than a cold start begun now would be.
+    pub async fn take_or_wait(&self, lang: &str, patience: Duration) -> Option<W> {
+        if let Some(w) = self.take(lang) {
+            return Some(w);
+        }
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            let arrived = self.arrived.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            if let Some(w) = self.take_at(lang, Instant::now(), false) {
+                return Some(w);
+            }
+            if self.starting(lang) == 0 {
+                return None;
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    fn starting(&self, lang: &str) -> usize {
+        self.lock().slots.get(lang).map_or(0, |s| s.starting)
     }
 
     /// Take the oldest ready interpreter of any language (to stop it: its uid is needed);
@@ -160,7 +238,7 @@ impl<W: Ready> Pool<W> {
     pub fn refill<F, Fut>(self: &Arc<Self>, lang: &str, start: F)
     where
         F: Fn() -> Fut,
-        Fut: Future<Output = Result<W, String>> + Send + 'static,
+        Fut: Future<Output = Result<Option<W>, String>> + Send + 'static,
     {
         for _ in 0..self.reserve(lang) {
             let pool = self.clone();
@@ -173,38 +251,38 @@ impl<W: Ready> Pool<W> {
         }
     }
 
-    /// How many interpreters of `lang` to start now to bring it back to full; they count as
-    /// starting until [`started`](Self::started) is called once for each.
+    /// How many interpreters of `lang` to start now to bring it back to its size; they count
+    /// as starting until [`started`](Self::started) is called once for each.
     fn reserve(&self, lang: &str) -> usize {
-        let size = self.size;
         let mut st = self.lock();
-        if !st.active || st.closed {
+        if !st.active || st.closed || st.held || self.cap == 0 {
             return 0;
         }
-        let slot = st.slots.entry(lang.to_string()).or_default();
+        let slot = self.slot(&mut st, lang, Instant::now());
         if slot.failures >= MAX_FAILURES {
             return 0;
         }
-        let n = size.saturating_sub(slot.ready.len() + slot.starting);
+        let n = slot.target.saturating_sub(slot.ready.len() + slot.starting);
         slot.starting += n;
         n
     }
 
     /// One reserved start has finished: its interpreter joins the pool (unless the pool was
-    /// closed meanwhile, when it is dropped, which kills it).
-    fn started(&self, lang: &str, warm: Result<W, String>) {
+    /// closed meanwhile, when it is dropped, which kills it). `Ok(None)`: it was not started,
+    /// for a reason that is no failure (user ids ran short).
+    fn started(&self, lang: &str, warm: Result<Option<W>, String>) {
         let mut rejected = None;
         {
             let mut st = self.lock();
             let closed = st.closed;
-            let slot = st.slots.entry(lang.to_string()).or_default();
+            let slot = self.slot(&mut st, lang, Instant::now());
             slot.starting = slot.starting.saturating_sub(1);
             match warm {
-                Ok(w) if !closed => {
+                Ok(Some(w)) if !closed => {
                     slot.failures = 0;
                     slot.ready.push_back(w);
                 }
-                Ok(w) => rejected = Some(w),
+                Ok(w) => rejected = w,
                 Err(e) => {
                     slot.failures += 1;
                     tracing::warn!(lang, error = %e, failures = slot.failures, "cannot start a pooled interpreter");
@@ -212,6 +290,54 @@ impl<W: Ready> Pool<W> {
             }
         }
         drop(rejected);
+        self.arrived.notify_waiters();
+    }
+
+    /// The periodic upkeep: pools idle for [`SHRINK_AFTER`] halve (the oldest interpreters
+    /// go), and interpreters idle past [`MAX_IDLE`] are dropped. Returns the languages to
+    /// refill (those that dropped expired ones).
+    pub fn trim(&self) -> Vec<String> {
+        self.trim_at(Instant::now())
+    }
+
+    fn trim_at(&self, now: Instant) -> Vec<String> {
+        let mut dropped = Vec::new();
+        let mut refill = Vec::new();
+        {
+            let floor = FLOOR.min(self.cap);
+            let mut st = self.lock();
+            for (lang, slot) in st.slots.iter_mut() {
+                if now.saturating_duration_since(slot.last_busy) >= SHRINK_AFTER
+                    && slot.target > floor
+                {
+                    slot.target = (slot.target / 2).max(floor);
+                    slot.last_busy = now;
+                }
+                while slot.ready.len() > slot.target {
+                    dropped.extend(slot.ready.pop_front());
+                }
+                let expired = slot
+                    .ready
+                    .iter()
+                    .take_while(|w| now.saturating_duration_since(w.born()) > MAX_IDLE)
+                    .count();
+                dropped.extend(slot.ready.drain(..expired));
+                if expired > 0 {
+                    refill.push(lang.clone());
+                }
+            }
+        }
+        drop(dropped);
+        refill
+    }
+
+    /// Interpreters of `lang` ready now.
+    pub fn ready_of(&self, lang: &str) -> usize {
+        self.lock().slots.get(lang).map_or(0, |s| s.ready.len())
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
     }
 
     /// Stop refilling and kill every pooled interpreter.
@@ -226,6 +352,7 @@ impl<W: Ready> Pool<W> {
                 .collect()
         };
         drop(drained);
+        self.arrived.notify_waiters();
     }
 }
 
@@ -289,25 +416,30 @@ mod tests {
         let dropped = Arc::new(AtomicUsize::new(0));
         let pool = Pool::new(4);
         pool.activate();
-        assert_eq!(pool.reserve("python"), 4);
+        assert_eq!(pool.reserve("python"), START);
         let t0 = Instant::now();
         let mut ended = fake(1, t0, &dropped);
         ended.ended = true;
-        pool.started("python", Ok(ended));
-        pool.started("python", Ok(fake(2, t0, &dropped)));
-        pool.started("python", Ok(fake(3, t0 + MAX_IDLE, &dropped)));
-        pool.started("python", Ok(fake(4, t0 + MAX_IDLE, &dropped)));
-        assert!(pool.take_at("ruby", t0).is_none(), "pools are per language");
+        pool.started("python", Ok(Some(ended)));
+        pool.started("python", Ok(Some(fake(2, t0, &dropped))));
+        pool.started("python", Ok(Some(fake(3, t0 + MAX_IDLE, &dropped))));
+        pool.started("python", Ok(Some(fake(4, t0 + MAX_IDLE, &dropped))));
+        assert!(
+            pool.take_at("ruby", t0, true).is_none(),
+            "pools are per language"
+        );
         // 1 has ended: killed on the way; 2, idle for exactly MAX_IDLE, is still good.
-        let w = pool.take_at("python", t0 + MAX_IDLE).expect("one is ready");
+        let w = pool
+            .take_at("python", t0 + MAX_IDLE, true)
+            .expect("one is ready");
         assert_eq!(w.n, 2);
         assert_eq!(dropped.load(Ordering::SeqCst), 1);
         drop(w);
         // A second past their MAX_IDLE, 3 and 4 are killed rather than used.
         let later = t0 + MAX_IDLE * 2 + Duration::from_secs(1);
-        assert!(pool.take_at("python", later).is_none());
+        assert!(pool.take_at("python", later, true).is_none());
         assert_eq!(dropped.load(Ordering::SeqCst), 4, "all killed");
-        assert_eq!(pool.reserve("python"), 4, "and all to replace");
+        assert_eq!(pool.reserve("python"), 4, "emptied: it grew to the cap");
     }
 
     #[test]
@@ -321,9 +453,15 @@ mod tests {
         assert_eq!(pool.reserve("ruby"), 2);
         let mut ended = fake(1, t0, &dropped);
         ended.ended = true;
-        pool.started("python", Ok(ended));
-        pool.started("python", Ok(fake(3, t0 + Duration::from_secs(2), &dropped)));
-        pool.started("ruby", Ok(fake(2, t0 + Duration::from_secs(1), &dropped)));
+        pool.started("python", Ok(Some(ended)));
+        pool.started(
+            "python",
+            Ok(Some(fake(3, t0 + Duration::from_secs(2), &dropped))),
+        );
+        pool.started(
+            "ruby",
+            Ok(Some(fake(2, t0 + Duration::from_secs(1), &dropped))),
+        );
         assert_eq!(pool.take_any().map(|w| w.n), Some(2), "the oldest alive");
         assert_eq!(
             dropped.load(Ordering::SeqCst),
@@ -341,10 +479,10 @@ mod tests {
         pool.activate();
         assert_eq!(pool.reserve("python"), 2);
         let t0 = Instant::now();
-        pool.started("python", Ok(fake(1, t0, &dropped)));
+        pool.started("python", Ok(Some(fake(1, t0, &dropped))));
         pool.close();
         assert_eq!(dropped.load(Ordering::SeqCst), 1);
-        pool.started("python", Ok(fake(2, t0, &dropped)));
+        pool.started("python", Ok(Some(fake(2, t0, &dropped))));
         assert_eq!(dropped.load(Ordering::SeqCst), 2, "a late start is killed");
         pool.activate();
         assert_eq!(pool.reserve("python"), 0, "closed for good");
@@ -372,28 +510,121 @@ mod tests {
             pool.refill("python", || {
                 let n = starts.fetch_add(1, Ordering::SeqCst) as u32;
                 let dropped = dropped.clone();
-                async move { Ok(fake(n, Instant::now(), &dropped)) }
+                async move { Ok(Some(fake(n, Instant::now(), &dropped))) }
             });
         };
-        let ready = |pool: &Pool<Fake>| pool.lock().slots["python"].ready.len();
         refill(&pool);
-        assert_eq!(starts.load(Ordering::SeqCst), 3);
+        assert_eq!(starts.load(Ordering::SeqCst), START);
         // The starts join the pool from their tasks: let them run.
         for _ in 0..100 {
-            if ready(&pool) == 3 {
+            if pool.ready_of("python") == START {
                 break;
             }
             tokio::task::yield_now().await;
         }
-        assert_eq!(ready(&pool), 3);
-        refill(&pool);
-        assert_eq!(starts.load(Ordering::SeqCst), 3, "full: nothing started");
-        assert_eq!(pool.take("python").map(|w| w.n), Some(0), "the oldest");
+        let first = pool.take_or_wait("python", Duration::from_secs(5)).await;
+        assert_eq!(first.map(|w| w.n), Some(0), "the oldest");
         refill(&pool);
         assert_eq!(
             starts.load(Ordering::SeqCst),
-            4,
+            START + 1,
             "the one taken is replaced"
         );
+        let late = pool.take_or_wait("ruby", Duration::from_secs(5)).await;
+        assert!(late.is_none(), "nothing starting: no wait");
+    }
+
+    #[test]
+    fn sizes_follow_demand_within_the_cap() {
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let pool: Pool<Fake> = Pool::new(5);
+        pool.activate();
+        let t0 = Instant::now();
+        let fill = |n: usize| {
+            for i in 0..n {
+                pool.started("python", Ok(Some(fake(i as u32, t0, &dropped))));
+            }
+        };
+        assert_eq!(pool.reserve("python"), 2);
+        fill(2);
+        assert!(pool.take_at("python", t0, true).is_some());
+        assert_eq!(
+            pool.reserve("python"),
+            1,
+            "one left: no growth, the one taken replaced"
+        );
+        pool.started("python", Err("not this time".into()));
+        // Back-to-back runs empty it: it doubles each time, up to the cap.
+        assert!(pool.take_at("python", t0, true).is_some());
+        assert_eq!(pool.reserve("python"), 4, "emptied: 2 -> 4");
+        assert!(pool.take_at("python", t0, true).is_none());
+        assert_eq!(pool.reserve("python"), 1, "found empty: 4 -> 5 (the cap)");
+        fill(5);
+        // Idle: it halves every SHRINK_AFTER, the oldest going, down to the floor.
+        pool.trim_at(t0 + SHRINK_AFTER);
+        assert_eq!(pool.ready_of("python"), 2);
+        pool.trim_at(t0 + SHRINK_AFTER + SHRINK_AFTER / 2);
+        assert_eq!(pool.ready_of("python"), 2, "not idle long enough again");
+        pool.trim_at(t0 + SHRINK_AFTER * 2);
+        assert_eq!(pool.ready_of("python"), FLOOR);
+        pool.trim_at(t0 + SHRINK_AFTER * 4);
+        assert_eq!(pool.ready_of("python"), FLOOR, "never below the floor");
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            2 + 4,
+            "the two runs, then 3 and 1"
+        );
+    }
+
+    #[test]
+    fn trimming_replaces_the_expired() {
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let pool: Pool<Fake> = Pool::new(2);
+        pool.activate();
+        let t0 = Instant::now();
+        assert_eq!(pool.reserve("python"), 2);
+        pool.started("python", Ok(Some(fake(1, t0, &dropped))));
+        pool.started(
+            "python",
+            Ok(Some(fake(2, t0 + Duration::from_secs(1), &dropped))),
+        );
+        let refill = pool.trim_at(t0 + MAX_IDLE + Duration::from_secs(2));
+        assert_eq!(refill, ["python"]);
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            2,
+            "idle: shrunk to 1, and 1 expired"
+        );
+        assert_eq!(pool.ready_of("python"), 0);
+        assert_eq!(pool.reserve("python"), FLOOR);
+    }
+
+    #[test]
+    fn the_pool_gives_up_interpreters_and_holds_off_when_uids_run_short() {
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let pool: Pool<Fake> = Pool::new(2);
+        pool.activate();
+        let t0 = Instant::now();
+        assert_eq!(pool.reserve("ruby"), 2);
+        assert_eq!(pool.reserve("python"), 2);
+        pool.started(
+            "ruby",
+            Ok(Some(fake(1, t0 + Duration::from_secs(1), &dropped))),
+        );
+        pool.started("python", Ok(Some(fake(2, t0, &dropped))));
+        pool.started("python", Ok(None));
+        pool.hold(true);
+        assert_eq!(pool.reserve("python"), 0, "held");
+        assert_eq!(
+            pool.take_any().map(|w| w.n),
+            Some(2),
+            "the oldest of any language"
+        );
+        assert_eq!(pool.take_any().map(|w| w.n), Some(1));
+        assert!(pool.take_any().is_none());
+        pool.hold(false);
+        // `Ok(None)` (not started, uids short) is no failure.
+        assert_eq!(pool.reserve("python"), 2);
+        assert_eq!(pool.reserve("ruby"), 1);
     }
 }

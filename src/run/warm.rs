@@ -10,13 +10,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::pool::{Pool, Ready};
 use super::supervise::pipes;
 use super::{Place, RunRequest, Runner};
 use crate::exec::{self, Proc};
-use crate::lang::{Language, Registry, expand_command};
+use crate::lang::{Language, PoolSpec, Registry, expand_command};
 use crate::sandbox::{Holder, Reclaim};
 
 /// A pooled interpreter waiting for its program. Dropping it kills its tree (the helper
@@ -72,6 +72,13 @@ impl Reclaim for WarmPool {
     }
 }
 
+/// How often the pools are kept (see [`Runner::fill_pools`]).
+const UPKEEP: Duration = Duration::from_secs(15);
+
+/// The longest a run waits for a pooled interpreter being started (it is further along than
+/// a cold start begun then), and at most a quarter of its timeout.
+const PATIENCE: Duration = Duration::from_secs(2);
+
 impl Runner {
     /// Whether a pooled interpreter can run this request exactly as a cold start would.
     pub(super) fn poolable(&self, lang: &Language, req: &RunRequest, cpu_s: u64) -> bool {
@@ -81,8 +88,8 @@ impl Runner {
         self.pool.enabled()
             && self.sandbox.can_prestart()
             && lang.spec.run.compile.is_none()
-            // Pooled interpreters start with the largest CPU limit and lower it to the run's.
-            && cpu_s <= self.cpu_limit(self.max_timeout())
+            // Pooled interpreters start with a CPU limit they can only lower.
+            && (cpu_s == self.pool_cpu_limit(p) || p.sets_cpu_limit && cpu_s < self.pool_cpu_limit(p))
             // NUL cannot be passed to a cold start either; let it fail the cold way.
             && !req.code.contains('\0')
             && !req.args.iter().any(|a| a.contains('\0'))
@@ -97,7 +104,9 @@ impl Runner {
     }
 
     /// Start filling the pools of every installed language that has one (`serve` does this
-    /// once it is up; from then on every run refills what it used).
+    /// once it is up; from then on every run refills what it used), and keep them: every
+    /// [`UPKEEP`] idle pools shrink, expired interpreters are replaced, and pools held while
+    /// user ids ran short are filled again.
     pub(crate) fn fill_pools(&self, registry: &Registry) {
         if !self.pool.enabled() {
             return;
@@ -110,18 +119,39 @@ impl Runner {
             return;
         }
         self.pool.activate();
-        for lang in registry.all() {
-            if lang.installed() && lang.spec.run.pool.is_some() {
-                self.refill(lang);
-            }
+        let pooled: Vec<Arc<Language>> = registry
+            .all()
+            .iter()
+            .filter(|l| l.spec.run.pool.is_some())
+            .cloned()
+            .collect();
+        for lang in pooled.iter().filter(|l| l.installed()) {
+            self.refill(lang);
         }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(UPKEEP);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if me.pool.is_closed() {
+                    break;
+                }
+                me.pool.trim();
+                for lang in pooled.iter().filter(|l| l.installed()) {
+                    me.refill(lang);
+                }
+            }
+        });
     }
 
-    /// Start as many pooled interpreters of `lang` as it lacks, in the background.
+    /// Start as many pooled interpreters of `lang` as it lacks, in the background (none
+    /// while user ids run short).
     pub(crate) fn refill(&self, lang: &Arc<Language>) {
         if lang.spec.run.pool.is_none() {
             return;
         }
+        self.pool.hold(self.sandbox.uids_short());
         self.pool.refill(lang.id(), || {
             let me = self.clone();
             let lang = lang.clone();
@@ -129,13 +159,40 @@ impl Runner {
         });
     }
 
+    /// Take a pooled interpreter for a run that a pool can honour; None (run cold) when there
+    /// is none.
+    pub(super) async fn take_warm(&self, lang: &Arc<Language>, req: &RunRequest) -> Option<Warm> {
+        let patience = PATIENCE.min(req.timeout / 4);
+        let w = self.pool.take_or_wait(lang.id(), patience).await?;
+        if self.pool.ready_of(lang.id()) == 0 {
+            // Demand outruns the pool: start its replacements now rather than after the run.
+            self.refill(lang);
+        }
+        Some(w)
+    }
+
+    /// The CPU limit a pooled interpreter of `p` starts with: the largest a run can have when
+    /// its loader lowers it to the run's, else the limit of a run with the default timeout
+    /// (then only such runs are pooled).
+    fn pool_cpu_limit(&self, p: &PoolSpec) -> u64 {
+        if p.sets_cpu_limit {
+            self.cpu_limit(self.max_timeout())
+        } else {
+            self.cpu_limit(self.config.timeout(None))
+        }
+    }
+
     /// Start one pooled interpreter: a fresh place, the environment of a run there (without
     /// any caller's variables), and the language's loader, through `exec::spawn` (so in the
     /// sandbox, as the run's uid) like every other child.
-    async fn start_warm(&self, lang: &Language) -> Result<Warm, String> {
+    async fn start_warm(&self, lang: &Language) -> Result<Option<Warm>, String> {
         let Some(p) = &lang.spec.run.pool else {
             return Err("the language has no pool".into());
         };
+        if self.sandbox.uids_short() {
+            // Not a failure: callers come first.
+            return Ok(None);
+        }
         let detected = lang
             .detect()
             .await
@@ -147,7 +204,7 @@ impl Runner {
             .place(
                 lang,
                 &detected.exe,
-                self.cpu_limit(self.max_timeout()),
+                self.pool_cpu_limit(p),
                 Holder::Nobody,
                 false,
             )
@@ -156,14 +213,33 @@ impl Runner {
         let child = self.child(&place, lang, &BTreeMap::new());
         let mut with_loader = vars.to_vec();
         with_loader.push(("loader", p.loader.text.as_str()));
+        // A copy of the loader for interpreters that take code from files only; the loader
+        // removes it before the program exists.
+        let loader_file = place.dir.path().join(loader_file_name(&p.loader.file));
+        let loader_s = loader_file.display().to_string();
+        if p.command.iter().any(|c| c.contains("{loader_file}")) {
+            tokio::fs::write(&loader_file, &p.loader.text)
+                .await
+                .map_err(|e| format!("cannot write the pool's loader: {e}"))?;
+            with_loader.push(("loader_file", loader_s.as_str()));
+        }
         let argv = expand_command(&p.command, &with_loader, &[]);
         let proc = exec::spawn(&self.sandbox, pipes(argv, &child, place.dir.path()))
             .map_err(|e| format!("cannot start {}: {e}", detected.exe.display()))?;
-        Ok(Warm {
+        Ok(Some(Warm {
             proc,
             place,
             born: Instant::now(),
-        })
+        }))
+    }
+}
+
+/// The name of the loader's copy in an interpreter's directory: `.replbox-pool` with the
+/// extension of the language's loader file.
+fn loader_file_name(source: &str) -> String {
+    match std::path::Path::new(source).extension() {
+        Some(ext) => format!(".replbox-pool.{}", ext.to_string_lossy()),
+        None => ".replbox-pool".to_string(),
     }
 }
 
@@ -171,13 +247,16 @@ impl Runner {
 /// newline, then the payload, NUL-separated UTF-8 fields:
 ///
 /// 1. the program's file name, as `run.command` names it (relative to the directory);
-/// 2. the run's CPU limit in seconds (the interpreter was started with the largest a run
-///    can have, and lowers it to this, soft and hard, as the helper would have set it);
+/// 2. the run's CPU limit in seconds (an interpreter whose language has
+///    `run.pool.sets_cpu_limit` was started with the largest a run can have, and lowers it
+///    to this, soft and hard, as the helper would have set it; others already have it);
 /// 3. K, the number of the caller's arguments;
-/// 4. M, the length of the cold command line, then its M words (`run.command` expanded,
-///    the caller's arguments being its last K words);
-/// 5. the run's whole environment, `NAME=VALUE` each, in the order a cold run's process
-///    gets it (sorted by name).
+/// 4. M, the length of the cold command line;
+/// 5. N, the number of the run's environment variables;
+/// 6. the M words of the cold command line (`run.command` expanded, the caller's arguments
+///    being its last K words);
+/// 7. the run's whole environment, N `NAME=VALUE`, in the order a cold run's process gets
+///    it (sorted by name).
 ///
 /// What follows the payload on stdin is the program's own input; then stdin is closed.
 pub fn request(
@@ -187,11 +266,12 @@ pub fn request(
     argv: &[String],
     env: &[(String, String)],
 ) -> Vec<u8> {
-    let mut fields: Vec<String> = Vec::with_capacity(4 + argv.len() + env.len());
+    let mut fields: Vec<String> = Vec::with_capacity(5 + argv.len() + env.len());
     fields.push(file.to_string());
     fields.push(cpu_s.to_string());
     fields.push(nargs.to_string());
     fields.push(argv.len().to_string());
+    fields.push(env.len().to_string());
     fields.extend(argv.iter().cloned());
     let mut env: Vec<&(String, String)> = env.iter().collect();
     env.sort_by(|a, b| a.0.cmp(&b.0));
@@ -253,6 +333,7 @@ mod tests {
                 "31",
                 "2",
                 "5",
+                "2",
                 "/py",
                 "-u",
                 "main.py",

@@ -298,7 +298,7 @@ impl Sandbox {
         let (Holder::Binds(principal) | Holder::Visits(principal)) = holder else {
             return self.lease(holder);
         };
-        loop {
+        'lease: loop {
             match self.lease(holder) {
                 Ok(l) => return Ok(l),
                 Err(e) => {
@@ -309,16 +309,12 @@ impl Sandbox {
                         .iter()
                         .filter_map(std::sync::Weak::upgrade)
                         .collect();
-                    let mut gave = false;
                     for r in reclaimers {
                         if r.reclaim(principal).await {
-                            gave = true;
-                            break;
+                            continue 'lease;
                         }
                     }
-                    if !gave {
-                        return Err(e);
-                    }
+                    return Err(e);
                 }
             }
         }
@@ -330,6 +326,14 @@ impl Sandbox {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(r);
+    }
+
+    /// Whether uids run short: at most a quarter of them (at least 2) are free. Work done
+    /// ahead of time (the warm pool) takes none then. Never short when not root.
+    pub fn uids_short(&self) -> bool {
+        self.pool
+            .as_ref()
+            .is_some_and(|p| p.free() <= (p.size() as usize / 4).max(2))
     }
 
     /// The existing directories hidden from user code (canonical): a caller's `cwd` may not

@@ -105,6 +105,15 @@ impl UidPool {
         })
     }
 
+    /// How many uids this server could still hand out (ignoring those another server holds).
+    pub(super) fn free(&self) -> usize {
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub(super) fn size(&self) -> u32 {
+        self.size
+    }
+
     /// Why no uid could be leased: `others` free ones are bound to other principals.
     fn exhausted(&self, principal: Option<&str>, others: u32) -> String {
         let range = format!("{}..{}", self.base, self.base + self.size);

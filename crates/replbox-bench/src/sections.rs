@@ -152,6 +152,10 @@ pub const SECTIONS: &[Section] = &[
         measure: |ctx| Box::pin(run_code_cold(ctx)),
     },
     Section {
+        name: "run_code_back_to_back",
+        measure: |ctx| Box::pin(run_code_back_to_back(ctx)),
+    },
+    Section {
         name: "session_eval",
         measure: |ctx| Box::pin(session_eval(ctx)),
     },
@@ -464,6 +468,74 @@ async fn run_code_rows(
             rows.push(Row {
                 name: format!("{section}:{}", l.id),
                 title: format!("{title} ({})", l.id),
+                measurement: Measurement::against(
+                    samples,
+                    format!(
+                        "{} {} spawned directly",
+                        interp.exe.display(),
+                        l.floor_args.join(" ")
+                    ),
+                    floor_samples,
+                ),
+            });
+        }
+        Ok(rows)
+    }
+    .await;
+    server.stop().await;
+    measured
+}
+
+/// Calls of one back-to-back burst.
+const BURST: usize = 50;
+
+/// `run-code` printing 2, [`BURST`] calls one right after the other (no pause for the pool
+/// to refill), per language with a warm pool, with the bench's settings. A first burst lets
+/// the pools grow to what such use makes them (up to `--pool`); the measured bursts follow
+/// once the server is quiet again. Each row's floor is the interpreter spawned directly,
+/// once per call, between bursts.
+async fn run_code_back_to_back(ctx: &Ctx) -> Result<Vec<Row>> {
+    let langs = installed(ctx, false, true).await?;
+    if langs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let server = McpServer::start(ctx.serve_command()).await?;
+    let measured = async {
+        let mut rows = Vec::new();
+        let bursts = ctx.iterations.div_ceil(BURST).max(1);
+        for l in langs {
+            let interp = Interpreter::resolve(&ctx.config, l.id).await?;
+            let args = args_of(json!({"languageId": l.id, "code": l.program}));
+            let floor_dir =
+                tempfile::tempdir().context("cannot create a directory for the floor")?;
+            if let Some((name, text)) = l.floor_file {
+                std::fs::write(floor_dir.path().join(name), text)
+                    .context("cannot write the floor's program")?;
+            }
+            let mut samples = Vec::new();
+            let mut floor_samples = Vec::new();
+            for burst in 0..=bursts {
+                server.wait_quiet(QUIET).await;
+                let mut these = Vec::with_capacity(BURST);
+                for _ in 0..BURST {
+                    these.push(server.call_expecting("run-code", &args, "2\n").await?);
+                }
+                // The first burst is the warm-up.
+                if burst > 0 {
+                    samples.extend(these);
+                    server.wait_quiet(QUIET).await;
+                    for _ in 0..BURST.min(ctx.iterations) {
+                        floor_samples
+                            .push(interp.time_run(l.floor_args, floor_dir.path(), "2\n").await?);
+                    }
+                }
+            }
+            rows.push(Row {
+                name: format!("run_code_back_to_back:{}", l.id),
+                title: format!(
+                    "run-code print(1+1), {BURST} calls back to back, pool grown by a first burst ({})",
+                    l.id
+                ),
                 measurement: Measurement::against(
                     samples,
                     format!(
