@@ -9,7 +9,7 @@
 mod common;
 
 use libfuzzer_sys::fuzz_target;
-use replbox::fuzzing::{HeadTail, Renderer};
+use replbox::fuzzing::{HeadTail, Renderer, finish_now};
 
 const CAPS: [usize; 6] = [0, 1, 7, 64, 1000, 4096];
 
@@ -37,7 +37,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = r.last_line();
-    let out = r.finish();
+    let out = finish_now(r);
     assert!(
         out.text.len() <= bound(cap),
         "cap {cap}: {} bytes of rendered text",
