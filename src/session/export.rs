@@ -371,6 +371,25 @@ fn code_cell(c: &Cell) -> Value {
     })
 }
 
+/// Every line terminator of a language a script may be read as: Python ends a comment at a
+/// lone `\r`, JavaScript at U+2028. Text that goes into a comment is split at each of them,
+/// so nothing of it runs when the script is run.
+const LINE_BREAKS: &[char] = &[
+    '\n', '\r', '\u{b}', '\u{c}', '\u{85}', '\u{2028}', '\u{2029}',
+];
+
+/// `text` as the lines of a comment (a final terminator ends the last line).
+fn comment_lines(text: &str) -> Vec<&str> {
+    let mut v: Vec<&str> = text
+        .split("\r\n")
+        .flat_map(|l| l.split(LINE_BREAKS))
+        .collect();
+    if v.last() == Some(&"") {
+        v.pop();
+    }
+    v
+}
+
 /// The session as a script: `# %%` before each cell (the language's line comment), cells
 /// that did not succeed commented out.
 pub(super) fn script(s: &Source, comment: &str, version: Option<&str>) -> String {
@@ -396,15 +415,19 @@ pub(super) fn script(s: &Source, comment: &str, version: Option<&str>) -> String
                 " {}: {}: {}",
                 status_word(c.status),
                 e.kind,
-                e.message.lines().next().unwrap_or("")
+                comment_lines(&e.message).first().unwrap_or(&"")
             ),
             (st, None) => format!(" {}", status_word(*st)),
         };
+        // The kind and message are the code's own words: one line of them.
+        let why = comment_lines(&why).first().copied().unwrap_or_default();
         out.push_str(&format!("{comment} %% [{}]{why}\n", c.eval_id));
-        for line in c.code.lines() {
-            if failed {
+        if failed {
+            for line in comment_lines(&c.code) {
                 out.push_str(&format!("{comment} {line}\n"));
-            } else {
+            }
+        } else {
+            for line in c.code.lines() {
                 out.push_str(line);
                 out.push('\n');
             }
@@ -514,5 +537,29 @@ mod tests {
         assert!(s.contains("\n# %% [3] timeout\n# input()\n"), "{s}");
         let js = script(&source(), "//", None);
         assert!(js.contains("// %% [1]\n"));
+    }
+
+    #[test]
+    fn nothing_of_a_failed_cell_runs_when_the_script_runs() {
+        let mut src = source();
+        let evil = "x\rprint('INJECTED')\u{2028}alert(1)\u{b}y\r\nz";
+        src.cells.retain(|c| c.status != EvalStatus::Ok);
+        assert!(!src.cells.is_empty());
+        for c in &mut src.cells {
+            c.code = format!("{evil}\n");
+            if let Some(e) = c.error.as_mut() {
+                e.message = evil.to_string();
+                e.kind = format!("Kind{evil}");
+            }
+        }
+        for comment in ["#", "//"] {
+            let s = script(&src, comment, None);
+            for line in s.split(LINE_BREAKS) {
+                assert!(
+                    line.is_empty() || line.starts_with(comment),
+                    "{line:?} would run:\n{s}"
+                );
+            }
+        }
     }
 }
