@@ -896,6 +896,7 @@ async fn pooled_interpreters_give_their_uids_to_callers() {
     }
     // 4 uids: the pools take at most 2 (they leave a quarter, at least 2, free), and give
     // theirs up when callers need them.
+    unbind_test_uids(231_000, 4);
     let s =
         TestServer::start_with(&["--pool", "2", "--uids", "4", "--uid-base", "231000"], &[]).await;
     let t = Instant::now();

@@ -951,18 +951,6 @@ async fn metric(addr: &str, token: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// Unbind this test's own uids (`base..base + n`, used by no other test) from the principals
-/// an earlier run of it bound them to: a uid stays bound as long as `/run/replbox` lasts, and
-/// the pool only starts interpreters on unbound uids.
-fn unbind_test_uids(base: u32, n: u32) {
-    for uid in base..base + n {
-        let p = std::path::PathBuf::from(format!("/run/replbox/{uid}"));
-        if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&p) {
-            f.set_len(0).expect("unbind a test uid");
-        }
-    }
-}
-
 // The warm pool's interpreters hold uids too. When they hold every uid, a caller's session
 // or run stops one and takes its uid, rather than being refused.
 #[tokio::test(flavor = "multi_thread")]

@@ -354,3 +354,15 @@ fn uuid_like() -> String {
         .unwrap_or(0);
     format!("{:x}{:x}", n, std::process::id())
 }
+
+/// Unbind this test's own uids (`base..base + n`, used by no other test) from the principals
+/// an earlier run of it bound them to: a uid stays bound as long as `/run/replbox` lasts, and
+/// the pool only starts interpreters on unbound uids.
+pub fn unbind_test_uids(base: u32, n: u32) {
+    for uid in base..base + n {
+        let p = std::path::PathBuf::from(format!("/run/replbox/{uid}"));
+        if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&p) {
+            f.set_len(0).expect("unbind a test uid");
+        }
+    }
+}
