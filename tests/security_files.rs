@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
-use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams};
+use rmcp::model::ReadResourceRequestParams;
 use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -934,24 +934,6 @@ impl HttpServer {
 
     async fn stop(mut self) {
         let _ = self.child.kill().await;
-    }
-}
-
-async fn http_call(client: &Peer<RoleClient>, tool: &str, args: Value) -> Out {
-    let obj = args.as_object().cloned().expect("arguments are an object");
-    let r = client
-        .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(obj))
-        .await
-        .unwrap_or_else(|e| panic!("{tool} failed at the protocol level: {e}"));
-    Out {
-        text: r
-            .content
-            .iter()
-            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-            .collect(),
-        structured: r.structured_content.clone().unwrap_or(Value::Null),
-        is_error: r.is_error.unwrap_or(false),
-        images: Vec::new(),
     }
 }
 

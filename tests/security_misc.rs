@@ -21,7 +21,7 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{Peer, RoleClient, ServiceExt};
+use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -368,24 +368,6 @@ impl HttpServer {
 
     async fn stop(mut self) {
         let _ = self.child.kill().await;
-    }
-}
-
-async fn http_call(client: &Peer<RoleClient>, tool: &str, args: Value) -> Out {
-    let obj = args.as_object().cloned().expect("arguments are an object");
-    let r = client
-        .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(obj))
-        .await
-        .unwrap_or_else(|e| panic!("{tool} failed at the protocol level: {e}"));
-    Out {
-        text: r
-            .content
-            .iter()
-            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-            .collect(),
-        structured: r.structured_content.clone().unwrap_or(Value::Null),
-        is_error: r.is_error.unwrap_or(false),
-        images: Vec::new(),
     }
 }
 

@@ -145,27 +145,7 @@ impl TestServer {
     }
 
     pub async fn call(&self, tool: &str, args: Value) -> Out {
-        let obj = args.as_object().cloned().expect("arguments are an object");
-        let r = self
-            .client
-            .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(obj))
-            .await
-            .unwrap_or_else(|e| panic!("{tool} call failed at the protocol level: {e}"));
-        let mut text = String::new();
-        let mut images = Vec::new();
-        for c in &r.content {
-            if let Some(t) = c.as_text() {
-                text.push_str(&t.text);
-            } else if let Some(i) = c.as_image() {
-                images.push((i.mime_type.clone(), i.data.clone()));
-            }
-        }
-        Out {
-            text,
-            structured: r.structured_content.clone().unwrap_or(Value::Null),
-            is_error: r.is_error.unwrap_or(false),
-            images,
-        }
+        http_call(&self.client, tool, args).await
     }
 
     pub async fn run(&self, lang: &str, code: &str) -> Out {
@@ -364,5 +344,29 @@ pub fn unbind_test_uids(base: u32, n: u32) {
         if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&p) {
             f.set_len(0).expect("unbind a test uid");
         }
+    }
+}
+
+/// Call `tool` through any connected client (stdio or HTTP) and collect the result.
+pub async fn http_call(client: &rmcp::Peer<RoleClient>, tool: &str, args: Value) -> Out {
+    let obj = args.as_object().cloned().expect("arguments are an object");
+    let r = client
+        .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(obj))
+        .await
+        .unwrap_or_else(|e| panic!("{tool} call failed at the protocol level: {e}"));
+    let mut text = String::new();
+    let mut images = Vec::new();
+    for c in &r.content {
+        if let Some(t) = c.as_text() {
+            text.push_str(&t.text);
+        } else if let Some(i) = c.as_image() {
+            images.push((i.mime_type.clone(), i.data.clone()));
+        }
+    }
+    Out {
+        text,
+        structured: r.structured_content.clone().unwrap_or(Value::Null),
+        is_error: r.is_error.unwrap_or(false),
+        images,
     }
 }
