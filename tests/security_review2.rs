@@ -132,3 +132,150 @@ async fn a_principal_looping_start_and_close_binds_a_bounded_number_of_uids() {
         s.stop().await;
     }
 }
+
+// ----- One principal's sessions fill the egress proxy -----
+
+/// A loopback listener that accepts connections and holds them open (a tunnel's upstream
+/// that never closes), until the test ends.
+fn holding_listener() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in l.incoming().flatten() {
+            held.push(c);
+        }
+    });
+    port
+}
+
+/// Python (run once per session) defining `tunnels(n)`: open `n` CONNECT tunnels through
+/// the session's proxy to 127.0.0.1:`port`, keep the ones that opened, and print one line
+/// per distinct answer (the refusals with their text).
+fn tunnels_code(port: u16) -> String {
+    format!(
+        r#"import os, socket, collections
+_h, _p = os.environ['HTTP_PROXY'].split('//')[1].rstrip('/').rsplit(':', 1)
+held = []
+def tunnels(n):
+    seen = []
+    for _ in range(n):
+        s = socket.create_connection((_h, int(_p)), timeout=30)
+        s.sendall(b'CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n')
+        d = b''
+        while b'\r\n\r\n' not in d:
+            c = s.recv(4096)
+            if not c:
+                break
+            d += c
+        if d.startswith(b'HTTP/1.1 200 '):
+            held.append(s)
+            seen.append('open')
+            continue
+        while True:
+            c = s.recv(4096)
+            if not c:
+                break
+            d += c
+        s.close()
+        seen.append('refused: ' + d.split(b'\r\n\r\n', 1)[-1].decode(errors='replace').strip())
+    for k, v in collections.Counter(seen).items():
+        print(v, k)
+"#
+    )
+}
+
+/// A python session of `client` with `tunnels` defined.
+async fn tunnel_session(client: &rmcp::Peer<rmcp::RoleClient>, port: u16, level: &str) -> String {
+    let o = http_call(client, "session_start", json!({"language": "python"})).await;
+    assert!(!o.is_error, "{level}: session_start: {}", o.text);
+    let id = o.s("session_id").to_string();
+    let o = http_call(
+        client,
+        "session_eval",
+        json!({"session_id": id, "code": tunnels_code(port)}),
+    )
+    .await;
+    assert_eq!(o.structured["status"], "ok", "{level}: {}", o.text);
+    id
+}
+
+/// Open `n` tunnels in session `id`; what `tunnels` printed.
+async fn open_tunnels(client: &rmcp::Peer<rmcp::RoleClient>, id: &str, n: usize) -> String {
+    let o = http_call(
+        client,
+        "session_eval",
+        json!({"session_id": id, "code": format!("tunnels({n})")}),
+    )
+    .await;
+    assert_eq!(o.structured["status"], "ok", "{}", o.text);
+    o.text
+}
+
+// The proxy's 512 connections were shared by every session of the server: one principal's
+// 16 sessions, each holding its 32, took them all and other principals' code had no
+// egress. A principal's sessions and runs now hold at most 64 connections together (the
+// next is refused with a 429 saying so), and other principals still get through.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_principals_sessions_cannot_hold_every_egress_connection() {
+    if !we_are_root() {
+        skip("the egress tests run the server as root");
+        return;
+    }
+    if !require("python", "python3") {
+        return;
+    }
+    let tokens = format!("{TOKEN_A},{TOKEN_B}");
+    let port = holding_listener();
+    let host = format!("127.0.0.1:{port}");
+    for level in ["bwrap", "landlock"] {
+        let args = ["--sandbox", level, "--allow-host", &host];
+        let s = match HttpChild::try_start(&args, &[("REPLBOX_TOKENS", &tokens)]).await {
+            Ok(s) => s,
+            Err(e) => {
+                skip(format_args!("level {level} does not work here: {e}"));
+                continue;
+            }
+        };
+        let a = s.connect(TOKEN_A).await;
+        let b = s.connect(TOKEN_B).await;
+        // Two of A's sessions hold 32 tunnels each (an endpoint's most).
+        let a1 = tunnel_session(&a, port, level).await;
+        let a2 = tunnel_session(&a, port, level).await;
+        for id in [&a1, &a2] {
+            let out = open_tunnels(&a, id, 32).await;
+            assert_eq!(out, "32 open\n", "{level}");
+        }
+        // A third session of A is refused by the proxy, saying why.
+        let a3 = tunnel_session(&a, port, level).await;
+        let out = open_tunnels(&a, &a3, 1).await;
+        assert!(
+            out.starts_with("1 refused: replbox egress: this client's sessions and runs already have 64 connections")
+                && out.contains("close some"),
+            "{level}: {out}"
+        );
+        // B is not affected.
+        let b1 = tunnel_session(&b, port, level).await;
+        let out = open_tunnels(&b, &b1, 2).await;
+        assert_eq!(out, "2 open\n", "{level}");
+        // Once A closes a session, its tunnels are given back.
+        let o = http_call(&a, "session_close", json!({"session_id": a1})).await;
+        assert!(!o.is_error, "{level}: {}", o.text);
+        // (They are given back as the closed session's connections are dropped: poll.)
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let out = open_tunnels(&a, &a3, 1).await;
+            if out == "1 open\n" {
+                break;
+            }
+            assert!(
+                out.contains("already have 64") && tokio::time::Instant::now() < deadline,
+                "{level}: {out}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let _ = a.cancel().await;
+        let _ = b.cancel().await;
+        s.stop().await;
+    }
+}

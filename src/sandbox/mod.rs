@@ -243,7 +243,8 @@ impl Sandbox {
         }
     }
 
-    /// A way to the egress proxy for one session or run (`who` names it in the log),
+    /// A way to the egress proxy for one session or run of `principal` (`who` names it in
+    /// the log; the principal's connections are capped together),
     /// allowing the operator's list and `extra` (checked by
     /// [`check_caller_domains`](Self::check_caller_domains)); None when that allows
     /// nothing. Inside bwrap a Unix socket the helper's bridge reaches, elsewhere a
@@ -251,6 +252,7 @@ impl Sandbox {
     pub fn egress_endpoint(
         &self,
         who: &str,
+        principal: &str,
         extra: &[String],
     ) -> Result<Option<Arc<Endpoint>>, String> {
         let Some(e) = &self.egress else {
@@ -260,9 +262,9 @@ impl Sandbox {
             return Ok(None);
         }
         let ep = if self.wrapped() {
-            e.unix(who, extra)
+            e.unix(who, principal, extra)
         } else {
-            e.tcp(who, extra)
+            e.tcp(who, principal, extra)
         };
         ep.map(|ep| Some(Arc::new(ep)))
             .map_err(|e| format!("cannot open the egress proxy: {e}"))
