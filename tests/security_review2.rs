@@ -7,6 +7,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::*;
 use serde_json::json;
 
@@ -278,4 +280,92 @@ async fn one_principals_sessions_cannot_hold_every_egress_connection() {
         let _ = b.cancel().await;
         s.stop().await;
     }
+}
+
+// ----- Stdio replies pile up for a client that does not read -----
+
+/// VmRSS of `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+// Over stdio the server kept reading requests while their answers waited for a client
+// that did not read them, and its memory grew without end. Reading now stops while 64
+// answers wait: a client that writes thousands of tools/list requests (about 35 KB of
+// answer each) and reads none leaves the server's memory bounded, and once it reads,
+// every answer arrives, once (rmcp handles requests concurrently, so answers come in the
+// order their handlers finish, not necessarily the order asked).
+#[tokio::test(flavor = "multi_thread")]
+async fn stdio_answers_to_a_client_that_does_not_read_are_bounded() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    const N: u64 = 4000;
+    // Far below the ~140 MB the answers take, far above what 64 of them take.
+    const BOUND_KIB: u64 = 64 * 1024;
+    let mut child = tokio::process::Command::new(BIN)
+        .arg("serve")
+        .env("REPLBOX_POOL", "0")
+        .env("REPLBOX_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn replbox");
+    let pid = child.id().expect("pid");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
+    stdin
+        .write_all(format!("{init}\n").as_bytes())
+        .await
+        .expect("write");
+    let first = stdout.next_line().await.expect("read").expect("a line");
+    assert!(first.contains(r#""id":0"#), "{first}");
+    stdin
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n")
+        .await
+        .expect("write");
+    let base = rss_kib(pid);
+    let writer = tokio::spawn(async move {
+        for chunk in (1..=N).collect::<Vec<_>>().chunks(100) {
+            let lines: String = chunk
+                .iter()
+                .map(|i| format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"tools/list\"}}\n"))
+                .collect();
+            stdin.write_all(lines.as_bytes()).await.expect("write");
+        }
+        stdin
+    });
+    // Watch the server's memory while the client writes and does not read (bounded: the
+    // writer blocks for good when the server stops reading).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut peak = base;
+    while !writer.is_finished() && tokio::time::Instant::now() < deadline {
+        peak = peak.max(rss_kib(pid));
+        assert!(
+            peak <= base + BOUND_KIB,
+            "the server's RSS grew from {base} KiB to {peak} KiB"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("RSS {base} KiB at the start, at most {peak} KiB while the client did not read");
+    // The client reads: every answer arrives, once.
+    let mut ids = Vec::new();
+    while (ids.len() as u64) < N {
+        let line = stdout.next_line().await.expect("read").expect("a line");
+        let v: serde_json::Value = serde_json::from_str(&line).expect("JSON");
+        assert!(v["result"]["tools"].is_array(), "{line:.200}");
+        ids.push(v["id"].as_u64().expect("an id"));
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, (1..=N).collect::<Vec<_>>());
+    let stdin = writer.await.expect("writer");
+    drop(stdin);
+    let _ = child.kill().await;
 }
