@@ -350,9 +350,7 @@ impl Sandbox {
     /// Whether uids run short: at most a quarter of them (at least 2) are free. Work done
     /// ahead of time (the warm pool) takes none then. Never short when not root.
     pub fn uids_short(&self) -> bool {
-        self.pool
-            .as_ref()
-            .is_some_and(|p| p.free() <= (p.size() as usize / 4).max(2))
+        self.pool.as_ref().is_some_and(|p| p.runs_short())
     }
 
     /// The existing directories hidden from user code (canonical): a caller's `cwd` may not

@@ -83,6 +83,15 @@ impl UidPool {
             Holder::Nobody => None,
         };
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        // Work ahead of callers takes none when uids run short: checked and taken under
+        // the same lock, so pools refilling at once cannot all pass the check first.
+        if holder == Holder::Nobody && self.short(free.len()) {
+            return Err(Refused::Exhausted(format!(
+                "sandbox user ids run short ({} of {} free): they are kept for callers",
+                free.len(),
+                self.size
+            )));
+        }
         // The lowest of the principal's own free uids, else the lowest unbound one; skip
         // those another server holds.
         let (mut own, mut unbound, mut others) = (None, None, 0u32);
@@ -134,13 +143,14 @@ impl UidPool {
         })
     }
 
-    /// How many uids this server could still hand out (ignoring those another server holds).
-    pub(super) fn free(&self) -> usize {
-        self.free.lock().unwrap_or_else(|p| p.into_inner()).len()
+    /// Whether uids run short: at most a quarter of them (at least 2) are free. Work done
+    /// ahead of time (the warm pool) takes none then.
+    pub(super) fn runs_short(&self) -> bool {
+        self.short(self.free.lock().unwrap_or_else(|p| p.into_inner()).len())
     }
 
-    pub(super) fn size(&self) -> u32 {
-        self.size
+    fn short(&self, free: usize) -> bool {
+        free <= (self.size as usize / 4).max(2)
     }
 
     /// Refused when `principal` already has its most bound uids (none of them free, or
@@ -417,16 +427,16 @@ mod tests {
             .expect("alice");
         assert_eq!(a.uid, 6000);
         drop(a);
+        // What leaves nothing behind takes an unbound uid and leaves it so.
+        let w = pool.clone().acquire(false, Holder::Nobody).expect("warm");
+        assert_eq!(w.uid, 6001);
+        drop(w);
         // Bob gets another, though alice's is free and the lowest.
         let b = pool
             .clone()
             .acquire(false, Holder::Binds("bob"))
             .expect("bob");
         assert_eq!(b.uid, 6001);
-        // What leaves nothing behind takes an unbound uid and leaves it so.
-        let w = pool.clone().acquire(false, Holder::Nobody).expect("warm");
-        assert_eq!(w.uid, 6002);
-        drop(w);
         let v = pool
             .clone()
             .acquire(false, Holder::Visits("carol"))
@@ -495,5 +505,26 @@ mod tests {
         drop((a2, v, b, again));
         assert_eq!(bound_per_principal(0), 0);
         assert_eq!(bound_per_principal(3), 3 + KEPT_PER_PRINCIPAL);
+    }
+
+    #[test]
+    fn work_ahead_of_callers_leaves_a_quarter_free() {
+        let locks = tempfile::tempdir().expect("tempdir");
+        let pool = Arc::new(UidPool::new(8000, 4, locks.path().to_path_buf(), 0));
+        let ahead: Vec<Lease> = (0..2)
+            .map(|_| pool.clone().acquire(false, Holder::Nobody).expect("ahead"))
+            .collect();
+        assert!(pool.runs_short());
+        // The third is refused, however many ask; callers still get the rest.
+        assert!(pool.clone().acquire(false, Holder::Nobody).is_err());
+        let a = pool
+            .clone()
+            .acquire(false, Holder::Binds("a"))
+            .expect("caller");
+        let b = pool
+            .clone()
+            .acquire(false, Holder::Visits("b"))
+            .expect("caller");
+        drop((ahead, a, b));
     }
 }
