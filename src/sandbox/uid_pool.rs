@@ -16,8 +16,8 @@
 //! directory (`/run`: until reboot); removing a uid's lock file (once nothing of that uid is
 //! left on the host) unbinds it.
 //!
-//! A principal has at most `per_principal` uids bound to it (on this host, by every server
-//! sharing the range): past that, its work is refused a new binding ([`Refused::Bound`]) and
+//! A principal holds at most `per_principal` uids bound to it in this server: past that,
+//! its work is refused a new binding ([`Refused::Bound`]) and
 //! must reuse one of its own, which the caller gets by giving back the uid of one of the
 //! principal's ended sessions. Otherwise a principal starting and closing sessions in a
 //! loop (each ended session keeps its uid while its files are kept) binds a fresh uid each
@@ -118,7 +118,7 @@ impl UidPool {
             (Some(o), _) => o,
             (None, Some(u)) => {
                 if let Holder::Binds(p) = holder {
-                    self.may_bind(p)?;
+                    self.may_bind(p, &free)?;
                     if let Err(e) = write_owner(&u.1, p) {
                         return Err(Refused::Exhausted(format!(
                             "cannot record the principal of sandbox user id {} in {}: {e}",
@@ -155,29 +155,35 @@ impl UidPool {
 
     /// Refused when `principal` already has its most bound uids (none of them free, or
     /// this would not be asked).
-    fn may_bind(&self, principal: &str) -> Result<(), Refused> {
+    fn may_bind(&self, principal: &str, free: &BTreeSet<u32>) -> Result<(), Refused> {
         if self.per_principal == 0 {
             return Ok(());
         }
-        let bound = self.bound_to(principal);
+        let bound = self.held_by(principal, free);
         if bound < self.per_principal {
             return Ok(());
         }
         Err(Refused::Bound(format!(
-            "no sandbox user id is free for principal {principal}: {bound} are bound to it, \
-             the most one principal may have ({}: --max-active-per-principal plus {} for the \
-             files of ended sessions), and each is held by one of its open sessions, running \
-             programs or ended sessions' files (here or by another replbox server on this \
-             host); close a session (session_close) or wait for a run to finish, then try again",
+            "no sandbox user id is free for principal {principal}: it holds {bound} bound to \
+             it, the most one principal may have ({}: --max-active-per-principal plus {} for \
+             the files of ended sessions), in its open sessions, running programs and ended \
+             sessions' kept files; close a session (session_close) or wait for a run to \
+             finish, then try again",
             self.per_principal, KEPT_PER_PRINCIPAL
         )))
     }
 
-    /// How many uids of the range are bound to `principal` (held or not, by any server).
-    fn bound_to(&self, principal: &str) -> u32 {
+    /// How many uids this server holds (those not `free`) are bound to `principal`. Only
+    /// this server's: other servers with a principal of the same name (every stdio server's
+    /// is `local`) keep their own count. Its bound uids no server holds are free and its
+    /// own, taken before any new one is bound.
+    fn held_by(&self, principal: &str, free: &BTreeSet<u32>) -> u32 {
         use std::os::unix::fs::OpenOptionsExt;
         let mut n = 0;
-        for uid in self.base..self.base + self.size {
+        for uid in (0..self.size)
+            .filter(|s| !free.contains(s))
+            .map(|s| self.base + s)
+        {
             let Ok(f) = std::fs::OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_NOFOLLOW)
@@ -485,7 +491,7 @@ mod tests {
             panic!("not the bound: {e:?}");
         };
         assert!(
-            m.contains("principal a") && m.contains("2 are bound") && m.contains("session_close"),
+            m.contains("principal a") && m.contains("holds 2 bound") && m.contains("session_close"),
             "{m}"
         );
         // A visit binds nothing, so it may still use an unbound uid; b is unaffected.
