@@ -315,6 +315,7 @@ impl Config {
             masks: self.mask.iter().chain(&self.state_dir).cloned().collect(),
             uid_base: self.uid_base,
             uids: self.uids,
+            uids_per_principal: crate::sandbox::bound_per_principal(self.max_active_per_principal),
         }
     }
 

@@ -9,17 +9,25 @@
 //! with the request's id when it can be read, `null` otherwise. Notifications get no answer,
 //! as JSON-RPC wants. Everything written to stdout goes through one task, one serialized
 //! message a line, so nothing but JSON-RPC ever reaches it and lines never interleave.
+//!
+//! The way out is bounded: rmcp spawns a task for every message it sends, and its handlers
+//! answer every request read, so a client that does not read would make the server hold
+//! its answers without end. Reading stops while [`QUEUE`] messages wait to be written (and
+//! notifications past twice that are dropped), so such a client stops its own requests
+//! being read and the server's memory stays bounded.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rmcp::RoleServer;
-use rmcp::model::ClientJsonRpcMessage;
+use rmcp::model::{ClientJsonRpcMessage, JsonRpcMessage};
 use rmcp::service::TxJsonRpcMessage;
 use rmcp::transport::Transport;
 use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 /// JSON-RPC's "Parse error": the line is not JSON.
@@ -29,8 +37,8 @@ pub const INVALID_REQUEST: i64 = -32600;
 
 /// Bytes of an over-long line kept to find its id (an id comes first in practice).
 const ID_PREFIX: usize = 4096;
-/// Messages waiting for the writer; past this, reading waits for the client to read.
-const QUEUE: usize = 64;
+/// Messages waiting to be written; past this, reading waits for the client to read.
+pub const QUEUE: usize = 64;
 
 /// What to do with one line.
 #[derive(Debug)]
@@ -139,6 +147,50 @@ pub fn recover_id(bytes: &[u8]) -> Value {
 struct Out {
     bytes: Vec<u8>,
     done: Option<oneshot::Sender<std::io::Result<()>>>,
+    /// Counted as owed until written (or dropped).
+    _debt: Option<Debt>,
+}
+
+/// Messages handed to `send` and not yet written.
+#[derive(Debug, Default)]
+struct Owed {
+    n: AtomicUsize,
+    less: Notify,
+}
+
+/// One message owed; paid when dropped.
+#[derive(Debug)]
+struct Debt(Arc<Owed>);
+
+impl Drop for Debt {
+    fn drop(&mut self) {
+        self.0.n.fetch_sub(1, Ordering::SeqCst);
+        self.0.less.notify_waiters();
+    }
+}
+
+impl Owed {
+    fn incur(self: &Arc<Self>) -> Debt {
+        self.n.fetch_add(1, Ordering::SeqCst);
+        Debt(self.clone())
+    }
+
+    fn count(&self) -> usize {
+        self.n.load(Ordering::SeqCst)
+    }
+
+    /// Wait until fewer than `limit` are owed. Cancellation-safe.
+    async fn below(&self, limit: usize) {
+        loop {
+            let less = self.less.notified();
+            tokio::pin!(less);
+            less.as_mut().enable();
+            if self.count() < limit {
+                return;
+            }
+            less.await;
+        }
+    }
 }
 
 /// The transport rmcp serves on: lines in from `R`, messages out through the writer task.
@@ -149,10 +201,10 @@ pub struct Framing<R> {
     max: usize,
     /// Dropping the rest of a line found too long, up to its newline.
     discarding: bool,
-    /// An error answer waiting for room in the writer's queue.
-    pending: Option<Vec<u8>>,
-    out: Option<mpsc::Sender<Out>>,
+    /// The writer's queue: unbounded as a channel, bounded by [`Owed`] (reading waits).
+    out: Option<mpsc::UnboundedSender<Out>>,
     writer: Option<JoinHandle<()>>,
+    owed: Arc<Owed>,
 }
 
 /// The process's stdin and stdout, framed (within a Tokio runtime).
@@ -175,15 +227,15 @@ enum Step {
 
 impl<R: AsyncRead + Unpin + Send + 'static> Framing<R> {
     pub fn new<W: AsyncWrite + Unpin + Send + 'static>(read: R, write: W, max_line: usize) -> Self {
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let (tx, rx) = mpsc::unbounded_channel();
         Self {
             read: BufReader::new(read),
             line: Vec::new(),
             max: max_line,
             discarding: false,
-            pending: None,
             out: Some(tx),
             writer: Some(tokio::spawn(write_loop(write, rx))),
+            owed: Arc::default(),
         }
     }
 
@@ -233,7 +285,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> Framing<R> {
     }
 }
 
-async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receiver<Out>) {
+async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::UnboundedReceiver<Out>) {
     while let Some(out) = rx.recv().await {
         let result = async {
             w.write_all(&out.bytes).await?;
@@ -263,6 +315,32 @@ fn line_of(v: &impl serde::Serialize) -> serde_json::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+impl<R> Framing<R> {
+    /// Queue `bytes` for the writer, owed until written; with `wait`, what tells when
+    /// they are.
+    fn queue(&self, bytes: Vec<u8>, wait: bool) -> std::io::Result<Option<Written>> {
+        let (done, written) = match wait {
+            true => {
+                let (tx, rx) = oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
+        self.out
+            .as_ref()
+            .ok_or_else(closed)?
+            .send(Out {
+                bytes,
+                done,
+                _debt: Some(self.owed.incur()),
+            })
+            .map_err(|_| closed())?;
+        Ok(written)
+    }
+}
+
+type Written = oneshot::Receiver<std::io::Result<()>>;
+
 impl<R: AsyncRead + Unpin + Send + 'static> Transport<RoleServer> for Framing<R> {
     type Error = std::io::Error;
 
@@ -270,32 +348,32 @@ impl<R: AsyncRead + Unpin + Send + 'static> Transport<RoleServer> for Framing<R>
         &mut self,
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        let tx = self.out.clone();
-        let bytes = line_of(&item);
+        // A notification (progress, a log line) is advice: past twice the queue, one for a
+        // client that does not read is dropped rather than held.
+        let drop_it =
+            matches!(item, JsonRpcMessage::Notification(_)) && self.owed.count() >= 2 * QUEUE;
+        // Queued here, not in the future rmcp spawns, so messages are written in the order
+        // rmcp sends them.
+        let queued = if drop_it {
+            tracing::debug!("a notification dropped: the client is not reading");
+            Ok(None)
+        } else {
+            line_of(&item)
+                .map_err(std::io::Error::other)
+                .and_then(|bytes| self.queue(bytes, true))
+        };
         async move {
-            let bytes = bytes.map_err(std::io::Error::other)?;
-            let (done, wait) = oneshot::channel();
-            tx.ok_or_else(closed)?
-                .send(Out {
-                    bytes,
-                    done: Some(done),
-                })
-                .await
-                .map_err(|_| closed())?;
-            wait.await.map_err(|_| closed())?
+            match queued? {
+                Some(wait) => wait.await.map_err(|_| closed())?,
+                None => Ok(()),
+            }
         }
     }
 
     async fn receive(&mut self) -> Option<ClientJsonRpcMessage> {
         loop {
-            if self.pending.is_some() {
-                // Waiting for room here, not dropping answers, bounds what a client that
-                // does not read can make the server hold.
-                let permit = self.out.as_ref()?.reserve().await.ok()?;
-                if let Some(bytes) = self.pending.take() {
-                    permit.send(Out { bytes, done: None });
-                }
-            }
+            // Nothing more is read while the answers to what was read wait for the client.
+            self.owed.below(QUEUE).await;
             let read = match self.read_line().await {
                 Ok(r) => r,
                 Err(e) => {
@@ -326,8 +404,8 @@ impl<R: AsyncRead + Unpin + Send + 'static> Transport<RoleServer> for Framing<R>
                 }
             };
             self.line.clear();
-            if let Some(a) = answer {
-                self.pending = line_of(&a).ok();
+            if let Some(Ok(bytes)) = answer.map(|a| line_of(&a)) {
+                self.queue(bytes, false).ok()?;
             }
         }
     }

@@ -37,6 +37,7 @@ fn sandbox(work: &std::path::Path) -> Sandbox {
         masks: Vec::new(),
         uid_base: 240_000,
         uids: 8,
+        uids_per_principal: 0,
     };
     let sb = Sandbox::probe(&settings).finish(work).expect("sandbox");
     assert_eq!(sb.level, Level::None);

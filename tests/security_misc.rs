@@ -966,18 +966,28 @@ async fn finding_7_the_warm_pool_yields_its_uids_to_callers() {
                 continue;
             }
         };
-        // The pools fill in the background: wait (bounded) until they hold at least 2 uids
-        // (whichever languages hold them; starts in flight at once may take all 4).
+        // The pools (of every pooled language, refilling at once) fill in the background:
+        // wait (bounded) until they hold 2 uids, then watch them a while longer. They never
+        // hold more: each start checks for short uids and takes one in one step (several
+        // starts used to pass the check before any took a uid, and took all 4).
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        let mut full = false;
+        let mut full = None;
         while tokio::time::Instant::now() < deadline {
             let uids = metric(&s.addr, TOKEN_A, "replbox_uids_in_use").await;
-            if uids.is_some_and(|u| u >= 2.0) {
-                full = true;
-                break;
+            assert!(
+                uids.is_none_or(|u| u <= 2.0),
+                "{level}: the pools hold {uids:?} of the 4 uids"
+            );
+            match full {
+                None if uids.is_some_and(|u| u >= 2.0) => {
+                    full = Some(tokio::time::Instant::now() + Duration::from_secs(3));
+                }
+                Some(until) if tokio::time::Instant::now() > until => break,
+                _ => {}
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let full = full.is_some();
         let c = s.connect(TOKEN_A).await;
         if !full {
             let o = http_call(

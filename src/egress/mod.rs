@@ -11,22 +11,33 @@
 pub mod policy;
 mod proxy;
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{AbortHandle, JoinSet};
 
 pub use policy::Policy;
 
 /// The port the bridge listens on inside a sandbox's own network namespace.
 pub const BRIDGE_PORT: u16 = 3128;
-/// Connections open at once through one endpoint, and through the whole server.
+/// Connections open at once through one endpoint, through the endpoints of one principal,
+/// and through the whole server. A principal's share is an eighth of the server's (two
+/// endpoints' worth), so one principal's sessions cannot take every connection: it takes
+/// eight principals at their caps to fill the server.
 const PER_ENDPOINT: usize = 32;
 const PER_SERVER: usize = 512;
+const PER_PRINCIPAL: usize = PER_SERVER / 8;
+/// A connection over which no byte moved either way for this long is closed.
+const IDLE: Duration = Duration::from_secs(60);
+/// Refusals answered at once per endpoint (each reads the request head first, briefly);
+/// past that a connection over the caps is closed without an answer.
+const REFUSING: usize = 4;
 
 /// The server's proxy: the policy, this host's addresses, where endpoints' sockets live.
 #[derive(Debug)]
@@ -35,6 +46,9 @@ pub struct Egress {
     own: Arc<Vec<IpAddr>>,
     dir: PathBuf,
     total: Arc<Semaphore>,
+    /// Each principal's connections (one entry per principal ever seen: bounded by the
+    /// operator's tokens).
+    principals: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
 /// One run's or session's way to the proxy; closing it (dropping) stops its listener and
@@ -73,6 +87,7 @@ impl Egress {
             own: Arc::new(own_addresses()),
             dir: dir.to_path_buf(),
             total: Arc::new(Semaphore::new(PER_SERVER)),
+            principals: Mutex::new(HashMap::new()),
         })
     }
 
@@ -85,19 +100,38 @@ impl Egress {
         Arc::new(proxy::Shared {
             policy: self.policy.with_domains(extra),
             own: self.own.clone(),
+            idle: IDLE,
         })
+    }
+
+    /// The caps a connection of `principal`'s endpoint `who` counts against.
+    fn caps(&self, who: &str, principal: &str) -> Caps {
+        let theirs = self
+            .principals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(principal.to_string())
+            .or_insert_with(|| Arc::new(Semaphore::new(PER_PRINCIPAL)))
+            .clone();
+        Caps {
+            who: Arc::from(who),
+            endpoint: Arc::new(Semaphore::new(PER_ENDPOINT)),
+            principal: theirs,
+            server: self.total.clone(),
+            refusing: Arc::new(Semaphore::new(REFUSING)),
+        }
     }
 
     /// A Unix-socket endpoint (for a sandbox with its own network namespace), allowing the
     /// policy and `extra` (a caller's checked domains). The socket is connectable by anyone
     /// who can reach the directory: the pool uid's bridge must.
-    pub fn unix(&self, who: &str, extra: &[String]) -> std::io::Result<Endpoint> {
+    pub fn unix(&self, who: &str, principal: &str, extra: &[String]) -> std::io::Result<Endpoint> {
         let path = self
             .dir
             .join(format!("{}.sock", uuid::Uuid::new_v4().simple()));
         let listener = tokio::net::UnixListener::bind(&path)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
-        let task = self.accept(who, listener, self.shared(extra));
+        let task = accept(self.caps(who, principal), listener, self.shared(extra));
         Ok(Endpoint {
             socket: Some(path),
             port: BRIDGE_PORT,
@@ -106,58 +140,93 @@ impl Egress {
     }
 
     /// A TCP endpoint on the host's loopback, on a port of the kernel's choosing.
-    pub fn tcp(&self, who: &str, extra: &[String]) -> std::io::Result<Endpoint> {
+    pub fn tcp(&self, who: &str, principal: &str, extra: &[String]) -> std::io::Result<Endpoint> {
         let std = std::net::TcpListener::bind(("127.0.0.1", 0))?;
         std.set_nonblocking(true)?;
         let port = std.local_addr()?.port();
         let listener = tokio::net::TcpListener::from_std(std)?;
-        let task = self.accept(who, listener, self.shared(extra));
+        let task = accept(self.caps(who, principal), listener, self.shared(extra));
         Ok(Endpoint {
             socket: None,
             port,
             task,
         })
     }
+}
 
-    /// The accept loop of one endpoint: bounded connections, each served by [`proxy::serve`];
-    /// aborting it drops every connection it started.
-    fn accept<L: Listener>(
-        &self,
-        who: &str,
-        listener: L,
-        shared: Arc<proxy::Shared>,
-    ) -> AbortHandle {
-        let total = self.total.clone();
-        let who: Arc<str> = Arc::from(who);
-        let mine = Arc::new(Semaphore::new(PER_ENDPOINT));
-        tokio::spawn(async move {
-            let mut conns = JoinSet::new();
-            loop {
-                let stream = match listener.next().await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!(who = %who, "egress: accept failed: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                while conns.try_join_next().is_some() {}
-                let (Ok(a), Ok(b)) = (
-                    mine.clone().try_acquire_owned(),
-                    total.clone().try_acquire_owned(),
-                ) else {
-                    tracing::warn!(who = %who, "egress: too many connections, one closed");
-                    continue;
-                };
-                let (shared, who) = (shared.clone(), who.clone());
-                conns.spawn(async move {
-                    proxy::serve(stream, shared, who).await;
-                    drop((a, b));
-                });
-            }
-        })
-        .abort_handle()
+/// What one endpoint's connections count against.
+struct Caps {
+    who: Arc<str>,
+    endpoint: Arc<Semaphore>,
+    principal: Arc<Semaphore>,
+    server: Arc<Semaphore>,
+    refusing: Arc<Semaphore>,
+}
+
+impl Caps {
+    /// A place for one more connection, or why there is none.
+    fn take(&self) -> Result<[OwnedSemaphorePermit; 3], String> {
+        let endpoint = self.endpoint.clone().try_acquire_owned().map_err(|_| {
+            format!(
+                "replbox egress: this session or run already has {PER_ENDPOINT} connections \
+                 open through the proxy, the most one may have; close some and try again"
+            )
+        })?;
+        let principal = self.principal.clone().try_acquire_owned().map_err(|_| {
+            format!(
+                "replbox egress: this client's sessions and runs already have {PER_PRINCIPAL} \
+                 connections open through the proxy, the most one client may have; close \
+                 some (or end a session) and try again"
+            )
+        })?;
+        let server = self.server.clone().try_acquire_owned().map_err(|_| {
+            format!(
+                "replbox egress: the proxy has {PER_SERVER} connections open, its most; try \
+                 again later"
+            )
+        })?;
+        Ok([endpoint, principal, server])
     }
+}
+
+/// The accept loop of one endpoint: bounded connections, each served by [`proxy::serve`];
+/// aborting it drops every connection it started. A connection over a cap is answered
+/// with an error saying which (429), when few such answers are under way.
+fn accept<L: Listener>(caps: Caps, listener: L, shared: Arc<proxy::Shared>) -> AbortHandle {
+    tokio::spawn(async move {
+        let who = caps.who.clone();
+        let mut conns = JoinSet::new();
+        loop {
+            let stream = match listener.next().await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(who = %who, "egress: accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            while conns.try_join_next().is_some() {}
+            let permits = match caps.take() {
+                Ok(p) => p,
+                Err(why) => {
+                    tracing::warn!(who = %who, "egress: {why}");
+                    if let Ok(p) = caps.refusing.clone().try_acquire_owned() {
+                        conns.spawn(async move {
+                            proxy::turn_away(stream, why).await;
+                            drop(p);
+                        });
+                    }
+                    continue;
+                }
+            };
+            let (shared, who) = (shared.clone(), who.clone());
+            conns.spawn(async move {
+                proxy::serve(stream, shared, who).await;
+                drop(permits);
+            });
+        }
+    })
+    .abort_handle()
 }
 
 /// A listener of either kind.

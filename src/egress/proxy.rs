@@ -2,13 +2,16 @@
 //! either a CONNECT tunnel (HTTPS; the TLS inside is not looked at) or one plain `http://`
 //! request forwarded with `Connection: close`. Whatever the client asks, the upstream is
 //! connected to only at an address [`Policy`] allows, checked on the resolved address itself
-//! (the name is resolved once, here, and that address is the one connected to).
+//! (the name is resolved once, here, and that address is the one connected to). A
+//! connection over which nothing moves either way for [`Shared::idle`] is closed.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
@@ -18,6 +21,9 @@ use super::policy::{Policy, normalize, public_address};
 const MAX_HEAD: usize = 16 * 1024;
 /// The time a client has to send its request head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// The time a refused client has to send its request head before the refusal is written
+/// (reading it first lets the client read the answer rather than a reset).
+const REFUSAL_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 /// Resolving a name, and connecting to one address.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -28,6 +34,8 @@ pub struct Shared {
     pub policy: Policy,
     /// This host's own addresses (never connected to unless the operator names them).
     pub own: Arc<Vec<IpAddr>>,
+    /// How long a relayed connection may go without a byte either way.
+    pub idle: Duration,
 }
 
 /// Why a request was not forwarded: the status and a one-line reason (ASCII, no CR/LF), sent
@@ -86,7 +94,9 @@ where
     {
         return Ok(());
     }
-    let _ = tokio::io::copy_bidirectional(client, &mut up).await;
+    if relay(client, &mut up, shared.idle).await == Relayed::Idle {
+        tracing::info!(who = %who, target = %printable(target), "egress: an idle tunnel closed");
+    }
     Ok(())
 }
 
@@ -140,7 +150,7 @@ where
     if up.write_all(&head).await.is_err() || up.write_all(extra).await.is_err() {
         return Ok(());
     }
-    let _ = tokio::io::copy_bidirectional(client, &mut up).await;
+    relay(client, &mut up, shared.idle).await;
     Ok(())
 }
 
@@ -201,6 +211,83 @@ async fn connect(shared: &Shared, who: &str, host: &str, port: u16) -> Result<Tc
         502,
         format!("replbox egress: cannot connect to {shown}:{port}"),
     ))
+}
+
+/// How a relay ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Relayed {
+    /// Both sides finished, or one failed.
+    Done,
+    /// Nothing moved either way for the idle timeout.
+    Idle,
+}
+
+/// Relay both ways between `a` and `b` until both are done, or until no byte has been
+/// read from either for `idle` (a write that does not move counts as nothing moving).
+pub async fn relay<A, B>(a: &mut A, b: &mut B, idle: Duration) -> Relayed
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let last = Arc::new(Mutex::new(tokio::time::Instant::now()));
+    let mut a = Watched(a, last.clone());
+    let mut b = Watched(b, last.clone());
+    let watch = async {
+        loop {
+            let due = *last.lock().unwrap_or_else(|p| p.into_inner()) + idle;
+            if tokio::time::Instant::now() >= due {
+                return;
+            }
+            tokio::time::sleep_until(due).await;
+        }
+    };
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut a, &mut b) => Relayed::Done,
+        () = watch => Relayed::Idle,
+    }
+}
+
+/// A stream that notes when it last read a byte.
+struct Watched<'a, S>(&'a mut S, Arc<Mutex<tokio::time::Instant>>);
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<'_, S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut *self.0).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            *self.1.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<'_, S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0).poll_shutdown(cx)
+    }
+}
+
+/// Answer a connection over one of the proxy's caps with `why` (429), after reading its
+/// request head (briefly), and close it.
+pub async fn turn_away<S: AsyncRead + AsyncWrite + Unpin>(mut client: S, why: String) {
+    let _ = timeout(REFUSAL_HEAD_TIMEOUT, read_head(&mut client)).await;
+    refuse(&mut client, Refusal(429, why)).await;
 }
 
 /// Read up to the end of the request head; returns the head and what came after it.
@@ -307,5 +394,35 @@ mod tests {
         assert_eq!(split_authority("a b:80", None), None);
         assert_eq!(split_authority("x:0", None), None);
         assert_eq!(split_authority("x:99999", None), None);
+    }
+
+    // Paused time: the relay's timer is the only thing that moves the clock, so the close
+    // is awaited, not slept for.
+    #[tokio::test(start_paused = true)]
+    async fn a_tunnel_with_nothing_moving_is_closed_after_the_idle_timeout() {
+        let idle = Duration::from_secs(60);
+        let (mut client, mut a) = tokio::io::duplex(1024);
+        let (mut b, mut upstream) = tokio::io::duplex(1024);
+        let start = tokio::time::Instant::now();
+        let relay = tokio::spawn(async move { relay(&mut a, &mut b, idle).await });
+        let mut buf = [0u8; 16];
+        client.write_all(b"ping").await.expect("write");
+        upstream.read_exact(&mut buf[..4]).await.expect("relayed");
+        assert_eq!(&buf[..4], b"ping");
+        // Bytes the other way, 40 s later, put the deadline back.
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        upstream.write_all(b"pong").await.expect("write");
+        client.read_exact(&mut buf[..4]).await.expect("relayed");
+        assert_eq!(&buf[..4], b"pong");
+        let moved = tokio::time::Instant::now();
+        let ended = timeout(idle * 2, relay)
+            .await
+            .expect("closed within the timeout");
+        assert_eq!(ended.expect("relay task"), Relayed::Idle);
+        assert_eq!(tokio::time::Instant::now() - moved, idle);
+        assert!(moved - start >= Duration::from_secs(40));
+        // Both ends see the connection closed.
+        assert_eq!(client.read(&mut buf).await.expect("eof"), 0);
+        assert_eq!(upstream.read(&mut buf).await.expect("eof"), 0);
     }
 }

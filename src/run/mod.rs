@@ -206,7 +206,7 @@ impl Runner {
         }
         let vars = place.vars(lang);
         let who = format!("run {}", place.dir_s);
-        let child = match self.sandbox.egress_endpoint(&who, &domains) {
+        let child = match self.sandbox.egress_endpoint(&who, &req.principal, &domains) {
             Ok(ep) => self.child(&place, lang, &req.env).with_egress(ep),
             Err(m) => return Ok(fail(report, m)),
         };

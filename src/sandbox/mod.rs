@@ -33,7 +33,7 @@ pub mod uid_pool;
 
 pub use level::{Level, Mode};
 pub use probe::Probe;
-pub use uid_pool::{Holder, Lease, UidPool, kill_uid};
+pub use uid_pool::{Holder, Lease, Refused, UidPool, bound_per_principal, kill_uid};
 
 /// Directories hidden from user code at every level that can hide anything: they hold other
 /// users' files, credentials, sockets of system services and other programs' temp files.
@@ -91,6 +91,8 @@ pub struct Settings {
     pub masks: Vec<PathBuf>,
     pub uid_base: u32,
     pub uids: u32,
+    /// Most uids bound to one principal (0: no limit; see [`bound_per_principal`]).
+    pub uids_per_principal: u32,
 }
 
 /// How one spawn is confined, beyond what the level does for every spawn.
@@ -158,6 +160,12 @@ pub trait Reclaim: Send + Sync {
         &'a self,
         principal: &'a str,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>>;
+
+    /// Whether what it gives back is a uid bound to the principal that asks (so it helps a
+    /// principal that has its most bound uids).
+    fn gives_own(&self) -> bool {
+        false
+    }
 }
 
 impl Sandbox {
@@ -235,7 +243,8 @@ impl Sandbox {
         }
     }
 
-    /// A way to the egress proxy for one session or run (`who` names it in the log),
+    /// A way to the egress proxy for one session or run of `principal` (`who` names it in
+    /// the log; the principal's connections are capped together),
     /// allowing the operator's list and `extra` (checked by
     /// [`check_caller_domains`](Self::check_caller_domains)); None when that allows
     /// nothing. Inside bwrap a Unix socket the helper's bridge reaches, elsewhere a
@@ -243,6 +252,7 @@ impl Sandbox {
     pub fn egress_endpoint(
         &self,
         who: &str,
+        principal: &str,
         extra: &[String],
     ) -> Result<Option<Arc<Endpoint>>, String> {
         let Some(e) = &self.egress else {
@@ -252,9 +262,9 @@ impl Sandbox {
             return Ok(None);
         }
         let ep = if self.wrapped() {
-            e.unix(who, extra)
+            e.unix(who, principal, extra)
         } else {
-            e.tcp(who, extra)
+            e.tcp(who, principal, extra)
         };
         ep.map(|ep| Some(Arc::new(ep)))
             .map_err(|e| format!("cannot open the egress proxy: {e}"))
@@ -265,13 +275,19 @@ impl Sandbox {
     /// /dev/shm, any directory open to it): it binds its uid like a session, and work of no
     /// principal gets none.
     pub fn lease(&self, holder: Holder<'_>) -> Result<Option<Lease>, String> {
+        self.try_lease(holder).map_err(Refused::message)
+    }
+
+    fn try_lease(&self, holder: Holder<'_>) -> Result<Option<Lease>, Refused> {
         let Some(pool) = &self.pool else {
             return Ok(None);
         };
         let holder = match holder {
             Holder::Visits(p) if self.level == Level::None => Holder::Binds(p),
             Holder::Nobody if self.level == Level::None => {
-                return Err("at sandbox level none a uid goes to a principal's work only".into());
+                return Err(Refused::Exhausted(
+                    "at sandbox level none a uid goes to a principal's work only".into(),
+                ));
             }
             h => h,
         };
@@ -292,29 +308,32 @@ impl Sandbox {
         self.pool.as_ref().map_or(0, |p| p.in_use())
     }
 
-    /// Like [`lease`](Self::lease), but when every uid is in use, first ask the reclaimer
-    /// (if any) to give one back.
+    /// Like [`lease`](Self::lease), but when every uid is in use, first ask the reclaimers
+    /// to give one back; when the principal has its most bound uids, only those that give
+    /// back one of its own (its ended sessions').
     pub async fn lease_or_reclaim(&self, holder: Holder<'_>) -> Result<Option<Lease>, String> {
         let (Holder::Binds(principal) | Holder::Visits(principal)) = holder else {
             return self.lease(holder);
         };
         'lease: loop {
-            match self.lease(holder) {
+            match self.try_lease(holder) {
                 Ok(l) => return Ok(l),
                 Err(e) => {
+                    let own = matches!(e, Refused::Bound(_));
                     let reclaimers: Vec<Arc<dyn Reclaim>> = self
                         .reclaimers
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .iter()
                         .filter_map(std::sync::Weak::upgrade)
+                        .filter(|r| !own || r.gives_own())
                         .collect();
                     for r in reclaimers {
                         if r.reclaim(principal).await {
                             continue 'lease;
                         }
                     }
-                    return Err(e);
+                    return Err(e.message());
                 }
             }
         }
@@ -331,9 +350,7 @@ impl Sandbox {
     /// Whether uids run short: at most a quarter of them (at least 2) are free. Work done
     /// ahead of time (the warm pool) takes none then. Never short when not root.
     pub fn uids_short(&self) -> bool {
-        self.pool
-            .as_ref()
-            .is_some_and(|p| p.free() <= (p.size() as usize / 4).max(2))
+        self.pool.as_ref().is_some_and(|p| p.runs_short())
     }
 
     /// The existing directories hidden from user code (canonical): a caller's `cwd` may not

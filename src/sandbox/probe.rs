@@ -62,7 +62,12 @@ impl Sandbox {
             pool: if root {
                 state_dir()
                     .map(|dir| {
-                        let pool = UidPool::new(settings.uid_base, settings.uids.max(1), dir);
+                        let pool = UidPool::new(
+                            settings.uid_base,
+                            settings.uids.max(1),
+                            dir,
+                            settings.uids_per_principal,
+                        );
                         Some(Arc::new(pool))
                     })
                     .map_err(|e| e.to_string())

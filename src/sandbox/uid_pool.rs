@@ -15,6 +15,13 @@
 //! before any principal is known, at those levels. Bindings last as long as the state
 //! directory (`/run`: until reboot); removing a uid's lock file (once nothing of that uid is
 //! left on the host) unbinds it.
+//!
+//! A principal holds at most `per_principal` uids bound to it in this server: past that,
+//! its work is refused a new binding ([`Refused::Bound`]) and
+//! must reuse one of its own, which the caller gets by giving back the uid of one of the
+//! principal's ended sessions. Otherwise a principal starting and closing sessions in a
+//! loop (each ended session keeps its uid while its files are kept) binds a fresh uid each
+//! time, and the bindings, which outlive the server, leave none for other principals.
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::FileExt;
@@ -31,15 +38,36 @@ pub struct UidPool {
     base: u32,
     size: u32,
     lock_dir: PathBuf,
+    /// Most uids bound to one principal; 0: no limit.
+    per_principal: u32,
     free: Mutex<BTreeSet<u32>>,
 }
 
+/// Why no uid was leased.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// None this holder may use is free.
+    Exhausted(String),
+    /// The principal has its most bound uids, none of them free: one of them must be given
+    /// back (an ended session's) before its work runs.
+    Bound(String),
+}
+
+impl Refused {
+    pub fn message(self) -> String {
+        match self {
+            Refused::Exhausted(m) | Refused::Bound(m) => m,
+        }
+    }
+}
+
 impl UidPool {
-    pub(super) fn new(base: u32, size: u32, lock_dir: PathBuf) -> Self {
+    pub(super) fn new(base: u32, size: u32, lock_dir: PathBuf, per_principal: u32) -> Self {
         Self {
             base,
             size,
             lock_dir,
+            per_principal,
             free: Mutex::new((0..size).collect()),
         }
     }
@@ -49,12 +77,21 @@ impl UidPool {
         self: Arc<Self>,
         sweep: bool,
         holder: Holder<'_>,
-    ) -> Result<Lease, String> {
+    ) -> Result<Lease, Refused> {
         let principal = match holder {
             Holder::Binds(p) | Holder::Visits(p) => Some(p),
             Holder::Nobody => None,
         };
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        // Work ahead of callers takes none when uids run short: checked and taken under
+        // the same lock, so pools refilling at once cannot all pass the check first.
+        if holder == Holder::Nobody && self.short(free.len()) {
+            return Err(Refused::Exhausted(format!(
+                "sandbox user ids run short ({} of {} free): they are kept for callers",
+                free.len(),
+                self.size
+            )));
+        }
         // The lowest of the principal's own free uids, else the lowest unbound one; skip
         // those another server holds.
         let (mut own, mut unbound, mut others) = (None, None, 0u32);
@@ -80,18 +117,19 @@ impl UidPool {
         let (slot, lock) = match (own, unbound) {
             (Some(o), _) => o,
             (None, Some(u)) => {
-                if let Holder::Binds(p) = holder
-                    && let Err(e) = write_owner(&u.1, p)
-                {
-                    return Err(format!(
-                        "cannot record the principal of sandbox user id {} in {}: {e}",
-                        self.base + u.0,
-                        self.lock_dir.display()
-                    ));
+                if let Holder::Binds(p) = holder {
+                    self.may_bind(p, &free)?;
+                    if let Err(e) = write_owner(&u.1, p) {
+                        return Err(Refused::Exhausted(format!(
+                            "cannot record the principal of sandbox user id {} in {}: {e}",
+                            self.base + u.0,
+                            self.lock_dir.display()
+                        )));
+                    }
                 }
                 u
             }
-            (None, None) => return Err(self.exhausted(principal, others)),
+            (None, None) => return Err(Refused::Exhausted(self.exhausted(principal, others))),
         };
         free.remove(&slot);
         drop(free);
@@ -105,13 +143,59 @@ impl UidPool {
         })
     }
 
-    /// How many uids this server could still hand out (ignoring those another server holds).
-    pub(super) fn free(&self) -> usize {
-        self.free.lock().unwrap_or_else(|p| p.into_inner()).len()
+    /// Whether uids run short: at most a quarter of them (at least 2) are free. Work done
+    /// ahead of time (the warm pool) takes none then.
+    pub(super) fn runs_short(&self) -> bool {
+        self.short(self.free.lock().unwrap_or_else(|p| p.into_inner()).len())
     }
 
-    pub(super) fn size(&self) -> u32 {
-        self.size
+    fn short(&self, free: usize) -> bool {
+        free <= (self.size as usize / 4).max(2)
+    }
+
+    /// Refused when `principal` already has its most bound uids (none of them free, or
+    /// this would not be asked).
+    fn may_bind(&self, principal: &str, free: &BTreeSet<u32>) -> Result<(), Refused> {
+        if self.per_principal == 0 {
+            return Ok(());
+        }
+        let bound = self.held_by(principal, free);
+        if bound < self.per_principal {
+            return Ok(());
+        }
+        Err(Refused::Bound(format!(
+            "no sandbox user id is free for principal {principal}: it holds {bound} bound to \
+             it, the most one principal may have ({}: --max-active-per-principal plus {} for \
+             the files of ended sessions), in its open sessions, running programs and ended \
+             sessions' kept files; close a session (session_close) or wait for a run to \
+             finish, then try again",
+            self.per_principal, KEPT_PER_PRINCIPAL
+        )))
+    }
+
+    /// How many uids this server holds (those not `free`) are bound to `principal`. Only
+    /// this server's: other servers with a principal of the same name (every stdio server's
+    /// is `local`) keep their own count. Its bound uids no server holds are free and its
+    /// own, taken before any new one is bound.
+    fn held_by(&self, principal: &str, free: &BTreeSet<u32>) -> u32 {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut n = 0;
+        for uid in (0..self.size)
+            .filter(|s| !free.contains(s))
+            .map(|s| self.base + s)
+        {
+            let Ok(f) = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(self.lock_dir.join(uid.to_string()))
+            else {
+                continue;
+            };
+            if read_owner(&f).as_deref() == Some(principal) {
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Why no uid could be leased: `others` free ones are bound to other principals.
@@ -161,6 +245,20 @@ impl UidPool {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(slot);
+    }
+}
+
+/// Uids a principal may have bound beyond its `--max-active-per-principal` sessions and
+/// runs: room for the files of a few ended sessions before the oldest gives its uid back.
+pub const KEPT_PER_PRINCIPAL: u32 = 4;
+
+/// The most uids bound to one principal for a per-principal cap of `active` sessions and
+/// runs (0: no cap, no limit).
+pub fn bound_per_principal(active: usize) -> u32 {
+    match u32::try_from(active) {
+        Ok(0) => 0,
+        Ok(a) => a.saturating_add(KEPT_PER_PRINCIPAL),
+        Err(_) => 0,
     }
 }
 
@@ -301,8 +399,8 @@ mod tests {
     #[test]
     fn pool_hands_out_distinct_uids_and_takes_them_back() {
         let locks = tempfile::tempdir().expect("tempdir");
-        let pool = Arc::new(UidPool::new(5000, 2, locks.path().to_path_buf()));
-        let other = Arc::new(UidPool::new(5000, 2, locks.path().to_path_buf()));
+        let pool = Arc::new(UidPool::new(5000, 2, locks.path().to_path_buf(), 0));
+        let other = Arc::new(UidPool::new(5000, 2, locks.path().to_path_buf(), 0));
         let a = pool
             .clone()
             .acquire(false, Holder::Binds("a"))
@@ -328,23 +426,23 @@ mod tests {
     #[test]
     fn a_uid_stays_with_the_first_principal_that_binds_it() {
         let locks = tempfile::tempdir().expect("tempdir");
-        let pool = Arc::new(UidPool::new(6000, 3, locks.path().to_path_buf()));
+        let pool = Arc::new(UidPool::new(6000, 3, locks.path().to_path_buf(), 0));
         let a = pool
             .clone()
             .acquire(false, Holder::Binds("alice"))
             .expect("alice");
         assert_eq!(a.uid, 6000);
         drop(a);
+        // What leaves nothing behind takes an unbound uid and leaves it so.
+        let w = pool.clone().acquire(false, Holder::Nobody).expect("warm");
+        assert_eq!(w.uid, 6001);
+        drop(w);
         // Bob gets another, though alice's is free and the lowest.
         let b = pool
             .clone()
             .acquire(false, Holder::Binds("bob"))
             .expect("bob");
         assert_eq!(b.uid, 6001);
-        // What leaves nothing behind takes an unbound uid and leaves it so.
-        let w = pool.clone().acquire(false, Holder::Nobody).expect("warm");
-        assert_eq!(w.uid, 6002);
-        drop(w);
         let v = pool
             .clone()
             .acquire(false, Holder::Visits("carol"))
@@ -352,7 +450,7 @@ mod tests {
         assert_eq!(v.uid, 6002);
         drop(v);
         // Another server on the host sees the bindings.
-        let other = Arc::new(UidPool::new(6000, 3, locks.path().to_path_buf()));
+        let other = Arc::new(UidPool::new(6000, 3, locks.path().to_path_buf(), 0));
         let a = other
             .clone()
             .acquire(false, Holder::Binds("alice"))
@@ -368,7 +466,8 @@ mod tests {
         let e = pool
             .clone()
             .acquire(false, Holder::Binds("dave"))
-            .unwrap_err();
+            .unwrap_err()
+            .message();
         assert!(e.contains("--uids") && e.contains("principal dave"), "{e}");
         assert!(pool.clone().acquire(false, Holder::Nobody).is_err());
         assert!(pool.clone().acquire(false, Holder::Visits("dave")).is_err());
@@ -378,5 +477,60 @@ mod tests {
             .acquire(false, Holder::Visits("bob"))
             .expect("bob's");
         assert_eq!(v.uid, 6001);
+    }
+
+    #[test]
+    fn a_principal_binds_at_most_its_bound_and_reuses_its_own() {
+        let locks = tempfile::tempdir().expect("tempdir");
+        let pool = Arc::new(UidPool::new(7000, 6, locks.path().to_path_buf(), 2));
+        let a1 = pool.clone().acquire(false, Holder::Binds("a")).expect("a1");
+        let a2 = pool.clone().acquire(false, Holder::Binds("a")).expect("a2");
+        // Both of a's are held: a third binding is refused as the bound, not exhausted.
+        let e = pool.clone().acquire(false, Holder::Binds("a")).unwrap_err();
+        let Refused::Bound(m) = e else {
+            panic!("not the bound: {e:?}");
+        };
+        assert!(
+            m.contains("principal a") && m.contains("holds 2 bound") && m.contains("session_close"),
+            "{m}"
+        );
+        // A visit binds nothing, so it may still use an unbound uid; b is unaffected.
+        let v = pool
+            .clone()
+            .acquire(false, Holder::Visits("a"))
+            .expect("visit");
+        let b = pool.clone().acquire(false, Holder::Binds("b")).expect("b");
+        // Once one of a's is back, a gets it again.
+        let uid = a1.uid;
+        drop(a1);
+        let again = pool
+            .clone()
+            .acquire(false, Holder::Binds("a"))
+            .expect("own");
+        assert_eq!(again.uid, uid);
+        drop((a2, v, b, again));
+        assert_eq!(bound_per_principal(0), 0);
+        assert_eq!(bound_per_principal(3), 3 + KEPT_PER_PRINCIPAL);
+    }
+
+    #[test]
+    fn work_ahead_of_callers_leaves_a_quarter_free() {
+        let locks = tempfile::tempdir().expect("tempdir");
+        let pool = Arc::new(UidPool::new(8000, 4, locks.path().to_path_buf(), 0));
+        let ahead: Vec<Lease> = (0..2)
+            .map(|_| pool.clone().acquire(false, Holder::Nobody).expect("ahead"))
+            .collect();
+        assert!(pool.runs_short());
+        // The third is refused, however many ask; callers still get the rest.
+        assert!(pool.clone().acquire(false, Holder::Nobody).is_err());
+        let a = pool
+            .clone()
+            .acquire(false, Holder::Binds("a"))
+            .expect("caller");
+        let b = pool
+            .clone()
+            .acquire(false, Holder::Visits("b"))
+            .expect("caller");
+        drop((ahead, a, b));
     }
 }

@@ -209,4 +209,8 @@ impl Reclaim for SessionManager {
             true
         })
     }
+
+    fn gives_own(&self) -> bool {
+        true
+    }
 }

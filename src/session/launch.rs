@@ -110,6 +110,8 @@ struct Dirs {
     cwd: PathBuf,
     /// The caller's `cwd`, when given (kept at close).
     caller_cwd: Option<PathBuf>,
+    /// Whose session it is (its egress connections count against the principal's).
+    principal: String,
 }
 
 impl SessionManager {
@@ -390,6 +392,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             work,
             caller_cwd: prepared.caller_cwd.clone(),
             dir,
+            principal: caller.principal.clone(),
         };
         let it = match prepared.venv.take() {
             Some((v, why)) => it.in_venv(v, why),
@@ -461,7 +464,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         let who = format!("session {}", dirs.dir.path().display());
         let endpoint = self
             .sandbox
-            .egress_endpoint(&who, domains)
+            .egress_endpoint(&who, &dirs.principal, domains)
             .map_err(ToolError::internal)?;
         let child = child.with_egress(endpoint);
         Ok(Arc::new(Launch {

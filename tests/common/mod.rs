@@ -10,6 +10,10 @@ use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
+mod http_child;
+#[allow(unused_imports)]
+pub use http_child::HttpChild;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_replbox");
 
 /// Records what the server sends besides responses.
