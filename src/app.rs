@@ -48,11 +48,13 @@ impl Drop for InFlightGuard {
     }
 }
 
-/// When every uid is in use, one is taken back from the warm pool first (a head start
-/// lost), then from the kept files of ended sessions (files a caller may still read).
+/// When every uid is in use, one is taken back from the warm pools first (a head start
+/// lost: run-code's, then the warm sessions), then from the kept files of ended sessions (files a caller may still read).
 fn reclaim_uids_from(sandbox: &Sandbox, runner: &Runner, sessions: &Arc<SessionManager>) {
     let warm: Arc<dyn crate::sandbox::Reclaim> = runner.pool.clone();
     sandbox.add_reclaimer(Arc::downgrade(&warm));
+    let warm_sessions: Arc<dyn crate::sandbox::Reclaim> = sessions.warm_pool();
+    sandbox.add_reclaimer(Arc::downgrade(&warm_sessions));
     let kept: Arc<dyn crate::sandbox::Reclaim> = sessions.clone();
     sandbox.add_reclaimer(Arc::downgrade(&kept));
 }
@@ -64,6 +66,7 @@ impl App {
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
         // A bad --allow-domain or --allow-host stops the server rather than being dropped.
         config.egress_policy().map_err(|e| anyhow::anyhow!(e))?;
+        config.preload_modules().map_err(|e| anyhow::anyhow!(e))?;
         // The journals' directory exists before the sandbox is decided: it is one of the
         // trees hidden from user code.
         let state = config
@@ -150,6 +153,7 @@ root: at level none, user code runs as the server's own user and could read the 
         self.registry.detect_all_in_background();
         self.sandbox.verify_in_background();
         self.runner.fill_pools(&self.registry);
+        self.sessions.fill_pools();
     }
 
     /// The metrics, with the gauges read from the server's state now.
@@ -189,6 +193,7 @@ root: at level none, user code runs as the server's own user and could read the 
             max_sessions_per_principal = c.max_sessions_per_principal,
             idle_timeout_s = c.idle_timeout_s,
             pool = c.pool,
+            session_pool = c.session_pool,
             uids = c.uids,
             "sandbox and limits"
         );
@@ -197,6 +202,7 @@ root: at level none, user code runs as the server's own user and could read the 
     /// Stop everything the server started.
     pub async fn shutdown(&self) {
         self.runner.pool.close();
+        self.sessions.warm_pool().close();
         self.sessions.shutdown().await;
     }
 }

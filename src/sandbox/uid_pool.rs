@@ -239,6 +239,28 @@ impl Lease {
         self.dirty.clone()
     }
 
+    /// Bind this lease's uid to `principal`, as a [`Holder::Binds`] lease would have: a
+    /// warm session's, leased before any principal was known, when a principal takes it.
+    /// Refused when the uid is another principal's.
+    pub fn bind(&self, principal: &str) -> Result<(), String> {
+        let Some(lock) = &self.lock else {
+            return Err(format!("sandbox user id {} is not held", self.uid));
+        };
+        match read_owner(lock) {
+            Some(o) if o != principal => Err(format!(
+                "sandbox user id {} belongs to another principal",
+                self.uid
+            )),
+            Some(_) => Ok(()),
+            None => write_owner(lock, principal).map_err(|e| {
+                format!(
+                    "cannot record the principal of sandbox user id {}: {e}",
+                    self.uid
+                )
+            }),
+        }
+    }
+
     /// Kill whatever still runs as this uid now, when its tree was not confirmed gone (a
     /// lease kept after its session ended, while its files are read as it). Blocking.
     pub fn sweep_now(&self) {

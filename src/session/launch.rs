@@ -16,6 +16,7 @@ use super::interp::{Interp, Launch};
 use super::journal::Writer;
 use super::manager::SessionManager;
 use super::report::StartReport;
+use super::watch::Tracked;
 use crate::error::{ErrorKind, ToolError};
 use crate::exec::child::{ChildBuilder, check_caller_env};
 use crate::hostfs::{self, CwdPolicy};
@@ -46,9 +47,9 @@ pub struct StartRequest {
 
 /// The interpreter a session runs: its language, REPL driver, what detection found, and
 /// the program the REPL starts (a virtual environment's `bin/python` when it runs in one).
-struct Interpreter {
-    lang: Arc<Language>,
-    spec: SessionSpec,
+pub(super) struct Interpreter {
+    pub(super) lang: Arc<Language>,
+    pub(super) spec: SessionSpec,
     detected: Detected,
     exe: PathBuf,
     version: String,
@@ -74,7 +75,7 @@ impl Interpreter {
 
 /// Which virtual environment a session asks for.
 #[derive(Debug, Clone)]
-enum VenvAsk {
+pub(super) enum VenvAsk {
     /// None: the language takes none, or no cwd to look in.
     No,
     /// The caller's `venv`.
@@ -99,10 +100,25 @@ impl VenvAsk {
     }
 }
 
+/// A session's interpreter up and running, not yet in the table: what a cold start makes
+/// for its caller, and a warm one ahead of time.
+pub(super) struct Up {
+    pub(super) id: String,
+    pub(super) it: Interpreter,
+    pub(super) dirs: Dirs,
+    pub(super) prepared: Prepared,
+    pub(super) lease: Option<Lease>,
+    pub(super) interp: Interp,
+    /// The files of its cwd as the interpreter left them once up.
+    pub(super) baseline: Option<Tracked>,
+    /// What the start result says besides.
+    pub(super) notes: Vec<String>,
+}
+
 /// The directories of a session being started.
-struct Dirs {
+pub(super) struct Dirs {
     /// The session's own directory (`work/`, `ctl/`, `out/`), removed with it.
-    dir: PrivateDir,
+    pub(super) dir: PrivateDir,
     work: PathBuf,
     ctl: PathBuf,
     out: PathBuf,
@@ -113,7 +129,6 @@ struct Dirs {
 }
 
 impl SessionManager {
-    /// Start a session; errors are messages for the agent.
     /// `idle_timeout_s` 0 would close the session at once: refused, saying what it means.
     fn check_idle_timeout(&self, requested: Option<u64>) -> Result<(), ToolError> {
         if requested != Some(0) {
@@ -126,6 +141,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         )))
     }
 
+    /// Start a session; errors are messages for the agent.
     pub async fn start(
         &self,
         caller: &Caller,
@@ -138,7 +154,8 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
 
     /// Start session `id`: a new one (`restoring` None: its journal is created), or one
     /// restored from its journal (which it goes on writing). Every check and limit of a new
-    /// session applies either way.
+    /// session applies either way. A new session that needs nothing a warm one lacks is a
+    /// warm one (then its id is the warm one's).
     pub(super) async fn start_as(
         &self,
         caller: &Caller,
@@ -151,35 +168,34 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         let (lang, spec) = self.session_language(&req.language)?;
         let domains = self.check_request(&req)?;
         let journaled = restoring.is_none().then(|| req.clone());
-        let ask = VenvAsk::of(&lang, req.venv, req.cwd.is_some())?;
-        let it = self.interpreter(lang, spec).await?;
-        let lease = self
-            .sandbox
-            .lease_or_reclaim(Holder::Binds(&caller.principal))
-            .await
-            .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
-        let uid = lease.as_ref().map(|l| l.uid);
-        let (dirs, mut prepared, it) = self
-            .dirs(&id, uid, req.cwd, req.files, (ask, it), caller)
-            .await?;
-        let interp = self
-            .bring_up(&it, &dirs, &prepared, lease.as_ref(), (&req.env, &domains))
-            .await?;
-        // The baseline for the first evaluation's file changes: taken once the interpreter
-        // is up, so what it wrote while starting is not taken for the code's doing.
-        let mut notes: Vec<String> = prepared.venv_note.take().into_iter().collect();
-        if !prepared.writable {
-            notes.push(read_only_note(&dirs.cwd, uid));
-        }
-        let baseline = self.baseline(uid, &prepared.cwd_fd).await;
-        if baseline.is_none() && self.config.max_tracked_files > 0 {
-            notes.push(self.untracked_note());
-        }
         let idle_timeout = self.config.idle_timeout(req.idle_timeout_s);
+        let warm = match restoring {
+            None => self.take_warm(&lang, &req, caller).await,
+            Some(_) => None,
+        };
+        let (mut up, warm) = match warm {
+            Some(up) => (up, true),
+            None => (
+                self.start_cold(caller, req, id, (lang, spec), &domains)
+                    .await?,
+                false,
+            ),
+        };
         let journal = match journaled {
-            Some(r) => self.create_journal(&id, caller, &r, &mut notes).await,
+            Some(r) => self.create_journal(&up.id, caller, &r, &mut up.notes).await,
             None => restoring,
         };
+        let Up {
+            id,
+            it,
+            dirs,
+            prepared,
+            lease,
+            interp,
+            baseline,
+            notes,
+        } = up;
+        let uid = lease.as_ref().map(|l| l.uid);
         let report = StartReport {
             session_id: id.clone(),
             language: it.lang.id().to_string(),
@@ -192,6 +208,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             sandbox: self.sandbox.level,
             files: prepared.brought.names.clone(),
             notes,
+            warm,
         };
         let now = SystemTime::now();
         let session = Arc::new(Session {
@@ -226,6 +243,58 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         Ok((report, session))
     }
 
+    /// Start session `id`'s interpreter for `caller` now: its uid, its directory, the
+    /// caller's cwd, venv and files, then the interpreter.
+    async fn start_cold(
+        &self,
+        caller: &Caller,
+        req: StartRequest,
+        id: String,
+        (lang, spec): (Arc<Language>, SessionSpec),
+        domains: &[String],
+    ) -> Result<Up, ToolError> {
+        let ask = VenvAsk::of(&lang, req.venv, req.cwd.is_some())?;
+        let it = self.interpreter(lang, spec).await?;
+        let lease = self
+            .sandbox
+            .lease_or_reclaim(Holder::Binds(&caller.principal))
+            .await
+            .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
+        let uid = lease.as_ref().map(|l| l.uid);
+        let (dirs, mut prepared, it) = self
+            .dirs(&id, uid, req.cwd, req.files, (ask, it), caller.is_local())
+            .await?;
+        let interp = self
+            .bring_up(&it, &dirs, &prepared, lease.as_ref(), (&req.env, domains))
+            .await?;
+        let mut notes: Vec<String> = prepared.venv_note.take().into_iter().collect();
+        if !prepared.writable {
+            notes.push(read_only_note(&dirs.cwd, uid));
+        }
+        let mut up = Up {
+            id,
+            it,
+            dirs,
+            prepared,
+            lease,
+            interp,
+            baseline: None,
+            notes,
+        };
+        self.take_baseline(&mut up).await;
+        Ok(up)
+    }
+
+    /// The baseline for the first evaluation's file changes: taken once the interpreter
+    /// is up, so what it wrote while starting is not taken for the code's doing.
+    pub(super) async fn take_baseline(&self, up: &mut Up) {
+        let uid = up.lease.as_ref().map(|l| l.uid);
+        up.baseline = self.baseline(uid, &up.prepared.cwd_fd).await;
+        if up.baseline.is_none() && self.config.max_tracked_files > 0 {
+            up.notes.push(self.untracked_note());
+        }
+    }
+
     /// Refuse what no session can take: an invalid variable, domains the operator does not
     /// let callers ask for. The domains, checked.
     fn check_request(&self, req: &StartRequest) -> Result<Vec<String>, ToolError> {
@@ -237,7 +306,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
 
     /// Start the interpreter in its directories; until it is up, a failure takes the files
     /// brought in away again.
-    async fn bring_up(
+    pub(super) async fn bring_up(
         &self,
         it: &Interpreter,
         dirs: &Dirs,
@@ -266,7 +335,10 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
     }
 
     /// The language asked for, and its REPL driver.
-    fn session_language(&self, name: &str) -> Result<(Arc<Language>, SessionSpec), ToolError> {
+    pub(super) fn session_language(
+        &self,
+        name: &str,
+    ) -> Result<(Arc<Language>, SessionSpec), ToolError> {
         let sessions = || self.registry.session_ids().join(", ");
         let lang = self.registry.get(name).map_err(|e| match e {
             LookupError::Unknown(n) => ToolError::new(
@@ -300,7 +372,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
 
     /// The language's interpreter on this host, and the program its sessions start, which
     /// must be runnable at the sandbox level.
-    async fn interpreter(
+    pub(super) async fn interpreter(
         &self,
         lang: Arc<Language>,
         spec: SessionSpec,
@@ -347,14 +419,14 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
     /// The session's directory, owned by the lease's uid where it writes, and the caller's
     /// cwd, virtual environment (which then runs instead of `it`) and files, dealt with as
     /// that uid (never with the server's rights).
-    async fn dirs(
+    pub(super) async fn dirs(
         &self,
         id: &str,
         uid: Option<u32>,
         cwd: Option<PathBuf>,
         files: Vec<InFile>,
         (ask, it): (VenvAsk, Interpreter),
-        caller: &Caller,
+        local: bool,
     ) -> Result<(Dirs, Prepared, Interpreter), ToolError> {
         let venv = (ask, self.venv_policy(&it));
         let dir = self.workspace.new_session_dir(id, uid).map_err(|e| {
@@ -372,7 +444,6 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         let mut prepared = hostfs::as_uid(uid, {
             let policy = self.cwd_policy.clone();
             let sandbox = self.sandbox.clone();
-            let local = caller.is_local();
             move || {
                 let bind = |p: &Path| sandbox.check_bind(p);
                 prepare_dirs(
@@ -480,7 +551,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
 }
 
 /// A session's directories once the caller's cwd and files are dealt with.
-struct Prepared {
+pub(super) struct Prepared {
     /// The caller's cwd, canonical (None: the private `work/`).
     caller_cwd: Option<PathBuf>,
     cwd_fd: Arc<OwnedFd>,

@@ -20,6 +20,7 @@ pub mod state_dir;
 pub mod stdin_wait;
 pub mod suspend;
 pub mod vars;
+pub mod warm;
 mod watch;
 
 pub use artifacts::FileError;
