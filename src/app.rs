@@ -59,14 +59,20 @@ fn reclaim_uids_from(sandbox: &Sandbox, runner: &Runner, sessions: &Arc<SessionM
     sandbox.add_reclaimer(Arc::downgrade(&kept));
 }
 
+/// Flags whose values are checked when the server starts, rather than dropped later.
+fn check_flags(config: &Config) -> anyhow::Result<()> {
+    config.egress_policy().map_err(|e| anyhow::anyhow!(e))?;
+    config.preload_modules().map_err(|e| anyhow::anyhow!(e))?;
+    Ok(())
+}
+
 impl App {
     /// Load everything and decide the sandbox level. The bwrap probe runs while the registry
     /// and the workspace are set up; a named level that does not work, or one below
     /// `--require-sandbox`, is an error here, before anything is served.
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
-        // A bad --allow-domain or --allow-host stops the server rather than being dropped.
-        config.egress_policy().map_err(|e| anyhow::anyhow!(e))?;
-        config.preload_modules().map_err(|e| anyhow::anyhow!(e))?;
+        // A bad --allow-domain, --allow-host or --preload stops the server.
+        check_flags(&config)?;
         // The journals' directory exists before the sandbox is decided: it is one of the
         // trees hidden from user code.
         let state = config

@@ -416,10 +416,6 @@ impl Config {
             args.push(flag.into());
             args.push(value.into());
         }
-        if let Some(modules) = &self.preload {
-            // One word, so that an empty list stays one.
-            args.push(format!("--preload={modules}").into());
-        }
         if let Some(dir) = &self.work_dir {
             args.push("--work-dir".into());
             args.push(dir.into());
@@ -448,13 +444,18 @@ impl Config {
         args
     }
 
-    /// The repeatable flags, one (flag, value) pair per value.
+    /// The repeatable flags, one (flag, value) pair per value, and `--preload`.
     fn list_args(&self) -> Vec<(&'static str, OsString)> {
         let lists = [
             ("--allow-domain", &self.allow_domain),
             ("--allow-host", &self.allow_host),
             ("--caller-domains", &self.caller_domains),
         ];
+        // At most one: an empty --preload (none) is a value too.
+        let preload = self
+            .preload
+            .iter()
+            .map(|m| ("--preload", OsString::from(m)));
         let lists = lists
             .into_iter()
             .flat_map(|(f, l)| l.iter().map(move |v| (f, OsString::from(v))));
@@ -462,7 +463,7 @@ impl Config {
         let dirs = dirs
             .into_iter()
             .flat_map(|(f, l)| l.iter().map(move |v| (f, OsString::from(v))));
-        lists.chain(dirs).collect()
+        lists.chain(dirs).chain(preload).collect()
     }
 }
 

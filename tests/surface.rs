@@ -78,6 +78,19 @@ async fn every_tool_schema_is_portable_and_results_carry_no_nulls() {
         );
     }
     assert!(found.is_empty(), "non-portable schema parts: {found:#?}");
+    // session_start says whether the session was started ahead of time.
+    let start = tools
+        .iter()
+        .find(|t| t.name == "session_start")
+        .and_then(|t| t.output_schema.clone())
+        .expect("session_start's output schema");
+    assert_eq!(start["properties"]["warm"]["type"], "boolean", "{start:?}");
+    assert!(
+        start["required"]
+            .as_array()
+            .is_some_and(|r| r.contains(&json!("warm"))),
+        "{start:?}"
+    );
 
     // Optional fields are absent rather than null: a run that exited has no `signal`, and
     // an evaluation that did not end its interpreter has no `exit_code`.

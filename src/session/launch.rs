@@ -3,30 +3,32 @@
 //! and the confinement).
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::entry::{Remains, Session};
-use super::files::{self, InFile};
+use super::files::InFile;
 use super::history::Record;
 use super::interp::{Interp, Launch};
 use super::journal::Writer;
 use super::manager::SessionManager;
+use super::prepare::{Prepared, prepare_dirs, read_only_note};
 use super::report::StartReport;
 use super::watch::Tracked;
 use crate::error::{ErrorKind, ToolError};
 use crate::exec::child::{ChildBuilder, check_caller_env};
-use crate::hostfs::{self, CwdPolicy};
+use crate::hostfs;
 use crate::identity::Caller;
 use crate::lang::{
     Detected, InterpreterInfo, Language, LookupError, SessionSpec, Why, did_you_mean, expand,
     expand_command,
 };
 use crate::sandbox::{Holder, Lease};
-use crate::venv::{self, Venv, VenvPolicy};
+use crate::share::Share;
+use crate::venv::{Venv, VenvPolicy};
 use crate::workspace::PrivateDir;
 
 /// What the caller asked `session_start` for.
@@ -185,6 +187,18 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             Some(r) => self.create_journal(&up.id, caller, &r, &mut up.notes).await,
             None => restoring,
         };
+        Ok(self.enter(caller, up, (idle_timeout, warm), journal, slot.share()))
+    }
+
+    /// A session that is up enters the table: its start result and its entry.
+    fn enter(
+        &self,
+        caller: &Caller,
+        up: Up,
+        (idle_timeout, warm): (Duration, bool),
+        journal: Option<Arc<Writer>>,
+        share: Option<Share>,
+    ) -> (StartReport, Arc<Session>) {
         let Up {
             id,
             it,
@@ -237,10 +251,10 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             interrupt: Mutex::new(None),
             record: Arc::new(Mutex::new(Record::new(self.config.history_bounds()))),
             journal,
-            share: Mutex::new(slot.share()),
+            share: Mutex::new(share),
         });
         self.sessions.insert(id, session.clone());
-        Ok((report, session))
+        (report, session)
     }
 
     /// Start session `id`'s interpreter for `caller` now: its uid, its directory, the
@@ -548,100 +562,4 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             output_cap: self.config.output_cap,
         }))
     }
-}
-
-/// A session's directories once the caller's cwd and files are dealt with.
-pub(super) struct Prepared {
-    /// The caller's cwd, canonical (None: the private `work/`).
-    caller_cwd: Option<PathBuf>,
-    cwd_fd: Arc<OwnedFd>,
-    out_fd: Arc<OwnedFd>,
-    /// Whether the session's uid may write in its cwd.
-    writable: bool,
-    brought: Arc<files::Written>,
-    /// The virtual environment to run in, and why.
-    venv: Option<(Venv, Why)>,
-    /// Why a `.venv` in the cwd was not used.
-    venv_note: Option<String>,
-}
-
-/// Decide the caller's cwd (else the session's `work/`) and virtual environment, and bring
-/// the files in: run as the session's uid (through [`hostfs::as_uid`]). `bind` says why the
-/// sandbox may not bind a cwd (checked before any file is brought in).
-#[allow(clippy::too_many_arguments)]
-fn prepare_dirs(
-    policy: &CwdPolicy,
-    bind: &dyn Fn(&Path) -> Result<(), String>,
-    uid: Option<u32>,
-    cwd: Option<PathBuf>,
-    (ask, venv_policy): (VenvAsk, VenvPolicy),
-    work_fd: OwnedFd,
-    out_fd: OwnedFd,
-    in_files: Vec<InFile>,
-    local: bool,
-) -> Result<Prepared, String> {
-    let (caller_cwd, cwd_fd, writable) = match cwd {
-        Some(p) => {
-            let c = hostfs::check_cwd(policy, &p, uid)?;
-            bind(&c.path).map_err(|e| format!("cwd {}: {e}", p.display()))?;
-            (Some(c.path), c.dir, c.writable)
-        }
-        None => (None, work_fd, true),
-    };
-    let (mut venv, mut venv_note) = (None, None);
-    match (ask, &caller_cwd) {
-        (VenvAsk::Given(p), _) => {
-            venv = Some((venv::inspect(&venv_policy, &p, uid)?, Why::Venv));
-        }
-        (VenvAsk::Look, Some(dir))
-            if rustix::fs::statat(&cwd_fd, ".venv", rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
-                .is_ok() =>
-        {
-            // Not asked for by name: one that cannot be used is said, and the session
-            // starts with the server's Python.
-            match venv::inspect(&venv_policy, &dir.join(".venv"), uid) {
-                Ok(v) => venv = Some((v, Why::CwdVenv)),
-                Err(e) => {
-                    venv_note = Some(format!(
-                        "the .venv in cwd was not used ({e}); this session runs the server's \
-Python. Pass venv to name an environment"
-                    ))
-                }
-            }
-        }
-        _ => {}
-    }
-    let brought = if in_files.is_empty() {
-        files::Written::default()
-    } else {
-        let host_paths = local.then_some(policy);
-        files::bring_in(
-            in_files,
-            cwd_fd.as_fd(),
-            host_paths,
-            &hostfs::user_name(uid),
-        )?
-    };
-    Ok(Prepared {
-        caller_cwd,
-        cwd_fd: Arc::new(cwd_fd),
-        out_fd: Arc::new(out_fd),
-        writable,
-        brought: Arc::new(brought),
-        venv,
-        venv_note,
-    })
-}
-
-/// What the start result says about a cwd the session may not write.
-fn read_only_note(cwd: &Path, uid: Option<u32>) -> String {
-    let who = uid.map_or("the server's user".to_string(), |u| format!("uid {u}"));
-    format!(
-        "cwd {} is read-only for this session: its code runs as {who}, which may not write \
-there; it can read the files. To let sessions write there, give that user write permission with \
-an ACL on the directory (setfacl -m u:{}:rwx DIR; keep the directory and those above it root's), \
-or leave cwd out to work in a private directory",
-        cwd.display(),
-        uid.map_or("USER".to_string(), |u| u.to_string()),
-    )
 }

@@ -12,6 +12,7 @@ pub mod interp;
 pub mod journal;
 pub mod launch;
 pub mod manager;
+mod prepare;
 pub mod report;
 pub mod restore;
 pub mod scan;
