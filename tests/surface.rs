@@ -128,6 +128,7 @@ impl Logged {
         let mut cmd = tokio::process::Command::new(BIN);
         cmd.arg("serve").args(args);
         cmd.env("REPLBOX_POOL", "0")
+            .env("REPLBOX_SESSION_POOL", "0")
             .env_remove("REPLBOX_LOG")
             .env_remove("REPLBOX_LOG_FORMAT");
         let (transport, stderr) = TokioChildProcess::builder(cmd)
@@ -647,6 +648,7 @@ fn serve_on_a_terminal_prints_a_hint() {
     let mut child = std::process::Command::new(BIN)
         .arg("serve")
         .env("REPLBOX_POOL", "0")
+        .env("REPLBOX_SESSION_POOL", "0")
         .env("REPLBOX_LOG", "error")
         .stdin(Stdio::from(pty.slave))
         .stdout(Stdio::null())
@@ -673,6 +675,7 @@ fn serve_on_a_terminal_prints_a_hint() {
     let out = std::process::Command::new(BIN)
         .arg("serve")
         .env("REPLBOX_POOL", "0")
+        .env("REPLBOX_SESSION_POOL", "0")
         .env("REPLBOX_LOG", "error")
         .stdin(Stdio::null())
         .output()

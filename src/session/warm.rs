@@ -240,14 +240,21 @@ impl SessionManager {
 
     /// Start one warm session of `lang` as a cold `session_start` without arguments would
     /// (as no principal, on an unbound uid), then import the `--preload` modules. `Ok(None)`:
-    /// not started because uids run short (no failure).
+    /// not started because uids run short or none is unbound (no failure).
     async fn start_pending(&self, lang: &Language) -> Result<Option<Pending>, String> {
         if self.sandbox.uids_short() {
             return Ok(None);
         }
         let (lang, spec) = self.session_language(lang.id()).map_err(|e| e.message)?;
         let it = self.interpreter(lang, spec).await.map_err(|e| e.message)?;
-        let lease = self.sandbox.lease(Holder::Nobody)?;
+        let lease = match self.sandbox.lease(Holder::Nobody) {
+            Ok(l) => l,
+            // Every free uid is some principal's: callers come first (no failure).
+            Err(e) => {
+                tracing::debug!(error = %e, "no unbound uid for a warm session");
+                return Ok(None);
+            }
+        };
         let uid = lease.as_ref().map(|l| l.uid);
         let id = uuid::Uuid::new_v4().to_string();
         let (dirs, prepared, it) = self
