@@ -309,6 +309,13 @@ fn held_uids(base: u32, n: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The principal a uid is bound to ("" when none), from its lock file.
+fn owner(uid: u32) -> String {
+    std::fs::read_to_string(format!("/run/replbox/{uid}"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_session_gives_its_uid_to_a_caller() {
     if !we_are_root() {
@@ -338,8 +345,12 @@ async fn a_warm_session_gives_its_uid_to_a_caller() {
         &[],
     )
     .await;
-    // A warm session taken: its replacement starts at once, on a free uid (3 are free).
+    // A warm session taken: its uid is bound to the taker (stdio: principal "local") once
+    // taken; its replacement starts at once, on a free uid (3 are free).
     let (w, _) = warm_session(&s).await;
+    let e = s.eval(&w, "import os; print(os.getuid())").await;
+    let uid: u32 = output(&e).trim().parse().expect("a uid");
+    assert_eq!(owner(uid), "local", "uid {uid}");
     close(&s, &w).await;
     let mut ids = Vec::new();
     for _ in 0..3 {
@@ -357,6 +368,10 @@ async fn a_warm_session_gives_its_uid_to_a_caller() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The sessions' uids are the principal's; the warm session's is nobody's.
+    let mut owners: Vec<String> = (BASE..BASE + 4).map(owner).collect();
+    owners.sort();
+    assert_eq!(owners, ["", "local", "local", "local"]);
     // A fourth session gets the warm session's uid once that one is ready to give it up.
     let deadline = Instant::now() + Duration::from_secs(60);
     let fourth = loop {
