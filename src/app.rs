@@ -168,6 +168,7 @@ root: at level none, user code runs as the server's own user and could read the 
         self.metrics.encode(Gauges {
             sessions_open: self.sessions.count(),
             warm_pool: self.runner.pool.ready(),
+            warm_sessions: self.sessions.warm_pool().ready(),
             uids_in_use: self.sandbox.uids_in_use(),
             sandbox_level: &level,
         })
