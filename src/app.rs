@@ -48,13 +48,22 @@ impl Drop for InFlightGuard {
     }
 }
 
-/// When every uid is in use, one is taken back from the warm pool first (a head start
-/// lost), then from the kept files of ended sessions (files a caller may still read).
+/// When every uid is in use, one is taken back from the warm pools first (a head start
+/// lost: run-code's, then the warm sessions), then from the kept files of ended sessions (files a caller may still read).
 fn reclaim_uids_from(sandbox: &Sandbox, runner: &Runner, sessions: &Arc<SessionManager>) {
     let warm: Arc<dyn crate::sandbox::Reclaim> = runner.pool.clone();
     sandbox.add_reclaimer(Arc::downgrade(&warm));
+    let warm_sessions: Arc<dyn crate::sandbox::Reclaim> = sessions.warm_pool();
+    sandbox.add_reclaimer(Arc::downgrade(&warm_sessions));
     let kept: Arc<dyn crate::sandbox::Reclaim> = sessions.clone();
     sandbox.add_reclaimer(Arc::downgrade(&kept));
+}
+
+/// Flags whose values are checked when the server starts, rather than dropped later.
+fn check_flags(config: &Config) -> anyhow::Result<()> {
+    config.egress_policy().map_err(|e| anyhow::anyhow!(e))?;
+    config.preload_modules().map_err(|e| anyhow::anyhow!(e))?;
+    Ok(())
 }
 
 impl App {
@@ -62,8 +71,8 @@ impl App {
     /// and the workspace are set up; a named level that does not work, or one below
     /// `--require-sandbox`, is an error here, before anything is served.
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
-        // A bad --allow-domain or --allow-host stops the server rather than being dropped.
-        config.egress_policy().map_err(|e| anyhow::anyhow!(e))?;
+        // A bad --allow-domain, --allow-host or --preload stops the server.
+        check_flags(&config)?;
         // The journals' directory exists before the sandbox is decided: it is one of the
         // trees hidden from user code.
         let state = config
@@ -150,6 +159,7 @@ root: at level none, user code runs as the server's own user and could read the 
         self.registry.detect_all_in_background();
         self.sandbox.verify_in_background();
         self.runner.fill_pools(&self.registry);
+        self.sessions.fill_pools();
     }
 
     /// The metrics, with the gauges read from the server's state now.
@@ -158,6 +168,7 @@ root: at level none, user code runs as the server's own user and could read the 
         self.metrics.encode(Gauges {
             sessions_open: self.sessions.count(),
             warm_pool: self.runner.pool.ready(),
+            warm_sessions: self.sessions.warm_pool().ready(),
             uids_in_use: self.sandbox.uids_in_use(),
             sandbox_level: &level,
         })
@@ -189,6 +200,7 @@ root: at level none, user code runs as the server's own user and could read the 
             max_sessions_per_principal = c.max_sessions_per_principal,
             idle_timeout_s = c.idle_timeout_s,
             pool = c.pool,
+            session_pool = c.session_pool,
             uids = c.uids,
             "sandbox and limits"
         );
@@ -197,6 +209,7 @@ root: at level none, user code runs as the server's own user and could read the 
     /// Stop everything the server started.
     pub async fn shutdown(&self) {
         self.runner.pool.close();
+        self.sessions.warm_pool().close();
         self.sessions.shutdown().await;
     }
 }

@@ -71,6 +71,17 @@ pub struct Config {
     /// without a run. 0 disables the pools.
     #[arg(long, env = "REPLBOX_POOL", default_value_t = 8)]
     pub pool: usize,
+    /// The most warm sessions kept started ahead of time per session language, each given
+    /// whole to one `session_start` that needs nothing a pooled one lacks. Python's starts
+    /// at 1, the others' at 0 until a session of theirs is asked for; they follow demand
+    /// like `--pool`'s. 0 disables them.
+    #[arg(long, env = "REPLBOX_SESSION_POOL", default_value_t = 4)]
+    pub session_pool: usize,
+    /// Python modules a warm Python session imports ahead of time (into `sys.modules` only),
+    /// comma-separated; `matplotlib` brings `matplotlib.pyplot` too. Default: pandas, numpy
+    /// and matplotlib, those that import. Empty: none.
+    #[arg(long, env = "REPLBOX_PRELOAD", value_name = "MODULES")]
+    pub preload: Option<String>,
     /// Isolation of user code: `auto` picks the strongest level that works here (probed at
     /// start), or name one; a named level that does not work stops the server.
     #[arg(long, env = "REPLBOX_SANDBOX", value_enum, default_value_t = Mode::Auto)]
@@ -253,6 +264,8 @@ impl Default for Config {
             max_sessions_per_principal: 16,
             max_active_per_principal: 32,
             pool: 8,
+            session_pool: 4,
+            preload: None,
             sandbox: Mode::Auto,
             require_sandbox: None,
             allow_network: false,
@@ -295,6 +308,31 @@ impl Config {
             &self.allow_host,
             &self.caller_domains,
         )
+    }
+
+    /// The modules a warm Python session imports ahead of time (`--preload`), each a
+    /// dotted name (`App::new` reports a bad one).
+    pub fn preload_modules(&self) -> Result<Vec<String>, String> {
+        let Some(list) = &self.preload else {
+            return Ok(DEFAULT_PRELOAD.iter().map(|m| m.to_string()).collect());
+        };
+        let mut modules = Vec::new();
+        for m in list.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+            let word = |w: &str| {
+                w.chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                    && w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            };
+            if !m.split('.').all(word) {
+                return Err(format!(
+                    "--preload: {m:?} is not a module name (comma-separated dotted names, \
+                     e.g. pandas,numpy,matplotlib)"
+                ));
+            }
+            modules.push(m.to_string());
+        }
+        Ok(modules)
     }
 
     /// What the sandbox needs to know of the configuration.
@@ -355,6 +393,7 @@ impl Config {
                 self.max_active_per_principal.to_string(),
             ),
             ("--pool", self.pool.to_string()),
+            ("--session-pool", self.session_pool.to_string()),
             ("--sandbox", value_name(&self.sandbox)),
             ("--memory-mb", self.memory_mb.to_string()),
             ("--processes", self.processes.to_string()),
@@ -406,13 +445,18 @@ impl Config {
         args
     }
 
-    /// The repeatable flags, one (flag, value) pair per value.
+    /// The repeatable flags, one (flag, value) pair per value, and `--preload`.
     fn list_args(&self) -> Vec<(&'static str, OsString)> {
         let lists = [
             ("--allow-domain", &self.allow_domain),
             ("--allow-host", &self.allow_host),
             ("--caller-domains", &self.caller_domains),
         ];
+        // At most one: an empty --preload (none) is a value too.
+        let preload = self
+            .preload
+            .iter()
+            .map(|m| ("--preload", OsString::from(m)));
         let lists = lists
             .into_iter()
             .flat_map(|(f, l)| l.iter().map(move |v| (f, OsString::from(v))));
@@ -420,9 +464,12 @@ impl Config {
         let dirs = dirs
             .into_iter()
             .flat_map(|(f, l)| l.iter().map(move |v| (f, OsString::from(v))));
-        lists.chain(dirs).collect()
+        lists.chain(dirs).chain(preload).collect()
     }
 }
+
+/// What a warm Python session imports when `--preload` is not given.
+const DEFAULT_PRELOAD: &[&str] = &["pandas", "numpy", "matplotlib"];
 
 /// The command-line spelling of a value-enum value.
 fn value_name<T: clap::ValueEnum>(v: &T) -> String {
@@ -432,76 +479,7 @@ fn value_name<T: clap::ValueEnum>(v: &T) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Wrapper {
-        #[command(flatten)]
-        config: Config,
-    }
-
-    #[test]
-    fn to_args_round_trips() {
-        // Every field set away from its default, so a flag to_args forgets shows up here.
-        let config = Config {
-            prompts: Some("/p/rompts".into()),
-            python: Some("/v/env/bin/python".into()),
-            default_timeout_ms: 1234,
-            max_timeout_ms: 5678,
-            output_cap: 99,
-            work_dir: Some("/w/ork dir".into()),
-            idle_timeout_s: 11,
-            max_idle_timeout_s: 22,
-            max_sessions: 3,
-            evict_idle: true,
-            max_sessions_per_principal: 4,
-            max_active_per_principal: 14,
-            pool: 5,
-            sandbox: Mode::Landlock,
-            require_sandbox: Some(Level::Landlock),
-            allow_network: true,
-            allow_domain: vec!["pypi.org".into(), "*.pythonhosted.org".into()],
-            allow_host: vec!["index.internal:8080".into()],
-            caller_domains: vec!["*.githubusercontent.com".into()],
-            memory_mb: 5,
-            processes: 6,
-            file_size_mb: 7,
-            open_files: 8,
-            cpu_s: 9,
-            tmpfs_mb: 10,
-            uid_base: 11,
-            uids: 12,
-            mask: vec!["/m/ask".into(), "/other".into()],
-            allow_cwd: vec!["/a/llow".into()],
-
-            max_images: 5,
-            max_image_bytes: 6,
-            max_tracked_files: 7,
-            max_resource_bytes: 8,
-            max_line_bytes: 9,
-            history_cells: 9,
-            history_mb: 10,
-            keep_files_s: 11,
-            state_dir: Some("/s/tate".into()),
-            journal_max_mb: 12,
-            keep_journals_s: 13,
-            no_auto_restore: true,
-        };
-        let argv = std::iter::once(OsString::from("x")).chain(config.to_args());
-        let parsed = Wrapper::try_parse_from(argv).expect("to_args output parses");
-        assert_eq!(format!("{:?}", parsed.config), format!("{config:?}"));
-        let defaults = Wrapper::try_parse_from(
-            std::iter::once(OsString::from("x")).chain(Config::default().to_args()),
-        )
-        .expect("parses");
-        assert_eq!(
-            format!("{:?}", defaults.config),
-            format!("{:?}", Config::default())
-        );
-    }
-}
+mod tests;
 
 impl Config {
     /// The bounds of a session's history (cells, bytes).

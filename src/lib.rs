@@ -42,6 +42,8 @@ pub mod metrics;
 #[cfg(target_os = "linux")]
 pub(crate) mod output;
 #[cfg(target_os = "linux")]
+pub(crate) mod pool;
+#[cfg(target_os = "linux")]
 pub(crate) mod progress;
 #[cfg(target_os = "linux")]
 pub mod run;

@@ -50,6 +50,7 @@ pub struct Metrics {
     run: Durations,
     sessions_open: Gauge,
     warm_pool: Family<LanguageLabel, Gauge>,
+    warm_sessions: Family<LanguageLabel, Gauge>,
     uids_in_use: Gauge,
     sandbox_level: Family<LevelLabel, Gauge>,
     http_connections: Gauge,
@@ -62,6 +63,8 @@ pub struct Gauges<'a> {
     pub sessions_open: usize,
     /// Ready interpreters per language with a warm pool.
     pub warm_pool: Vec<(String, usize)>,
+    /// Warm sessions ready per session language.
+    pub warm_sessions: Vec<(String, usize)>,
     /// Sandbox uids this server holds (0 when it does not run as root).
     pub uids_in_use: usize,
     pub sandbox_level: &'a str,
@@ -108,6 +111,12 @@ impl Metrics {
             "Interpreters ready in the warm pool, by language",
             warm_pool.clone(),
         );
+        let warm_sessions = Family::<LanguageLabel, Gauge>::default();
+        registry.register(
+            "warm_sessions",
+            "Sessions started ahead of time and ready (--session-pool), by language",
+            warm_sessions.clone(),
+        );
         let uids_in_use = Gauge::default();
         registry.register(
             "uids_in_use",
@@ -133,6 +142,7 @@ impl Metrics {
             run,
             sessions_open,
             warm_pool,
+            warm_sessions,
             uids_in_use,
             sandbox_level,
             http_connections,
@@ -183,6 +193,11 @@ impl Metrics {
                 .get_or_create(&LanguageLabel { language })
                 .set(ready as i64);
         }
+        for (language, ready) in now.warm_sessions {
+            self.warm_sessions
+                .get_or_create(&LanguageLabel { language })
+                .set(ready as i64);
+        }
         self.uids_in_use.set(now.uids_in_use as i64);
         for level in LEVELS {
             self.sandbox_level
@@ -216,6 +231,7 @@ mod tests {
         let text = m.encode(Gauges {
             sessions_open: 3,
             warm_pool: vec![("python".into(), 2)],
+            warm_sessions: vec![("python".into(), 1)],
             uids_in_use: 5,
             sandbox_level: "bwrap",
         });
@@ -228,6 +244,7 @@ mod tests {
             "replbox_run_duration_seconds_bucket{language=\"python\",le=\"0.005\"} 1",
             "replbox_eval_duration_seconds_sum{language=\"ruby\"} 2.0",
             "replbox_sessions_open 3",
+            "replbox_warm_sessions{language=\"python\"} 1",
             "replbox_warm_pool_size{language=\"python\"} 2",
             "replbox_uids_in_use 5",
             "replbox_sandbox_level{level=\"bwrap\"} 1",

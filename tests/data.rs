@@ -11,31 +11,6 @@ use common::*;
 use rmcp::model::{ReadResourceRequestParams, ResourceContents};
 use serde_json::{Value, json};
 
-/// matplotlib, pandas and numpy for the interpreter sessions use (PATH's python3). In CI
-/// (REPLBOX_REQUIRE_ALL=1) their absence is a failure; elsewhere the test is skipped.
-fn require_data_stack() -> bool {
-    if !require("python", "python3") {
-        return false;
-    }
-    let ok = std::process::Command::new("python3")
-        .args(["-c", "import matplotlib, pandas, numpy"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if ok {
-        return true;
-    }
-    if std::env::var("REPLBOX_REQUIRE_ALL").is_ok_and(|v| v == "1") {
-        panic!(
-            "matplotlib, pandas and numpy are not installed for python3, and \
-REPLBOX_REQUIRE_ALL=1 requires them (.ci/run installs them)"
-        );
-    }
-    eprintln!("SKIP: data tests skipped: python3 cannot import matplotlib, pandas and numpy");
-    false
-}
-
 impl TestServer {
     async fn start_python(&self) -> String {
         let out = self

@@ -376,7 +376,10 @@ async fn files_stay_readable_after_the_interpreter_exits() {
 /// Start `replbox serve` over stdio with its stderr in a file.
 async fn start_logged(args: &[&str], log: &Path) -> TestServer {
     let mut cmd = tokio::process::Command::new(BIN);
-    cmd.arg("serve").args(args).env("REPLBOX_POOL", "0");
+    cmd.arg("serve")
+        .args(args)
+        .env("REPLBOX_POOL", "0")
+        .env("REPLBOX_SESSION_POOL", "0");
     let file = std::fs::File::create(log).expect("log file");
     let (transport, _) = TokioChildProcess::builder(cmd)
         .stderr(file)
@@ -677,6 +680,7 @@ impl Http {
             .arg(tokens_file)
             .args(args)
             .env("REPLBOX_POOL", "0")
+            .env("REPLBOX_SESSION_POOL", "0")
             .env_remove("REPLBOX_TOKENS")
             .env_remove("REPLBOX_LOG")
             .stdin(Stdio::null())

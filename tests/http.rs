@@ -78,7 +78,8 @@ impl HttpServer {
             cmd.env_remove(var);
         }
         // These tests count the server's processes: no warm pool.
-        cmd.env("REPLBOX_POOL", "0");
+        cmd.env("REPLBOX_POOL", "0")
+            .env("REPLBOX_SESSION_POOL", "0");
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -52,7 +52,8 @@ fn python_row(root: &Path, virtual_env: Option<&Path>) -> String {
     let mut cmd = Command::new(bin.join("replbox"));
     cmd.arg("languages")
         .env("PATH", path)
-        .env("REPLBOX_POOL", "0");
+        .env("REPLBOX_POOL", "0")
+        .env("REPLBOX_SESSION_POOL", "0");
     match virtual_env {
         Some(v) => cmd.env("VIRTUAL_ENV", v),
         None => cmd.env_remove("VIRTUAL_ENV"),

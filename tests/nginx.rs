@@ -61,6 +61,7 @@ impl Instance {
         }
         cmd.env("REPLBOX_TOKENS", format!("{TOKEN_A},{TOKEN_B}"))
             .env("REPLBOX_POOL", "0")
+            .env("REPLBOX_SESSION_POOL", "0")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

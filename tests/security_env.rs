@@ -307,6 +307,7 @@ async fn start_http(setup: Setup, uid: Option<u32>) -> Result<Conn, String> {
         .args(["--http", "127.0.0.1:0"])
         .args(server_args(setup))
         .env("REPLBOX_POOL", "0")
+        .env("REPLBOX_SESSION_POOL", "0")
         .env("REPLBOX_TOKENS", TOKEN)
         .env("REPLBOX_LOG", "warn,replbox=info")
         .stdin(Stdio::null())

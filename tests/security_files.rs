@@ -885,6 +885,7 @@ impl HttpServer {
         cmd.args(["serve", "--http", "127.0.0.1:0", "--sandbox", setup.level])
             .args(args)
             .env("REPLBOX_POOL", "0")
+            .env("REPLBOX_SESSION_POOL", "0")
             .env("REPLBOX_TOKENS", tokens)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -311,7 +311,8 @@ impl HttpServer {
         for var in ["REPLBOX_TOKENS", "REPLBOX_TOKENS_FILE", "REPLBOX_LOG"] {
             cmd.env_remove(var);
         }
-        cmd.env("REPLBOX_POOL", "0");
+        cmd.env("REPLBOX_POOL", "0")
+            .env("REPLBOX_SESSION_POOL", "0");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -476,6 +477,7 @@ impl RawStdio {
             .arg("serve")
             .args(args)
             .env("REPLBOX_POOL", "0")
+            .env("REPLBOX_SESSION_POOL", "0")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -642,6 +644,7 @@ async fn finding_12_a_bare_replbox_reads_the_replbox_variables() {
     // And a limit from the environment applies to a bare replbox, through an MCP client.
     let mut cmd = tokio::process::Command::new(BIN);
     cmd.env("REPLBOX_POOL", "0")
+        .env("REPLBOX_SESSION_POOL", "0")
         .env("REPLBOX_MAX_SESSIONS_PER_PRINCIPAL", "1")
         .stderr(Stdio::inherit());
     let transport = rmcp::transport::TokioChildProcess::new(cmd).expect("spawn");

@@ -277,6 +277,7 @@ async fn start_limited(level: &str, nofile: Option<u64>, work: &Path) -> Option<
     ])
     .arg(work)
     .env("REPLBOX_POOL", "0")
+    .env("REPLBOX_SESSION_POOL", "0")
     .stderr(std::process::Stdio::inherit());
     if let Some(n) = nofile {
         use nix::sys::resource::{Resource, getrlimit, setrlimit};
@@ -523,6 +524,7 @@ impl HttpServer {
             .args(args)
             .env("REPLBOX_TOKENS", format!("{TOKEN_A},{TOKEN_B},{TOKEN_C}"))
             .env("REPLBOX_POOL", pool)
+            .env("REPLBOX_SESSION_POOL", "0")
             .env_remove("REPLBOX_TOKENS_FILE")
             .env_remove("REPLBOX_HTTP")
             .stdin(std::process::Stdio::null())

@@ -78,6 +78,19 @@ async fn every_tool_schema_is_portable_and_results_carry_no_nulls() {
         );
     }
     assert!(found.is_empty(), "non-portable schema parts: {found:#?}");
+    // session_start says whether the session was started ahead of time.
+    let start = tools
+        .iter()
+        .find(|t| t.name == "session_start")
+        .and_then(|t| t.output_schema.clone())
+        .expect("session_start's output schema");
+    assert_eq!(start["properties"]["warm"]["type"], "boolean", "{start:?}");
+    assert!(
+        start["required"]
+            .as_array()
+            .is_some_and(|r| r.contains(&json!("warm"))),
+        "{start:?}"
+    );
 
     // Optional fields are absent rather than null: a run that exited has no `signal`, and
     // an evaluation that did not end its interpreter has no `exit_code`.
@@ -115,6 +128,7 @@ impl Logged {
         let mut cmd = tokio::process::Command::new(BIN);
         cmd.arg("serve").args(args);
         cmd.env("REPLBOX_POOL", "0")
+            .env("REPLBOX_SESSION_POOL", "0")
             .env_remove("REPLBOX_LOG")
             .env_remove("REPLBOX_LOG_FORMAT");
         let (transport, stderr) = TokioChildProcess::builder(cmd)
@@ -634,6 +648,7 @@ fn serve_on_a_terminal_prints_a_hint() {
     let mut child = std::process::Command::new(BIN)
         .arg("serve")
         .env("REPLBOX_POOL", "0")
+        .env("REPLBOX_SESSION_POOL", "0")
         .env("REPLBOX_LOG", "error")
         .stdin(Stdio::from(pty.slave))
         .stdout(Stdio::null())
@@ -660,6 +675,7 @@ fn serve_on_a_terminal_prints_a_hint() {
     let out = std::process::Command::new(BIN)
         .arg("serve")
         .env("REPLBOX_POOL", "0")
+        .env("REPLBOX_SESSION_POOL", "0")
         .env("REPLBOX_LOG", "error")
         .stdin(Stdio::null())
         .output()

@@ -449,8 +449,22 @@ def __rbx_setup():
         if omitted:
             cell["extra"]["vars_omitted"] = omitted
 
+    # --- warm sessions: modules imported before the first cell, into sys.modules only and
+    # through the hook above, so they are adjusted as when the user's code imports them ---
+    def preload(names):
+        import importlib
+        failed = []
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except BaseException:
+                failed.append(name)
+        if failed:
+            print("replbox-preload-failed: " + " ".join(failed))
+
     builtins.__rbx_eval = run
     builtins.__rbx_vars = list_vars
+    builtins.__rbx_preload = preload
 
 __rbx_setup()
 del __rbx_setup

@@ -277,6 +277,11 @@ pub struct SessionSpec {
     /// `value` and `size`, for REPLs that can only print their bindings (ghci).
     #[serde(default)]
     pub vars_pattern: Option<String>,
+    /// Warm sessions (`--preload`): the code of an internal evaluation that imports
+    /// `{modules}` (a JSON array of module names) before any user code, defining no name;
+    /// it prints `replbox-preload-failed: NAME...` for those that did not import.
+    #[serde(default)]
+    pub preload: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

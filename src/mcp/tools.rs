@@ -108,8 +108,9 @@ calls; use session_start/session_eval to keep state.",
         };
         let r = self.app.sessions.start(&caller, req).await?;
         let mut text = format!(
-            "session {} started: {} {} (pid {}) in {} (sandbox: {})\ninterpreter: {}",
+            "session {} started{}: {} {} (pid {}) in {} (sandbox: {})\ninterpreter: {}",
             r.session_id,
+            if r.warm { " warm" } else { "" },
             r.language,
             r.version,
             r.pid,

@@ -1,7 +1,6 @@
 //! `run-code`: one program, in a fresh private directory, with a clean environment, a
 //! deadline that kills the whole tree, and bounded, separate stdout and stderr.
 
-pub(crate) mod pool;
 mod report;
 mod supervise;
 pub(crate) mod warm;

@@ -12,11 +12,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::pool::{Pool, Ready};
 use super::supervise::pipes;
 use super::{Place, RunRequest, Runner};
 use crate::exec::{self, Proc};
 use crate::lang::{Language, PoolSpec, Registry, expand_command};
+use crate::pool::{Pool, Ready};
 use crate::sandbox::{Holder, Reclaim};
 
 /// A pooled interpreter waiting for its program. Dropping it kills its tree (the helper

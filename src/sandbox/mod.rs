@@ -339,6 +339,11 @@ impl Sandbox {
         }
     }
 
+    /// Whether `principal` may have one more uid bound to it (always when not root).
+    pub fn may_bind(&self, principal: &str) -> bool {
+        self.pool.as_ref().is_none_or(|p| p.may_bind_now(principal))
+    }
+
     /// Add what gives uids back when the pool is dry (asked after those added before).
     pub fn add_reclaimer(&self, r: std::sync::Weak<dyn Reclaim>) {
         self.reclaimers

@@ -3,29 +3,32 @@
 //! and the confinement).
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::entry::{Remains, Session};
-use super::files::{self, InFile};
+use super::files::InFile;
 use super::history::Record;
 use super::interp::{Interp, Launch};
 use super::journal::Writer;
 use super::manager::SessionManager;
+use super::prepare::{Prepared, prepare_dirs, read_only_note};
 use super::report::StartReport;
+use super::watch::Tracked;
 use crate::error::{ErrorKind, ToolError};
 use crate::exec::child::{ChildBuilder, check_caller_env};
-use crate::hostfs::{self, CwdPolicy};
+use crate::hostfs;
 use crate::identity::Caller;
 use crate::lang::{
     Detected, InterpreterInfo, Language, LookupError, SessionSpec, Why, did_you_mean, expand,
     expand_command,
 };
 use crate::sandbox::{Holder, Lease};
-use crate::venv::{self, Venv, VenvPolicy};
+use crate::share::Share;
+use crate::venv::{Venv, VenvPolicy};
 use crate::workspace::PrivateDir;
 
 /// What the caller asked `session_start` for.
@@ -46,9 +49,9 @@ pub struct StartRequest {
 
 /// The interpreter a session runs: its language, REPL driver, what detection found, and
 /// the program the REPL starts (a virtual environment's `bin/python` when it runs in one).
-struct Interpreter {
-    lang: Arc<Language>,
-    spec: SessionSpec,
+pub(super) struct Interpreter {
+    pub(super) lang: Arc<Language>,
+    pub(super) spec: SessionSpec,
     detected: Detected,
     exe: PathBuf,
     version: String,
@@ -74,7 +77,7 @@ impl Interpreter {
 
 /// Which virtual environment a session asks for.
 #[derive(Debug, Clone)]
-enum VenvAsk {
+pub(super) enum VenvAsk {
     /// None: the language takes none, or no cwd to look in.
     No,
     /// The caller's `venv`.
@@ -99,10 +102,25 @@ impl VenvAsk {
     }
 }
 
+/// A session's interpreter up and running, not yet in the table: what a cold start makes
+/// for its caller, and a warm one ahead of time.
+pub(super) struct Up {
+    pub(super) id: String,
+    pub(super) it: Interpreter,
+    pub(super) dirs: Dirs,
+    pub(super) prepared: Prepared,
+    pub(super) lease: Option<Lease>,
+    pub(super) interp: Interp,
+    /// The files of its cwd as the interpreter left them once up.
+    pub(super) baseline: Option<Tracked>,
+    /// What the start result says besides.
+    pub(super) notes: Vec<String>,
+}
+
 /// The directories of a session being started.
-struct Dirs {
+pub(super) struct Dirs {
     /// The session's own directory (`work/`, `ctl/`, `out/`), removed with it.
-    dir: PrivateDir,
+    pub(super) dir: PrivateDir,
     work: PathBuf,
     ctl: PathBuf,
     out: PathBuf,
@@ -115,7 +133,6 @@ struct Dirs {
 }
 
 impl SessionManager {
-    /// Start a session; errors are messages for the agent.
     /// `idle_timeout_s` 0 would close the session at once: refused, saying what it means.
     fn check_idle_timeout(&self, requested: Option<u64>) -> Result<(), ToolError> {
         if requested != Some(0) {
@@ -128,6 +145,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         )))
     }
 
+    /// Start a session; errors are messages for the agent.
     pub async fn start(
         &self,
         caller: &Caller,
@@ -140,7 +158,8 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
 
     /// Start session `id`: a new one (`restoring` None: its journal is created), or one
     /// restored from its journal (which it goes on writing). Every check and limit of a new
-    /// session applies either way.
+    /// session applies either way. A new session that needs nothing a warm one lacks is a
+    /// warm one (then its id is the warm one's).
     pub(super) async fn start_as(
         &self,
         caller: &Caller,
@@ -153,35 +172,46 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         let (lang, spec) = self.session_language(&req.language)?;
         let domains = self.check_request(&req)?;
         let journaled = restoring.is_none().then(|| req.clone());
-        let ask = VenvAsk::of(&lang, req.venv, req.cwd.is_some())?;
-        let it = self.interpreter(lang, spec).await?;
-        let lease = self
-            .sandbox
-            .lease_or_reclaim(Holder::Binds(&caller.principal))
-            .await
-            .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
-        let uid = lease.as_ref().map(|l| l.uid);
-        let (dirs, mut prepared, it) = self
-            .dirs(&id, uid, req.cwd, req.files, (ask, it), caller)
-            .await?;
-        let interp = self
-            .bring_up(&it, &dirs, &prepared, lease.as_ref(), (&req.env, &domains))
-            .await?;
-        // The baseline for the first evaluation's file changes: taken once the interpreter
-        // is up, so what it wrote while starting is not taken for the code's doing.
-        let mut notes: Vec<String> = prepared.venv_note.take().into_iter().collect();
-        if !prepared.writable {
-            notes.push(read_only_note(&dirs.cwd, uid));
-        }
-        let baseline = self.baseline(uid, &prepared.cwd_fd).await;
-        if baseline.is_none() && self.config.max_tracked_files > 0 {
-            notes.push(self.untracked_note());
-        }
         let idle_timeout = self.config.idle_timeout(req.idle_timeout_s);
+        let warm = match restoring {
+            None => self.take_warm(&lang, &req, caller).await,
+            Some(_) => None,
+        };
+        let (mut up, warm) = match warm {
+            Some(up) => (up, true),
+            None => (
+                self.start_cold(caller, req, id, (lang, spec), &domains)
+                    .await?,
+                false,
+            ),
+        };
         let journal = match journaled {
-            Some(r) => self.create_journal(&id, caller, &r, &mut notes).await,
+            Some(r) => self.create_journal(&up.id, caller, &r, &mut up.notes).await,
             None => restoring,
         };
+        Ok(self.enter(caller, up, (idle_timeout, warm), journal, slot.share()))
+    }
+
+    /// A session that is up enters the table: its start result and its entry.
+    fn enter(
+        &self,
+        caller: &Caller,
+        up: Up,
+        (idle_timeout, warm): (Duration, bool),
+        journal: Option<Arc<Writer>>,
+        share: Option<Share>,
+    ) -> (StartReport, Arc<Session>) {
+        let Up {
+            id,
+            it,
+            dirs,
+            prepared,
+            lease,
+            interp,
+            baseline,
+            notes,
+        } = up;
+        let uid = lease.as_ref().map(|l| l.uid);
         let report = StartReport {
             session_id: id.clone(),
             language: it.lang.id().to_string(),
@@ -194,6 +224,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             sandbox: self.sandbox.level,
             files: prepared.brought.names.clone(),
             notes,
+            warm,
         };
         let now = SystemTime::now();
         let session = Arc::new(Session {
@@ -222,10 +253,62 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             interrupt: Mutex::new(None),
             record: Arc::new(Mutex::new(Record::new(self.config.history_bounds()))),
             journal,
-            share: Mutex::new(slot.share()),
+            share: Mutex::new(share),
         });
         self.sessions.insert(id, session.clone());
-        Ok((report, session))
+        (report, session)
+    }
+
+    /// Start session `id`'s interpreter for `caller` now: its uid, its directory, the
+    /// caller's cwd, venv and files, then the interpreter.
+    async fn start_cold(
+        &self,
+        caller: &Caller,
+        req: StartRequest,
+        id: String,
+        (lang, spec): (Arc<Language>, SessionSpec),
+        domains: &[String],
+    ) -> Result<Up, ToolError> {
+        let ask = VenvAsk::of(&lang, req.venv, req.cwd.is_some())?;
+        let it = self.interpreter(lang, spec).await?;
+        let lease = self
+            .sandbox
+            .lease_or_reclaim(Holder::Binds(&caller.principal))
+            .await
+            .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
+        let uid = lease.as_ref().map(|l| l.uid);
+        let (dirs, mut prepared, it) = self
+            .dirs(&id, uid, req.cwd, req.files, (ask, it), Some(caller))
+            .await?;
+        let interp = self
+            .bring_up(&it, &dirs, &prepared, lease.as_ref(), (&req.env, domains))
+            .await?;
+        let mut notes: Vec<String> = prepared.venv_note.take().into_iter().collect();
+        if !prepared.writable {
+            notes.push(read_only_note(&dirs.cwd, uid));
+        }
+        let mut up = Up {
+            id,
+            it,
+            dirs,
+            prepared,
+            lease,
+            interp,
+            baseline: None,
+            notes,
+        };
+        self.take_baseline(&mut up).await;
+        Ok(up)
+    }
+
+    /// The baseline for the first evaluation's file changes: taken once the interpreter
+    /// is up, so what it wrote while starting is not taken for the code's doing.
+    pub(super) async fn take_baseline(&self, up: &mut Up) {
+        let uid = up.lease.as_ref().map(|l| l.uid);
+        up.baseline = self.baseline(uid, &up.prepared.cwd_fd).await;
+        if up.baseline.is_none() && self.config.max_tracked_files > 0 {
+            up.notes.push(self.untracked_note());
+        }
     }
 
     /// Refuse what no session can take: an invalid variable, domains the operator does not
@@ -239,7 +322,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
 
     /// Start the interpreter in its directories; until it is up, a failure takes the files
     /// brought in away again.
-    async fn bring_up(
+    pub(super) async fn bring_up(
         &self,
         it: &Interpreter,
         dirs: &Dirs,
@@ -268,7 +351,10 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
     }
 
     /// The language asked for, and its REPL driver.
-    fn session_language(&self, name: &str) -> Result<(Arc<Language>, SessionSpec), ToolError> {
+    pub(super) fn session_language(
+        &self,
+        name: &str,
+    ) -> Result<(Arc<Language>, SessionSpec), ToolError> {
         let sessions = || self.registry.session_ids().join(", ");
         let lang = self.registry.get(name).map_err(|e| match e {
             LookupError::Unknown(n) => ToolError::new(
@@ -302,7 +388,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
 
     /// The language's interpreter on this host, and the program its sessions start, which
     /// must be runnable at the sandbox level.
-    async fn interpreter(
+    pub(super) async fn interpreter(
         &self,
         lang: Arc<Language>,
         spec: SessionSpec,
@@ -349,15 +435,18 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
     /// The session's directory, owned by the lease's uid where it writes, and the caller's
     /// cwd, virtual environment (which then runs instead of `it`) and files, dealt with as
     /// that uid (never with the server's rights).
-    async fn dirs(
+    pub(super) async fn dirs(
         &self,
         id: &str,
         uid: Option<u32>,
         cwd: Option<PathBuf>,
         files: Vec<InFile>,
         (ask, it): (VenvAsk, Interpreter),
-        caller: &Caller,
+        caller: Option<&Caller>,
     ) -> Result<(Dirs, Prepared, Interpreter), ToolError> {
+        // A warm session has no caller yet; it has no egress endpoint either (none is
+        // started while the proxy runs), so its empty principal counts against nobody.
+        let local = caller.is_some_and(Caller::is_local);
         let venv = (ask, self.venv_policy(&it));
         let dir = self.workspace.new_session_dir(id, uid).map_err(|e| {
             ToolError::internal(format!("cannot create the session directory: {e}"))
@@ -374,7 +463,6 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         let mut prepared = hostfs::as_uid(uid, {
             let policy = self.cwd_policy.clone();
             let sandbox = self.sandbox.clone();
-            let local = caller.is_local();
             move || {
                 let bind = |p: &Path| sandbox.check_bind(p);
                 prepare_dirs(
@@ -392,7 +480,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             work,
             caller_cwd: prepared.caller_cwd.clone(),
             dir,
-            principal: caller.principal.clone(),
+            principal: caller.map(|c| c.principal.clone()).unwrap_or_default(),
         };
         let it = match prepared.venv.take() {
             Some((v, why)) => it.in_venv(v, why),
@@ -480,100 +568,4 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             output_cap: self.config.output_cap,
         }))
     }
-}
-
-/// A session's directories once the caller's cwd and files are dealt with.
-struct Prepared {
-    /// The caller's cwd, canonical (None: the private `work/`).
-    caller_cwd: Option<PathBuf>,
-    cwd_fd: Arc<OwnedFd>,
-    out_fd: Arc<OwnedFd>,
-    /// Whether the session's uid may write in its cwd.
-    writable: bool,
-    brought: Arc<files::Written>,
-    /// The virtual environment to run in, and why.
-    venv: Option<(Venv, Why)>,
-    /// Why a `.venv` in the cwd was not used.
-    venv_note: Option<String>,
-}
-
-/// Decide the caller's cwd (else the session's `work/`) and virtual environment, and bring
-/// the files in: run as the session's uid (through [`hostfs::as_uid`]). `bind` says why the
-/// sandbox may not bind a cwd (checked before any file is brought in).
-#[allow(clippy::too_many_arguments)]
-fn prepare_dirs(
-    policy: &CwdPolicy,
-    bind: &dyn Fn(&Path) -> Result<(), String>,
-    uid: Option<u32>,
-    cwd: Option<PathBuf>,
-    (ask, venv_policy): (VenvAsk, VenvPolicy),
-    work_fd: OwnedFd,
-    out_fd: OwnedFd,
-    in_files: Vec<InFile>,
-    local: bool,
-) -> Result<Prepared, String> {
-    let (caller_cwd, cwd_fd, writable) = match cwd {
-        Some(p) => {
-            let c = hostfs::check_cwd(policy, &p, uid)?;
-            bind(&c.path).map_err(|e| format!("cwd {}: {e}", p.display()))?;
-            (Some(c.path), c.dir, c.writable)
-        }
-        None => (None, work_fd, true),
-    };
-    let (mut venv, mut venv_note) = (None, None);
-    match (ask, &caller_cwd) {
-        (VenvAsk::Given(p), _) => {
-            venv = Some((venv::inspect(&venv_policy, &p, uid)?, Why::Venv));
-        }
-        (VenvAsk::Look, Some(dir))
-            if rustix::fs::statat(&cwd_fd, ".venv", rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
-                .is_ok() =>
-        {
-            // Not asked for by name: one that cannot be used is said, and the session
-            // starts with the server's Python.
-            match venv::inspect(&venv_policy, &dir.join(".venv"), uid) {
-                Ok(v) => venv = Some((v, Why::CwdVenv)),
-                Err(e) => {
-                    venv_note = Some(format!(
-                        "the .venv in cwd was not used ({e}); this session runs the server's \
-Python. Pass venv to name an environment"
-                    ))
-                }
-            }
-        }
-        _ => {}
-    }
-    let brought = if in_files.is_empty() {
-        files::Written::default()
-    } else {
-        let host_paths = local.then_some(policy);
-        files::bring_in(
-            in_files,
-            cwd_fd.as_fd(),
-            host_paths,
-            &hostfs::user_name(uid),
-        )?
-    };
-    Ok(Prepared {
-        caller_cwd,
-        cwd_fd: Arc::new(cwd_fd),
-        out_fd: Arc::new(out_fd),
-        writable,
-        brought: Arc::new(brought),
-        venv,
-        venv_note,
-    })
-}
-
-/// What the start result says about a cwd the session may not write.
-fn read_only_note(cwd: &Path, uid: Option<u32>) -> String {
-    let who = uid.map_or("the server's user".to_string(), |u| format!("uid {u}"));
-    format!(
-        "cwd {} is read-only for this session: its code runs as {who}, which may not write \
-there; it can read the files. To let sessions write there, give that user write permission with \
-an ACL on the directory (setfacl -m u:{}:rwx DIR; keep the directory and those above it root's), \
-or leave cwd out to work in a private directory",
-        cwd.display(),
-        uid.map_or("USER".to_string(), |u| u.to_string()),
-    )
 }

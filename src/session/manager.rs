@@ -12,6 +12,7 @@ use super::entry::{Gone, Session, lock};
 pub use super::journal::StateDir;
 use super::report::{CloseReport, ListReport, SessionInfo};
 use super::suspend::Suspended;
+use super::warm::WarmSessions;
 use crate::config::Config;
 use crate::error::{ErrorKind, ToolError};
 use crate::hostfs::CwdPolicy;
@@ -71,6 +72,8 @@ pub struct SessionManager {
     pub(super) suspended: DashMap<String, Suspended>,
     /// Every principal's share of sessions and runs (shared with `run-code`).
     pub(super) shares: Arc<Shares>,
+    /// Sessions started ahead of time (`--session-pool`).
+    pub(super) warm: WarmSessions,
 }
 
 impl SessionManager {
@@ -85,6 +88,10 @@ impl SessionManager {
         state: Option<StateDir>,
         shares: Arc<Shares>,
     ) -> Self {
+        let warm = WarmSessions::new(
+            config.session_pool,
+            config.preload_modules().unwrap_or_default(),
+        );
         let me = Self {
             config,
             registry,
@@ -98,6 +105,7 @@ impl SessionManager {
             state,
             suspended: DashMap::new(),
             shares,
+            warm,
         };
         me.load_journals();
         me

@@ -12,6 +12,7 @@ pub mod interp;
 pub mod journal;
 pub mod launch;
 pub mod manager;
+mod prepare;
 pub mod report;
 pub mod restore;
 pub mod scan;
@@ -20,6 +21,7 @@ pub mod state_dir;
 pub mod stdin_wait;
 pub mod suspend;
 pub mod vars;
+pub mod warm;
 mod watch;
 
 pub use artifacts::FileError;

@@ -320,6 +320,8 @@ pub struct StartReport {
     /// Things the agent should know about the session (file tracking turned off).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// Whether it was started ahead of time (`--session-pool`) rather than for this call.
+    pub warm: bool,
 }
 
 /// What `session_close` returns.

@@ -110,8 +110,9 @@ impl TestServer {
         let mut cmd = tokio::process::Command::new(BIN);
         cmd.arg("serve").args(args);
         // These tests count the server's processes, so no warm pool unless a test asks for
-        // one (tests/pool.rs covers pooled runs).
+        // one (tests/pool.rs covers pooled runs, tests/session_pool.rs warm sessions).
         cmd.env("REPLBOX_POOL", "0");
+        cmd.env("REPLBOX_SESSION_POOL", "0");
         // The audit line of every call would drown the test output; REPLBOX_LOG set for the
         // tests, or by a test, still wins.
         if std::env::var_os("REPLBOX_LOG").is_none() {
@@ -322,6 +323,31 @@ pub fn require(language: &str, program: &str) -> bool {
         panic!("{language} ({program}) is not installed, and REPLBOX_REQUIRE_ALL=1 requires it");
     }
     eprintln!("SKIP: {language} tests skipped: {program} is not on PATH");
+    false
+}
+
+/// Whether python3 imports matplotlib, pandas and numpy (the data tests' stack); a skip
+/// is printed when not, and with REPLBOX_REQUIRE_ALL=1 it fails instead.
+pub fn require_data_stack() -> bool {
+    if !require("python", "python3") {
+        return false;
+    }
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import matplotlib, pandas, numpy"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        return true;
+    }
+    if std::env::var("REPLBOX_REQUIRE_ALL").is_ok_and(|v| v == "1") {
+        panic!(
+            "matplotlib, pandas and numpy are not installed for python3, and \
+REPLBOX_REQUIRE_ALL=1 requires them (.ci/run installs them)"
+        );
+    }
+    eprintln!("SKIP: data tests skipped: python3 cannot import matplotlib, pandas and numpy");
     false
 }
 

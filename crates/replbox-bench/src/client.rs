@@ -202,7 +202,7 @@ fn tree_cpu(root: u32) -> (Vec<i32>, u64) {
 }
 
 /// The live processes below `root`, from /proc (a snapshot: processes come and go).
-fn descendants(root: i32) -> Vec<i32> {
+pub(crate) fn descendants(root: i32) -> Vec<i32> {
     let mut parent_of: Vec<(i32, i32)> = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for entry in dir.flatten() {

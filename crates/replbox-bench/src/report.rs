@@ -175,6 +175,11 @@ pub fn targets(sections: &[SectionReport]) -> Vec<TargetReport> {
     median_at_most("session_eval:python", "session_eval 1+1 (python)", 1.5);
     median_at_most("initialize", "server start -> initialize reply", 20.0);
     median_at_most(
+        "session_pool",
+        "session_start + importing pandas, numpy, pyplot (warm session)",
+        150.0,
+    );
+    median_at_most(
         "sessions_sleep",
         "4 sessions each sleeping 1 s at once",
         1100.0,

@@ -39,6 +39,7 @@ use crate::report::{self, FloorReport, Machine, Report, SectionReport, Series, S
 use crate::server::Server;
 
 mod flood;
+mod session_pool;
 
 /// `replbox-bench` flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -172,6 +173,10 @@ pub const SECTIONS: &[Section] = &[
         measure: |ctx| Box::pin(sandbox_levels(ctx)),
     },
     Section {
+        name: "session_pool",
+        measure: |ctx| Box::pin(session_pool::session_pool(ctx)),
+    },
+    Section {
         name: "sessions_sleep",
         measure: |ctx| Box::pin(sessions_sleep(ctx)),
     },
@@ -225,11 +230,12 @@ impl Ctx {
         cmd
     }
 
-    /// The bench's settings without a warm pool (for sections about sessions, where a pool
-    /// refilling would only add noise).
+    /// The bench's settings without warm pools (for sections about sessions, where a pool
+    /// refilling would only add noise, and whose session starts are cold ones).
     fn without_pool(&self) -> Config {
         let mut c = self.config.clone();
         c.pool = 0;
+        c.session_pool = 0;
         c
     }
 

@@ -482,6 +482,11 @@ impl Interp {
         self.proc.helper_pid().unwrap_or(self.helper_pid)
     }
 
+    /// Whether the tree has ended (the helper exited): for a warm session waiting unused.
+    pub fn ended(&mut self) -> bool {
+        !matches!(self.proc.child.try_wait(), Ok(None))
+    }
+
     /// Kill the whole tree and reap it.
     pub async fn kill(&mut self) -> Option<std::process::ExitStatus> {
         let st = self.proc.kill_tree().await;

@@ -1,0 +1,92 @@
+use super::*;
+use clap::Parser;
+
+#[derive(Parser)]
+struct Wrapper {
+    #[command(flatten)]
+    config: Config,
+}
+
+#[test]
+fn to_args_round_trips() {
+    // Every field set away from its default, so a flag to_args forgets shows up here.
+    let config = Config {
+        prompts: Some("/p/rompts".into()),
+        python: Some("/v/env/bin/python".into()),
+        default_timeout_ms: 1234,
+        max_timeout_ms: 5678,
+        output_cap: 99,
+        work_dir: Some("/w/ork dir".into()),
+        idle_timeout_s: 11,
+        max_idle_timeout_s: 22,
+        max_sessions: 3,
+        evict_idle: true,
+        max_sessions_per_principal: 4,
+        max_active_per_principal: 14,
+        pool: 5,
+        session_pool: 3,
+        preload: Some(String::new()),
+        sandbox: Mode::Landlock,
+        require_sandbox: Some(Level::Landlock),
+        allow_network: true,
+        allow_domain: vec!["pypi.org".into(), "*.pythonhosted.org".into()],
+        allow_host: vec!["index.internal:8080".into()],
+        caller_domains: vec!["*.githubusercontent.com".into()],
+        memory_mb: 5,
+        processes: 6,
+        file_size_mb: 7,
+        open_files: 8,
+        cpu_s: 9,
+        tmpfs_mb: 10,
+        uid_base: 11,
+        uids: 12,
+        mask: vec!["/m/ask".into(), "/other".into()],
+        allow_cwd: vec!["/a/llow".into()],
+
+        max_images: 5,
+        max_image_bytes: 6,
+        max_tracked_files: 7,
+        max_resource_bytes: 8,
+        max_line_bytes: 9,
+        history_cells: 9,
+        history_mb: 10,
+        keep_files_s: 11,
+        state_dir: Some("/s/tate".into()),
+        journal_max_mb: 12,
+        keep_journals_s: 13,
+        no_auto_restore: true,
+    };
+    let argv = std::iter::once(OsString::from("x")).chain(config.to_args());
+    let parsed = Wrapper::try_parse_from(argv).expect("to_args output parses");
+    assert_eq!(format!("{:?}", parsed.config), format!("{config:?}"));
+    let defaults = Wrapper::try_parse_from(
+        std::iter::once(OsString::from("x")).chain(Config::default().to_args()),
+    )
+    .expect("parses");
+    assert_eq!(
+        format!("{:?}", defaults.config),
+        format!("{:?}", Config::default())
+    );
+}
+
+#[test]
+fn preload_modules() {
+    let with = |p: Option<&str>| Config {
+        preload: p.map(String::from),
+        ..Config::default()
+    };
+    assert_eq!(
+        with(None).preload_modules().expect("default"),
+        ["pandas", "numpy", "matplotlib"]
+    );
+    assert!(with(Some("")).preload_modules().expect("empty").is_empty());
+    assert_eq!(
+        with(Some(" polars, scipy.stats ,"))
+            .preload_modules()
+            .expect("list"),
+        ["polars", "scipy.stats"]
+    );
+    for bad in ["os;import x", "a..b", "1x", "a b", "pkg.", "é"] {
+        assert!(with(Some(bad)).preload_modules().is_err(), "{bad}");
+    }
+}

@@ -1,0 +1,356 @@
+//! Warm sessions: per session language, interpreters started ahead of time exactly as a
+//! cold `session_start` starts them (a uid lease of their own, a private directory, the
+//! sandbox, the environment of a session without caller variables, the bootstrap), each
+//! handed whole to one `session_start` that asks for nothing a pooled one lacks, then
+//! replaced in the background. A warm Python session has also imported the operator's
+//! `--preload` modules into `sys.modules` (no name is defined). The books (sizes that follow
+//! demand, expiry, giving uids up) are [`Pool`]'s.
+//!
+//! Uids: a pooled session leases an unbound uid as no principal ([`Holder::Nobody`]: its
+//! interpreter leaves nothing outside its private directory); the uid is bound to the
+//! principal that takes it, before the session is theirs.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use super::entry::{Remains, lock};
+use super::interp::Ending;
+use super::launch::{StartRequest, Up, VenvAsk};
+use super::manager::SessionManager;
+use crate::identity::Caller;
+use crate::lang::{Language, Registry, expand};
+use crate::pool::{Pool, Ready};
+use crate::sandbox::{Holder, Reclaim};
+
+/// A session started ahead of time, not yet anyone's. Dropping it kills its tree, then
+/// removes its directory, then returns its uid.
+pub struct Pending {
+    up: Option<Up>,
+    born: Instant,
+}
+
+impl Pending {
+    /// Release in order: the interpreter's tree, its directory, then its uid.
+    fn release(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        let up = self.up.take()?;
+        let Up {
+            interp,
+            dirs,
+            lease,
+            baseline,
+            ..
+        } = up;
+        drop(interp);
+        drop(baseline);
+        Remains {
+            dir: dirs.dir,
+            lease,
+        }
+        .release()
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl Ready for Pending {
+    fn ended(&mut self) -> bool {
+        self.up.as_mut().is_none_or(|u| u.interp.ended())
+    }
+
+    fn born(&self) -> Instant {
+        self.born
+    }
+
+    fn pid(&self) -> u32 {
+        self.up.as_ref().map_or(0, |u| u.interp.pid)
+    }
+}
+
+/// The warm sessions of every session language.
+pub type SessionPool = Pool<Pending>;
+
+/// Python's pool starts with one session, the others' with none until one is asked for.
+fn start_size(lang: &str) -> usize {
+    usize::from(lang == "python")
+}
+
+/// A pooled session is a head start: its uid goes to a caller's session or run when every
+/// uid is in use.
+impl Reclaim for SessionPool {
+    /// Pooled sessions hold unbound uids: any caller may take one.
+    fn reclaim<'a>(
+        &'a self,
+        _principal: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>> {
+        Box::pin(async move {
+            let Some(mut p) = self.take_any() else {
+                return false;
+            };
+            tracing::info!(pid = p.pid(), "stopping a warm session: its uid is needed");
+            if let Some(up) = p.up.as_mut() {
+                up.interp.kill().await;
+            }
+            // Its directory removed and its uid returned before the caller leases again.
+            if let Some(task) = p.release() {
+                let _ = task.await;
+            }
+            true
+        })
+    }
+}
+
+/// How often the pools are kept: idle ones shrink, expired sessions are replaced.
+const UPKEEP: Duration = Duration::from_secs(15);
+
+/// The longest the `--preload` imports may take in a session started ahead of time.
+const PRELOAD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What the session table keeps for warm sessions.
+pub struct WarmSessions {
+    pub(super) pool: Arc<SessionPool>,
+    /// `--preload`: the modules a warm Python session imports.
+    preload: Vec<String>,
+    /// The manager itself, for the refills started in the background.
+    me: OnceLock<Weak<SessionManager>>,
+    /// Modules whose failure to import was logged already (once each).
+    logged: Mutex<HashSet<String>>,
+}
+
+impl WarmSessions {
+    pub(super) fn new(cap: usize, preload: Vec<String>) -> Self {
+        Self {
+            pool: Arc::new(SessionPool::with_start(cap, start_size)),
+            preload,
+            me: OnceLock::new(),
+            logged: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The modules to import, as the bootstrap takes them: `matplotlib` brings
+    /// `matplotlib.pyplot` (with the backend the figure capture uses, `MPLBACKEND`).
+    fn modules(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for m in &self.preload {
+            v.push(m.clone());
+            if m == "matplotlib" {
+                v.push("matplotlib.pyplot".to_string());
+            }
+        }
+        v
+    }
+}
+
+impl SessionManager {
+    /// The pool of warm sessions (for the sandbox's reclaimers and the metrics).
+    pub fn warm_pool(&self) -> Arc<SessionPool> {
+        self.warm.pool.clone()
+    }
+
+    /// Start filling the warm pools (`serve` does this once it answers) and keep them:
+    /// every [`UPKEEP`] idle pools shrink and expired sessions are replaced. None at level
+    /// none as root, where a uid is bound to its principal before any code runs as it.
+    pub fn fill_pools(self: &Arc<Self>) {
+        if !self.warm.pool.enabled() {
+            return;
+        }
+        if !self.sandbox.can_prestart() {
+            tracing::info!(
+                "no warm sessions at sandbox level none as root: a session's uid is bound to \
+                 its caller before its interpreter starts"
+            );
+            return;
+        }
+        let _ = self.warm.me.set(Arc::downgrade(self));
+        self.warm.pool.activate();
+        let langs = session_languages(&self.registry);
+        for lang in &langs {
+            self.refill(lang);
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(UPKEEP);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(me) = weak.upgrade() else { return };
+                if me.warm.pool.is_closed() {
+                    return;
+                }
+                me.warm.pool.trim();
+                for lang in &langs {
+                    me.refill(lang);
+                }
+            }
+        });
+    }
+
+    /// Start as many warm sessions of `lang` as its pool lacks, in the background (none
+    /// while uids run short).
+    fn refill(&self, lang: &Arc<Language>) {
+        let Some(me) = self.warm.me.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        self.warm.pool.hold(self.sandbox.uids_short());
+        self.warm.pool.refill(lang.id(), || {
+            let (me, lang) = (me.clone(), lang.clone());
+            async move { me.start_pending(&lang).await }
+        });
+    }
+
+    /// Whether a warm session can be what this request asks for: nothing of the caller's
+    /// shapes how a session starts (cwd, venv, env, files, domains).
+    fn poolable(&self, req: &StartRequest) -> bool {
+        self.warm.pool.enabled()
+            && self.sandbox.can_prestart()
+            // The way to the egress proxy counts against its session's principal, unknown
+            // before a warm session is taken: with a proxy every session starts cold.
+            && self.sandbox.egress.is_none()
+            && req.cwd.is_none()
+            && req.venv.is_none()
+            && req.env.is_empty()
+            && req.files.is_empty()
+            && req.allow_domains.is_empty()
+    }
+
+    /// A warm session of `lang` for `caller`, its uid bound to the caller's principal; None
+    /// (start cold) when the request needs a cold start or none is ready. Either way a
+    /// poolable request is demand: the pool grows and is refilled now.
+    pub(super) async fn take_warm(
+        &self,
+        lang: &Arc<Language>,
+        req: &StartRequest,
+        caller: &Caller,
+    ) -> Option<Up> {
+        if !self.poolable(req) {
+            return None;
+        }
+        // A principal at its most bound uids starts cold, giving back one of its own; a
+        // warm session's uid would be one more.
+        if !self.sandbox.may_bind(&caller.principal) {
+            return None;
+        }
+        let taken = self.warm.pool.take(lang.id());
+        self.refill(lang);
+        let mut pending = taken?;
+        if let Some(lease) = pending.up.as_ref().and_then(|u| u.lease.as_ref())
+            && let Err(e) = lease.bind(&caller.principal)
+        {
+            tracing::warn!(error = %e, "a warm session's uid could not be bound; starting cold");
+            return None;
+        }
+        pending.up.take()
+    }
+
+    /// Start one warm session of `lang` as a cold `session_start` without arguments would
+    /// (as no principal, on an unbound uid), then import the `--preload` modules. `Ok(None)`:
+    /// not started because uids run short or none is unbound (no failure).
+    async fn start_pending(&self, lang: &Language) -> Result<Option<Pending>, String> {
+        if self.sandbox.uids_short() || self.sandbox.egress.is_some() {
+            return Ok(None);
+        }
+        let (lang, spec) = self.session_language(lang.id()).map_err(|e| e.message)?;
+        let it = self.interpreter(lang, spec).await.map_err(|e| e.message)?;
+        let lease = match self.sandbox.lease(Holder::Nobody) {
+            Ok(l) => l,
+            // Every free uid is some principal's: callers come first (no failure).
+            Err(e) => {
+                tracing::debug!(error = %e, "no unbound uid for a warm session");
+                return Ok(None);
+            }
+        };
+        let uid = lease.as_ref().map(|l| l.uid);
+        let id = uuid::Uuid::new_v4().to_string();
+        let (dirs, prepared, it) = self
+            .dirs(&id, uid, None, Vec::new(), (VenvAsk::No, it), None)
+            .await
+            .map_err(|e| e.message)?;
+        let interp = self
+            .bring_up(
+                &it,
+                &dirs,
+                &prepared,
+                lease.as_ref(),
+                (&BTreeMap::new(), &[]),
+            )
+            .await
+            .map_err(|e| e.message)?;
+        let mut pending = Pending {
+            up: Some(Up {
+                id,
+                it,
+                dirs,
+                prepared,
+                lease,
+                interp,
+                baseline: None,
+                notes: Vec::new(),
+            }),
+            born: Instant::now(),
+        };
+        if let Some(up) = pending.up.as_mut() {
+            self.preload(up).await?;
+            self.take_baseline(up).await;
+        }
+        pending.born = Instant::now();
+        Ok(Some(pending))
+    }
+
+    /// Import the `--preload` modules, for a language whose file says how
+    /// (`session.preload`), as an internal evaluation: the user's first cell is still
+    /// cell 1 and finds no new name. A module that does not import is skipped there and
+    /// logged here, once.
+    async fn preload(&self, up: &mut Up) -> Result<(), String> {
+        let Some(template) = up.it.spec.preload.clone() else {
+            return Ok(());
+        };
+        let modules = self.warm.modules();
+        if modules.is_empty() {
+            return Ok(());
+        }
+        let list = serde_json::to_string(&modules).map_err(|e| e.to_string())?;
+        let code = expand(&template, &[("modules", list.as_str())]);
+        let out = up
+            .interp
+            .internal(&code, tokio::time::Instant::now() + PRELOAD_TIMEOUT)
+            .await;
+        if !matches!(out.ending, Ending::Done(_)) {
+            return Err(format!(
+                "importing the --preload modules did not finish ({:?})",
+                out.ending
+            ));
+        }
+        for line in out.output.text.lines() {
+            let Some(failed) = line.trim().strip_prefix(PRELOAD_FAILED) else {
+                continue;
+            };
+            for m in failed.split_whitespace() {
+                if modules.iter().any(|x| x == m) && lock(&self.warm.logged).insert(m.to_string()) {
+                    tracing::warn!(
+                        lang = up.it.lang.id(),
+                        module = m,
+                        "a --preload module does not import in warm sessions; they go without it"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How the bootstrap's preload names the modules that did not import (one line).
+const PRELOAD_FAILED: &str = "replbox-preload-failed:";
+
+/// The installed languages that can hold a session.
+fn session_languages(registry: &Registry) -> Vec<Arc<Language>> {
+    registry
+        .all()
+        .iter()
+        .filter(|l| l.spec.session.is_some() && l.installed())
+        .cloned()
+        .collect()
+}
