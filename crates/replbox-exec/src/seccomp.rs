@@ -11,7 +11,9 @@ use seccompiler::{
 
 /// Syscalls user code never needs and that widen the kernel surface or reach outside the
 /// sandbox: io_uring, tracing other processes, BPF, perf, userfaultfd, keyrings, namespaces
-/// and mounts, module and kexec loading.
+/// and mounts, module and kexec loading, and System V IPC (outside bwrap's IPC namespace its
+/// objects outlive the program, hold memory no rlimit counts, and stay reachable as the uid
+/// by whoever gets it next).
 fn denied_syscalls() -> Vec<i64> {
     vec![
         libc::SYS_io_uring_setup,
@@ -47,6 +49,18 @@ fn denied_syscalls() -> Vec<i64> {
         libc::SYS_swapoff,
         libc::SYS_acct,
         libc::SYS_reboot,
+        libc::SYS_shmget,
+        libc::SYS_shmat,
+        libc::SYS_shmctl,
+        libc::SYS_shmdt,
+        libc::SYS_msgget,
+        libc::SYS_msgsnd,
+        libc::SYS_msgrcv,
+        libc::SYS_msgctl,
+        libc::SYS_semget,
+        libc::SYS_semop,
+        libc::SYS_semtimedop,
+        libc::SYS_semctl,
     ]
 }
 
