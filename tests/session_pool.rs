@@ -345,12 +345,13 @@ async fn a_warm_session_gives_its_uid_to_a_caller() {
         &[],
     )
     .await;
-    // A warm session taken: its uid is bound to the taker (stdio: principal "local") once
-    // taken; its replacement starts at once, on a free uid (3 are free).
+    // A warm session taken leaves its uid unbound (it has no caller cwd, so nothing of it
+    // outlives its directory): a warm start binds no fresh uid to its taker. Its
+    // replacement starts at once, on a free uid (3 are free).
     let (w, _) = warm_session(&s).await;
     let e = s.eval(&w, "import os; print(os.getuid())").await;
     let uid: u32 = output(&e).trim().parse().expect("a uid");
-    assert_eq!(owner(uid), "local", "uid {uid}");
+    assert_eq!(owner(uid), "", "uid {uid}");
     close(&s, &w).await;
     let mut ids = Vec::new();
     for _ in 0..3 {

@@ -53,6 +53,7 @@ impl Reclaim for WarmPool {
     fn reclaim<'a>(
         &'a self,
         _principal: &'a str,
+        _own: bool,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>> {
         Box::pin(async move {
             let Some(mut w) = self.take_any() else {

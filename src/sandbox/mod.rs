@@ -154,11 +154,13 @@ pub struct Sandbox {
 /// interpreters, the files of ended sessions kept readable as their uid for a while.
 pub trait Reclaim: Send + Sync {
     /// Give back one uid `principal` may use (awaiting its release); false when there is
-    /// none to give. A kept session's uid is bound to its owner, so only the principal's
-    /// own kept sessions can give one.
+    /// none to give. A kept session's uid is bound to its owner unless the session was
+    /// warm, so only the principal's own kept sessions and warm ones can give one; `own`:
+    /// only one bound to `principal` helps (it has its most bound uids).
     fn reclaim<'a>(
         &'a self,
         principal: &'a str,
+        own: bool,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>>;
 
     /// Whether what it gives back is a uid bound to the principal that asks (so it helps a
@@ -329,7 +331,7 @@ impl Sandbox {
                         .filter(|r| !own || r.gives_own())
                         .collect();
                     for r in reclaimers {
-                        if r.reclaim(principal).await {
+                        if r.reclaim(principal, own).await {
                             continue 'lease;
                         }
                     }
@@ -337,11 +339,6 @@ impl Sandbox {
                 }
             }
         }
-    }
-
-    /// Whether `principal` may have one more uid bound to it (always when not root).
-    pub fn may_bind(&self, principal: &str) -> bool {
-        self.pool.as_ref().is_none_or(|p| p.may_bind_now(principal))
     }
 
     /// Add what gives uids back when the pool is dry (asked after those added before).

@@ -149,12 +149,6 @@ impl UidPool {
         self.short(self.free.lock().unwrap_or_else(|p| p.into_inner()).len())
     }
 
-    /// Whether `principal` may bind one more uid now (not at its most bound uids).
-    pub(super) fn may_bind_now(&self, principal: &str) -> bool {
-        let free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        self.may_bind(principal, &free).is_ok()
-    }
-
     fn short(&self, free: usize) -> bool {
         free <= (self.size as usize / 4).max(2)
     }
@@ -343,35 +337,9 @@ impl Lease {
         self.dirty.clone()
     }
 
-    /// Bind this lease's uid to `principal`, as a [`Holder::Binds`] lease would have: a
-    /// warm session's, leased before any principal was known, when a principal takes it.
-    /// Refused when the uid is another principal's, or when binding it would give the
-    /// principal more than its most bound uids (as a `Holder::Binds` lease is refused).
-    pub fn bind(&self, principal: &str) -> Result<(), String> {
-        let Some(lock) = &self.lock else {
-            return Err(format!("sandbox user id {} is not held", self.uid));
-        };
-        // Under the free list's lock, as `acquire` binds, so two binds at once cannot
-        // both pass the bound.
-        let free = self.pool.free.lock().unwrap_or_else(|p| p.into_inner());
-        match read_owner(lock) {
-            Some(o) if o != principal => Err(format!(
-                "sandbox user id {} belongs to another principal",
-                self.uid
-            )),
-            Some(_) => Ok(()),
-            None => {
-                self.pool
-                    .may_bind(principal, &free)
-                    .map_err(Refused::message)?;
-                write_owner(lock, principal).map_err(|e| {
-                    format!(
-                        "cannot record the principal of sandbox user id {}: {e}",
-                        self.uid
-                    )
-                })
-            }
-        }
+    /// Whether no principal is bound to this uid (a warm session's, a visit's).
+    pub fn unbound(&self) -> bool {
+        self.lock.as_ref().is_some_and(|l| read_owner(l).is_none())
     }
 
     /// Kill whatever still runs as this uid now, when its tree was not confirmed gone (a
@@ -548,27 +516,6 @@ mod tests {
         drop((a2, v, b, again));
         assert_eq!(bound_per_principal(0), 0);
         assert_eq!(bound_per_principal(3), 3 + KEPT_PER_PRINCIPAL);
-    }
-
-    #[test]
-    fn binding_a_warm_lease_honours_the_principals_bound() {
-        let locks = tempfile::tempdir().expect("tempdir");
-        let pool = Arc::new(UidPool::new(7100, 12, locks.path().to_path_buf(), 2));
-        let a1 = pool.clone().acquire(false, Holder::Binds("a")).expect("a1");
-        let warm = pool.clone().acquire(false, Holder::Nobody).expect("warm");
-        assert!(pool.may_bind_now("a"));
-        warm.bind("a").expect("a's second");
-        let a3 = pool
-            .clone()
-            .acquire(false, Holder::Nobody)
-            .expect("another warm");
-        assert!(!pool.may_bind_now("a"));
-        let e = a3.bind("a").unwrap_err();
-        assert!(e.contains("holds 2 bound"), "{e}");
-        // Still unbound, so another principal may take it; a's own stays a's.
-        a3.bind("b").expect("b");
-        assert!(warm.bind("b").unwrap_err().contains("another principal"));
-        drop((a1, warm, a3));
     }
 
     #[test]

@@ -193,11 +193,19 @@ impl Reclaim for SessionManager {
     fn reclaim<'a>(
         &'a self,
         principal: &'a str,
+        own: bool,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>> {
         Box::pin(async move {
+            // One bound to the principal (its own ended session's), or, unless only that
+            // helps, a warm session's, whose uid was left unbound: anyone may have it.
             let Some(id) = self.oldest_kept(|k| {
-                k.owner.principal == principal
-                    && lock(&k.remains).as_ref().is_some_and(|r| r.lease.is_some())
+                lock(&k.remains)
+                    .as_ref()
+                    .and_then(|r| r.lease.as_ref())
+                    .is_some_and(|l| match (own, l.unbound()) {
+                        (true, unbound) => k.owner.principal == principal && !unbound,
+                        (false, unbound) => k.owner.principal == principal || unbound,
+                    })
             }) else {
                 return false;
             };

@@ -174,7 +174,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         let journaled = restoring.is_none().then(|| req.clone());
         let idle_timeout = self.config.idle_timeout(req.idle_timeout_s);
         let warm = match restoring {
-            None => self.take_warm(&lang, &req, caller).await,
+            None => self.take_warm(&lang, &req).await,
             Some(_) => None,
         };
         let (mut up, warm) = match warm {

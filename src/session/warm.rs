@@ -6,9 +6,12 @@
 //! `--preload` modules into `sys.modules` (no name is defined). The books (sizes that follow
 //! demand, expiry, giving uids up) are [`Pool`]'s.
 //!
-//! Uids: a pooled session leases an unbound uid as no principal ([`Holder::Nobody`]: its
-//! interpreter leaves nothing outside its private directory); the uid is bound to the
-//! principal that takes it, before the session is theirs.
+//! Uids: a pooled session leases an unbound uid as no principal ([`Holder::Nobody`]) and
+//! leaves it unbound when taken, as a `run-code` run at `bwrap` or `landlock` does: it has
+//! no caller `cwd`, so every place it can write is its private directory, removed before
+//! the lease is returned, and nothing else of it outlives its tree (System V IPC is refused
+//! at those levels). Binding it would bind a fresh uid to the taker at every warm start,
+//! even when the taker has free uids of its own, until the principal's bound.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -18,7 +21,6 @@ use super::entry::{Remains, lock};
 use super::interp::Ending;
 use super::launch::{StartRequest, Up, VenvAsk};
 use super::manager::SessionManager;
-use crate::identity::Caller;
 use crate::lang::{Language, Registry, expand};
 use crate::pool::{Pool, Ready};
 use crate::sandbox::{Holder, Reclaim};
@@ -86,6 +88,7 @@ impl Reclaim for SessionPool {
     fn reclaim<'a>(
         &'a self,
         _principal: &'a str,
+        _own: bool,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>> {
         Box::pin(async move {
             let Some(mut p) = self.take_any() else {
@@ -217,32 +220,16 @@ impl SessionManager {
             && req.allow_domains.is_empty()
     }
 
-    /// A warm session of `lang` for `caller`, its uid bound to the caller's principal; None
-    /// (start cold) when the request needs a cold start or none is ready. Either way a
+    /// A warm session of `lang`, its uid left unbound (see the module's documentation);
+    /// None (start cold) when the request needs a cold start or none is ready. Either way a
     /// poolable request is demand: the pool grows and is refilled now.
-    pub(super) async fn take_warm(
-        &self,
-        lang: &Arc<Language>,
-        req: &StartRequest,
-        caller: &Caller,
-    ) -> Option<Up> {
+    pub(super) async fn take_warm(&self, lang: &Arc<Language>, req: &StartRequest) -> Option<Up> {
         if !self.poolable(req) {
-            return None;
-        }
-        // A principal at its most bound uids starts cold, giving back one of its own; a
-        // warm session's uid would be one more.
-        if !self.sandbox.may_bind(&caller.principal) {
             return None;
         }
         let taken = self.warm.pool.take(lang.id());
         self.refill(lang);
         let mut pending = taken?;
-        if let Some(lease) = pending.up.as_ref().and_then(|u| u.lease.as_ref())
-            && let Err(e) = lease.bind(&caller.principal)
-        {
-            tracing::warn!(error = %e, "a warm session's uid could not be bound; starting cold");
-            return None;
-        }
         pending.up.take()
     }
 
