@@ -12,16 +12,22 @@
 //!
 //! The way out is bounded: rmcp spawns a task for every message it sends, and its handlers
 //! answer every request read, so a client that does not read would make the server hold
-//! its answers without end. Reading stops while [`QUEUE`] messages wait to be written (and
-//! notifications past twice that are dropped), so such a client stops its own requests
-//! being read and the server's memory stays bounded.
+//! its answers without end. Reading stops while [`QUEUE`] messages or [`QUEUE_BYTES`] bytes
+//! wait to be written (and
+//! notifications past twice that are dropped), or while [`IN_FLIGHT`] requests read are
+//! not answered yet (a handler that takes a moment, as reading a 4 MiB resource does,
+//! would otherwise let a client have hundreds of answers made at once: 2 GiB for 300), so
+//! such a client stops its own requests being read and the server's memory stays bounded.
+//! A client that writes everything before it reads anything thus blocks once its unread
+//! requests fill the pipe: a client must read as it writes.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rmcp::RoleServer;
-use rmcp::model::{ClientJsonRpcMessage, JsonRpcMessage};
+use rmcp::model::{ClientJsonRpcMessage, JsonRpcMessage, RequestId};
 use rmcp::service::TxJsonRpcMessage;
 use rmcp::transport::Transport;
 use serde::de::{IgnoredAny, MapAccess, Visitor};
@@ -39,6 +45,11 @@ pub const INVALID_REQUEST: i64 = -32600;
 const ID_PREFIX: usize = 4096;
 /// Messages waiting to be written; past this, reading waits for the client to read.
 pub const QUEUE: usize = 64;
+/// Bytes waiting to be written; past this, reading waits too (one answer may be larger).
+pub const QUEUE_BYTES: usize = 8 << 20;
+/// Requests read and not yet answered; past this, reading waits for an answer. Each
+/// evaluation is bounded by its timeout, so this waits for no longer than one of them.
+pub const IN_FLIGHT: usize = 8;
 
 /// What to do with one line.
 #[derive(Debug)]
@@ -155,37 +166,41 @@ struct Out {
 #[derive(Debug, Default)]
 struct Owed {
     n: AtomicUsize,
+    bytes: AtomicUsize,
     less: Notify,
 }
 
-/// One message owed; paid when dropped.
+/// One message owed (of so many bytes); paid when dropped.
 #[derive(Debug)]
-struct Debt(Arc<Owed>);
+struct Debt(Arc<Owed>, usize);
 
 impl Drop for Debt {
     fn drop(&mut self) {
         self.0.n.fetch_sub(1, Ordering::SeqCst);
+        self.0.bytes.fetch_sub(self.1, Ordering::SeqCst);
         self.0.less.notify_waiters();
     }
 }
 
 impl Owed {
-    fn incur(self: &Arc<Self>) -> Debt {
+    fn incur(self: &Arc<Self>, bytes: usize) -> Debt {
         self.n.fetch_add(1, Ordering::SeqCst);
-        Debt(self.clone())
+        self.bytes.fetch_add(bytes, Ordering::SeqCst);
+        Debt(self.clone(), bytes)
     }
 
     fn count(&self) -> usize {
         self.n.load(Ordering::SeqCst)
     }
 
-    /// Wait until fewer than `limit` are owed. Cancellation-safe.
-    async fn below(&self, limit: usize) {
+    /// Wait until fewer than `limit` messages and `max_bytes` bytes are owed.
+    /// Cancellation-safe.
+    async fn below(&self, limit: usize, max_bytes: usize) {
         loop {
             let less = self.less.notified();
             tokio::pin!(less);
             less.as_mut().enable();
-            if self.count() < limit {
+            if self.count() < limit && self.bytes.load(Ordering::SeqCst) < max_bytes {
                 return;
             }
             less.await;
@@ -205,6 +220,9 @@ pub struct Framing<R> {
     out: Option<mpsc::UnboundedSender<Out>>,
     writer: Option<JoinHandle<()>>,
     owed: Arc<Owed>,
+    /// Requests read and not answered, by id (a list: a client may reuse an id).
+    asked: HashMap<RequestId, Vec<Debt>>,
+    in_flight: Arc<Owed>,
 }
 
 /// The process's stdin and stdout, framed (within a Tokio runtime).
@@ -236,6 +254,8 @@ impl<R: AsyncRead + Unpin + Send + 'static> Framing<R> {
             out: Some(tx),
             writer: Some(tokio::spawn(write_loop(write, rx))),
             owed: Arc::default(),
+            asked: HashMap::new(),
+            in_flight: Arc::default(),
         }
     }
 
@@ -330,9 +350,9 @@ impl<R> Framing<R> {
             .as_ref()
             .ok_or_else(closed)?
             .send(Out {
+                _debt: Some(self.owed.incur(bytes.len())),
                 bytes,
                 done,
-                _debt: Some(self.owed.incur()),
             })
             .map_err(|_| closed())?;
         Ok(written)
@@ -362,6 +382,20 @@ impl<R: AsyncRead + Unpin + Send + 'static> Transport<RoleServer> for Framing<R>
                 .map_err(std::io::Error::other)
                 .and_then(|bytes| self.queue(bytes, true))
         };
+        // The request is answered: its answer is owed now, queued above.
+        let answered = match &item {
+            JsonRpcMessage::Response(r) => Some(&r.id),
+            JsonRpcMessage::Error(e) => e.id.as_ref(),
+            _ => None,
+        };
+        if let Some(id) = answered
+            && let Some(debts) = self.asked.get_mut(id)
+        {
+            debts.pop();
+            if debts.is_empty() {
+                self.asked.remove(id);
+            }
+        }
         async move {
             match queued? {
                 Some(wait) => wait.await.map_err(|_| closed())?,
@@ -372,8 +406,10 @@ impl<R: AsyncRead + Unpin + Send + 'static> Transport<RoleServer> for Framing<R>
 
     async fn receive(&mut self) -> Option<ClientJsonRpcMessage> {
         loop {
-            // Nothing more is read while the answers to what was read wait for the client.
-            self.owed.below(QUEUE).await;
+            // Nothing more is read while the answers to what was read wait for the client,
+            // or while many requests read are still being answered.
+            self.owed.below(QUEUE, QUEUE_BYTES).await;
+            self.in_flight.below(IN_FLIGHT, usize::MAX).await;
             let read = match self.read_line().await {
                 Ok(r) => r,
                 Err(e) => {
@@ -393,6 +429,10 @@ impl<R: AsyncRead + Unpin + Send + 'static> Transport<RoleServer> for Framing<R>
                     match classify(text) {
                         Verdict::Message(m) => {
                             self.line.clear();
+                            if let JsonRpcMessage::Request(r) = &*m {
+                                let debt = self.in_flight.incur(0);
+                                self.asked.entry(r.id.clone()).or_default().push(debt);
+                            }
                             return Some(*m);
                         }
                         Verdict::Answer(a) => {

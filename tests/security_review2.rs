@@ -308,6 +308,111 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// A server on stdio driven line by line, initialized: the child, its pid, its stdin and
+/// its stdout's lines.
+struct Raw {
+    child: tokio::process::Child,
+    pid: u32,
+    /// None while a flood's writer has it.
+    stdin: Option<tokio::process::ChildStdin>,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Raw {
+    async fn start(args: &[&str]) -> Raw {
+        use tokio::io::{AsyncBufReadExt, BufReader};
+        let mut child = tokio::process::Command::new(BIN)
+            .arg("serve")
+            .args(args)
+            .env("REPLBOX_POOL", "0")
+            .env("REPLBOX_SESSION_POOL", "0")
+            .env("REPLBOX_LOG", "warn")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn replbox");
+        let pid = child.id().expect("pid");
+        let stdin = child.stdin.take();
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut raw = Raw {
+            child,
+            pid,
+            stdin,
+            lines,
+        };
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"}}});
+        let first = raw.call(init).await;
+        assert_eq!(first["id"], 0, "{first}");
+        raw.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        raw
+    }
+
+    async fn send(&mut self, v: serde_json::Value) {
+        use tokio::io::AsyncWriteExt;
+        let line = format!("{v}\n");
+        let stdin = self.stdin.as_mut().expect("stdin");
+        stdin.write_all(line.as_bytes()).await.expect("write");
+    }
+
+    async fn read(&mut self) -> serde_json::Value {
+        let line = self.lines.next_line().await.expect("read").expect("a line");
+        serde_json::from_str(&line).expect("JSON")
+    }
+
+    async fn call(&mut self, v: serde_json::Value) -> serde_json::Value {
+        self.send(v).await;
+        self.read().await
+    }
+
+    /// Write `requests` from another task and watch the server's RSS for 10 s while
+    /// nothing is read (the answers of a server that reads everything keep piling up
+    /// after the writes are done): at most `bound_kib` over where it started. Then read `requests.len()` answers, each checked by `ok`; their ids.
+    async fn flood(
+        &mut self,
+        requests: Vec<String>,
+        bound_kib: u64,
+        ok: impl Fn(&serde_json::Value) -> bool,
+    ) -> Vec<u64> {
+        use tokio::io::AsyncWriteExt;
+        let n = requests.len();
+        let base = rss_kib(self.pid);
+        let mut stdin = self.stdin.take().expect("stdin");
+        let writer = tokio::spawn(async move {
+            for chunk in requests.chunks(50) {
+                stdin
+                    .write_all(chunk.concat().as_bytes())
+                    .await
+                    .expect("write");
+            }
+            stdin
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut peak = base;
+        while tokio::time::Instant::now() < deadline {
+            peak = peak.max(rss_kib(self.pid));
+            assert!(
+                peak <= base + bound_kib,
+                "the server's RSS grew from {base} KiB to {peak} KiB"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        eprintln!("RSS {base} KiB at the start, at most {peak} KiB while the client did not read");
+        let mut ids = Vec::new();
+        while ids.len() < n {
+            let v = self.read().await;
+            assert!(ok(&v), "{:.300}", v.to_string());
+            ids.push(v["id"].as_u64().expect("an id"));
+        }
+        self.stdin = Some(writer.await.expect("writer"));
+        ids.sort_unstable();
+        ids
+    }
+}
+
 // Over stdio the server kept reading requests while their answers waited for a client
 // that did not read them, and its memory grew without end. Reading now stops while 64
 // answers wait: a client that writes thousands of tools/list requests (about 35 KB of
@@ -316,68 +421,60 @@ fn rss_kib(pid: u32) -> u64 {
 // order their handlers finish, not necessarily the order asked).
 #[tokio::test(flavor = "multi_thread")]
 async fn stdio_answers_to_a_client_that_does_not_read_are_bounded() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     const N: u64 = 4000;
     // Far below the ~140 MB the answers take, far above what 64 of them take.
     const BOUND_KIB: u64 = 64 * 1024;
-    let mut child = tokio::process::Command::new(BIN)
-        .arg("serve")
-        .env("REPLBOX_POOL", "0")
-        .env("REPLBOX_LOG", "warn")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn replbox");
-    let pid = child.id().expect("pid");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
-    stdin
-        .write_all(format!("{init}\n").as_bytes())
-        .await
-        .expect("write");
-    let first = stdout.next_line().await.expect("read").expect("a line");
-    assert!(first.contains(r#""id":0"#), "{first}");
-    stdin
-        .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n")
-        .await
-        .expect("write");
-    let base = rss_kib(pid);
-    let writer = tokio::spawn(async move {
-        for chunk in (1..=N).collect::<Vec<_>>().chunks(100) {
-            let lines: String = chunk
-                .iter()
-                .map(|i| format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"tools/list\"}}\n"))
-                .collect();
-            stdin.write_all(lines.as_bytes()).await.expect("write");
-        }
-        stdin
-    });
-    // Watch the server's memory while the client writes and does not read (bounded: the
-    // writer blocks for good when the server stops reading).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut peak = base;
-    while !writer.is_finished() && tokio::time::Instant::now() < deadline {
-        peak = peak.max(rss_kib(pid));
-        assert!(
-            peak <= base + BOUND_KIB,
-            "the server's RSS grew from {base} KiB to {peak} KiB"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    eprintln!("RSS {base} KiB at the start, at most {peak} KiB while the client did not read");
-    // The client reads: every answer arrives, once.
-    let mut ids = Vec::new();
-    while (ids.len() as u64) < N {
-        let line = stdout.next_line().await.expect("read").expect("a line");
-        let v: serde_json::Value = serde_json::from_str(&line).expect("JSON");
-        assert!(v["result"]["tools"].is_array(), "{line:.200}");
-        ids.push(v["id"].as_u64().expect("an id"));
-    }
-    ids.sort_unstable();
+    let mut raw = Raw::start(&[]).await;
+    let requests = (1..=N)
+        .map(|i| format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"tools/list\"}}\n"))
+        .collect();
+    let ids = raw
+        .flood(requests, BOUND_KIB, |v| v["result"]["tools"].is_array())
+        .await;
     assert_eq!(ids, (1..=N).collect::<Vec<_>>());
-    let stdin = writer.await.expect("writer");
-    drop(stdin);
-    let _ = child.kill().await;
+    let _ = raw.child.kill().await;
+}
+
+// The bound above counted answers only once made: requests whose handler takes a moment
+// (reading a 4 MiB file as a resource) were all read at once, and 300 of them took the
+// server from 29 MiB to 2,160 MiB. Requests read and not yet answered count too now.
+#[tokio::test(flavor = "multi_thread")]
+async fn stdio_answers_being_made_are_bounded_too() {
+    const N: u64 = 150;
+    // 150 answers of 5.6 MB are 840 MB; 8 in the making plus 8 MiB queued are about 100.
+    const BOUND_KIB: u64 = 256 * 1024;
+    let mut raw = Raw::start(&[]).await;
+    let call = |id: u64, name: &str, args: serde_json::Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+               "params": {"name": name, "arguments": args}})
+    };
+    let o = raw
+        .call(call(1, "session_start", json!({"language": "bash"})))
+        .await;
+    let id = o["result"]["structuredContent"]["session_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{o}"))
+        .to_string();
+    let code = "head -c 4194000 /dev/zero | tr '\\0' x > big.txt; echo made";
+    let o = raw
+        .call(call(
+            2,
+            "session_eval",
+            json!({"session_id": id, "code": code}),
+        ))
+        .await;
+    assert!(o.to_string().contains("made"), "{o}");
+    let uri = format!("replbox://sessions/{id}/files/big.txt");
+    let requests = (100..100 + N)
+        .map(|i| {
+            let r = json!({"jsonrpc": "2.0", "id": i, "method": "resources/read",
+                           "params": {"uri": uri}});
+            format!("{r}\n")
+        })
+        .collect();
+    let ids = raw
+        .flood(requests, BOUND_KIB, |v| v["result"]["contents"].is_array())
+        .await;
+    assert_eq!(ids, (100..100 + N).collect::<Vec<_>>());
+    let _ = raw.child.kill().await;
 }
