@@ -50,15 +50,6 @@ files and folders (--max-tracked-files)",
     /// deleted. The file work runs off the async workers.
     pub(super) async fn collect(&self, session: &Session, report: &mut EvalReport) {
         let refs = std::mem::take(&mut report.pending_images);
-        if refs.is_empty()
-            && lock(&session.files)
-                .as_ref()
-                .is_some_and(Tracked::unchanged)
-        {
-            // No figure and no event from the directory's watch: nothing to look at, so no
-            // trip to the session's uid's thread (a thread wake-up each way).
-            return;
-        }
         let old = lock(&session.files).take();
         let was_tracked = old.is_some();
         if refs.is_empty() && old.is_none() {

@@ -26,16 +26,11 @@ use super::files::{self, Change, FileChange, Snapshot, Stamp};
 use crate::hostfs::{self, Walk};
 use crate::workspace::DirId;
 
-/// Directories with this many tracked entries are watched whenever an instance is free; a
-/// smaller one only while [`SMALL_WATCHED`] are not taken, for its watch saves the trip to
-/// the session's uid's thread after an evaluation that wrote nothing (see
-/// [`Tracked::unchanged`]), not a long walk.
+/// Directories with fewer tracked entries are walked: a watch would save little.
 const WATCH_FROM: usize = 200;
 /// Sessions watched at once. inotify instances count against the server's user (128 by
 /// default, shared with every other program of that user), so only this many are taken.
 const MAX_WATCHED: usize = 16;
-/// Instances small directories may hold: the rest stay for big ones.
-const SMALL_WATCHED: usize = MAX_WATCHED / 2;
 /// Events read at one evaluation's end; past them the walk is cheaper and surer.
 const MAX_EVENTS: usize = 16 * 1024;
 
@@ -45,11 +40,10 @@ static WATCHED: AtomicUsize = AtomicUsize::new(0);
 struct Slot;
 
 impl Slot {
-    /// One instance, while fewer than `limit` are taken.
-    fn take(limit: usize) -> Option<Slot> {
+    fn take() -> Option<Slot> {
         WATCHED
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < limit).then_some(n + 1)
+                (n < MAX_WATCHED).then_some(n + 1)
             })
             .ok()
             .map(|_| Slot)
@@ -91,8 +85,8 @@ const MASK: WatchFlags = WatchFlags::CREATE
     .union(WatchFlags::EXCL_UNLINK);
 
 impl Watch {
-    fn new(limit: usize) -> Option<Watch> {
-        let slot = Slot::take(limit)?;
+    fn new() -> Option<Watch> {
+        let slot = Slot::take()?;
         let fd = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC).ok()?;
         Some(Watch {
             fd,
@@ -218,12 +212,13 @@ impl Tracked {
         if !snap.complete {
             return None;
         }
-        let big = snap.files.len() >= WATCH_FROM;
         let mut me = Tracked { snap, watch: None };
-        // Walked again under the watch, so nothing changed in between is missed.
-        me.walk(root, max_entries, skip, big);
-        if !me.snap.complete {
-            return None;
+        if me.snap.files.len() >= WATCH_FROM {
+            // Walked again under the watch, so nothing changed in between is missed.
+            me.walk(root, max_entries, skip, true);
+            if !me.snap.complete {
+                return None;
+            }
         }
         Some(me)
     }
@@ -250,30 +245,18 @@ impl Tracked {
             .then(|| files::diff(session_id, &old, &self.snap))
     }
 
-    /// A full walk, under a watch when an instance is free (`big`: the tree had
-    /// [`WATCH_FROM`] entries or more).
-    fn walk(&mut self, root: BorrowedFd<'_>, max_entries: usize, skip: &[DirId], big: bool) {
+    /// A full walk, watching the tree when it is big enough.
+    fn walk(&mut self, root: BorrowedFd<'_>, max_entries: usize, skip: &[DirId], watched: bool) {
         // The old watch first, so its slot is free again.
         self.watch = None;
-        let mut watch = Watch::new(if big { MAX_WATCHED } else { SMALL_WATCHED });
+        let mut watch = if watched { Watch::new() } else { None };
         self.snap = match &mut watch {
             Some(w) => files::snapshot_with(root, max_entries, skip, &mut |dir, path, _| {
                 w.add(dir, path)
             }),
             None => files::snapshot(root, max_entries, skip),
         };
-        self.watch = watch.filter(|w| !w.broken);
-    }
-
-    /// Whether nothing changed since the last call, as its watch says without any work on
-    /// the session's files: a watch covering the whole tree has no event queued. (Events
-    /// are queued by the writes themselves, before the evaluation's end marker is printed.)
-    /// False when unsure.
-    pub fn unchanged(&self) -> bool {
-        self.snap.complete
-            && self.watch.as_ref().is_some_and(|w| {
-                !w.broken && rustix::io::ioctl_fionread(&w.fd).is_ok_and(|n| n == 0)
-            })
+        self.watch = watch.filter(|w| !w.broken && self.snap.files.len() >= WATCH_FROM);
     }
 
     /// Bring the snapshot up to date from the watch's events; returns the previous stamps
@@ -524,24 +507,13 @@ mod tests {
     }
 
     #[test]
-    fn small_directories_are_watched_or_walked() {
+    fn small_directories_are_walked() {
         let t = tempfile::tempdir().expect("tempdir");
         let root = dir_fd(t.path());
         let mut tr = Tracked::start(root.as_fd(), 5000, &[]).expect("tracked");
-        // Other tests hold instances at the same time: watched or not, the answer is the same.
-        let watched = tr.watch.is_some();
-        assert_eq!(tr.unchanged(), watched, "nothing written yet");
+        assert!(tr.watch.is_none());
         std::fs::write(t.path().join("a"), b"a").expect("write");
-        assert!(
-            !tr.unchanged(),
-            "a write is an event (or there is no watch)"
-        );
         let got = tr.refresh(root.as_fd(), 5000, &[], "s").expect("complete");
         assert_eq!(kinds(&got), vec![("a".to_string(), Change::Created)]);
-        assert_eq!(tr.unchanged(), watched, "the event was read");
-        std::fs::write(t.path().join("a"), b"changed").expect("write");
-        assert!(!tr.unchanged());
-        let got = tr.refresh(root.as_fd(), 5000, &[], "s").expect("complete");
-        assert_eq!(kinds(&got), vec![("a".to_string(), Change::Modified)]);
     }
 }
