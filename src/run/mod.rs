@@ -119,16 +119,6 @@ impl Place {
         }
     }
 
-    /// The run is over: drop the place. While uids run short (`short`), wait until its uid
-    /// is back, so that the caller's next call finds it free; else its directory is removed
-    /// and its uid returned in the background: the reply need not wait for that (a
-    /// millisecond or more), nor the pool's refill after it.
-    async fn end(self, short: bool) {
-        if short {
-            self.release().await;
-        }
-    }
-
     /// Run in `venv`: its `bin/python` is the program's `{exe}`.
     fn in_venv(&mut self, venv: Venv) {
         self.exe = venv.python.clone();
@@ -260,7 +250,7 @@ impl Runner {
         }
         report.hide_dir(place.dir.path());
         report.duration_ms = started.elapsed().as_millis() as u64;
-        place.end(self.sandbox.uids_short()).await;
+        place.release().await;
         // Replace what this run used (or what the pool dropped), now that the run is over.
         self.refill(lang);
         Ok(report)
