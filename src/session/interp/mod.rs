@@ -118,6 +118,9 @@ pub struct Interp {
     typed: Vec<u8>,
     /// Whether the control directory says so yet (`input-N`).
     typed_flag: bool,
+    /// The helper's pid once the interpreter answered (it stays the same for its life):
+    /// looked up in /proc once rather than at every evaluation.
+    helper_seen: Option<u32>,
 }
 
 impl Drop for Interp {
@@ -149,6 +152,7 @@ impl Interp {
             finished: Vec::new(),
             typed: Vec::new(),
             typed_flag: false,
+            helper_seen: None,
         };
         me.ready(timeout).await?;
         Ok(me)
@@ -166,6 +170,7 @@ impl Interp {
         let what = match ready.ending {
             Ending::Done(_) => {
                 self.pid = self.proc.program_pid().unwrap_or(self.helper_pid);
+                self.helper_seen = self.proc.helper_pid();
                 // Whatever the interpreter printed while starting (banners) is not output.
                 self.shared.lock().background = Renderer::new(self.launch.output_cap / 4);
                 return Ok(());
@@ -258,15 +263,16 @@ impl Interp {
             None => code.to_string(),
         };
         let finished = std::mem::take(&mut self.finished);
-        let path = cell.clone();
-        let written = tokio::task::spawn_blocking(move || {
-            for f in finished {
-                let _ = std::fs::remove_file(f);
-            }
-            crate::workspace::write_ctl(&path, body)
-        })
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        let written = if body.len() <= INLINE_CELL {
+            // A few small writes in the server's own directory: cheaper here than the trip
+            // to the blocking pool and back (two thread wake-ups per evaluation).
+            write_cell(finished, &cell, body)
+        } else {
+            let path = cell.clone();
+            tokio::task::spawn_blocking(move || write_cell(finished, &path, body))
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        };
         if let Err(e) = written {
             return self.fail_now(format!("cannot write the cell file: {e}"));
         }
@@ -479,7 +485,9 @@ impl Interp {
 
     /// The helper's pid (bwrap's child when wrapped): what tears the tree down on SIGTERM.
     pub fn helper(&self) -> u32 {
-        self.proc.helper_pid().unwrap_or(self.helper_pid)
+        self.helper_seen
+            .or_else(|| self.proc.helper_pid())
+            .unwrap_or(self.helper_pid)
     }
 
     /// Whether the tree has ended (the helper exited): for a warm session waiting unused.
@@ -523,6 +531,17 @@ fn spawn_on_pty(launch: &Launch) -> Result<(Proc, PtyMaster, u64), String> {
     )
     .map_err(|e| format!("cannot start {}: {e}", launch.argv[0]))?;
     Ok((proc, master, tty))
+}
+
+/// Cells up to this size are written on the async worker itself.
+const INLINE_CELL: usize = 16 * 1024;
+
+/// Remove the files of finished evaluations, then write the cell file.
+fn write_cell(finished: Vec<PathBuf>, path: &Path, body: String) -> std::io::Result<()> {
+    for f in finished {
+        let _ = std::fs::remove_file(f);
+    }
+    crate::workspace::write_ctl(path, body)
 }
 
 /// `text` with Windows (CRLF) and old Mac (CR) line endings made Unix ones: a REPL reads

@@ -152,7 +152,8 @@ const BURST_GAP: Duration = Duration::from_millis(2);
 /// smaller than [`SMALL_READ`], the reader waits [`BATCH_WAIT`] so the next read takes
 /// many lines at once: otherwise each line costs a wake-up, a read and a context switch
 /// (200,000 printed lines cost as many). A program writing faster than `SMALL_READ` per
-/// `BATCH_WAIT` fills its reads and is never waited for; a short evaluation never is.
+/// `BATCH_WAIT` fills its reads and is never waited for; a short evaluation never is (the
+/// count starts again with each evaluation, and stops at its end marker).
 const BURST_READS: u32 = 32;
 const SMALL_READ: usize = 2048;
 const BATCH_WAIT: Duration = Duration::from_millis(1);
@@ -161,6 +162,7 @@ pub(super) async fn read_loop(master: Arc<PtyMaster>, shared: Arc<Shared>) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut last_read = Instant::now();
     let mut burst = 0u32;
+    let mut burst_eval = None;
     loop {
         // Read and file the bytes under the stream lock, so that whoever holds the lock
         // sees either the bytes still unread in the terminal or their effect, never neither.
@@ -170,14 +172,15 @@ pub(super) async fn read_loop(master: Arc<PtyMaster>, shared: Arc<Shared>) {
                 match m.read_now(&mut buf)? {
                     ReadOutcome::Data(n) => {
                         st.feed(&buf[..n]);
-                        Ok(Some(n))
+                        let waiting = st.current.is_some() && st.end.is_none();
+                        Ok(Some((n, st.current, waiting)))
                     }
                     ReadOutcome::Closed => Ok(None),
                 }
             })
             .await;
-        let n = match res {
-            Ok(Some(n)) => n,
+        let (n, eval, waiting) = match res {
+            Ok(Some(read)) => read,
             Ok(None) | Err(_) => {
                 shared.close();
                 return;
@@ -185,13 +188,20 @@ pub(super) async fn read_loop(master: Arc<PtyMaster>, shared: Arc<Shared>) {
         };
         shared.tick.send_modify(|v| *v = v.wrapping_add(1));
         let now = Instant::now();
+        // A burst is one evaluation's: evaluations called back to back are no burst.
+        if eval != burst_eval {
+            burst_eval = eval;
+            burst = 0;
+        }
         burst = if now - last_read < BURST_GAP {
             burst.saturating_add(1)
         } else {
             0
         };
         last_read = now;
-        if burst >= BURST_READS && n < SMALL_READ {
+        // Only while an evaluation's output is still coming: once its end marker is in,
+        // what follows (the prompt) is wanted at once.
+        if waiting && burst >= BURST_READS && n < SMALL_READ {
             tokio::time::sleep(BATCH_WAIT).await;
             // The gap to the next read is the program's, not this wait's.
             last_read = Instant::now();
