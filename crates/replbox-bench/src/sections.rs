@@ -1332,6 +1332,7 @@ async fn idle_memory(ctx: &Ctx) -> Result<Vec<Row>> {
     let mut config = ctx.without_pool();
     config.max_sessions = n + 4;
     config.max_sessions_per_principal = 0;
+    config.max_active_per_principal = 0;
     let server = McpServer::start(ctx.serve_with(&config)).await?;
     let pid = server.pid().context("the server has no pid")?;
     let mut ids = Vec::new();
@@ -1404,6 +1405,7 @@ async fn soak(ctx: &Ctx) -> Result<Vec<Row>> {
     let mut config = ctx.without_pool();
     config.max_sessions = sessions + 4;
     config.max_sessions_per_principal = 0;
+    config.max_active_per_principal = 0;
     let server = McpServer::start(ctx.serve_with(&config)).await?;
     let pid = server.pid().context("the server has no pid")?;
     let mut ids = Vec::new();
