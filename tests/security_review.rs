@@ -93,26 +93,41 @@ fn only_root_changes(dir: &Path) -> bool {
         .all(|a| std::fs::symlink_metadata(a).is_ok_and(|m| m.uid() == 0 && m.mode() & 0o022 == 0))
 }
 
-/// A fresh directory outside every masked tree (in the build's temp dir), root's, `mode`.
-/// None (printed) when that place is masked or others could change the way to it.
+/// A fresh directory outside every masked tree, root's, `mode`: in the build's temp dir,
+/// else (a checkout under /tmp or a home) in /var/lib/replbox-tests, made for it. None
+/// (printed) when neither place is outside the masks with only root able to change the
+/// way to it.
 fn outside_masks(mode: u32) -> Option<tempfile::TempDir> {
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    std::fs::create_dir_all(&base).expect("target tmp dir");
-    let base = std::fs::canonicalize(&base).expect("canonical");
     let masked = [
         "/home", "/root", "/run", "/tmp", "/var/tmp", "/mnt", "/media", "/srv",
     ];
-    if masked.iter().any(|m| base.starts_with(m)) || !only_root_changes(&base.join("x")) {
-        skip(&format!(
-            "{} is masked or changeable by users other than root: the attack needs a place \
-outside the masks that only root controls",
-            base.display()
-        ));
-        return None;
+    let fits = |base: &Path| {
+        !masked.iter().any(|m| base.starts_with(m)) && only_root_changes(&base.join("x"))
+    };
+    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let fallback = PathBuf::from("/var/lib/replbox-tests");
+    for base in [&target, &fallback] {
+        use std::os::unix::fs::DirBuilderExt;
+        let _ = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(base);
+        let Ok(base) = std::fs::canonicalize(base) else {
+            continue;
+        };
+        if fits(&base) {
+            let d = tempfile::tempdir_in(&base).expect("tempdir");
+            chmod(d.path(), mode);
+            return Some(d);
+        }
     }
-    let d = tempfile::tempdir_in(&base).expect("tempdir");
-    chmod(d.path(), mode);
-    Some(d)
+    skip(&format!(
+        "{} and {} are masked or changeable by users other than root: the attack needs a \
+place outside the masks that only root controls",
+        target.display(),
+        fallback.display()
+    ));
+    None
 }
 
 // ----- F1: a bind destination raced into running a caller's program as root (bwrap) -----
