@@ -114,17 +114,6 @@ impl ReplboxServer {
             }
             route.attr.input_schema = Arc::new(schema);
         }
-        // Every tool's schemas, without what some clients warn about or reject.
-        for route in tool_router.map.values_mut() {
-            let mut input = (*route.attr.input_schema).clone();
-            schema::portable(&mut input);
-            route.attr.input_schema = Arc::new(input);
-            if let Some(output) = &route.attr.output_schema {
-                let mut output = (**output).clone();
-                schema::portable(&mut output);
-                route.attr.output_schema = Some(Arc::new(output));
-            }
-        }
         let instructions = Arc::new(instructions(&app));
         Self {
             app,

@@ -25,12 +25,9 @@ pub(super) fn result<T: Serialize>(text: String, structured: &T, is_error: bool)
     r
 }
 
-/// A structured result as the tool's (portable) output schema describes it: no `null`
-/// fields, an absent field instead.
+/// A structured result (the result types write no `null`: an optional field is absent).
 pub(super) fn structured_value<T: Serialize>(structured: &T) -> Value {
-    let mut value = serde_json::to_value(structured).unwrap_or(Value::Null);
-    super::schema::drop_nulls(&mut value);
-    value
+    serde_json::to_value(structured).unwrap_or(Value::Null)
 }
 
 /// An evaluation's result: its text, then its images as image contents.

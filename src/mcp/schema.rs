@@ -1,217 +1,219 @@
-//! Tool schemas every client accepts. schemars writes Rust's integer widths as `format`s
-//! (`uint64`, `int32`, …) and an `Option` as a `["integer", "null"]` type array or an
-//! `anyOf` with `{"type": "null"}`; the TypeScript SDK warns on every call about the
-//! formats, and some model APIs reject both. [`portable`] rewrites a schema without them
-//! (an optional field is simply not `required`), and [`drop_nulls`] removes the `null`
-//! fields from a structured result so that it still matches the rewritten schema.
+//! The tools' input and output schemas, generated once with schemars settings that every
+//! client accepts: no `$schema` line, no `$ref` (some model APIs cannot follow one), no
+//! number `format`s (`uint64`, `int32`: the TypeScript SDK warns about them on every call),
+//! and no `null` alternative for an optional field (some model APIs reject a type array or
+//! `anyOf` with `null`): an optional field is one that is not `required`, and the result
+//! types skip `None` when serialized (`skip_serializing_if`), so they never send `null`.
+//!
+//! An output schema says each field's type (and an enum's values), not the inside of nested
+//! objects, which fields are always there, nor descriptions: clients use it to check a
+//! result's types, and an agent reads the text and the results themselves. That keeps `tools/list`, which every connection pays for,
+//! small.
 
-use serde_json::{Map, Value};
+use std::sync::Arc;
 
-/// Number formats that are not JSON Schema's own (`minimum: 0` keeps what `uint*` said).
-fn numeric_format(f: &str) -> Option<bool> {
-    match f {
-        "uint" | "uint8" | "uint16" | "uint32" | "uint64" | "uint128" => Some(true),
-        "int" | "int8" | "int16" | "int32" | "int64" | "int128" | "float" | "double" => Some(false),
-        _ => None,
-    }
+use rmcp::model::JsonObject;
+use schemars::generate::SchemaSettings;
+use schemars::transform::{RecursiveTransform, RestrictFormats};
+use schemars::{JsonSchema, Schema};
+use serde_json::Value;
+
+fn settings() -> SchemaSettings {
+    let mut formats = RestrictFormats::default();
+    // With no `$schema` to read the draft from, only these are kept: none are.
+    formats.infer_from_meta_schema = false;
+    SchemaSettings::draft2020_12()
+        .with(|s| {
+            s.meta_schema = None;
+            s.inline_subschemas = true;
+        })
+        .with_transform(RecursiveTransform(no_null))
+        .with_transform(formats)
 }
 
-fn is_null_schema(v: &Value) -> bool {
-    v.get("type").and_then(Value::as_str) == Some("null")
-}
-
-/// Rewrite one schema object in place; true when it allowed `null` before.
-fn rewrite(obj: &mut Map<String, Value>) -> bool {
-    let mut nullable = false;
+/// An `Option`'s `null` alternative left out (schemars has no setting for it), and defaults
+/// that say no more than "optional" (`null`, an empty list or map).
+fn no_null(schema: &mut Schema) {
+    let Some(obj) = schema.as_object_mut() else {
+        return;
+    };
     if let Some(Value::Array(types)) = obj.get_mut("type") {
-        let before = types.len();
         types.retain(|t| t.as_str() != Some("null"));
-        nullable |= types.len() != before;
-        if types.len() == 1 {
-            let only = types.remove(0);
+        if let [only] = types.as_slice() {
+            let only = only.clone();
             obj.insert("type".into(), only);
         }
     }
-    for key in ["anyOf", "oneOf"] {
-        let Some(Value::Array(alts)) = obj.get_mut(key) else {
-            continue;
-        };
-        let before = alts.len();
-        alts.retain(|a| !is_null_schema(a));
-        nullable |= alts.len() != before;
-        if alts.len() == 1
+    if let Some(Value::Array(alts)) = obj.get_mut("anyOf") {
+        alts.retain(|a| a.get("type").and_then(Value::as_str) != Some("null"));
+        if let [Value::Object(_)] = alts.as_slice()
+            && let Some(Value::Array(mut alts)) = obj.remove("anyOf")
             && let Some(Value::Object(only)) = alts.pop()
         {
-            obj.remove(key);
             for (k, v) in only {
                 obj.entry(k).or_insert(v);
             }
         }
     }
-    if obj.get("default").is_some_and(Value::is_null) {
+    let empty = |v: &Value| match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    };
+    if obj.get("default").is_some_and(empty) {
         obj.remove("default");
     }
-    if let Some(unsigned) = obj
-        .get("format")
-        .and_then(Value::as_str)
-        .and_then(numeric_format)
+}
+
+fn object(schema: Schema) -> Arc<JsonObject> {
+    match schema.to_value() {
+        Value::Object(mut o) => {
+            // The type's own name and documentation: noise beside the tool's description.
+            o.remove("title");
+            o.remove("description");
+            Arc::new(o)
+        }
+        _ => Arc::new(JsonObject::new()),
+    }
+}
+
+/// The input schema of a tool whose parameters are `T` (what `T` accepts).
+pub(super) fn input<T: JsonSchema>() -> Arc<JsonObject> {
+    object(settings().into_generator().into_root_schema_for::<T>())
+}
+
+/// The output schema of a tool whose structured result is `T` (what `T` writes), its
+/// fields' types only.
+pub(super) fn output<T: JsonSchema>() -> Arc<JsonObject> {
+    let settings = settings().for_serialize().with_transform(fields_only);
+    object(settings.into_generator().into_root_schema_for::<T>())
+}
+
+/// The top-level fields with their types: nested objects as `{"type": "object"}`, and no
+/// `required` list (which fields a result has is the result's to say).
+fn fields_only(schema: &mut Schema) {
+    schema.remove("required");
+    let Some(Value::Object(props)) = schema.get_mut("properties") else {
+        return;
+    };
+    for p in props.values_mut() {
+        *p = field(p);
+    }
+}
+
+fn field(p: &Value) -> Value {
+    let mut out = JsonObject::new();
+    // An enum's values say its type.
+    let keys: &[&str] = match p.get("enum") {
+        Some(_) => &["enum"],
+        None => &["type", "const"],
+    };
+    for &key in keys {
+        if let Some(v) = p.get(key) {
+            out.insert(key.into(), v.clone());
+        }
+    }
+    if let Some(Value::Array(alts)) = p.get("oneOf") {
+        out.insert("oneOf".into(), alts.iter().map(field).collect());
+    }
+    // Items that are objects say nothing more than the array.
+    if let Some(items) = p.get("items").map(field)
+        && items.get("type").and_then(Value::as_str) != Some("object")
     {
-        obj.remove("format");
-        if unsigned && !obj.contains_key("minimum") {
-            obj.insert("minimum".into(), Value::from(0));
-        }
+        out.insert("items".into(), items);
     }
-    // Properties that allowed null are optional now: absent instead of null.
-    let mut optional: Vec<String> = Vec::new();
-    if let Some(Value::Object(props)) = obj.get_mut("properties") {
-        for (name, p) in props.iter_mut() {
-            if let Value::Object(p) = p
-                && rewrite(p)
-            {
-                optional.push(name.clone());
-            }
-        }
-    }
-    if let Some(Value::Array(required)) = obj.get_mut("required") {
-        required.retain(|r| !r.as_str().is_some_and(|r| optional.iter().any(|o| o == r)));
-    }
-    for (key, v) in obj.iter_mut() {
-        if key == "properties" {
-            continue;
-        }
-        walk(v);
-    }
-    nullable
-}
-
-/// Every schema below `v` (definitions, items, alternatives, …).
-fn walk(v: &mut Value) {
-    match v {
-        Value::Object(o) => {
-            rewrite(o);
-        }
-        Value::Array(a) => a.iter_mut().for_each(walk),
-        _ => {}
-    }
-}
-
-/// A tool's input or output schema without integer-width formats and nullable types.
-pub(super) fn portable(schema: &mut Map<String, Value>) {
-    rewrite(schema);
-}
-
-/// A structured result without `null` fields, at any depth (they are optional fields that
-/// are absent, which is what [`portable`] schemas say).
-pub(super) fn drop_nulls(v: &mut Value) {
-    match v {
-        Value::Object(o) => {
-            o.retain(|_, x| !x.is_null());
-            o.values_mut().for_each(drop_nulls);
-        }
-        Value::Array(a) => a.iter_mut().for_each(drop_nulls),
-        _ => {}
-    }
+    Value::Object(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde::{Deserialize, Serialize};
     use serde_json::json;
 
-    /// What a client may warn about or reject, anywhere in a schema: a number `format` or a
-    /// type that allows `null`. Empty when the schema is portable.
-    pub(super) fn non_portable(v: &Value) -> Vec<String> {
-        let mut found = Vec::new();
-        fn go(v: &Value, path: &str, found: &mut Vec<String>) {
-            match v {
-                Value::Object(o) => {
-                    if let Some(f) = o.get("format").and_then(Value::as_str)
-                        && numeric_format(f).is_some()
-                    {
-                        found.push(format!("{path}: format {f}"));
-                    }
-                    match o.get("type") {
-                        Some(Value::Array(_)) => found.push(format!("{path}: type array")),
-                        Some(Value::String(t)) if t == "null" => {
-                            found.push(format!("{path}: type null"))
-                        }
-                        _ => {}
-                    }
-                    for (k, x) in o {
-                        // `properties` and `$defs` hold names, not keywords.
-                        go(x, &format!("{path}/{k}"), found);
-                    }
-                }
-                Value::Array(a) => {
-                    for (i, x) in a.iter().enumerate() {
-                        go(x, &format!("{path}/{i}"), found);
-                    }
-                }
-                _ => {}
-            }
-        }
-        go(v, "#", &mut found);
-        found
+    #[derive(Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct In {
+        /// The count.
+        n: u64,
+        #[serde(default)]
+        names: Vec<String>,
+        #[serde(default)]
+        code: Option<i32>,
+        #[serde(default)]
+        inner: Option<Inner>,
+    }
+
+    #[derive(Serialize, Deserialize, JsonSchema)]
+    struct Inner {
+        /// Width.
+        w: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        u: Option<String>,
+    }
+
+    #[derive(Serialize, JsonSchema)]
+    #[allow(dead_code)]
+    enum Kind {
+        A,
+        B,
+    }
+
+    #[derive(Serialize, JsonSchema)]
+    struct Out {
+        kind: Kind,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        code: Option<i32>,
+        list: Vec<Inner>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        inner: Option<Inner>,
     }
 
     #[test]
-    fn formats_and_nullable_types_are_rewritten() {
-        let mut s = json!({
-            "type": "object",
-            "properties": {
-                "n": {"type": "integer", "format": "uint64", "minimum": 0},
-                "code": {"type": ["integer", "null"], "format": "int32"},
-                "err": {"anyOf": [{"$ref": "#/$defs/E"}, {"type": "null"}],
-                        "description": "d"},
-                "x": {"type": "number", "format": "double"},
-                "when": {"type": "string", "format": "date-time"}
-            },
-            "required": ["n", "code", "err"],
-            "$defs": {"E": {"type": "object", "properties": {
-                "w": {"type": "integer", "format": "uint32"},
-                "u": {"type": ["string", "null"], "default": null}
-            }, "required": ["u"]}}
-        });
-        let Value::Object(o) = &mut s else { panic!() };
-        portable(o);
+    fn inputs_have_no_formats_nulls_or_refs() {
         assert_eq!(
-            s,
+            Value::Object((*input::<In>()).clone()),
+            json!({
+                "type": "object",
+                "additionalProperties": false,
+                "properties": {
+                    "n": {"type": "integer", "minimum": 0, "description": "The count."},
+                    "names": {"type": "array", "items": {"type": "string"}},
+                    "code": {"type": "integer"},
+                    "inner": {"type": "object", "properties": {
+                        "w": {"type": "integer", "minimum": 0, "description": "Width."},
+                        "u": {"type": "string"}
+                    }, "required": ["w"]}
+                },
+                "required": ["n"]
+            })
+        );
+    }
+
+    #[test]
+    fn outputs_give_the_fields_types() {
+        assert_eq!(
+            Value::Object((*output::<Out>()).clone()),
             json!({
                 "type": "object",
                 "properties": {
-                    "n": {"type": "integer", "minimum": 0},
+                    "kind": {"enum": ["A", "B"]},
                     "code": {"type": "integer"},
-                    "err": {"$ref": "#/$defs/E", "description": "d"},
-                    "x": {"type": "number"},
-                    "when": {"type": "string", "format": "date-time"}
-                },
-                "required": ["n"],
-                "$defs": {"E": {"type": "object", "properties": {
-                    "w": {"type": "integer", "minimum": 0},
-                    "u": {"type": "string"}
-                }, "required": []}}
+                    "list": {"type": "array"},
+                    "inner": {"type": "object"}
+                }
             })
         );
-        assert!(non_portable(&s).is_empty(), "{:?}", non_portable(&s));
-    }
-
-    #[test]
-    fn non_portable_finds_what_clients_reject() {
-        let s = json!({"properties": {"a": {"type": ["integer", "null"]},
-                                      "b": {"items": {"format": "uint32"}}}});
-        assert_eq!(
-            non_portable(&s),
-            vec![
-                "#/properties/a: type array".to_string(),
-                "#/properties/b/items: format uint32".to_string()
-            ]
-        );
-    }
-
-    #[test]
-    fn nulls_are_dropped_at_any_depth() {
-        let mut v = json!({"a": null, "b": 1, "c": [{"d": null, "e": "x"}], "f": {"g": null}});
-        drop_nulls(&mut v);
-        assert_eq!(v, json!({"b": 1, "c": [{"e": "x"}], "f": {}}));
+        // What such a result is, serialized: no nulls.
+        let v = serde_json::to_value(Out {
+            kind: Kind::A,
+            code: None,
+            list: vec![Inner { w: 1, u: None }],
+            inner: None,
+        })
+        .unwrap();
+        assert_eq!(v, json!({"kind": "A", "list": [{"w": 1}]}));
     }
 }

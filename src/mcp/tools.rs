@@ -1,18 +1,18 @@
 //! The tools: each translates its parameters into a call of `run` or `session` and the
 //! answer into a tool result.
 
-use rmcp::handler::server::tool::{Extension, schema_for_output};
+use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, tool, tool_router};
 
-use super::ReplboxServer;
 use super::params::{
     ExportFormat, RunCodeParams, SessionEvalParams, SessionExportParams, SessionIdParams,
     SessionInputParams, SessionStartParams, SessionVarsParams,
 };
 use super::reply::{eval_result, progress_reporter, result, structured_value};
+use super::{ReplboxServer, schema};
 use crate::error::ToolError;
 use crate::identity::Caller;
 use crate::run::{RunReport, RunRequest};
@@ -35,7 +35,8 @@ impl ReplboxServer {
 On exit 0 with nothing on stderr the text is exactly stdout; otherwise stdout, stderr and a trailer such as \
 [exit code 3] or [timed out after 2000 ms]. Optional: stdin, args, env, timeout_ms. Nothing is kept between \
 calls; use session_start/session_eval to keep state.",
-        output_schema = schema_for_output::<RunReport>(),
+        input_schema = schema::input::<RunCodeParams>(),
+        output_schema = schema::output::<RunReport>(),
         annotations(
             title = "Run code",
             read_only_hint = false,
@@ -80,7 +81,8 @@ calls; use session_start/session_eval to keep state.",
         name = "session_start",
         // Replaced in `build` by one that names the languages installed here.
         description = "Start a persistent interpreter session in a fresh private directory (or `cwd`).",
-        output_schema = schema_for_output::<StartReport>(),
+        input_schema = schema::input::<SessionStartParams>(),
+        output_schema = schema::output::<StartReport>(),
         annotations(title = "Start session", read_only_hint = false, destructive_hint = false,
                     idempotent_hint = false, open_world_hint = false)
     )]
@@ -134,7 +136,8 @@ calls; use session_start/session_eval to keep state.",
 Returns what the terminal showed (the value of a trailing expression included) and a status: ok, error \
 (the code raised), timeout (interrupted at timeout_ms; state kept), exited (the interpreter ended) or \
 awaiting_input (the code is reading stdin).",
-        output_schema = schema_for_output::<EvalReport>(),
+        input_schema = schema::input::<SessionEvalParams>(),
+        output_schema = schema::output::<EvalReport>(),
         annotations(title = "Evaluate in session", read_only_hint = false, destructive_hint = false,
                     idempotent_hint = false, open_world_hint = false)
     )]
@@ -172,7 +175,8 @@ program reading single keys. Keys as characters: Ctrl-C \\u0003 (interrupts, as 
 Ctrl-D \\u0004 (ends the input of a line-reading program; no Enter is added after it), Escape \\u001b, \
 arrows \\u001b[A up, \\u001b[B down, \\u001b[C right, \\u001b[D left, Tab \\t, Backspace \\u007f, \
 Enter \\r. Returns the same shape as session_eval, with the output printed after the answer.",
-        output_schema = schema_for_output::<EvalReport>(),
+        input_schema = schema::input::<SessionInputParams>(),
+        output_schema = schema::output::<EvalReport>(),
         annotations(title = "Answer input", read_only_hint = false, destructive_hint = false,
                     idempotent_hint = false, open_world_hint = false)
     )]
@@ -207,7 +211,8 @@ Enter \\r. Returns the same shape as session_eval, with the output printed after
         name = "session_interrupt",
         description = "Interrupt (Ctrl-C) the evaluation of a session that is waiting for input or running \
 in another call. The session keeps its state.",
-        output_schema = schema_for_output::<InterruptReport>(),
+        input_schema = schema::input::<SessionIdParams>(),
+        output_schema = schema::output::<InterruptReport>(),
         annotations(title = "Interrupt session", read_only_hint = false, destructive_hint = false,
                     idempotent_hint = false, open_world_hint = false)
     )]
@@ -242,7 +247,8 @@ in another call. The session keeps its state.",
         description = "Close a session: its interpreter and everything it started are killed; its files stay \
 readable (read-only) for a while, then its private directory is removed. A closed session cannot be \
 restored.",
-        output_schema = schema_for_output::<CloseReport>(),
+        input_schema = schema::input::<SessionIdParams>(),
+        output_schema = schema::output::<CloseReport>(),
         annotations(title = "Close session", read_only_hint = false, destructive_hint = true,
                     idempotent_hint = true, open_world_hint = false)
     )]
@@ -265,7 +271,8 @@ restored.",
         description = "List a session's cells in order: eval_id, code, status, error, duration and start \
 time (the newest are kept; the result says how many older ones were dropped). Works for open sessions, \
 ended ones while their record is kept (see session_list) and suspended ones.",
-        output_schema = schema_for_output::<HistoryReport>(),
+        input_schema = schema::input::<SessionIdParams>(),
+        output_schema = schema::output::<HistoryReport>(),
         annotations(title = "Session history", read_only_hint = true, destructive_hint = false,
                     idempotent_hint = true, open_world_hint = false)
     )]
@@ -285,7 +292,8 @@ ended ones while their record is kept (see session_list) and suspended ones.",
 evaluation with its printed output, value, error and figures, and the language's kernelspec) or as a \
 script (format script: cells separated by `# %%`, failed cells commented out). Returned as an embedded \
 resource, also readable as replbox://sessions/{id}/export.ipynb (or export.py, .js, …).",
-        output_schema = schema_for_output::<ExportReport>(),
+        input_schema = schema::input::<SessionExportParams>(),
+        output_schema = schema::output::<ExportReport>(),
         annotations(title = "Export session", read_only_hint = true, destructive_hint = false,
                     idempotent_hint = true, open_world_hint = false)
     )]
@@ -323,7 +331,8 @@ resource, also readable as replbox://sessions/{id}/export.ipynb (or export.py, .
         description = "Start a suspended session again (one whose server restarted, or that was closed for \
 idleness, with --state-dir): a fresh interpreter replays the cells that succeeded, in order, side \
 effects included. Returns how many were replayed and any that failed this time.",
-        output_schema = schema_for_output::<RestoreReport>(),
+        input_schema = schema::input::<SessionIdParams>(),
+        output_schema = schema::output::<RestoreReport>(),
         annotations(title = "Restore session", read_only_hint = false, destructive_hint = false,
                     idempotent_hint = false, open_world_hint = false)
     )]
@@ -342,7 +351,8 @@ effects included. Returns how many were replayed and any that failed this time."
         description = "List the names the user defined in a session (variables, functions, classes; not \
 modules or the language's own), each with its type, a short summary (length, shape and dtypes of data \
 frames and arrays) and its size in memory where the language tells. Nothing is printed in the session.",
-        output_schema = schema_for_output::<VarsReport>(),
+        input_schema = schema::input::<SessionVarsParams>(),
+        output_schema = schema::output::<VarsReport>(),
         annotations(title = "Session names", read_only_hint = true, destructive_hint = false,
                     idempotent_hint = true, open_world_hint = false)
     )]
@@ -369,7 +379,7 @@ frames and arrays) and its size in memory where the language tells. Nothing is p
         description = "List the open sessions with their language, pid, directory, idle time and whether \
 an evaluation is running; then (`ended`) those that ended recently, whose files stay readable for a \
 while, and suspended ones, which session_restore starts again.",
-        output_schema = schema_for_output::<ListReport>(),
+        output_schema = schema::output::<ListReport>(),
         annotations(title = "List sessions", read_only_hint = true, destructive_hint = false,
                     idempotent_hint = true, open_world_hint = false)
     )]

@@ -24,8 +24,10 @@ pub struct RunReport {
     pub stdout: String,
     pub stderr: String,
     /// Exit code, when the program exited (absent when it was killed by a signal).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     /// Name of the signal that ended the program (for example SIGKILL after a timeout).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub signal: Option<String>,
     pub timed_out: bool,
     pub duration_ms: u64,

@@ -330,6 +330,7 @@ pub struct CloseReport {
     pub session_id: String,
     pub closed: bool,
     /// The interpreter's exit code (absent when it had to be killed).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
 }
 
