@@ -110,6 +110,212 @@ async fn every_tool_schema_is_portable_and_results_carry_no_nulls() {
     s.stop().await;
 }
 
+/// The most bytes `tools/list` may take: every connection pays for it.
+const TOOLS_LIST_MAX: usize = 12_000;
+
+/// `tools/list` is small, and no tool lost a parameter or its structured result: each one
+/// still declares its input fields and an output schema with its result's fields.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tool_list_is_lean_and_complete() {
+    let s = TestServer::start().await;
+    let list = s.client.list_tools(None).await.expect("tools/list");
+    let bytes = serde_json::to_vec(&list).expect("serialize").len();
+    assert!(
+        bytes <= TOOLS_LIST_MAX,
+        "tools/list is {bytes} bytes, more than {TOOLS_LIST_MAX}"
+    );
+    let fields = |schema: &rmcp::model::JsonObject| -> Vec<String> {
+        schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .map(|p| p.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    let tool = |name: &str| {
+        list.tools
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("{name} is listed"))
+    };
+    for (name, inputs, outputs) in [
+        (
+            "run-code",
+            &[
+                "code",
+                "languageId",
+                "timeout_ms",
+                "stdin",
+                "args",
+                "env",
+                "venv",
+                "allow_domains",
+            ][..],
+            &[
+                "stdout",
+                "stderr",
+                "exit_code",
+                "signal",
+                "timed_out",
+                "duration_ms",
+                "truncated",
+            ][..],
+        ),
+        (
+            "session_start",
+            &[
+                "language",
+                "cwd",
+                "venv",
+                "env",
+                "idle_timeout_s",
+                "files",
+                "allow_domains",
+            ],
+            &[
+                "session_id",
+                "language",
+                "version",
+                "pid",
+                "cwd",
+                "idle_timeout_s",
+                "warm",
+            ],
+        ),
+        (
+            "session_eval",
+            &["session_id", "code", "timeout_ms"],
+            &[
+                "session_id",
+                "eval_id",
+                "status",
+                "output",
+                "truncated",
+                "duration_ms",
+                "error",
+            ],
+        ),
+        (
+            "session_input",
+            &["session_id", "text", "enter", "timeout_ms"],
+            &["status", "output", "discarded_input"],
+        ),
+        (
+            "session_interrupt",
+            &["session_id"],
+            &["interrupted", "result"],
+        ),
+        (
+            "session_close",
+            &["session_id"],
+            &["session_id", "closed", "exit_code"],
+        ),
+        ("session_list", &[], &["sessions", "ended"]),
+        (
+            "session_export",
+            &["session_id", "format"],
+            &["uri", "cells"],
+        ),
+        ("session_vars", &["session_id", "timeout_ms"], &["vars"]),
+    ] {
+        let t = tool(name);
+        let have = fields(&t.input_schema);
+        for f in inputs {
+            assert!(have.iter().any(|h| h == f), "{name} takes {f}: {have:?}");
+        }
+        let out = t.output_schema.as_ref().expect("an output schema");
+        let have = fields(out);
+        for f in outputs {
+            assert!(have.iter().any(|h| h == f), "{name} returns {f}: {have:?}");
+        }
+    }
+    // The statuses an evaluation can end with are listed.
+    let eval = tool("session_eval").output_schema.clone().expect("output");
+    assert_eq!(
+        eval["properties"]["status"]["enum"],
+        json!(["ok", "error", "timeout", "exited", "awaiting_input"])
+    );
+    s.stop().await;
+}
+
+/// `run-code` takes `language` for `languageId`, as the session tools name it; both at once
+/// is a mistake the call is told about.
+#[tokio::test(flavor = "multi_thread")]
+async fn run_code_takes_language_for_language_id() {
+    if !require("shellscript", "bash") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let o = s
+        .call(
+            "run-code",
+            json!({"language": "bash", "code": "echo aliased"}),
+        )
+        .await;
+    assert!(!o.is_error, "{o:?}");
+    assert_eq!(o.text, "aliased\n");
+    assert_eq!(o.structured["language"], "shellscript", "{}", o.structured);
+    let o = s
+        .call(
+            "run-code",
+            json!({"language": "bash", "languageId": "python", "code": "echo x"}),
+        )
+        .await;
+    let t = invalid(&o);
+    assert!(t.contains("`language` and `languageId`"), "{t}");
+    s.stop().await;
+}
+
+/// Closing is idempotent, as the tool's `idempotentHint` says: a second close of the same
+/// session succeeds and says it was closed already; a session that was never there is
+/// still unknown.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_close_succeeds_as_already_closed() {
+    if !require("shellscript", "bash") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let close = s.client.list_all_tools().await.expect("tools/list");
+    let close = close
+        .iter()
+        .find(|t| t.name == "session_close")
+        .expect("listed");
+    assert_eq!(
+        close.annotations.as_ref().and_then(|a| a.idempotent_hint),
+        Some(true)
+    );
+    let id = s.start_session("shellscript").await;
+    let first = s.call("session_close", json!({"session_id": id})).await;
+    assert!(!first.is_error, "{first:?}");
+    assert_eq!(first.text, format!("session {id} closed"));
+    assert!(
+        first.structured.get("already_closed").is_none(),
+        "{}",
+        first.structured
+    );
+    let second = s.call("session_close", json!({"session_id": id})).await;
+    assert!(!second.is_error, "{second:?}");
+    assert!(
+        second
+            .text
+            .starts_with(&format!("already closed: session {id} was closed")),
+        "{}",
+        second.text
+    );
+    assert_eq!(second.structured["closed"], true, "{}", second.structured);
+    assert_eq!(
+        second.structured["already_closed"], true,
+        "{}",
+        second.structured
+    );
+    assert_eq!(second.structured["session_id"], json!(id));
+    // An evaluation after the close still says the session ended.
+    let ev = s.eval(&id, "echo hi").await;
+    assert_eq!(ev.error_kind(), "ended_session", "{ev:?}");
+    let never = s.call("session_close", json!({"session_id": "nope"})).await;
+    assert_eq!(never.error_kind(), "unknown_session", "{never:?}");
+    s.stop().await;
+}
+
 /// A stdio server whose stderr the test reads (the audit lines), with `Recorder` as client.
 struct Logged {
     client: rmcp::service::RunningService<rmcp::RoleClient, Recorder>,

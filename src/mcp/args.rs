@@ -261,6 +261,31 @@ pub(super) fn check(
     }
 }
 
+/// Other names a tool's fields are known by: `run-code` takes `language` for `languageId`
+/// (what the session tools call it). Renamed before the check.
+const ALIASES: &[(&str, &str, &str)] = &[("run-code", "language", "languageId")];
+
+/// A field given by another name ([`ALIASES`]) under its own; both at once is a mistake.
+pub(super) fn unalias(
+    tool: &str,
+    args: Option<&mut JsonObject>,
+    schema: &JsonObject,
+) -> Result<(), ToolError> {
+    let Some(args) = args else {
+        return Ok(());
+    };
+    for (_, alias, field) in ALIASES.iter().filter(|(t, ..)| *t == tool) {
+        if let Some(v) = args.remove(*alias) {
+            if args.contains_key(*field) {
+                let problem = format!("`{alias}` and `{field}` are the same field; give one");
+                return Err(invalid(tool, &problem, schema));
+            }
+            args.insert(field.to_string(), v);
+        }
+    }
+    Ok(())
+}
+
 /// The message for arguments the tool could not take.
 pub(super) fn invalid(tool: &str, problem: &str, schema: &JsonObject) -> ToolError {
     ToolError::invalid(format!(
@@ -313,6 +338,31 @@ mod tests {
                            "files": [{"name": "x", "content": "y"}]})),
             ""
         );
+    }
+
+    #[test]
+    fn language_is_an_alias_of_language_id() {
+        let Value::Object(mut a) = json!({"code": "1", "language": "py"}) else {
+            panic!()
+        };
+        unalias("run-code", Some(&mut a), &schema()).unwrap();
+        assert_eq!(
+            Value::Object(a.clone()),
+            json!({"code": "1", "languageId": "py"})
+        );
+        assert!(check("run-code", Some(&a), &schema()).is_ok());
+        let Value::Object(mut both) = json!({"code": "1", "language": "py", "languageId": "r"})
+        else {
+            panic!()
+        };
+        let e = unalias("run-code", Some(&mut both), &schema()).unwrap_err();
+        assert!(e.message.contains("give one"), "{}", e.message);
+        // Other tools keep their own `language`.
+        let Value::Object(mut start) = json!({"language": "py"}) else {
+            panic!()
+        };
+        unalias("session_start", Some(&mut start), &schema()).unwrap();
+        assert_eq!(Value::Object(start), json!({"language": "py"}));
     }
 
     #[test]

@@ -96,23 +96,11 @@ impl ReplboxServer {
         if let Some(route) = tool_router.map.get_mut("session_start") {
             route.attr.description = Some(
                 format!(
-                    "Start a persistent interpreter session in a fresh private directory (or \
-`cwd`). Session languages installed here (id and aliases): {sessions}. {SESSION_START_REST}"
+                    "Start a persistent interpreter session ({sessions}) in a fresh private \
+directory or `cwd`. {SESSION_START_REST}"
                 )
                 .into(),
             );
-            let mut schema = (*route.attr.input_schema).clone();
-            if let Some(Value::Object(props)) = schema.get_mut("properties")
-                && let Some(Value::Object(lang)) = props.get_mut("language")
-            {
-                lang.insert(
-                    "description".into(),
-                    Value::from(format!(
-                        "Session language, by id or alias. Installed here: {sessions}."
-                    )),
-                );
-            }
-            route.attr.input_schema = Arc::new(schema);
         }
         let instructions = Arc::new(instructions(&app));
         Self {
@@ -162,10 +150,8 @@ impl ReplboxServer {
 }
 
 /// What session_start's description says after the languages.
-const SESSION_START_REST: &str = "Variables, imports, functions and loaded data stay alive across \
-session_eval calls, so load data once and explore it step by step. Python runs in a virtual \
-environment when given `venv` (or when `cwd` holds a `.venv`), so its packages import. Close it with \
-session_close when done; idle sessions are closed after idle_timeout_s.";
+const SESSION_START_REST: &str = "Variables, imports and data persist across session_eval calls. \
+Close with session_close; idle ones close after idle_timeout_s.";
 
 /// The session languages installed here, each with its aliases:
 /// `python (py, python3), shellscript (bash, sh, shell)`.
@@ -218,7 +204,7 @@ impl ServerHandler for ReplboxServer {
     /// The caller is resolved here, once, and handed to the tools as `Extension<Caller>`.
     async fn call_tool(
         &self,
-        request: CallToolRequestParams,
+        mut request: CallToolRequestParams,
         mut context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let _running = self.app.calls.enter();
@@ -236,7 +222,10 @@ impl ServerHandler for ReplboxServer {
             let tool = request.name.clone();
             let response = match route {
                 Some(route) => {
-                    match args::check(&tool, request.arguments.as_ref(), &route.attr.input_schema) {
+                    let schema = &route.attr.input_schema;
+                    match args::unalias(&tool, request.arguments.as_mut(), schema)
+                        .and_then(|()| args::check(&tool, request.arguments.as_ref(), schema))
+                    {
                         Err(e) => e.into_call_tool_result(),
                         Ok(()) => {
                             context.extensions.insert(caller);

@@ -13,7 +13,7 @@ use super::params::{
 };
 use super::reply::{eval_result, progress_reporter, result, structured_value};
 use super::{ReplboxServer, schema};
-use crate::error::ToolError;
+use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 use crate::run::{RunReport, RunRequest};
 use crate::session::export::{ExportReport, Format};
@@ -24,6 +24,37 @@ use crate::session::{
     Answer, CloseReport, EvalReport, InFile, InterruptReport, ListReport, StartReport, StartRequest,
 };
 use rmcp::model::{ContentBlock, ResourceContents};
+use schemars::JsonSchema;
+use serde::Serialize;
+
+/// What `session_close` returns: the session's end, or that it had ended before.
+#[derive(Serialize, JsonSchema)]
+struct Closed {
+    #[serde(flatten)]
+    report: CloseReport,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    already_closed: bool,
+}
+
+impl Closed {
+    fn now(report: CloseReport) -> Self {
+        Closed {
+            report,
+            already_closed: false,
+        }
+    }
+
+    fn already(id: &str) -> Self {
+        Closed {
+            report: CloseReport {
+                session_id: id.to_string(),
+                closed: true,
+                exit_code: None,
+            },
+            already_closed: true,
+        }
+    }
+}
 
 #[tool_router(vis = "pub(super)")]
 impl ReplboxServer {
@@ -31,17 +62,13 @@ impl ReplboxServer {
     /// directory, nothing kept afterwards.
     #[tool(
         name = "run-code",
-        description = "Run a code snippet once in a fresh process and private directory and return its output. \
-On exit 0 with nothing on stderr the text is exactly stdout; otherwise stdout, stderr and a trailer such as \
-[exit code 3] or [timed out after 2000 ms]. Optional: stdin, args, env, timeout_ms. Nothing is kept between \
-calls; use session_start/session_eval to keep state.",
+        description = "Run a snippet once in a fresh process and directory; nothing is kept. Text: stdout on exit 0 with \
+empty stderr, else stdout, stderr and a trailer ([exit code 3], [timed out after 2000 ms]).",
         input_schema = schema::input::<RunCodeParams>(),
         output_schema = schema::output::<RunReport>(),
         annotations(
             title = "Run code",
-            read_only_hint = false,
             destructive_hint = false,
-            idempotent_hint = false,
             open_world_hint = false
         )
     )]
@@ -83,8 +110,8 @@ calls; use session_start/session_eval to keep state.",
         description = "Start a persistent interpreter session in a fresh private directory (or `cwd`).",
         input_schema = schema::input::<SessionStartParams>(),
         output_schema = schema::output::<StartReport>(),
-        annotations(title = "Start session", read_only_hint = false, destructive_hint = false,
-                    idempotent_hint = false, open_world_hint = false)
+        annotations(title = "Start session", destructive_hint = false,
+                    open_world_hint = false)
     )]
     async fn session_start(
         &self,
@@ -132,14 +159,12 @@ calls; use session_start/session_eval to keep state.",
     /// Evaluate code in a session.
     #[tool(
         name = "session_eval",
-        description = "Evaluate code in a session, as if typed at its REPL: any number of lines, state kept. \
-Returns what the terminal showed (the value of a trailing expression included) and a status: ok, error \
-(the code raised), timeout (interrupted at timeout_ms; state kept), exited (the interpreter ended) or \
-awaiting_input (the code is reading stdin).",
+        description = "Run code in a session as at its REPL, state kept. Returns what the terminal showed (with a \
+trailing expression's value) and a status: ok, error, timeout (interrupted, state kept), exited or awaiting_input.",
         input_schema = schema::input::<SessionEvalParams>(),
         output_schema = schema::output::<EvalReport>(),
-        annotations(title = "Evaluate in session", read_only_hint = false, destructive_hint = false,
-                    idempotent_hint = false, open_world_hint = false)
+        annotations(title = "Evaluate", destructive_hint = false,
+                    open_world_hint = false)
     )]
     async fn session_eval(
         &self,
@@ -167,18 +192,12 @@ awaiting_input (the code is reading stdin).",
     /// Answer a program waiting for input.
     #[tool(
         name = "session_input",
-        description = "Answer a program that is waiting for input (session_eval returned status \
-awaiting_input): `text` is typed followed by Enter, and the same evaluation continues. Several lines \
-answer several reads; what the program leaves unread when the evaluation ends is discarded (never run \
-as code) and named in `discarded_input`. With `enter: false` the text is typed exactly as given, for a \
-program reading single keys. Keys as characters: Ctrl-C \\u0003 (interrupts, as session_interrupt), \
-Ctrl-D \\u0004 (ends the input of a line-reading program; no Enter is added after it), Escape \\u001b, \
-arrows \\u001b[A up, \\u001b[B down, \\u001b[C right, \\u001b[D left, Tab \\t, Backspace \\u007f, \
-Enter \\r. Returns the same shape as session_eval, with the output printed after the answer.",
+        description = "Answer a program waiting for input (status awaiting_input): `text` is typed, the evaluation \
+continues and returns as in session_eval. Input left unread is discarded, never run.",
         input_schema = schema::input::<SessionInputParams>(),
         output_schema = schema::output::<EvalReport>(),
-        annotations(title = "Answer input", read_only_hint = false, destructive_hint = false,
-                    idempotent_hint = false, open_world_hint = false)
+        annotations(title = "Answer input", destructive_hint = false,
+                    open_world_hint = false)
     )]
     async fn session_input(
         &self,
@@ -209,12 +228,12 @@ Enter \\r. Returns the same shape as session_eval, with the output printed after
     /// Interrupt a session's evaluation.
     #[tool(
         name = "session_interrupt",
-        description = "Interrupt (Ctrl-C) the evaluation of a session that is waiting for input or running \
-in another call. The session keeps its state.",
+        description = "Interrupt (Ctrl-C) a session's running or input-waiting evaluation; state kept. `result` is \
+that evaluation's result, as session_eval returns it.",
         input_schema = schema::input::<SessionIdParams>(),
         output_schema = schema::output::<InterruptReport>(),
-        annotations(title = "Interrupt session", read_only_hint = false, destructive_hint = false,
-                    idempotent_hint = false, open_world_hint = false)
+        annotations(title = "Interrupt", destructive_hint = false,
+                    open_world_hint = false)
     )]
     async fn session_interrupt(
         &self,
@@ -244,12 +263,11 @@ in another call. The session keeps its state.",
     /// Close a session.
     #[tool(
         name = "session_close",
-        description = "Close a session: its interpreter and everything it started are killed; its files stay \
-readable (read-only) for a while, then its private directory is removed. A closed session cannot be \
-restored.",
+        description = "Close a session: its processes are killed, its files stay readable for a while. Closing a \
+closed session succeeds.",
         input_schema = schema::input::<SessionIdParams>(),
-        output_schema = schema::output::<CloseReport>(),
-        annotations(title = "Close session", read_only_hint = false, destructive_hint = true,
+        output_schema = schema::output::<Closed>(),
+        annotations(title = "Close session", destructive_hint = true,
                     idempotent_hint = true, open_world_hint = false)
     )]
     async fn session_close(
@@ -257,23 +275,29 @@ restored.",
         Parameters(p): Parameters<SessionIdParams>,
         Extension(caller): Extension<Caller>,
     ) -> Result<CallToolResult, ToolError> {
-        let r = self.app.sessions.close(&caller, &p.session_id).await?;
-        Ok(result(
-            format!("session {} closed", r.session_id),
-            &r,
-            false,
-        ))
+        let (text, closed) = match self.app.sessions.close(&caller, &p.session_id).await {
+            Ok(r) => (format!("session {} closed", r.session_id), Closed::now(r)),
+            // Closing is idempotent: a session that has ended is closed already.
+            Err(e) if e.kind == ErrorKind::EndedSession => {
+                let how = e.message.split(". ").next().unwrap_or_default();
+                (
+                    format!("already closed: {how}"),
+                    Closed::already(&p.session_id),
+                )
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(result(text, &closed, false))
     }
 
     /// A session's cells.
     #[tool(
         name = "session_history",
-        description = "List a session's cells in order: eval_id, code, status, error, duration and start \
-time (the newest are kept; the result says how many older ones were dropped). Works for open sessions, \
-ended ones while their record is kept (see session_list) and suspended ones.",
+        description = "A session's cells in order (code, status, error, duration; the newest kept), open, ended or \
+suspended.",
         input_schema = schema::input::<SessionIdParams>(),
         output_schema = schema::output::<HistoryReport>(),
-        annotations(title = "Session history", read_only_hint = true, destructive_hint = false,
+        annotations(title = "History", read_only_hint = true, destructive_hint = false,
                     idempotent_hint = true, open_world_hint = false)
     )]
     async fn session_history(
@@ -288,13 +312,11 @@ ended ones while their record is kept (see session_list) and suspended ones.",
     /// A session as a notebook or a script.
     #[tool(
         name = "session_export",
-        description = "Export a session's cells as a Jupyter notebook (format ipynb: one code cell per \
-evaluation with its printed output, value, error and figures, and the language's kernelspec) or as a \
-script (format script: cells separated by `# %%`, failed cells commented out). Returned as an embedded \
-resource, also readable as replbox://sessions/{id}/export.ipynb (or export.py, .js, …).",
+        description = "Export a session's cells as a Jupyter notebook (ipynb) or a `# %%` script, as an embedded \
+resource (also replbox://sessions/{id}/export.ipynb, .py, …).",
         input_schema = schema::input::<SessionExportParams>(),
         output_schema = schema::output::<ExportReport>(),
-        annotations(title = "Export session", read_only_hint = true, destructive_hint = false,
+        annotations(title = "Export", read_only_hint = true, destructive_hint = false,
                     idempotent_hint = true, open_world_hint = false)
     )]
     async fn session_export(
@@ -328,13 +350,12 @@ resource, also readable as replbox://sessions/{id}/export.ipynb (or export.py, .
     /// Restore a suspended session.
     #[tool(
         name = "session_restore",
-        description = "Start a suspended session again (one whose server restarted, or that was closed for \
-idleness, with --state-dir): a fresh interpreter replays the cells that succeeded, in order, side \
-effects included. Returns how many were replayed and any that failed this time.",
+        description = "Start a suspended session again (see session_list): a fresh interpreter replays its successful \
+cells in order, side effects included.",
         input_schema = schema::input::<SessionIdParams>(),
         output_schema = schema::output::<RestoreReport>(),
-        annotations(title = "Restore session", read_only_hint = false, destructive_hint = false,
-                    idempotent_hint = false, open_world_hint = false)
+        annotations(title = "Restore", destructive_hint = false,
+                    open_world_hint = false)
     )]
     async fn session_restore(
         &self,
@@ -348,12 +369,11 @@ effects included. Returns how many were replayed and any that failed this time."
     /// What a session defined.
     #[tool(
         name = "session_vars",
-        description = "List the names the user defined in a session (variables, functions, classes; not \
-modules or the language's own), each with its type, a short summary (length, shape and dtypes of data \
-frames and arrays) and its size in memory where the language tells. Nothing is printed in the session.",
+        description = "The names a session defined (variables, functions, classes) with type, summary (shape, dtypes) \
+and size, printing nothing in the session.",
         input_schema = schema::input::<SessionVarsParams>(),
         output_schema = schema::output::<VarsReport>(),
-        annotations(title = "Session names", read_only_hint = true, destructive_hint = false,
+        annotations(title = "Variables", read_only_hint = true, destructive_hint = false,
                     idempotent_hint = true, open_world_hint = false)
     )]
     async fn session_vars(
@@ -376,9 +396,8 @@ frames and arrays) and its size in memory where the language tells. Nothing is p
     /// List open sessions.
     #[tool(
         name = "session_list",
-        description = "List the open sessions with their language, pid, directory, idle time and whether \
-an evaluation is running; then (`ended`) those that ended recently, whose files stay readable for a \
-while, and suspended ones, which session_restore starts again.",
+        description = "Open sessions (language, pid, directory, idle time, busy), then recently ended (files kept a \
+while) and suspended ones (`ended`).",
         output_schema = schema::output::<ListReport>(),
         annotations(title = "List sessions", read_only_hint = true, destructive_hint = false,
                     idempotent_hint = true, open_world_hint = false)
