@@ -50,6 +50,11 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_MAX_SESSIONS", default_value_t = 32)]
     pub max_sessions: usize,
 
+    /// Ended sessions the server remembers, so that a call on one says how it ended rather
+    /// than "no session"; past this the oldest is forgotten first (a small record each).
+    #[arg(long, env = "REPLBOX_MAX_ENDED_SESSIONS", default_value_t = 4096)]
+    pub max_ended_sessions: usize,
+
     /// At the session limit, close the idlest session to make room instead of refusing.
     #[arg(long, env = "REPLBOX_EVICT_IDLE")]
     pub evict_idle: bool,
@@ -260,6 +265,7 @@ impl Default for Config {
             idle_timeout_s: 1800,
             max_idle_timeout_s: 86_400,
             max_sessions: 32,
+            max_ended_sessions: 4096,
             evict_idle: false,
             max_sessions_per_principal: 16,
             max_active_per_principal: 32,
@@ -384,6 +390,7 @@ impl Config {
             ("--idle-timeout-s", self.idle_timeout_s.to_string()),
             ("--max-idle-timeout-s", self.max_idle_timeout_s.to_string()),
             ("--max-sessions", self.max_sessions.to_string()),
+            ("--max-ended-sessions", self.max_ended_sessions.to_string()),
             (
                 "--max-sessions-per-principal",
                 self.max_sessions_per_principal.to_string(),

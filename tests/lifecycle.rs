@@ -489,3 +489,77 @@ async fn a_broken_driver_fails_cleanly() {
     assert!(left.is_empty(), "{left:?}");
     s.stop().await;
 }
+
+/// Ended sessions are remembered up to a cap (`--max-ended-sessions`, here small so the test
+/// is quick); the eviction past it once held the map's read guard across its own removal,
+/// so the close past the cap never answered, and the server then ignored SIGTERM and left
+/// that session's sandbox running. Now the oldest is forgotten first, every close answers,
+/// and the server still stops cleanly.
+#[tokio::test(flavor = "multi_thread")]
+async fn finding_r3_8_ended_sessions_past_the_cap_neither_deadlock_nor_outlive_sigterm() {
+    if !require("shellscript", "bash") {
+        return;
+    }
+    const CAP: usize = 4;
+    const CYCLES: usize = 3 * CAP;
+    let s = TestServer::start_with(&["--max-ended-sessions", &CAP.to_string()], &[]).await;
+    let bounded = Duration::from_secs(60);
+    let mut ids = Vec::new();
+    for i in 0..CYCLES {
+        let id = start(&s, "shellscript", json!({})).await;
+        let close = s.call("session_close", json!({"session_id": id}));
+        let o = tokio::time::timeout(bounded, close)
+            .await
+            .unwrap_or_else(|_| panic!("close {} of {CYCLES} never answered", i + 1));
+        assert_eq!(o.structured["closed"], true, "{}", o.text);
+        ids.push(id);
+    }
+    // The newest CAP are remembered, the older ones forgotten, oldest first.
+    for (i, id) in ids.iter().enumerate() {
+        let o = eval(&s, id, "echo hi").await;
+        let want = if i >= CYCLES - CAP {
+            "ended_session"
+        } else {
+            "unknown_session"
+        };
+        assert_eq!(
+            o.error_kind(),
+            want,
+            "session {} of {CYCLES}: {}",
+            i + 1,
+            o.text
+        );
+    }
+    // Still serving, with a session open and busy when the server is told to stop.
+    let last = start(&s, "shellscript", json!({})).await;
+    let o = eval(&s, &last, "echo still serving").await;
+    assert_eq!(output(&o), "still serving\n", "{}", o.text);
+    let pid = s.pid as i32;
+    let busy_id = last.clone();
+    let busy = tokio::spawn({
+        let peer = s.client.peer().clone();
+        async move {
+            let args = json!({"session_id": busy_id, "code": "sleep 600", "timeout_ms": 600000});
+            http_call(&peer, "session_eval", args).await
+        }
+    });
+    let deadline = Instant::now() + bounded;
+    while !descendants(pid).iter().any(|p| {
+        std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\x00600"))
+    }) {
+        assert!(Instant::now() < deadline, "the evaluation never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let tree = descendants(pid);
+    assert!(!tree.is_empty());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let left = wait_gone(&[pid], bounded).await;
+    assert!(left.is_empty(), "the server ignored SIGTERM");
+    let left = wait_gone(&tree, Duration::from_secs(10)).await;
+    assert!(left.is_empty(), "left behind after SIGTERM: {left:?}");
+    busy.abort();
+}

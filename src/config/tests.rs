@@ -20,6 +20,7 @@ fn to_args_round_trips() {
         idle_timeout_s: 11,
         max_idle_timeout_s: 22,
         max_sessions: 3,
+        max_ended_sessions: 17,
         evict_idle: true,
         max_sessions_per_principal: 4,
         max_active_per_principal: 14,

@@ -10,6 +10,7 @@ use dashmap::DashMap;
 use super::ended::Kept;
 use super::entry::{Gone, Session, lock};
 pub use super::journal::StateDir;
+use super::recent::Recent;
 use super::report::{CloseReport, ListReport, SessionInfo};
 use super::suspend::Suspended;
 use super::warm::WarmSessions;
@@ -59,8 +60,10 @@ pub struct SessionManager {
     pub(super) workspace: Arc<Workspace>,
     pub(super) sandbox: Arc<Sandbox>,
     pub(super) sessions: DashMap<String, Arc<Session>>,
-    /// Sessions that ended, so a later call can say how (bounded).
-    pub(super) ended: DashMap<String, (Caller, Gone)>,
+    /// Sessions that ended, so a later call can say how (`--max-ended-sessions`, the
+    /// oldest forgotten first). A std lock: no guard of it is held across an await or
+    /// another lock.
+    pub(super) ended: Mutex<Recent<(Caller, Gone)>>,
     pub(super) starting: Starting,
     /// What a caller's cwd may be.
     pub(super) cwd_policy: Arc<CwdPolicy>,
@@ -92,13 +95,14 @@ impl SessionManager {
             config.session_pool,
             config.preload_modules().unwrap_or_default(),
         );
+        let ended = Mutex::new(Recent::new(config.max_ended_sessions));
         let me = Self {
             config,
             registry,
             workspace,
             sandbox,
             sessions: DashMap::new(),
-            ended: DashMap::new(),
+            ended,
             starting: Mutex::new(HashMap::new()),
             cwd_policy,
             kept: DashMap::new(),
@@ -275,7 +279,8 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         if let Some(s) = self.suspended_of(caller, id) {
             return Err(self.suspended_error(&s));
         }
-        match self.ended.get(id).map(|g| g.clone()) {
+        let ended = lock(&self.ended).get(id).cloned();
+        match ended {
             Some((owner, how)) if owner == *caller => {
                 Err(ToolError::new(ErrorKind::EndedSession, how.message(id)).session(id))
             }
@@ -302,14 +307,8 @@ session_close ({yours}), or wait for idle sessions to be closed.",
         // Its share goes back with its place in the table: what it keeps after it ended
         // (files, their uid) is reclaimed when a uid is needed.
         drop(lock(&session.share).take());
-        // Bounded memory of ended sessions.
-        if self.ended.len() >= 4096
-            && let Some(k) = self.ended.iter().next().map(|e| e.key().clone())
-        {
-            self.ended.remove(&k);
-        }
-        self.ended
-            .insert(session.id.clone(), (session.owner.clone(), how));
+        // Bounded memory of ended sessions, the oldest forgotten first.
+        lock(&self.ended).insert(session.id.clone(), (session.owner.clone(), how));
         true
     }
 

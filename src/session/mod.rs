@@ -13,6 +13,7 @@ pub mod journal;
 pub mod launch;
 pub mod manager;
 mod prepare;
+mod recent;
 pub mod report;
 pub mod restore;
 pub mod scan;

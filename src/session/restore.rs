@@ -167,7 +167,7 @@ without --state-dir there is none).",
         let (start, session) = self
             .start_as(caller, req, id.clone(), Some(Arc::new(writer)))
             .await?;
-        self.ended.remove(&id);
+        lock(&self.ended).remove(&id);
         let last = j.cells.last().map_or(0, |c| c.eval_id);
         session.evals.store(last, Ordering::Relaxed);
         let (replayed, skipped, failed) = self.replay(&session, &j.cells).await;
