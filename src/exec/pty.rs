@@ -3,9 +3,11 @@
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use nix::fcntl::{FcntlArg, OFlag, fcntl};
-use nix::pty::Winsize;
-use nix::sys::termios::{self, LocalFlags, SetArg};
+use rustix::fs::{Gid, Mode, OFlags, Uid};
+use rustix::pty::OpenptFlags;
+use rustix::termios::{
+    self, InputModes, LocalModes, OptionalActions, QueueSelector, SpecialCodeIndex, Winsize,
+};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
@@ -18,34 +20,34 @@ pub fn open() -> io::Result<(PtyMaster, OwnedFd)> {
     // Both ends are opened close-on-exec atomically: another child forked at the same moment
     // must never inherit them (a stray copy of the slave would keep the terminal open after
     // the session's tree is gone, hiding its end).
-    let master = nix::pty::posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)
-        .map_err(io::Error::from)?;
-    nix::pty::grantpt(&master).map_err(io::Error::from)?;
-    nix::pty::unlockpt(&master).map_err(io::Error::from)?;
-    let name = nix::pty::ptsname_r(&master).map_err(io::Error::from)?;
-    let slave: OwnedFd = nix::fcntl::open(
-        name.as_str(),
-        OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(io::Error::from)?;
-    let ws = Winsize {
-        ws_row: ROWS,
-        ws_col: COLS,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCSWINSZ reads one winsize struct.
-    unsafe { libc::ioctl(slave.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+    let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
+    let master = rustix::pty::openpt(flags)?;
+    rustix::pty::grantpt(&master)?;
+    rustix::pty::unlockpt(&master)?;
+    let name = rustix::pty::ptsname(&master, Vec::new())?;
+    let slave = rustix::fs::open(
+        name.as_c_str(),
+        OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    termios::tcsetwinsize(
+        &slave,
+        Winsize {
+            ws_row: ROWS,
+            ws_col: COLS,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        },
+    )?;
     // Echo off before the child starts: the one line we type per evaluation must not come
     // back as output.
-    let mut t = termios::tcgetattr(&slave).map_err(io::Error::from)?;
-    t.local_flags.remove(LocalFlags::ECHO | LocalFlags::ECHONL);
-    termios::tcsetattr(&slave, SetArg::TCSANOW, &t).map_err(io::Error::from)?;
-    let master: OwnedFd = master.into();
-    let flags = fcntl(&master, FcntlArg::F_GETFL).map_err(io::Error::from)?;
-    let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK;
-    fcntl(&master, FcntlArg::F_SETFL(flags)).map_err(io::Error::from)?;
+    let mut t = termios::tcgetattr(&slave)?;
+    t.local_modes.remove(LocalModes::ECHO | LocalModes::ECHONL);
+    termios::tcsetattr(&slave, OptionalActions::Now, &t)?;
+    rustix::fs::fcntl_setfl(
+        &master,
+        rustix::fs::fcntl_getfl(&master)? | OFlags::NONBLOCK,
+    )?;
     // SAFETY: the OwnedFd is moved into the AsyncFd, which owns it until dropped; nothing
     // else closes or replaces it.
     let master = unsafe {
@@ -56,20 +58,13 @@ pub fn open() -> io::Result<(PtyMaster, OwnedFd)> {
 
 /// Make the terminal behind `slave` belong to `uid`/`gid`, readable and writable by it only.
 pub fn give_to(slave: &OwnedFd, uid: u32, gid: u32) -> io::Result<()> {
-    nix::unistd::fchown(
-        slave,
-        Some(nix::unistd::Uid::from_raw(uid)),
-        Some(nix::unistd::Gid::from_raw(gid)),
-    )
-    .map_err(io::Error::from)?;
-    nix::sys::stat::fchmod(slave, nix::sys::stat::Mode::from_bits_truncate(0o600))
-        .map_err(io::Error::from)
+    rustix::fs::fchown(slave, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))?;
+    Ok(rustix::fs::fchmod(slave, Mode::from_raw_mode(0o600))?)
 }
 
 /// Device number of a terminal descriptor.
 pub fn rdev(fd: &OwnedFd) -> io::Result<u64> {
-    let st = nix::sys::stat::fstat(fd).map_err(io::Error::from)?;
-    Ok(st.st_rdev)
+    Ok(rustix::fs::fstat(fd)?.st_rdev)
 }
 
 pub struct PtyMaster {
@@ -88,10 +83,7 @@ impl PtyMaster {
     pub async fn read(&self, buf: &mut [u8]) -> io::Result<ReadOutcome> {
         loop {
             let mut guard = self.fd.readable().await?;
-            let res = guard.try_io(|inner| {
-                let n = nix::unistd::read(inner.get_ref(), buf).map_err(io::Error::from)?;
-                Ok(n)
-            });
+            let res = guard.try_io(|inner| Ok(rustix::io::read(inner.get_ref(), &mut *buf)?));
             match res {
                 Ok(Ok(0)) => return Ok(ReadOutcome::Closed),
                 Ok(Ok(n)) => return Ok(ReadOutcome::Data(n)),
@@ -120,30 +112,26 @@ impl PtyMaster {
 
     /// One non-blocking read (`WouldBlock` when there is nothing to read).
     pub fn read_now(&self, buf: &mut [u8]) -> io::Result<ReadOutcome> {
-        match nix::unistd::read(self.fd.get_ref(), buf) {
+        match rustix::io::read(self.fd.get_ref(), buf) {
             Ok(0) => Ok(ReadOutcome::Closed),
             Ok(n) => Ok(ReadOutcome::Data(n)),
             // Linux reports EIO on the master once the last slave fd is closed.
-            Err(nix::errno::Errno::EIO) => Ok(ReadOutcome::Closed),
-            Err(e) => Err(io::Error::from(e)),
+            Err(rustix::io::Errno::IO) => Ok(ReadOutcome::Closed),
+            Err(e) => Err(e.into()),
         }
     }
 
     /// Bytes the program wrote that have not been read yet.
     pub fn unread(&self) -> usize {
-        let mut n: libc::c_int = 0;
-        // SAFETY: FIONREAD writes one int.
-        let rc = unsafe { libc::ioctl(self.raw_fd(), libc::FIONREAD, &mut n) };
-        if rc == 0 { n.max(0) as usize } else { 0 }
+        rustix::io::ioctl_fionread(self.fd.get_ref())
+            .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
     }
 
     /// Write all of `data`, waiting for room when the terminal's input buffer is full.
     pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
         while !data.is_empty() {
             let mut guard = self.fd.writable().await?;
-            match guard
-                .try_io(|inner| nix::unistd::write(inner.get_ref(), data).map_err(io::Error::from))
-            {
+            match guard.try_io(|inner| Ok(rustix::io::write(inner.get_ref(), data)?)) {
                 Ok(Ok(n)) => data = &data[n..],
                 Ok(Err(e)) => return Err(e),
                 Err(_would_block) => continue,
@@ -156,21 +144,10 @@ impl PtyMaster {
     /// input queue, through a descriptor of the terminal's other side: the master's own
     /// input queue is the program's output).
     pub fn flush_input(&self) {
-        // SAFETY: TIOCGPTPEER takes open flags and returns a new descriptor (or -1), which
-        // is owned here and closed when dropped.
-        let fd = unsafe {
-            libc::ioctl(
-                self.raw_fd(),
-                libc::TIOCGPTPEER,
-                libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return;
+        let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
+        if let Ok(peer) = rustix::pty::ioctl_tiocgptpeer(self.fd.get_ref(), flags) {
+            let _ = termios::tcflush(&peer, QueueSelector::IFlush);
         }
-        // SAFETY: a descriptor just returned by the kernel, owned by nothing else.
-        let peer = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        let _ = termios::tcflush(&peer, termios::FlushArg::TCIFLUSH);
     }
 
     pub fn raw_fd(&self) -> i32 {
@@ -181,7 +158,7 @@ impl PtyMaster {
     /// editors and key readers do while they wait for input.
     pub fn is_raw(&self) -> bool {
         termios::tcgetattr(self.fd.get_ref())
-            .map(|t| !t.local_flags.contains(LocalFlags::ICANON))
+            .map(|t| !t.local_modes.contains(LocalModes::ICANON))
             .unwrap_or(false)
     }
 
@@ -190,11 +167,13 @@ impl PtyMaster {
     /// VTIME tenths of a second with VMIN 0.
     pub fn read_timeout(&self) -> Option<std::time::Duration> {
         let t = termios::tcgetattr(self.fd.get_ref()).ok()?;
-        if t.local_flags.contains(LocalFlags::ICANON) || t.control_chars[libc::VMIN] != 0 {
+        if t.local_modes.contains(LocalModes::ICANON)
+            || t.special_codes[SpecialCodeIndex::VMIN] != 0
+        {
             return None;
         }
         Some(std::time::Duration::from_millis(
-            100 * u64::from(t.control_chars[libc::VTIME]),
+            100 * u64::from(t.special_codes[SpecialCodeIndex::VTIME]),
         ))
     }
 
@@ -204,8 +183,8 @@ impl PtyMaster {
     pub fn enter_key(&self) -> u8 {
         match termios::tcgetattr(self.fd.get_ref()) {
             Ok(t)
-                if !t.local_flags.contains(LocalFlags::ICANON)
-                    && !t.input_flags.contains(termios::InputFlags::ICRNL) =>
+                if !t.local_modes.contains(LocalModes::ICANON)
+                    && !t.input_modes.contains(InputModes::ICRNL) =>
             {
                 b'\r'
             }
@@ -217,15 +196,15 @@ impl PtyMaster {
     /// that read keys one by one switch it off.
     pub fn signals_enabled(&self) -> bool {
         termios::tcgetattr(self.fd.get_ref())
-            .map(|t| t.local_flags.contains(LocalFlags::ISIG))
+            .map(|t| t.local_modes.contains(LocalModes::ISIG))
             .unwrap_or(true)
     }
 
     /// The terminal's foreground process group, as the kernel sees it.
     pub fn foreground_pgrp(&self) -> Option<i32> {
-        nix::unistd::tcgetpgrp(self.fd.get_ref())
+        termios::tcgetpgrp(self.fd.get_ref())
             .ok()
-            .map(|p| p.as_raw())
+            .map(|p| p.as_raw_nonzero().get())
             .filter(|&p| p > 0)
     }
 }

@@ -12,11 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use nix::fcntl::OFlag;
-use nix::sys::signal::{self, Signal};
-use nix::unistd::Pid;
 use replbox_exec::status::Record;
 use replbox_exec::{PROGRAM_FD, Program, STATUS_FD, procfs};
+use rustix::process::{Pid, Signal};
 use tokio::process::{Child, Command};
 
 use crate::sandbox::{Jail, Sandbox};
@@ -79,9 +77,7 @@ fn program_fd(spec: &SpawnSpec) -> std::io::Result<OwnedFd> {
         env: env.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
     };
     let bytes = program.encode().map_err(std::io::Error::other)?;
-    let fd =
-        nix::sys::memfd::memfd_create(c"replbox-program", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
-            .map_err(std::io::Error::from)?;
+    let fd = rustix::fs::memfd_create(c"replbox-program", rustix::fs::MemfdFlags::CLOEXEC)?;
     let mut file = std::fs::File::from(fd);
     file.write_all(&bytes)?;
     file.rewind()?;
@@ -116,8 +112,9 @@ pub fn spawn(sandbox: &Sandbox, spec: SpawnSpec) -> std::io::Result<Proc> {
     let program = program_fd(&spec)?;
     // Close-on-exec in the server, so no other concurrently spawned child inherits it; the
     // write end is placed at STATUS_FD in this child only (pre_exec below).
-    let (status_r, status_w) =
-        nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(std::io::Error::from)?;
+    let (status_r, status_w) = rustix::pipe::pipe_with(
+        rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+    )?;
     let line = sandbox.command(&spec.jail, &spec.cwd, pty)?;
     let mut cmd = Command::new(&line.program);
     cmd.args(&line.args)
@@ -243,16 +240,16 @@ impl Proc {
         // Signal the helper, not bwrap: bwrap would die at once and leave the sandbox to
         // die a moment later, after this returned.
         let helper = self.helper_pid().unwrap_or(self.pid);
-        let target = Pid::from_raw(helper as i32);
         terminate_helper(helper);
         match tokio::time::timeout(Duration::from_secs(3), self.child.wait()).await {
             Ok(Ok(status)) => Some(self.reported(status)),
             _ => {
                 self.mark_dirty();
-                let pid = Pid::from_raw(self.pid as i32);
-                let _ = signal::kill(target, Signal::SIGKILL);
-                let _ = signal::killpg(pid, Signal::SIGKILL);
-                let _ = signal::kill(pid, Signal::SIGKILL);
+                if let (Some(helper), Some(pid)) = (pid_of(helper), pid_of(self.pid)) {
+                    let _ = rustix::process::kill_process(helper, Signal::KILL);
+                    let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+                    let _ = rustix::process::kill_process(pid, Signal::KILL);
+                }
                 self.child.wait().await.ok()
             }
         }
@@ -275,12 +272,18 @@ impl Drop for Proc {
 /// its process group.
 pub fn terminate_helper(pid: u32) -> bool {
     let me = std::process::id();
-    let group = nix::unistd::getpgrp().as_raw() as u32;
-    if pid <= 1 || pid == me || pid == group || i32::try_from(pid).is_err() {
+    let group = rustix::process::getpgrp().as_raw_nonzero().get() as u32;
+    let target = pid_of(pid).filter(|_| pid > 1 && pid != me && pid != group);
+    let Some(target) = target else {
         tracing::warn!(pid, "refusing to signal a pid that is not a helper");
         return false;
-    }
-    signal::kill(Pid::from_raw(pid as i32), Signal::SIGTERM).is_ok()
+    };
+    rustix::process::kill_process(target, Signal::TERM).is_ok()
+}
+
+/// A pid as the kernel takes it (None for 0 and what does not fit).
+fn pid_of(pid: u32) -> Option<Pid> {
+    Pid::from_raw(i32::try_from(pid).ok()?)
 }
 
 /// Exit code and signal name from a status.
@@ -296,7 +299,7 @@ pub fn describe_status(status: &std::process::ExitStatus) -> (Option<i32>, Optio
 }
 
 pub fn signal_name(sig: i32) -> String {
-    Signal::try_from(sig)
+    nix::sys::signal::Signal::try_from(sig)
         .map(|s| s.as_str().to_string())
         .unwrap_or_else(|_| format!("signal {sig}"))
 }
@@ -308,7 +311,7 @@ mod tests {
     /// A SIGTERM to any of these would end this test process (or its group) itself.
     #[test]
     fn never_signals_the_server_or_its_group() {
-        let group = nix::unistd::getpgrp().as_raw() as u32;
+        let group = rustix::process::getpgrp().as_raw_nonzero().get() as u32;
         for pid in [0, 1, std::process::id(), group, u32::MAX] {
             assert!(!terminate_helper(pid), "{pid}");
         }

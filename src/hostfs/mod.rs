@@ -172,12 +172,10 @@ fn worker(uid: u32, id: u64, rx: std::sync::mpsc::Receiver<Job>) {
 /// supplementary group and no capability; checked before returning.
 fn become_uid(uid: u32) -> io::Result<()> {
     rustix::thread::set_thread_groups(&[])?;
-    // SAFETY: setfsgid/setfsuid take an integer and change only this thread's credentials.
-    // They return the previous value, never an error, hence the checks below.
-    unsafe {
-        libc::syscall(libc::SYS_setfsgid, uid as libc::c_long);
-        libc::syscall(libc::SYS_setfsuid, uid as libc::c_long);
-    }
+    // This thread's only (glibc does not pass these on to the other threads). They return
+    // the previous value, never an error, hence the checks below.
+    nix::unistd::setfsgid(nix::unistd::Gid::from_raw(uid));
+    nix::unistd::setfsuid(nix::unistd::Uid::from_raw(uid));
     // A fsuid change drops the DAC capabilities only; CAP_SYS_PTRACE (which /proc checks),
     // CAP_SYS_ADMIN and the rest would stay.
     let none = rustix::thread::CapabilitySet::empty();
@@ -189,18 +187,11 @@ fn become_uid(uid: u32) -> io::Result<()> {
             inheritable: none,
         },
     )?;
-    // SAFETY: an invalid id (-1) changes nothing and returns the current one.
-    let (fsuid, fsgid) = unsafe {
-        (
-            libc::syscall(libc::SYS_setfsuid, -1 as libc::c_long),
-            libc::syscall(libc::SYS_setfsgid, -1 as libc::c_long),
-        )
-    };
-    // SAFETY: with a size of 0, getgroups only returns the count.
-    let groups = unsafe { libc::syscall(libc::SYS_getgroups, 0, std::ptr::null_mut::<u32>()) };
+    let (fsuid, fsgid) = fs_ids();
+    let groups = rustix::process::getgroups()?.len();
     let caps = rustix::thread::capabilities(None)?;
-    if fsuid != uid as libc::c_long
-        || fsgid != uid as libc::c_long
+    if fsuid != uid
+        || fsgid != uid
         || groups != 0
         || !caps.effective.is_empty()
         || !caps.permitted.is_empty()
@@ -210,6 +201,16 @@ fn become_uid(uid: u32) -> io::Result<()> {
         )));
     }
     Ok(())
+}
+
+/// This thread's filesystem uid and gid (an invalid id, -1, changes nothing and returns the
+/// current one).
+fn fs_ids() -> (u32, u32) {
+    let none = u32::MAX;
+    (
+        nix::unistd::setfsuid(nix::unistd::Uid::from_raw(none)).as_raw(),
+        nix::unistd::setfsgid(nix::unistd::Gid::from_raw(none)).as_raw(),
+    )
 }
 
 #[cfg(test)]
@@ -253,9 +254,10 @@ mod tests {
         // The server's own threads kept their rights.
         assert_eq!(std::fs::read(&secret).unwrap(), b"s");
         let (fsuid, caps) = as_uid_blocking(Some(65_534), || {
-            // SAFETY: -1 changes nothing and returns the current fsuid.
-            let f = unsafe { libc::syscall(libc::SYS_setfsuid, -1 as libc::c_long) };
-            (f, rustix::thread::capabilities(None).unwrap().effective)
+            (
+                fs_ids().0,
+                rustix::thread::capabilities(None).unwrap().effective,
+            )
         })
         .unwrap();
         assert_eq!(fsuid, 65_534);
