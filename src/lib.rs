@@ -16,7 +16,11 @@ compile_error!(
 #[cfg(target_os = "linux")]
 pub mod app;
 #[cfg(target_os = "linux")]
+pub mod clients;
+#[cfg(target_os = "linux")]
 pub mod config;
+#[cfg(target_os = "linux")]
+pub mod doctor;
 #[cfg(target_os = "linux")]
 pub mod egress;
 #[cfg(target_os = "linux")]

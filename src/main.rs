@@ -1,6 +1,6 @@
 //! Command line: `serve` (MCP over stdio, or streamable HTTP with `--http`), `run`,
-//! and `languages`. (Every child runs under the helper, the `replbox-exec` binary installed
-//! beside this one.)
+//! `languages`, `install` (a client's configuration) and `doctor` (what this host gives).
+//! (Every child runs under the helper, the `replbox-exec` binary installed beside this one.)
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -82,11 +82,145 @@ enum Command {
         #[command(flatten)]
         config: Config,
     },
+    /// Add replbox to an MCP client's configuration (or print the entry with --print).
+    Install {
+        /// The client whose configuration to write.
+        #[arg(long, value_enum)]
+        client: replbox::clients::Client,
+        /// A project directory sessions may use as their `cwd` although the sandbox hides
+        /// its tree (`--allow-cwd DIR` in the entry); repeatable.
+        #[arg(long = "project", value_name = "DIR")]
+        projects: Vec<PathBuf>,
+        /// Print the configuration instead of writing it.
+        #[arg(long)]
+        print: bool,
+        /// Write this file instead of the client's user-wide one (say, a project's
+        /// `.mcp.json`, `.cursor/mcp.json` or `.vscode/mcp.json`).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Start replbox over SSH on this host (`ssh -T HOST /path/to/replbox serve`), for a
+        /// client on another machine; claude-desktop always does (default: this host's name).
+        #[arg(long, value_name = "HOST")]
+        ssh: Option<String>,
+        /// The server's name in the client.
+        #[arg(long, default_value = "replbox")]
+        name: String,
+    },
+    /// Say what this host gives replbox: the sandbox level and why, the languages found,
+    /// the data stack, the directories sessions may use, the network for packages; and the
+    /// line that fixes each problem.
+    Doctor {
+        #[command(flatten)]
+        config: Config,
+    },
+}
+
+/// The flags of `Config` each subcommand other than `serve` uses; the others are hidden
+/// from its help and refused on its command line.
+const RUN_FLAGS: &[&str] = &[
+    "prompts",
+    "python",
+    "default_timeout_ms",
+    "max_timeout_ms",
+    "output_cap",
+    "work_dir",
+    "sandbox",
+    "require_sandbox",
+    "allow_network",
+    "allow_domain",
+    "allow_host",
+    "memory_mb",
+    "processes",
+    "file_size_mb",
+    "open_files",
+    "cpu_s",
+    "tmpfs_mb",
+    "uid_base",
+    "uids",
+    "mask",
+];
+const LANGUAGES_FLAGS: &[&str] = &["prompts", "python", "sandbox", "work_dir", "mask"];
+const DOCTOR_FLAGS: &[&str] = &[
+    "prompts",
+    "python",
+    "sandbox",
+    "require_sandbox",
+    "work_dir",
+    "mask",
+    "allow_cwd",
+    "allow_network",
+    "allow_domain",
+    "allow_host",
+    "caller_domains",
+    "uid_base",
+    "uids",
+];
+
+/// The command line parsed: subcommands other than `serve` show and take only the flags
+/// that apply to them; a bare `replbox` given `serve`'s flags is told where they go.
+fn parse_cli() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let config_ids: Vec<String> = <Config as clap::Args>::augment_args(clap::Command::new("c"))
+        .get_arguments()
+        .map(|a| a.get_id().to_string())
+        .collect();
+    let only: [(&str, &[&str]); 3] = [
+        ("run", RUN_FLAGS),
+        ("languages", LANGUAGES_FLAGS),
+        ("doctor", DOCTOR_FLAGS),
+    ];
+    let mut cmd = Cli::command();
+    for (sub, keep) in only {
+        for id in config_ids.iter().filter(|id| !keep.contains(&id.as_str())) {
+            cmd = cmd.mut_subcommand(sub, |c| c.mut_arg(id.as_str(), |a| a.hide(true)));
+        }
+    }
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let matches = match cmd.clone().try_get_matches_from(&argv) {
+        Ok(m) => m,
+        Err(e) => {
+            if e.kind() == clap::error::ErrorKind::UnknownArgument
+                && argv
+                    .get(1)
+                    .is_some_and(|a| a.to_string_lossy().starts_with('-'))
+                && BareServe::try_parse_from(&argv).is_ok()
+            {
+                let rest: Vec<String> = argv[1..]
+                    .iter()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect();
+                let _ = e.print();
+                eprintln!(
+                    "\ntip: a bare `replbox` is `replbox serve`, but flags go after the \
+                     command: replbox serve {}",
+                    rest.join(" ")
+                );
+                std::process::exit(2);
+            }
+            e.exit()
+        }
+    };
+    for (sub, keep) in only {
+        let Some(m) = matches.subcommand_matches(sub) else {
+            continue;
+        };
+        for id in config_ids.iter().filter(|id| !keep.contains(&id.as_str())) {
+            if m.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {
+                let flag = format!("--{}", id.replace('_', "-"));
+                cmd.error(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!("{flag} is a flag of `replbox serve`, not of `replbox {sub}`"),
+                )
+                .exit();
+            }
+        }
+    }
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 fn main() -> ExitCode {
     drop_own_python_env_from_path();
-    let cli = Cli::parse();
+    let cli = parse_cli();
     // A bare `replbox` is exactly `replbox serve`: its settings come from the REPLBOX_*
     // variables as serve's do (no flag can be given without a command).
     let command = cli.command.unwrap_or_else(|| {
@@ -96,7 +230,16 @@ fn main() -> ExitCode {
             http: bare.http,
         }
     });
-    init_logging(cli.log_format);
+    // install prints what it did; doctor's report is the output (its probes' own warnings
+    // are in the report).
+    match &command {
+        Command::Install { .. } => return install(command),
+        Command::Doctor { .. } => init_logging(cli.log_format, Some("error")),
+        _ => init_logging(cli.log_format, None),
+    }
+    if let Command::Serve { .. } = &command {
+        warn_unknown_variables();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -123,6 +266,8 @@ fn main() -> ExitCode {
                 config,
             } => run(config, language, code, file, stdin, timeout_ms, args).await,
             Command::Languages { config } => languages(config).await,
+            Command::Doctor { config } => replbox::doctor::run(config).await,
+            Command::Install { .. } => unreachable!("handled before the runtime"),
         }
     });
     // Do not wait for stray blocking tasks (a stdin read) at exit.
@@ -154,14 +299,17 @@ fn drop_own_python_env_from_path() {
 /// crates' warnings.
 const DEFAULT_LOG: &str = "warn,replbox=info";
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, filter: Option<&str>) {
     use tracing_subscriber::Layer;
     use tracing_subscriber::filter::FilterExt;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
 
-    let filter = tracing_subscriber::EnvFilter::try_from_env("REPLBOX_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG));
+    let filter = match filter {
+        Some(f) => tracing_subscriber::EnvFilter::new(f),
+        None => tracing_subscriber::EnvFilter::try_from_env("REPLBOX_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG)),
+    };
     // rmcp logs every JSON-RPC error it answers at WARN ("response error"), so a client's
     // mistake (a missing resource, a bad cursor, an unknown tool) would read as a server
     // problem; replbox logs those itself, below WARN.
@@ -218,7 +366,24 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn serve_http(config: Config, http: HttpConfig, addr: String) -> anyhow::Result<ExitCode> {
+async fn serve_http(
+    config: Config,
+    mut http: HttpConfig,
+    addr: String,
+) -> anyhow::Result<ExitCode> {
+    // The name clients' examples use for their one token: taken as one more token rather
+    // than ignored (REPLBOX_TOKENS takes several).
+    if let Ok(token) = std::env::var("REPLBOX_TOKEN")
+        && !token.trim().is_empty()
+        && !http.tokens.contains(&token)
+    {
+        http.tokens.push(token);
+        tracing::info!(
+            "REPLBOX_TOKEN taken as bearer token #{} (REPLBOX_TOKENS takes several, \
+             comma-separated)",
+            http.tokens.len()
+        );
+    }
     let app = App::new(config)?;
     app.log_settings();
     replbox::http::serve(app, &http, &addr, wait_for_termination()).await?;
@@ -362,4 +527,148 @@ in a session's cwd)",
         writeln!(out, "\n{n}")?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Variables named `REPLBOX_*` that replbox reads besides the flags' own.
+const OTHER_VARIABLES: &[&str] = &[
+    "REPLBOX_LOG",
+    "REPLBOX_HELPER",
+    "REPLBOX_TOKEN",
+    // The test suite's, the benchmark's and CI's own.
+    "REPLBOX_REQUIRE_ALL",
+    "REPLBOX_BENCH_TEST",
+    "REPLBOX_CI_CACHE",
+];
+
+/// A `REPLBOX_*` variable that nothing reads is most likely a misspelling: say so by name
+/// (never its value), with the closest known name.
+fn warn_unknown_variables() {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let mut known: Vec<String> = OTHER_VARIABLES.iter().map(|s| s.to_string()).collect();
+    let mut add = |c: &clap::Command| {
+        for a in c.get_arguments() {
+            if let Some(env) = a.get_env() {
+                known.push(env.to_string_lossy().into_owned());
+            }
+        }
+    };
+    add(&cmd);
+    for sub in cmd.get_subcommands() {
+        add(sub);
+    }
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if !name.starts_with("REPLBOX_") || known.iter().any(|k| *k == name) {
+            continue;
+        }
+        let closest = known
+            .iter()
+            .map(|k| (strsim::jaro_winkler(k, &name), k))
+            .filter(|(score, _)| *score > 0.85)
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, k)| format!(" (did you mean {k}?)"))
+            .unwrap_or_default();
+        tracing::warn!("{name} is set, but replbox reads no variable of that name{closest}");
+    }
+}
+
+/// `replbox install`: the entry written into (or printed for) the client's configuration.
+fn install(command: Command) -> ExitCode {
+    use replbox::clients::{self, Change, Client, Entry};
+    let Command::Install {
+        client,
+        projects,
+        print,
+        config,
+        ssh,
+        name,
+    } = command
+    else {
+        return ExitCode::FAILURE;
+    };
+    let fail = |msg: String| {
+        eprintln!("replbox install: {msg}");
+        ExitCode::FAILURE
+    };
+    let exe = match std::env::current_exe().and_then(std::fs::canonicalize) {
+        Ok(p) => p,
+        Err(e) => return fail(format!("cannot tell where this replbox is: {e}")),
+    };
+    if let Some(launcher) = clients::transient_exe(&exe) {
+        eprintln!(
+            "replbox install: note: this replbox runs from {launcher}'s cache ({}), which goes \
+             when the cache is cleaned; for a lasting entry install it first (`uv tool install` \
+             the wheel, or `npm install -g` the package) and run `replbox install` from there",
+            exe.display()
+        );
+    }
+    let mut dirs = Vec::new();
+    for p in &projects {
+        match std::fs::canonicalize(p) {
+            Ok(d) if d.is_dir() => dirs.push(d),
+            Ok(d) => return fail(format!("--project {}: not a directory", d.display())),
+            Err(e) => return fail(format!("--project {}: {e}", p.display())),
+        }
+    }
+    let ssh = match (ssh, client.runs_elsewhere()) {
+        (Some(h), _) if h.is_empty() || h.starts_with('-') => {
+            return fail(format!("--ssh {h:?}: give a host name (or user@host)"));
+        }
+        (Some(h), _) => Some(h),
+        (None, true) => Some(
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "localhost".into()),
+        ),
+        (None, false) => None,
+    };
+    let entry = Entry::new(&name, &exe, &dirs, ssh.as_deref());
+    let file = config.or_else(|| clients::default_file(client, &|k| std::env::var(k).ok()));
+    let file = match (print, file) {
+        (false, Some(f)) => f,
+        (true, _) | (false, None) => {
+            print!("{}", clients::render(client, &entry));
+            if client == Client::ClaudeDesktop {
+                eprintln!(
+                    "replbox install: Claude Desktop runs on macOS or Windows: merge this into \
+                     its claude_desktop_config.json there (macOS: ~/Library/Application \
+                     Support/Claude/, Windows: %APPDATA%\\Claude\\); it starts replbox on \
+                     this host over SSH (`ssh -T {}` must log in without a prompt)",
+                    ssh.as_deref().unwrap_or_default()
+                );
+            } else if !print {
+                eprintln!("replbox install: no HOME: merge this into the client's file by hand");
+            }
+            return ExitCode::SUCCESS;
+        }
+    };
+    match clients::install(client, &file, &entry) {
+        Ok(done) => {
+            let what = match done.change {
+                Change::Added => "added",
+                Change::Replaced => "replaced",
+                Change::Unchanged => "already there, unchanged",
+            };
+            println!(
+                "{}: server \"{}\" {what} in {}",
+                client.name(),
+                entry.name,
+                done.file.display()
+            );
+            if let Some(b) = done.backup {
+                println!("the file as it was: {}", b.display());
+            }
+            if done.change != Change::Unchanged {
+                println!(
+                    "restart {} (or reload its MCP servers) to use it",
+                    client.name()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
 }

@@ -341,7 +341,8 @@ mod tests {
         assert!(no("/run/user").contains("never"));
         assert!(no("/tmp/replbox-abc/sessions").contains("overlaps"));
         assert!(no("/").contains("contains"));
-        assert!(no("/root/.cargo").contains("--allow-cwd"));
+        // The exact line to add, with the path asked for.
+        assert!(no("/root/.cargo").contains("`--allow-cwd /root/.cargo`"));
         assert!(no("/tmp/other").contains("--allow-cwd"));
         assert!(
             policy

@@ -84,10 +84,13 @@ directory that does not contain it",
             if path.starts_with(m) && !self.allowed.iter().any(|a| path.starts_with(a)) {
                 return Err(format!(
                     "{p} is inside {}, which the sandbox hides from sessions (it holds other \
-users' files, credentials or service sockets). The server's operator can allow a tree there with \
---allow-cwd DIR (or REPLBOX_ALLOW_CWD), for a cwd and for files to copy alike; otherwise use a \
-path outside it",
-                    m.display()
+users' files, credentials or service sockets). The server's operator can allow it by adding \
+`--allow-cwd {}` to the server's arguments after `serve` (or REPLBOX_ALLOW_CWD; `replbox install \
+--client NAME --project {}` writes it into a client's configuration), for a cwd and for files to \
+copy alike; otherwise use a path outside it",
+                    m.display(),
+                    shown.display(),
+                    shown.display()
                 ));
             }
         }
