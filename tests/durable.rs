@@ -963,6 +963,46 @@ async fn session_vars_per_language() {
     s.stop().await;
 }
 
+/// Functions and classes imported from elsewhere are not the user's: named in `imported`,
+/// not listed among `vars`; each listed name says whether it is data, a function or a class.
+#[tokio::test(flavor = "multi_thread")]
+async fn session_vars_names_imported_functions_and_classes_apart() {
+    if !require("python", "python3") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("python").await;
+    let code = "from math import sqrt\nfrom collections import OrderedDict\nimport json\nrows = [1, 2]\ndef mine(x):\n    return x\nclass Mine:\n    pass";
+    let o = s.eval(&id, code).await;
+    assert_eq!(status(&o), "ok", "{}", o.text);
+    let o = s.call("session_vars", json!({"session_id": id})).await;
+    assert!(!o.is_error, "{}", o.text);
+    let list = o.structured["vars"].as_array().unwrap();
+    let kind = |name: &str| {
+        list.iter()
+            .find(|v| v["name"] == name)
+            .map(|v| v["kind"].as_str().unwrap_or("").to_string())
+    };
+    assert_eq!(kind("rows").as_deref(), Some("data"), "{}", o.structured);
+    assert_eq!(
+        kind("mine").as_deref(),
+        Some("function"),
+        "{}",
+        o.structured
+    );
+    assert_eq!(kind("Mine").as_deref(), Some("class"), "{}", o.structured);
+    for gone in ["sqrt", "OrderedDict", "json"] {
+        assert_eq!(kind(gone), None, "{gone} listed: {}", o.structured);
+    }
+    assert_eq!(o.structured["imported"], json!(["sqrt", "OrderedDict"]));
+    // The text puts the user's data first and names the imports on one line.
+    let rows = o.text.find("rows:").expect("rows");
+    let mine = o.text.find("mine:").expect("mine");
+    assert!(rows < mine, "{}", o.text);
+    assert!(o.text.contains("imported: sqrt, OrderedDict"), "{}", o.text);
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_data_frame_is_summarised_with_shape_dtypes_and_size() {
     if !python_data() {

@@ -432,11 +432,23 @@ def __rbx_setup():
 
     def list_vars():
         found, used, omitted = [], 2, 0
+        # Functions and classes imported from elsewhere (`from math import sqrt`) are not
+        # the user's: named apart, not listed among the data.
+        main, imported, imported_used = g.get("__name__"), [], 0
         for name, v in list(g.items())[:2000]:
             if name == "_" or (name.startswith("__") and name.endswith("__")) or inspect.ismodule(v):
                 continue
+            if inspect.isclass(v) or inspect.isroutine(v):
+                if getattr(v, "__module__", main) != main:
+                    if imported_used + len(name) < 2000:
+                        imported.append(name[:100])
+                        imported_used += len(name) + 3
+                    continue
+                kind = "class" if inspect.isclass(v) else "function"
+            else:
+                kind = "data"
             tname, text, size = summary(v)
-            entry = {"name": name[:100], "type": tname[:100], "summary": text}
+            entry = {"name": name[:100], "type": tname[:100], "kind": kind, "summary": text}
             if size is not None:
                 entry["size"] = size
             cost = len(json.dumps(entry)) + 1
@@ -446,6 +458,8 @@ def __rbx_setup():
             used += cost
             found.append(entry)
         cell["extra"]["vars"] = found
+        if imported:
+            cell["extra"]["imported"] = imported
         if omitted:
             cell["extra"]["vars_omitted"] = omitted
 

@@ -29,6 +29,10 @@ pub struct VarInfo {
     /// Its type, as the language names it.
     #[serde(rename = "type")]
     pub kind: String,
+    /// What it is: `data`, or a `function` or `class` the user defined (imported ones are
+    /// in the report's `imported`).
+    #[serde(rename = "kind")]
+    pub category: String,
     /// A short summary: length, shape and dtypes, a value cut short.
     pub summary: String,
     /// Bytes in memory, where the language can tell.
@@ -42,6 +46,10 @@ pub struct VarsReport {
     pub session_id: String,
     pub language: String,
     pub vars: Vec<VarInfo>,
+    /// Functions and classes imported from elsewhere (`from math import sqrt`): not the
+    /// user's, so named here rather than listed among `vars` (Python).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub imported: Vec<String>,
     /// Names left out to keep the answer short.
     pub omitted: u64,
 }
@@ -53,7 +61,10 @@ impl VarsReport {
         } else {
             String::new()
         };
-        for v in &self.vars {
+        // The user's data first, then what they defined to work on it.
+        let data = self.vars.iter().filter(|v| v.category == "data");
+        let defined = self.vars.iter().filter(|v| v.category != "data");
+        for v in data.chain(defined) {
             t.push_str(&format!("{}: {}", v.name, v.kind));
             if !v.summary.is_empty() {
                 t.push_str(&format!(" = {}", v.summary));
@@ -62,6 +73,9 @@ impl VarsReport {
                 t.push_str(&format!(" ({})", super::files::human_size(s)));
             }
             t.push('\n');
+        }
+        if !self.imported.is_empty() {
+            t.push_str(&format!("imported: {}\n", self.imported.join(", ")));
         }
         if self.omitted > 0 {
             t.push_str(&format!("[{} more not listed]\n", self.omitted));
@@ -77,6 +91,30 @@ fn cut(s: &str) -> String {
         .take(MAX_FIELD)
         .collect();
     s.trim().to_string()
+}
+
+/// `data`, `function` or `class`: as the bootstrap says, else from the type's name.
+fn category(said: Option<&str>, type_name: &str) -> String {
+    match said {
+        Some(c @ ("data" | "function" | "class")) => c.into(),
+        _ if type_name == "function" || type_name.contains("->") => "function".into(),
+        _ if type_name == "class" => "class".into(),
+        _ => "data".into(),
+    }
+}
+
+/// The `imported` names of a payload, bounded like the rest.
+fn imported_of(payload: &Value) -> Vec<String> {
+    payload["imported"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str())
+                .take(MAX_VARS)
+                .map(cut)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The `vars` of a payload, checked field by field (it comes from the session's process).
@@ -95,6 +133,7 @@ fn from_payload(payload: &Value) -> (Vec<VarInfo>, u64) {
         vars.push(VarInfo {
             name: cut(name),
             kind: cut(kind),
+            category: category(v["kind"].as_str(), kind),
             summary: cut(v["summary"].as_str().unwrap_or("")),
             size: v["size"].as_u64(),
         });
@@ -117,6 +156,7 @@ fn from_output(output: &str, re: &regex::Regex) -> (Vec<VarInfo>, u64) {
         vars.push(VarInfo {
             name: cut(name.as_str()),
             kind: cut(kind.as_str()),
+            category: category(None, kind.as_str()),
             summary: c.name("value").map_or(String::new(), |m| cut(m.as_str())),
             size: c.name("size").and_then(|m| m.as_str().trim().parse().ok()),
         });
@@ -187,14 +227,22 @@ session_input, or stop it with session_interrupt, first",
             }
             ending => return Err(unfinished(id, timeout, &ending)),
         };
-        let (vars, omitted) = match session.lang.vars_pattern() {
-            Some(re) => from_output(&outcome.output.text, re),
-            None => from_payload(&payload_json(&marker.payload)),
+        let (vars, omitted, imported) = match session.lang.vars_pattern() {
+            Some(re) => {
+                let (v, o) = from_output(&outcome.output.text, re);
+                (v, o, Vec::new())
+            }
+            None => {
+                let payload = payload_json(&marker.payload);
+                let (v, o) = from_payload(&payload);
+                (v, o, imported_of(&payload))
+            }
         };
         Ok(VarsReport {
             session_id: id.to_string(),
             language: session.lang.id().to_string(),
             vars,
+            imported,
             omitted,
         })
     }
