@@ -311,19 +311,25 @@ impl SessionManager {
                 out.ending
             ));
         }
+        // One line for all of them, once: the default list names modules a host may simply
+        // not have (no pandas is no fault).
+        let mut newly = Vec::new();
         for line in out.output.text.lines() {
             let Some(failed) = line.trim().strip_prefix(PRELOAD_FAILED) else {
                 continue;
             };
             for m in failed.split_whitespace() {
                 if modules.iter().any(|x| x == m) && lock(&self.warm.logged).insert(m.to_string()) {
-                    tracing::warn!(
-                        lang = up.it.lang.id(),
-                        module = m,
-                        "a --preload module does not import in warm sessions; they go without it"
-                    );
+                    newly.push(m.to_string());
                 }
             }
+        }
+        if !newly.is_empty() {
+            tracing::info!(
+                lang = up.it.lang.id(),
+                modules = %newly.join(", "),
+                "--preload modules that do not import here; warm sessions go without them"
+            );
         }
         Ok(())
     }

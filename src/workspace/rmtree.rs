@@ -24,6 +24,8 @@ pub fn remove_tree(path: &Path) {
             "{left} entries under {} could not be removed and were left",
             path.display()
         ),
+        // Already gone (removed by whoever raced it, or never made): nothing to report.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => tracing::warn!("{} was not removed completely: {e}", path.display()),
     }
 }
