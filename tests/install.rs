@@ -1,7 +1,7 @@
 //! replbox installed in a Python environment's `bin/` (what a wheel installs): a launcher
 //! that puts that `bin/` first on PATH (`uvx`) must not make replbox take the
 //! environment's own Python for the user's; an environment the user activated is theirs.
-//! The full path (build the wheel, install it, run code) is `.ci/wheel`.
+//! The full path (build the wheel, install it, run code) is `.ci/packages`.
 
 mod common;
 
