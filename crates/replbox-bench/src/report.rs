@@ -150,7 +150,7 @@ pub struct TargetReport {
     pub met: bool,
 }
 
-/// replbox's performance targets (README.md, "Performance"), judged on the rows measured; a
+/// replbox's performance targets (docs/performance.md), judged on the rows measured; a
 /// target whose row was not measured is left out.
 pub fn targets(sections: &[SectionReport]) -> Vec<TargetReport> {
     let find = |name: &str| sections.iter().find(|s| s.name == name);
