@@ -447,3 +447,78 @@ fn raw_post(addr: &str, token: Option<&str>) -> String {
     let _ = c.read_to_string(&mut out);
     out.lines().next().unwrap_or_default().to_string()
 }
+
+#[test]
+fn missing_preload_modules_are_one_info_line() {
+    use std::io::{BufRead, BufReader, Write};
+    if !common::require("python", "python3") {
+        return;
+    }
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--preload",
+            "no_such_mod_a,no_such_mod_b",
+            "--session-pool",
+            "1",
+        ])
+        .env("REPLBOX_POOL", "0")
+        .env("REPLBOX_LOG", "info")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    // The warm pool starts once the server has answered `initialize`.
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"t","version":"0"}}}}}}"#
+    )
+    .expect("initialize");
+    writeln!(stdin, r#"{{"jsonrpc":"2.0","method":"notifications/initialized"}}"#)
+        .expect("initialized");
+    // A guard against a server that never says it, not a measurement.
+    let pid = child.id() as i32;
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let guard = std::thread::spawn(move || {
+        if done_rx
+            .recv_timeout(std::time::Duration::from_secs(180))
+            .is_err()
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    });
+    let mut lines = Vec::new();
+    let mut reader = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    while reader.read_line(&mut line).unwrap_or(0) > 0 {
+        let done = line.contains("no_such_mod");
+        lines.push(std::mem::take(&mut line));
+        if done {
+            break;
+        }
+    }
+    drop(stdin);
+    while reader.read_line(&mut line).unwrap_or(0) > 0 {
+        lines.push(std::mem::take(&mut line));
+    }
+    let _ = child.wait();
+    let _ = done_tx.send(());
+    let _ = guard.join();
+    let about: Vec<&String> = lines.iter().filter(|l| l.contains("no_such_mod")).collect();
+    assert_eq!(about.len(), 1, "{lines:#?}");
+    assert!(about[0].contains(" INFO "), "{}", about[0]);
+    assert!(
+        about[0].contains("no_such_mod_a, no_such_mod_b"),
+        "{}",
+        about[0]
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains(" WARN ") && l.contains("preload")),
+        "{lines:#?}"
+    );
+}
