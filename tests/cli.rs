@@ -476,8 +476,11 @@ fn missing_preload_modules_are_one_info_line() {
         r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"t","version":"0"}}}}}}"#
     )
     .expect("initialize");
-    writeln!(stdin, r#"{{"jsonrpc":"2.0","method":"notifications/initialized"}}"#)
-        .expect("initialized");
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","method":"notifications/initialized"}}"#
+    )
+    .expect("initialized");
     // A guard against a server that never says it, not a measurement.
     let pid = child.id() as i32;
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
@@ -518,7 +521,66 @@ fn missing_preload_modules_are_one_info_line() {
         about[0]
     );
     assert!(
-        !lines.iter().any(|l| l.contains(" WARN ") && l.contains("preload")),
+        !lines
+            .iter()
+            .any(|l| l.contains(" WARN ") && l.contains("preload")),
         "{lines:#?}"
     );
+}
+
+/// The README is read in five minutes: short, the Quick start first, every page it links
+/// to there.
+#[test]
+fn the_readme_is_short_and_starts_with_the_quick_start() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README");
+    let lines = readme.lines().count();
+    assert!(
+        lines <= 300,
+        "README.md is {lines} lines: move detail into docs/"
+    );
+    let first = readme
+        .lines()
+        .find(|l| l.starts_with("## "))
+        .expect("a section");
+    assert_eq!(first, "## Quick start");
+    for link in regex_links(&readme) {
+        if link.starts_with("http") || link.starts_with('#') {
+            continue;
+        }
+        let path = link.split('#').next().unwrap_or(&link);
+        assert!(
+            Path::new(root).join(path).exists(),
+            "README links to {link}, which is not there"
+        );
+    }
+    // No package the project does not own: PyPI's `replbox` is another project's.
+    for stranger in [
+        "uvx replbox",
+        "pipx install replbox",
+        "pip install replbox",
+        "uv tool install replbox",
+    ] {
+        for (n, l) in readme.lines().enumerate() {
+            assert!(
+                !l.contains(stranger) || l.contains("replbox-mcp") || l.contains("replbox_mcp"),
+                "README line {}: {l}",
+                n + 1
+            );
+        }
+    }
+}
+
+/// The targets of Markdown links `[text](target)`.
+fn regex_links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("](") {
+        rest = &rest[i + 2..];
+        if let Some(j) = rest.find(')') {
+            out.push(rest[..j].to_string());
+            rest = &rest[j..];
+        }
+    }
+    out
 }

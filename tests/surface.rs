@@ -921,7 +921,7 @@ fn help_defaults() -> std::collections::BTreeMap<String, Option<String>> {
     found
 }
 
-/// What a README default cell says, as `--help` would print it: a number (with MiB
+/// What a default cell of docs/configuration.md says, as `--help` would print it: a number (with MiB
 /// expanded), a `word`, or nothing ("off", blank, a description).
 fn readme_default(cell: &str) -> Option<String> {
     let cell = cell.trim();
@@ -938,13 +938,17 @@ fn readme_default(cell: &str) -> Option<String> {
     })
 }
 
-/// README's tables say what the program does: the configuration defaults are those of
-/// `serve --help`, every flag is documented (README or docs/http.md), and the session
-/// languages' aliases are the registry's.
+/// The documentation's tables say what the program does: the configuration defaults
+/// (docs/configuration.md) are those of `serve --help`, every flag is documented there or
+/// in docs/http.md, and the session languages' aliases (docs/session-languages.md) are the
+/// registry's.
 #[test]
 fn readme_matches_help_and_the_registry() {
     let root = env!("CARGO_MANIFEST_DIR");
-    let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README");
+    let readme =
+        std::fs::read_to_string(format!("{root}/docs/configuration.md")).expect("configuration");
+    let languages_doc = std::fs::read_to_string(format!("{root}/docs/session-languages.md"))
+        .expect("session-languages.md");
     let http_doc = std::fs::read_to_string(format!("{root}/docs/http.md")).expect("http.md");
     let help = help_defaults();
     assert!(
@@ -962,7 +966,7 @@ fn readme_matches_help_and_the_registry() {
         for (i, f) in flags.iter().enumerate() {
             let shown = help
                 .get(*f)
-                .unwrap_or_else(|| panic!("README lists {f}, which serve --help does not"));
+                .unwrap_or_else(|| panic!("docs/configuration.md lists {f}, which serve --help does not"));
             let cell = if defaults.len() == flags.len() {
                 defaults[i]
             } else {
@@ -971,7 +975,7 @@ fn readme_matches_help_and_the_registry() {
             assert_eq!(
                 &readme_default(cell),
                 shown,
-                "README's default of {f} ({cell:?}) is not --help's"
+                "docs/configuration.md's default of {f} ({cell:?}) is not --help's"
             );
         }
     }
@@ -981,19 +985,19 @@ fn readme_matches_help_and_the_registry() {
     {
         assert!(
             readme.contains(&format!("`{f}")) || http_doc.contains(&format!("`{f}")),
-            "{f} is documented in neither README.md nor docs/http.md"
+            "{f} is documented in neither docs/configuration.md nor docs/http.md"
         );
     }
 
     let registry = replbox::lang::Registry::load(None).expect("built-in languages");
-    let rows = table_after(&readme, "| `language` | aliases |");
+    let rows = table_after(&languages_doc, "| `language` | aliases |");
     let session_langs: Vec<_> = registry.all().iter().filter(|l| l.has_session()).collect();
     assert_eq!(rows.len(), session_langs.len(), "{rows:?}");
     for lang in session_langs {
         let row = rows
             .iter()
             .find(|r| r[0] == format!("`{}`", lang.id()))
-            .unwrap_or_else(|| panic!("{} is missing from README's session table", lang.id()));
+            .unwrap_or_else(|| panic!("{} is missing from docs/session-languages.md's table", lang.id()));
         let mut listed: Vec<&str> = row[1].split(", ").collect();
         let mut aliases: Vec<&str> = lang.spec.aliases.iter().map(String::as_str).collect();
         listed.sort();
