@@ -964,9 +964,9 @@ fn readme_matches_help_and_the_registry() {
         let defaults: Vec<&str> = row[2].split(", ").collect();
         assert!(!flags.is_empty(), "{row:?}");
         for (i, f) in flags.iter().enumerate() {
-            let shown = help
-                .get(*f)
-                .unwrap_or_else(|| panic!("docs/configuration.md lists {f}, which serve --help does not"));
+            let shown = help.get(*f).unwrap_or_else(|| {
+                panic!("docs/configuration.md lists {f}, which serve --help does not")
+            });
             let cell = if defaults.len() == flags.len() {
                 defaults[i]
             } else {
@@ -997,7 +997,12 @@ fn readme_matches_help_and_the_registry() {
         let row = rows
             .iter()
             .find(|r| r[0] == format!("`{}`", lang.id()))
-            .unwrap_or_else(|| panic!("{} is missing from docs/session-languages.md's table", lang.id()));
+            .unwrap_or_else(|| {
+                panic!(
+                    "{} is missing from docs/session-languages.md's table",
+                    lang.id()
+                )
+            });
         let mut listed: Vec<&str> = row[1].split(", ").collect();
         let mut aliases: Vec<&str> = lang.spec.aliases.iter().map(String::as_str).collect();
         listed.sort();
