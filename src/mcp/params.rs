@@ -29,6 +29,13 @@ pub struct RunCodeParams {
     /// Domains the code may reach through the server's proxy (e.g. pypi.org), if allowed.
     #[serde(default)]
     pub allow_domains: Vec<String>,
+    /// MCP servers the code may call (code mode; the server's operator configures them and
+    /// says who may use which): the code gets `from replbox import tools` (Python),
+    /// `require('replbox').tools` (JavaScript), `require 'replbox'` (Ruby) or `replbox-tool
+    /// SERVER TOOL JSON` (any shell), and tool results land in variables, not in this
+    /// conversation. The result lists the servers and their tools.
+    #[serde(default)]
+    pub mcp_servers: Vec<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -56,6 +63,13 @@ pub struct SessionStartParams {
     /// Domains the code may reach through the server's proxy (e.g. pypi.org), if allowed.
     #[serde(default)]
     pub allow_domains: Vec<String>,
+    /// MCP servers the code may call (code mode; the server's operator configures them and
+    /// says who may use which): the code gets `from replbox import tools` (Python),
+    /// `require('replbox').tools` (JavaScript), `require 'replbox'` (Ruby) or `replbox-tool
+    /// SERVER TOOL JSON` (any shell), and tool results land in variables, not in this
+    /// conversation. The result lists the servers and their tools.
+    #[serde(default)]
+    pub mcp_servers: Vec<String>,
 }
 
 // One file `session_start` brings in (a plain comment: the field says it).
