@@ -152,39 +152,46 @@ async fn main() -> anyhow::Result<()> {
         }
         Some(addr) => {
             use rmcp::transport::streamable_http_server::{
-                StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+                StreamableHttpServerConfig, StreamableHttpService,
+                session::local::LocalSessionManager,
             };
             let listener = tokio::net::TcpListener::bind(&addr).await?;
             let local = listener.local_addr()?;
             let ct = CancellationToken::new();
-            let config = StreamableHttpServerConfig::default().with_cancellation_token(ct.child_token());
+            let config =
+                StreamableHttpServerConfig::default().with_cancellation_token(ct.child_token());
             // One server state for every MCP session, so `count` counts them all.
             let probe = Probe::new();
-            let service: StreamableHttpService<Probe, LocalSessionManager> = StreamableHttpService::new(
-                move || Ok(probe.clone()),
-                Arc::new(LocalSessionManager::default()),
-                config,
-            );
+            let service: StreamableHttpService<Probe, LocalSessionManager> =
+                StreamableHttpService::new(
+                    move || Ok(probe.clone()),
+                    Arc::new(LocalSessionManager::default()),
+                    config,
+                );
             let required = flag("--require-header").and_then(|h| {
                 h.split_once(':')
                     .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
             });
-            let app = axum::Router::new().nest_service("/mcp", service).layer(
-                axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
-                    let required = required.clone();
-                    async move {
-                        if let Some((k, v)) = &required
-                            && req.headers().get(k.as_str()).and_then(|x| x.to_str().ok()) != Some(v.as_str())
-                        {
-                            return axum::response::IntoResponse::into_response((
-                                axum::http::StatusCode::UNAUTHORIZED,
-                                "missing header",
-                            ));
-                        }
-                        next.run(req).await
-                    }
-                }),
-            );
+            let app =
+                axum::Router::new()
+                    .nest_service("/mcp", service)
+                    .layer(axum::middleware::from_fn(
+                        move |req: axum::extract::Request, next: axum::middleware::Next| {
+                            let required = required.clone();
+                            async move {
+                                if let Some((k, v)) = &required
+                                    && req.headers().get(k.as_str()).and_then(|x| x.to_str().ok())
+                                        != Some(v.as_str())
+                                {
+                                    return axum::response::IntoResponse::into_response((
+                                        axum::http::StatusCode::UNAUTHORIZED,
+                                        "missing header",
+                                    ));
+                                }
+                                next.run(req).await
+                            }
+                        },
+                    ));
             println!("listening on http://{local}/mcp");
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move {

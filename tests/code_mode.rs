@@ -22,7 +22,8 @@ fn everything() -> Option<PathBuf> {
                 .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
                 .map(|c| c.join("replbox-ci"))
         })?;
-    let p = cache.join("upstream/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let p =
+        cache.join("upstream/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     p.is_file().then_some(p)
 }
 
@@ -64,7 +65,12 @@ struct HttpProbe {
 impl HttpProbe {
     async fn start(key: &str) -> Self {
         let mut child = tokio::process::Command::new(probe())
-            .args(["--http", "127.0.0.1:0", "--require-header", &format!("x-api-key:{key}")])
+            .args([
+                "--http",
+                "127.0.0.1:0",
+                "--require-header",
+                &format!("x-api-key:{key}"),
+            ])
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -166,7 +172,9 @@ async fn python_chains_calls_into_a_dataframe_kept_for_the_next_cell() {
     if !require_data_stack() {
         return;
     }
-    let Some(_) = require_everything() else { return };
+    let Some(_) = require_everything() else {
+        return;
+    };
     let setup = Setup::new(false).await;
     let s = setup.server(&[]).await;
     let r = start(&s, "python", &["everything", "probe"]).await;
@@ -174,8 +182,19 @@ async fn python_chains_calls_into_a_dataframe_kept_for_the_next_cell() {
     // The start result lists what the code can call.
     let listed = &r.structured["mcp_servers"];
     assert_eq!(listed[0]["name"], "everything");
-    assert!(listed[0]["tools"].as_array().unwrap().iter().any(|t| t == "get-sum"), "{listed}");
-    assert!(r.text.contains("MCP server probe (tools.probe): add"), "{}", r.text);
+    assert!(
+        listed[0]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t == "get-sum"),
+        "{listed}"
+    );
+    assert!(
+        r.text.contains("MCP server probe (tools.probe): add"),
+        "{}",
+        r.text
+    );
 
     let o = s
         .eval(
@@ -185,12 +204,20 @@ async fn python_chains_calls_into_a_dataframe_kept_for_the_next_cell() {
         .await;
     assert_eq!(status(&o), "ok", "{}", o.text);
     assert!(output(&o).contains("5"), "{}", o.text);
-    assert!(output(&o).contains("'add'") && output(&o).contains("'crash'"), "{}", o.text);
+    assert!(
+        output(&o).contains("'add'") && output(&o).contains("'crash'"),
+        "{}",
+        o.text
+    );
 
     // help(): the description and the input schema, as a signature and a docstring.
     let o = s.eval(&id, "help(tools.probe.add)").await;
     assert!(output(&o).contains("add(*, a: int, b: int)"), "{}", o.text);
-    assert!(output(&o).contains("Add two integers") && output(&o).contains("First addend"), "{}", o.text);
+    assert!(
+        output(&o).contains("Add two integers") && output(&o).contains("First addend"),
+        "{}",
+        o.text
+    );
 
     // A hundred calls in one cell, into a DataFrame; the next cell still has it.
     let o = s
@@ -206,14 +233,19 @@ async fn python_chains_calls_into_a_dataframe_kept_for_the_next_cell() {
 
     // Images come as bytes with their MIME type.
     let o = s
-        .eval(&id, "b = tools.probe.image()\nprint(b.mime_type, b.data[:4])")
+        .eval(
+            &id,
+            "b = tools.probe.image()\nprint(b.mime_type, b.data[:4])",
+        )
         .await;
     assert!(output(&o).contains("image/png b'\\x89PNG'"), "{}", o.text);
 
     // The history records each call: server, tool, arguments, status, hash and size.
     let h = s.call("session_history", json!({"session_id": id})).await;
     let cells = h.structured["cells"].as_array().expect("cells");
-    let calls = cells[3]["tool_calls"].as_array().expect("tool calls of cell 4");
+    let calls = cells[2]["tool_calls"]
+        .as_array()
+        .expect("tool calls of cell 3");
     assert_eq!(calls.len(), 100);
     assert_eq!(calls[7]["server"], "probe");
     assert_eq!(calls[7]["tool"], "add");
@@ -254,7 +286,11 @@ async fn javascript_chains_calls_and_keeps_the_results() {
             "try { await tools.probe.fail({text: 'bad input'}) } catch (e) { console.log(e.name, e.kind, e.message) }\nconsole.log(await tools.help('probe', 'add'))",
         )
         .await;
-    assert!(output(&o).contains("ToolError tool_error bad input"), "{}", o.text);
+    assert!(
+        output(&o).contains("ToolError tool_error bad input"),
+        "{}",
+        o.text
+    );
     assert!(output(&o).contains("First addend"), "{}", o.text);
     s.stop().await;
 }
@@ -281,12 +317,20 @@ async fn tool_errors_refusals_and_the_shell_command() {
     assert_eq!(status(&o), "ok", "{}", o.text);
     let out = output(&o);
     assert!(out.contains("tool_error | no such city"), "{out}");
-    assert!(out.contains("refused | MCP server probe has no tool \"nope\"; its tools: add"), "{out}");
+    assert!(
+        out.contains("refused | MCP server probe has no tool \"nope\"; its tools: add"),
+        "{out}"
+    );
     assert!(out.contains("refused | no MCP server \"other\""), "{out}");
     // An unknown server, or none configured for it, is refused at start with the reason.
     let r = start(&s, "python", &["nope"]).await;
     assert_eq!(r.error_kind(), "invalid_argument", "{}", r.text);
-    assert!(r.text.contains("you may use: probe"), "{}", r.text);
+    assert!(
+        r.text.contains("no MCP server \"nope\" here; you may use:"),
+        "{}",
+        r.text
+    );
+    assert!(r.text.contains("probe"), "{}", r.text);
 
     if require("bash", "bash") {
         let b = session(&start(&s, "bash", &["probe"]).await);
@@ -383,7 +427,10 @@ async fn a_dead_upstream_is_started_again_and_an_oversized_result_is_refused() {
         )
         .await;
     let out = output(&o);
-    assert!(out.contains("too_large | the result of probe.big is"), "{out}");
+    assert!(
+        out.contains("too_large | the result of probe.big is"),
+        "{out}"
+    );
     assert!(out.contains("--mcp-max-result-bytes"), "{out}");
     assert!(out.contains("\n1000"), "{out}");
     s.stop().await;
@@ -405,7 +452,10 @@ async fn run_code_calls_tools_and_reports_them() {
         .await;
     assert!(!o.is_error, "{}", o.text);
     assert_eq!(o.text, "190\n");
-    assert_eq!(o.structured["tool_calls"].as_array().map(Vec::len), Some(20));
+    assert_eq!(
+        o.structured["tool_calls"].as_array().map(Vec::len),
+        Some(20)
+    );
     assert_eq!(o.structured["mcp_servers"][0]["name"], "probe");
     // Without mcp_servers the code has no tools.
     let o = s
@@ -450,9 +500,17 @@ async fn another_session_cannot_use_the_channel() {
     );
     let o = s.eval(&b, &code).await;
     let out = output(&o);
-    assert!(out.contains("A sock: refused") || out.contains("A sock: closed"), "{out}");
+    assert!(
+        out.contains("A sock: refused") || out.contains("A sock: closed"),
+        "{out}"
+    );
     assert!(out.contains("A secret: refused"), "{out}");
-    assert!(out.contains("not this session's secret"), "{out}");
+    assert!(
+        out.contains(
+            "B wrong secret: b'{\"error\":{\"kind\":\"refused\",\"message\":\"not this session"
+        ),
+        "{out}"
+    );
     // A run-code program cannot reach it either.
     let o = s
         .run(
@@ -477,7 +535,10 @@ async fn no_credential_from_env_or_headers_reaches_user_code() {
     let id = session(&start(&s, "python", &["probe", "remote"]).await);
     // The HTTP upstream takes the header (else it would refuse the call).
     let o = s
-        .eval(&id, "from replbox import tools\nprint(tools.remote.add(a=20, b=22))")
+        .eval(
+            &id,
+            "from replbox import tools\nprint(tools.remote.add(a=20, b=22))",
+        )
         .await;
     assert!(output(&o).contains("{'sum': 42}"), "{}", o.text);
     let scan = format!(
@@ -515,7 +576,11 @@ async fn grants_per_token_over_http_and_the_audit_and_metrics() {
     }
     let setup = Setup::new(false).await;
     let dir = setup.dir.path();
-    std::fs::write(dir.join("tokens"), "alice:alice-token-0123456789\nbob:bob-token-0123456789\ncarol:carol-token-0123456789\n").unwrap();
+    std::fs::write(
+        dir.join("tokens"),
+        "alice:alice-token-0123456789\nbob:bob-token-0123456789\ncarol:carol-token-0123456789\n",
+    )
+    .unwrap();
     std::fs::write(
         dir.join("grants.json"),
         r#"{"alice": ["probe"], "carol": {"probe": ["add"]}}"#,
@@ -525,7 +590,14 @@ async fn grants_per_token_over_http_and_the_audit_and_metrics() {
     let grants = dir.join("grants.json").display().to_string();
     let servers = setup.servers();
     let h = HttpChild::try_start(
-        &["--tokens-file", &tokens, "--mcp-servers", &servers, "--mcp-grants", &grants],
+        &[
+            "--tokens-file",
+            &tokens,
+            "--mcp-servers",
+            &servers,
+            "--mcp-grants",
+            &grants,
+        ],
         &[("REPLBOX_LOG", "warn,replbox=info,replbox::audit=info")],
     )
     .await
@@ -538,7 +610,11 @@ async fn grants_per_token_over_http_and_the_audit_and_metrics() {
     )
     .await;
     assert_eq!(r.error_kind(), "invalid_argument", "{}", r.text);
-    assert!(r.text.contains("not granted to you (principal bob)"), "{}", r.text);
+    assert!(
+        r.text.contains("not granted to you (principal bob)"),
+        "{}",
+        r.text
+    );
     let r = http_call(
         bob.peer(),
         "run-code",
@@ -557,7 +633,9 @@ async fn grants_per_token_over_http_and_the_audit_and_metrics() {
     .await;
     assert!(r.text.contains("{'sum': 3}"), "{}", r.text);
     assert!(
-        r.text.contains("refused probe.echo is not among the tools the server's operator lets you call"),
+        r.text.contains(
+            "refused probe.echo is not among the tools the server's operator lets you call"
+        ),
         "{}",
         r.text
     );
@@ -588,7 +666,8 @@ async fn grants_per_token_over_http_and_the_audit_and_metrics() {
         "{metrics}"
     );
     assert!(
-        metrics.contains("replbox_upstream_tool_calls_total{server=\"probe\",status=\"refused\"} 1"),
+        metrics
+            .contains("replbox_upstream_tool_calls_total{server=\"probe\",status=\"refused\"} 1"),
         "{metrics}"
     );
     h.stop().await;
@@ -601,15 +680,31 @@ async fn a_restored_session_replays_with_the_recorded_results() {
     }
     let setup = Setup::new(false).await;
     let state = tempfile::tempdir().expect("state dir");
-    let state_s = state.path().display().to_string();
+    let state_s = state.path().join("state").display().to_string();
     let s = setup.server(&["--state-dir", &state_s]).await;
     let id = session(&start(&s, "python", &["probe"]).await);
     let o = s
-        .eval(&id, "from replbox import tools\nc = tools.probe.count()\nprint(c['calls'])")
+        .eval(
+            &id,
+            "from replbox import tools\nc = tools.probe.count()\nprint(c['calls'])",
+        )
         .await;
     assert!(output(&o).contains('1'), "{}", o.text);
     // The server stops (the session is suspended), a new one starts on the same journals.
-    s.stop().await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(s.pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while common::alive(s.pid as i32) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the server did not stop"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(s);
     let s = setup.server(&["--state-dir", &state_s]).await;
     let r = s.call("session_restore", json!({"session_id": id})).await;
     assert!(!r.is_error, "{}", r.text);
@@ -622,10 +717,26 @@ async fn a_restored_session_replays_with_the_recorded_results() {
     assert!(output(&o).contains("1 1"), "{}", o.text);
     // The export documents where the data came from.
     let e = s
-        .call("session_export", json!({"session_id": id, "format": "ipynb"}))
+        .call(
+            "session_export",
+            json!({"session_id": id, "format": "ipynb"}),
+        )
         .await;
-    let nb: Value = serde_json::from_str(&e.text).unwrap_or_else(|_| e.structured["notebook"].clone());
-    let text = nb.to_string();
-    assert!(text.contains("tool_calls") && text.contains("\"count\""), "{text}");
+    let uri = e.structured["uri"].as_str().expect("the export's uri");
+    let r = s
+        .client
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(uri))
+        .await
+        .expect("read the notebook");
+    let Some(rmcp::model::ResourceContents::TextResourceContents { text, .. }) =
+        r.contents.into_iter().next()
+    else {
+        panic!("no notebook text")
+    };
+    let nb: Value = serde_json::from_str(&text).expect("a notebook");
+    let call = &nb["cells"][0]["metadata"]["replbox"]["tool_calls"][0];
+    assert_eq!(call["server"], "probe", "{nb}");
+    assert_eq!(call["tool"], "count", "{nb}");
+    assert_eq!(call["status"], "ok", "{nb}");
     s.stop().await;
 }

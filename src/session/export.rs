@@ -428,7 +428,11 @@ pub(super) fn script(s: &Source, comment: &str, version: Option<&str>) -> String
         out.push_str(&format!("{comment} %% [{}]{why}\n", c.eval_id));
         for t in &c.tool_calls {
             // One comment line per call: where the cell's data came from.
-            let args = t.arguments.as_ref().map(|a| a.to_string()).unwrap_or_default();
+            let args = t
+                .arguments
+                .as_ref()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
             let args: String = args.chars().take(200).collect();
             let line = format!(
                 "tool call: {}.{}({args}) -> {}, {} bytes{}",

@@ -563,7 +563,9 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             .sandbox
             .egress_endpoint(&who, &dirs.principal, domains)
             .map_err(ToolError::internal)?;
-        let child = child.with_egress(endpoint).with_tools(dirs.tools.as_deref());
+        let child = child
+            .with_egress(endpoint)
+            .with_tools(dirs.tools.as_deref());
         Ok(Arc::new(Launch {
             sandbox: self.sandbox.clone(),
             jail: child.jail,

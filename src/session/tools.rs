@@ -38,7 +38,11 @@ impl SessionManager {
         let (Some(access), Some(u)) = (access, self.upstreams.get()) else {
             return Ok(None);
         };
-        Ok(Some(Arc::new(u.channel(access, &format!("session {id}"), uid)?)))
+        Ok(Some(Arc::new(u.channel(
+            access,
+            &format!("session {id}"),
+            uid,
+        )?)))
     }
 }
 

@@ -75,9 +75,9 @@ impl Scope {
     /// The recorded call that answers this one (same server, tool and arguments), taken.
     pub(super) fn recorded(&self, server: &str, tool: &str, args_sha: &str) -> Option<CallRecord> {
         let mut r = self.replay.lock().unwrap_or_else(|p| p.into_inner());
-        let i = r.iter().position(|c| {
-            c.server == server && c.tool == tool && c.arguments_sha256 == args_sha
-        })?;
+        let i = r
+            .iter()
+            .position(|c| c.server == server && c.tool == tool && c.arguments_sha256 == args_sha)?;
         Some(r.remove(i))
     }
 }
@@ -93,7 +93,11 @@ impl Drop for ScopeGuard {
     fn drop(&mut self) {
         self.scope.cancel.cancel();
         let mut st = self.inner.lock();
-        if st.scope.as_ref().is_some_and(|s| Arc::ptr_eq(s, &self.scope)) {
+        if st
+            .scope
+            .as_ref()
+            .is_some_and(|s| Arc::ptr_eq(s, &self.scope))
+        {
             st.scope = None;
         }
     }
@@ -254,9 +258,10 @@ impl Channel {
             st.kept = 0;
         } else {
             // A resumed evaluation counts the calls it made before it paused.
-            scope
-                .made
-                .store(st.calls.len().try_into().unwrap_or(u32::MAX), Ordering::Relaxed);
+            scope.made.store(
+                st.calls.len().try_into().unwrap_or(u32::MAX),
+                Ordering::Relaxed,
+            );
         }
         if let Some(old) = st.scope.replace(scope.clone()) {
             old.cancel.cancel();
@@ -294,7 +299,11 @@ fn write_file(dir: &Path, rel: &str, text: &str) -> std::io::Result<()> {
             .mode(0o750)
             .create(parent)?;
     }
-    let mode = if rel.starts_with("bin/") { 0o750 } else { 0o640 };
+    let mode = if rel.starts_with("bin/") {
+        0o750
+    } else {
+        0o640
+    };
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -418,7 +427,9 @@ async fn serve(inner: Arc<Inner>, stream: UnixStream) {
             "call" => {
                 let (Some(server), Some(tool)) = (req.server, req.tool) else {
                     let _ = w
-                        .write_all(&reply_line(&refusal("a call names a server and a tool".into())))
+                        .write_all(&reply_line(&refusal(
+                            "a call names a server and a tool".into(),
+                        )))
                         .await;
                     return;
                 };
@@ -488,7 +499,10 @@ fn cli_text(reply: &Value) -> Vec<u8> {
                 t.push('\n');
             }
             Some(kind) => {
-                t.push_str(&format!("{}\n", json!({"type": kind, "mimeType": c["mimeType"]})));
+                t.push_str(&format!(
+                    "{}\n",
+                    json!({"type": kind, "mimeType": c["mimeType"]})
+                ));
             }
             None => {}
         }

@@ -160,7 +160,8 @@ impl Instance {
                 let why = format!("MCP server {} could not be started: {why}", self.spec.name);
                 tracing::warn!(server = %self.spec.name, "{why}");
                 st.failures += 1;
-                let pause = Duration::from_secs(1 << st.failures.min(5)).min(Duration::from_secs(30));
+                let pause =
+                    Duration::from_secs(1 << st.failures.min(5)).min(Duration::from_secs(30));
                 st.retry_at = Some((Instant::now() + pause, why.clone()));
                 Err(why)
             }
@@ -279,7 +280,11 @@ impl Instance {
 /// replaced by an open object.
 fn bound_tools(server: &str, mut tools: Vec<Tool>) -> Vec<Tool> {
     if tools.len() > MAX_TOOLS {
-        tracing::warn!(server, listed = tools.len(), "MCP server lists too many tools; keeping {MAX_TOOLS}");
+        tracing::warn!(
+            server,
+            listed = tools.len(),
+            "MCP server lists too many tools; keeping {MAX_TOOLS}"
+        );
         tools.truncate(MAX_TOOLS);
     }
     for t in &mut tools {

@@ -53,13 +53,15 @@ pub(crate) struct Shared {
     pub(crate) metrics: Option<UpstreamMetrics>,
 }
 
+/// Which instance: the server, and the principal of a per-principal server.
+type InstanceKey = (String, Option<String>);
+
 /// The configured upstreams and their running instances.
 pub struct Upstreams {
     specs: Vec<Arc<ServerSpec>>,
     grants: Grants,
     shared: Arc<Shared>,
-    /// Per (server, principal for a per-principal server).
-    instances: Mutex<HashMap<(String, Option<String>), Arc<Instance>>>,
+    instances: Mutex<HashMap<InstanceKey, Arc<Instance>>>,
     /// Where channels' directories are made (`tools/` in the workspace).
     root: PathBuf,
 }
@@ -198,7 +200,11 @@ impl Upstreams {
                 } else {
                     format!(
                         "mcp_servers: no MCP server {name:?} here; you may use: {}",
-                        if yours.is_empty() { "none".into() } else { yours.join(", ") }
+                        if yours.is_empty() {
+                            "none".into()
+                        } else {
+                            yours.join(", ")
+                        }
                     )
                 }));
             };
@@ -207,7 +213,11 @@ impl Upstreams {
                     "mcp_servers: {name:?} is not granted to you (principal {}) by this \
                      server's operator (--mcp-grants); you may use: {}",
                     caller.principal,
-                    if yours.is_empty() { "none".into() } else { yours.join(", ") }
+                    if yours.is_empty() {
+                        "none".into()
+                    } else {
+                        yours.join(", ")
+                    }
                 )));
             };
             let instance = self.instance(spec, &caller.principal);
@@ -258,9 +268,8 @@ impl Upstreams {
         who: &str,
         uid: Option<u32>,
     ) -> Result<Channel, ToolError> {
-        Channel::open(&self.root, access, self.shared.clone(), who, uid).map_err(|e| {
-            ToolError::internal(format!("cannot open the channel to the tools: {e}"))
-        })
+        Channel::open(&self.root, access, self.shared.clone(), who, uid)
+            .map_err(|e| ToolError::internal(format!("cannot open the channel to the tools: {e}")))
     }
 
     /// Stop every upstream (the server is stopping).

@@ -179,7 +179,10 @@ mod tests {
             serde_json::from_str(r#"{"a": {"x": null, "y": [1, {"c": 3, "d": 2}]}, "b": 1}"#)
                 .unwrap();
         assert_eq!(canonical(&a), canonical(&b));
-        assert_eq!(canonical(&a), r#"{"a":{"x":null,"y":[1,{"c":3,"d":2}]},"b":1}"#);
+        assert_eq!(
+            canonical(&a),
+            r#"{"a":{"x":null,"y":[1,{"c":3,"d":2}]},"b":1}"#
+        );
         assert_eq!(sha256(b"abc").len(), 64);
     }
 
@@ -200,6 +203,9 @@ mod tests {
         };
         let text = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<CallRecord>(&text).unwrap(), r);
-        assert!(serde_json::from_str::<CallRecord>(&text.replace("\"server\"", "\"x\":1,\"server\"")).is_err());
+        assert!(
+            serde_json::from_str::<CallRecord>(&text.replace("\"server\"", "\"x\":1,\"server\""))
+                .is_err()
+        );
     }
 }

@@ -59,7 +59,10 @@ async fn answer(inner: &Inner, rec: &mut CallRecord, arguments: Value) -> (Value
         Value::Object(m) => Some(m),
         Value::Null => None,
         _ => {
-            let m = format!("{}.{}: the arguments must be an object", rec.server, rec.tool);
+            let m = format!(
+                "{}.{}: the arguments must be an object",
+                rec.server, rec.tool
+            );
             return (refuse(rec, m), true);
         }
     };
@@ -132,8 +135,11 @@ async fn answer(inner: &Inner, rec: &mut CallRecord, arguments: Value) -> (Value
         );
         return (refuse(rec, m), true);
     }
-    let timeout = Duration::from_millis(limits.call_timeout_ms)
-        .min(scope.deadline.saturating_duration_since(tokio::time::Instant::now()));
+    let timeout = Duration::from_millis(limits.call_timeout_ms).min(
+        scope
+            .deadline
+            .saturating_duration_since(tokio::time::Instant::now()),
+    );
     let mut params = CallToolRequestParams::new(rec.tool.clone());
     params.arguments = args;
     // Dropping the call (cancel, timeout) sends the upstream notifications/cancelled.
@@ -159,7 +165,10 @@ async fn answer(inner: &Inner, rec: &mut CallRecord, arguments: Value) -> (Value
     };
     let Some(outcome) = outcome else {
         rec.status = CallStatus::Cancelled;
-        let m = format!("{}.{}: cancelled, the evaluation was interrupted", rec.server, rec.tool);
+        let m = format!(
+            "{}.{}: cancelled, the evaluation was interrupted",
+            rec.server, rec.tool
+        );
         rec.error = Some(m.clone());
         return (error_reply("cancelled", m, None), true);
     };
@@ -186,7 +195,10 @@ async fn answer(inner: &Inner, rec: &mut CallRecord, arguments: Value) -> (Value
                 }
                 other => {
                     tracing::warn!(who = %inner.who, server = %rec.server, "tool call failed: {other}");
-                    format!("{}.{} failed (the server's log says why)", rec.server, rec.tool)
+                    format!(
+                        "{}.{} failed (the server's log says why)",
+                        rec.server, rec.tool
+                    )
                 }
             };
             rec.error = Some(m.clone());

@@ -152,7 +152,9 @@ fn parse_entry(name: &str, entry: &Value) -> Result<Option<ServerSpec>, String> 
         }
     };
     let transport = match (obj.get("command"), obj.get("url")) {
-        (Some(_), Some(_)) => return Err("give either command (stdio) or url (HTTP), not both".into()),
+        (Some(_), Some(_)) => {
+            return Err("give either command (stdio) or url (HTTP), not both".into());
+        }
         (None, None) => return Err("give command (stdio) or url (HTTP)".into()),
         (Some(c), None) => {
             if !matches!(kind, None | Some("stdio")) {
@@ -373,7 +375,13 @@ mod tests {
         let s = parse_servers(FILE).unwrap();
         assert_eq!(s.len(), 2);
         assert_eq!(s[0].name, "everything");
-        let Transport::Stdio { command, args, env, cwd } = &s[0].transport else {
+        let Transport::Stdio {
+            command,
+            args,
+            env,
+            cwd,
+        } = &s[0].transport
+        else {
             panic!()
         };
         assert_eq!(command, "npx");
@@ -390,13 +398,31 @@ mod tests {
         for (text, what) in [
             (r#"{"mcpServers": {"a b": {"command": "x"}}}"#, "a name is"),
             (r#"{"mcpServers": {"a": {}}}"#, "give command"),
-            (r#"{"mcpServers": {"a": {"command": "x", "url": "http://h"}}}"#, "not both"),
-            (r#"{"mcpServers": {"a": {"command": "x", "comand": 1}}}"#, "unknown key"),
-            (r#"{"mcpServers": {"a": {"url": "http://h", "type": "sse"}}}"#, "SSE"),
+            (
+                r#"{"mcpServers": {"a": {"command": "x", "url": "http://h"}}}"#,
+                "not both",
+            ),
+            (
+                r#"{"mcpServers": {"a": {"command": "x", "comand": 1}}}"#,
+                "unknown key",
+            ),
+            (
+                r#"{"mcpServers": {"a": {"url": "http://h", "type": "sse"}}}"#,
+                "SSE",
+            ),
             (r#"{"mcpServers": {"a": {"url": "https://h"}}}"#, "TLS"),
-            (r#"{"mcpServers": {"a": {"command": "x", "args": [1]}}}"#, "args"),
-            (r#"{"mcpServers": {"a": {"command": "x", "cwd": "rel"}}}"#, "absolute"),
-            (r#"{"mcpServers": {"a": {"url": "http://h", "headers": {"a b": "x"}}}}"#, "header"),
+            (
+                r#"{"mcpServers": {"a": {"command": "x", "args": [1]}}}"#,
+                "args",
+            ),
+            (
+                r#"{"mcpServers": {"a": {"command": "x", "cwd": "rel"}}}"#,
+                "absolute",
+            ),
+            (
+                r#"{"mcpServers": {"a": {"url": "http://h", "headers": {"a b": "x"}}}}"#,
+                "header",
+            ),
             ("[", "not JSON"),
         ] {
             let e = parse_servers(text).unwrap_err();
