@@ -939,13 +939,15 @@ fn readme_default(cell: &str) -> Option<String> {
 }
 
 /// README's tables say what the program does: the configuration defaults are those of
-/// `serve --help`, every flag is documented (README or docs/http.md), and the session
+/// `serve --help`, every flag is documented (README, docs/http.md or docs/code-mode.md), and the session
 /// languages' aliases are the registry's.
 #[test]
 fn readme_matches_help_and_the_registry() {
     let root = env!("CARGO_MANIFEST_DIR");
     let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README");
     let http_doc = std::fs::read_to_string(format!("{root}/docs/http.md")).expect("http.md");
+    let code_mode =
+        std::fs::read_to_string(format!("{root}/docs/code-mode.md")).expect("code-mode.md");
     let help = help_defaults();
     assert!(
         help.contains_key("--cpu-s") && help.contains_key("--log-format"),
@@ -980,8 +982,10 @@ fn readme_matches_help_and_the_registry() {
         .filter(|f| !["--help", "--version"].contains(&f.as_str()))
     {
         assert!(
-            readme.contains(&format!("`{f}")) || http_doc.contains(&format!("`{f}")),
-            "{f} is documented in neither README.md nor docs/http.md"
+            readme.contains(&format!("`{f}"))
+                || http_doc.contains(&format!("`{f}"))
+                || code_mode.contains(&format!("`{f}")),
+            "{f} is documented in none of README.md, docs/http.md, docs/code-mode.md"
         );
     }
 

@@ -16,7 +16,7 @@
 pub mod channel;
 pub mod flags;
 mod instance;
-mod modules;
+pub(crate) mod modules;
 pub mod record;
 mod relay;
 pub mod spec;
