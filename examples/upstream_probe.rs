@@ -52,6 +52,30 @@ struct Count {
     pid: u32,
 }
 
+#[derive(Deserialize, JsonSchema)]
+struct CityParams {
+    city: String,
+}
+
+/// A made-up weather report: a realistic record (what a chain of calls gathers).
+#[derive(Serialize, JsonSchema)]
+struct Weather {
+    city: String,
+    temperature: f64,
+    conditions: String,
+    humidity: u32,
+    wind_kmh: u32,
+    forecast: Vec<Day>,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct Day {
+    day: u32,
+    high: f64,
+    low: f64,
+    conditions: String,
+}
+
 #[derive(Clone)]
 struct Probe {
     tool_router: ToolRouter<Probe>,
@@ -105,6 +129,32 @@ impl Probe {
     async fn big(&self, Parameters(p): Parameters<BigParams>) -> String {
         self.served();
         "x".repeat(p.bytes.min(64 << 20))
+    }
+
+    #[tool(description = "The weather in a city, with a five-day forecast (made up)")]
+    async fn weather(&self, Parameters(p): Parameters<CityParams>) -> Json<Weather> {
+        self.served();
+        let seed = p
+            .city
+            .bytes()
+            .fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32));
+        let sky = ["sunny", "cloudy", "rain", "snow", "fog"];
+        let t = (seed % 35) as f64 - 5.0;
+        Json(Weather {
+            conditions: sky[(seed % 5) as usize].into(),
+            temperature: t,
+            humidity: 30 + seed % 60,
+            wind_kmh: seed % 40,
+            forecast: (1..=5)
+                .map(|d| Day {
+                    day: d,
+                    high: t + d as f64,
+                    low: t - 8.0 + d as f64,
+                    conditions: sky[((seed + d) % 5) as usize].into(),
+                })
+                .collect(),
+            city: p.city,
+        })
     }
 
     #[tool(description = "A 1x1 PNG image")]

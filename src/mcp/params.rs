@@ -29,11 +29,7 @@ pub struct RunCodeParams {
     /// Domains the code may reach through the server's proxy (e.g. pypi.org), if allowed.
     #[serde(default)]
     pub allow_domains: Vec<String>,
-    /// MCP servers the code may call (code mode; the server's operator configures them and
-    /// says who may use which): the code gets `from replbox import tools` (Python),
-    /// `require('replbox').tools` (JavaScript), `require 'replbox'` (Ruby) or `replbox-tool
-    /// SERVER TOOL JSON` (any shell), and tool results land in variables, not in this
-    /// conversation. The result lists the servers and their tools.
+    /// MCP servers (as in session_start) whose tools the code may call.
     #[serde(default)]
     pub mcp_servers: Vec<String>,
 }
@@ -63,11 +59,9 @@ pub struct SessionStartParams {
     /// Domains the code may reach through the server's proxy (e.g. pypi.org), if allowed.
     #[serde(default)]
     pub allow_domains: Vec<String>,
-    /// MCP servers the code may call (code mode; the server's operator configures them and
-    /// says who may use which): the code gets `from replbox import tools` (Python),
-    /// `require('replbox').tools` (JavaScript), `require 'replbox'` (Ruby) or `replbox-tool
-    /// SERVER TOOL JSON` (any shell), and tool results land in variables, not in this
-    /// conversation. The result lists the servers and their tools.
+    /// MCP servers (the operator's) whose tools the code may call: `from replbox import
+    /// tools` (Python), `require('replbox').tools` (JS), `replbox-tool` (shell). The result
+    /// lists their tools.
     #[serde(default)]
     pub mcp_servers: Vec<String>,
 }

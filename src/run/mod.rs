@@ -226,7 +226,7 @@ impl Runner {
         let child = child.with_tools(channel.as_ref());
         let _calls = channel.as_ref().map(|c| {
             report.mcp_servers = c.listing();
-            c.begin(0, watch.deadline, cancel, Vec::new())
+            c.begin(0, watch.deadline, Vec::new())
         });
         if let Some(compile) = &spec.compile {
             let argv = expand_command(compile, &vars, &[]);

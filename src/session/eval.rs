@@ -138,7 +138,7 @@ or stop it with session_interrupt, before evaluating more code.",
         let token = self.begin(&session, eval_id, cancel);
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
-        let scope = super::tools::begin(&session, eval_id, deadline, &token, Vec::new());
+        let scope = super::tools::begin(&session, eval_id, deadline, Vec::new());
         let outcome = match guard.as_mut() {
             Some(interp) => interp.eval(eval_id, code, deadline, &token, progress).await,
             None => return Err(self.gone_error(&session)),
@@ -193,7 +193,7 @@ file in the session's directory and read it from there instead",
         let token = self.begin(&session, eval_id, cancel);
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
-        let scope = super::tools::begin(&session, eval_id, deadline, &token, Vec::new());
+        let scope = super::tools::begin(&session, eval_id, deadline, Vec::new());
         let outcome = match guard.as_mut() {
             Some(interp) => interp.resume(text, enter, deadline, &token, progress).await,
             None => return Err(self.gone_error(&session)),

@@ -224,8 +224,7 @@ without --state-dir there is none).",
             let deadline = tokio::time::Instant::now() + timeout;
             let Some(interp) = guard.as_mut() else { break };
             // Code mode: the cell's tool calls are answered from the journal's record.
-            let scope =
-                super::tools::begin(session, c.eval_id, deadline, &never, c.tool_calls.clone());
+            let scope = super::tools::begin(session, c.eval_id, deadline, c.tool_calls.clone());
             let mut outcome = interp
                 .eval(c.eval_id, &c.code, deadline, &never, None)
                 .await;

@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
-
 use super::entry::Session;
 use super::manager::SessionManager;
 use crate::error::ToolError;
@@ -47,18 +45,17 @@ impl SessionManager {
 }
 
 /// Answer the session's tool calls for evaluation `eval_id` while the guard lives (within
-/// `deadline`, cancelled with `cancel`); `replay`: the calls the journal recorded for it.
+/// `deadline`); `replay`: the calls the journal recorded for it.
 pub(super) fn begin(
     session: &Session,
     eval_id: u64,
     deadline: tokio::time::Instant,
-    cancel: &CancellationToken,
     replay: Vec<CallRecord>,
 ) -> Option<ScopeGuard> {
     session
         .tools
         .as_ref()
-        .map(|t| t.begin(eval_id, deadline, cancel, replay))
+        .map(|t| t.begin(eval_id, deadline, replay))
 }
 
 /// The calls evaluation `eval_id` made (taken).

@@ -235,19 +235,21 @@ impl Channel {
         self.inner.access.listing()
     }
 
-    /// Answer calls for evaluation `eval_id` until the guard is dropped: within `deadline`,
-    /// cancelled with `cancel`. `replay`: the calls the journal recorded for it, answered
-    /// from the record. Calls of an earlier evaluation not taken are dropped.
+    /// Answer calls for evaluation `eval_id` until the guard is dropped (which cancels the
+    /// calls still in flight), within `deadline`. An interrupt reaches a call through the
+    /// code: the interrupted code closes its connection, which cancels the call (a second
+    /// way to end it, racing the interpreter's own interrupt, would leave the REPL in a
+    /// state its recovery does not expect). `replay`: the calls the journal recorded for
+    /// it, answered from the record. Calls of an earlier evaluation not taken are dropped.
     pub fn begin(
         &self,
         eval_id: u64,
         deadline: tokio::time::Instant,
-        cancel: &CancellationToken,
         replay: Vec<CallRecord>,
     ) -> ScopeGuard {
         let scope = Arc::new(Scope {
             deadline,
-            cancel: cancel.child_token(),
+            cancel: CancellationToken::new(),
             made: AtomicU32::new(0),
             replay: Mutex::new(replay),
         });
@@ -433,7 +435,15 @@ async fn serve(inner: Arc<Inner>, stream: UnixStream) {
                         .await;
                     return;
                 };
-                relay::call(&inner, server, tool, req.arguments.unwrap_or(Value::Null)).await
+                // Code that gives up (interrupted, killed) closes its connection: the call
+                // ends as cancelled, and rmcp tells the upstream (notifications/cancelled).
+                let gone = std::pin::pin!(closed(&mut r));
+                let args = req.arguments.unwrap_or(Value::Null);
+                let (reply, hung_up) = relay::call(&inner, server, tool, args, gone).await;
+                if hung_up {
+                    return;
+                }
+                reply
             }
             other => refusal(format!("unknown op {other:?} (list, call)")),
         };
@@ -443,6 +453,17 @@ async fn serve(inner: Arc<Inner>, stream: UnixStream) {
         }
         if w.write_all(&reply_line(&reply)).await.is_err() {
             return;
+        }
+    }
+}
+
+/// Resolves when the peer closes its side (no request is read while one is answered).
+async fn closed<R: tokio::io::AsyncRead + Unpin>(r: &mut R) {
+    let mut b = [0u8; 1];
+    loop {
+        match r.read(&mut b).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
         }
     }
 }

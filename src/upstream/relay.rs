@@ -12,11 +12,24 @@ use serde_json::{Value, json};
 use super::channel::{Inner, refusal};
 use super::record::{CallRecord, CallStatus, KEPT_ARGUMENTS, canonical, sha256};
 
+/// How long past the evaluation's deadline a call may still run (the interrupt acts first).
+const DEADLINE_GRACE: Duration = Duration::from_secs(1);
+
 /// Longest error text passed on from an upstream (its own words), in characters.
 const MAX_ERROR: usize = 4000;
 
 /// Answer one call: a reply line's value for the code.
-pub(super) async fn call(inner: &Inner, server: String, tool: String, arguments: Value) -> Value {
+/// The code's connection closing (it gave up on the call).
+type HungUp<'a> = std::pin::Pin<&'a mut (dyn std::future::Future<Output = ()> + Send + 'a)>;
+
+/// Answer one call: the reply for the code, and whether the code hung up meanwhile.
+pub(super) async fn call(
+    inner: &Inner,
+    server: String,
+    tool: String,
+    arguments: Value,
+    mut gone: HungUp<'_>,
+) -> (Value, bool) {
     let started = Instant::now();
     let canon = canonical(&arguments);
     let mut rec = CallRecord {
@@ -32,18 +45,25 @@ pub(super) async fn call(inner: &Inner, server: String, tool: String, arguments:
         error: None,
         replayed: false,
     };
-    let (reply, kept) = answer(inner, &mut rec, arguments).await;
+    let mut hung_up = false;
+    let (reply, kept) = answer(inner, &mut rec, arguments, &mut gone, &mut hung_up).await;
     rec.duration_ms = started.elapsed().as_millis() as u64;
     audit(inner, &rec, started.elapsed());
     if kept {
         inner.keep(rec);
     }
-    reply
+    (reply, hung_up)
 }
 
 /// The reply, and whether the call is one of the evaluation's (a call outside any
 /// evaluation is not).
-async fn answer(inner: &Inner, rec: &mut CallRecord, arguments: Value) -> (Value, bool) {
+async fn answer(
+    inner: &Inner,
+    rec: &mut CallRecord,
+    arguments: Value,
+    gone: &mut HungUp<'_>,
+    hung_up: &mut bool,
+) -> (Value, bool) {
     let refuse = |rec: &mut CallRecord, m: String| {
         rec.status = CallStatus::Refused;
         rec.error = Some(m.clone());
@@ -103,8 +123,9 @@ async fn answer(inner: &Inner, rec: &mut CallRecord, arguments: Value) -> (Value
     // A place among the calls in flight, within the evaluation's time.
     let permit = tokio::select! {
         p = inner.concurrent.clone().acquire_owned() => p.ok(),
+        _ = gone.as_mut() => { *hung_up = true; None },
         _ = scope.cancel.cancelled() => None,
-        _ = tokio::time::sleep_until(scope.deadline) => None,
+        _ = tokio::time::sleep_until(scope.deadline + DEADLINE_GRACE) => None,
     };
     let Some(_permit) = permit else {
         rec.status = CallStatus::Cancelled;
@@ -135,16 +156,17 @@ async fn answer(inner: &Inner, rec: &mut CallRecord, arguments: Value) -> (Value
         );
         return (refuse(rec, m), true);
     }
+    // Past the evaluation's deadline the interpreter interrupts the code (which closes
+    // the connection) and the scope ends: the call's own timeout leaves them a moment.
     let timeout = Duration::from_millis(limits.call_timeout_ms).min(
-        scope
-            .deadline
-            .saturating_duration_since(tokio::time::Instant::now()),
+        (scope.deadline + DEADLINE_GRACE).saturating_duration_since(tokio::time::Instant::now()),
     );
     let mut params = CallToolRequestParams::new(rec.tool.clone());
     params.arguments = args;
     // Dropping the call (cancel, timeout) sends the upstream notifications/cancelled.
     let outcome = tokio::select! {
         r = live.peer().call_tool(params) => Some(r),
+        _ = gone.as_mut() => { *hung_up = true; None },
         _ = scope.cancel.cancelled() => None,
         _ = tokio::time::sleep(timeout) => {
             rec.status = CallStatus::Timeout;
@@ -166,8 +188,14 @@ async fn answer(inner: &Inner, rec: &mut CallRecord, arguments: Value) -> (Value
     let Some(outcome) = outcome else {
         rec.status = CallStatus::Cancelled;
         let m = format!(
-            "{}.{}: cancelled, the evaluation was interrupted",
-            rec.server, rec.tool
+            "{}.{}: cancelled, {}",
+            rec.server,
+            rec.tool,
+            if *hung_up {
+                "the code stopped waiting for it (interrupted)"
+            } else {
+                "the evaluation ended"
+            }
         );
         rec.error = Some(m.clone());
         return (error_reply("cancelled", m, None), true);
