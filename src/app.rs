@@ -11,6 +11,7 @@ use crate::run::Runner;
 use crate::run::warm::WarmPool;
 use crate::sandbox::Sandbox;
 use crate::session::SessionManager;
+use crate::upstream::Upstreams;
 use crate::workspace::Workspace;
 
 pub struct App {
@@ -23,6 +24,8 @@ pub struct App {
     pub(crate) calls: InFlight,
     /// Counters and histograms of the calls, for `GET /metrics`.
     pub metrics: Metrics,
+    /// Code mode's upstream MCP servers (`--mcp-servers`).
+    pub(crate) upstreams: Arc<Upstreams>,
 }
 
 /// A count of work in progress; [`InFlight::enter`] returns a guard that counts while held.
@@ -120,7 +123,14 @@ root: at level none, user code runs as the server's own user and could read the 
             &config.allow_cwd,
         ));
         let shares = crate::share::Shares::new(config.max_active_per_principal);
+        let metrics = Metrics::new();
+        let upstreams = Arc::new(Upstreams::new(
+            &config.mcp,
+            workspace.root(),
+            Some(metrics.upstream()),
+        )?);
         let runner = Runner {
+            upstreams: upstreams.clone(),
             config: config.clone(),
             workspace: workspace.clone(),
             pool: Arc::new(WarmPool::new(config.pool)),
@@ -137,6 +147,7 @@ root: at level none, user code runs as the server's own user and could read the 
             state,
             shares,
         ));
+        sessions.set_upstreams(upstreams.clone());
         reclaim_uids_from(&sandbox, &runner, &sessions);
         sessions.spawn_reaper();
         Ok(Arc::new(Self {
@@ -146,7 +157,8 @@ root: at level none, user code runs as the server's own user and could read the 
             runner,
             sessions,
             calls: InFlight::default(),
-            metrics: Metrics::new(),
+            metrics,
+            upstreams,
         }))
     }
 
@@ -211,5 +223,6 @@ root: at level none, user code runs as the server's own user and could read the 
         self.runner.pool.close();
         self.sessions.warm_pool().close();
         self.sessions.shutdown().await;
+        self.upstreams.shutdown().await;
     }
 }

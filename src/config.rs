@@ -251,6 +251,10 @@ pub struct Config {
     /// session_restore does.
     #[arg(long, env = "REPLBOX_NO_AUTO_RESTORE")]
     pub no_auto_restore: bool,
+
+    /// Code mode: the MCP servers code may call, who may call them, and the bounds.
+    #[command(flatten)]
+    pub mcp: crate::upstream::Flags,
 }
 
 impl Default for Config {
@@ -301,6 +305,7 @@ impl Default for Config {
             journal_max_mb: 16,
             keep_journals_s: 7 * 86_400,
             no_auto_restore: false,
+            mcp: crate::upstream::Flags::default(),
         }
     }
 }
@@ -449,6 +454,7 @@ impl Config {
             args.push(flag.into());
             args.push(value);
         }
+        args.extend(self.mcp.to_args());
         args
     }
 

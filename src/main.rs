@@ -436,6 +436,7 @@ async fn run(
         // The command line is the local principal, as stdio is.
         principal: "local".into(),
         allow_domains: Vec::new(),
+        mcp_servers: Vec::new(),
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let c2 = cancel.clone();

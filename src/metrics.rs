@@ -32,6 +32,43 @@ struct LevelLabel {
 
 type Durations = Family<LanguageLabel, Histogram, fn() -> Histogram>;
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamLabels {
+    server: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerLabel {
+    server: String,
+}
+
+/// Code mode's metrics: calls to upstream MCP servers by server (the operator's names) and
+/// status (the server's words), and their durations. A handle on families the registry
+/// holds, for the upstream module to record into.
+#[derive(Clone)]
+pub struct UpstreamMetrics {
+    calls: Family<UpstreamLabels, Counter>,
+    duration: Family<ServerLabel, Histogram, fn() -> Histogram>,
+}
+
+impl UpstreamMetrics {
+    /// A call to `server`'s tool ended with `status` after `seconds`.
+    pub fn upstream_call(&self, server: &str, status: &str, seconds: f64) {
+        self.calls
+            .get_or_create(&UpstreamLabels {
+                server: server.to_string(),
+                status: status.to_string(),
+            })
+            .inc();
+        self.duration
+            .get_or_create(&ServerLabel {
+                server: server.to_string(),
+            })
+            .observe(seconds);
+    }
+}
+
 /// Seconds, from a fast evaluation to the longest timeout.
 fn durations() -> Histogram {
     Histogram::new([
@@ -54,6 +91,7 @@ pub struct Metrics {
     uids_in_use: Gauge,
     sandbox_level: Family<LevelLabel, Gauge>,
     http_connections: Gauge,
+    upstream: UpstreamMetrics,
     /// One scrape at a time: gauges are set, then encoded.
     scrape: Mutex<()>,
 }
@@ -135,8 +173,24 @@ impl Metrics {
             "HTTP connections open on the listener",
             http_connections.clone(),
         );
+        let upstream = UpstreamMetrics {
+            calls: Family::default(),
+            duration: Family::new_with_constructor(durations),
+        };
+        registry.register(
+            "upstream_tool_calls",
+            "Tool calls code made to upstream MCP servers (code mode), by server and status",
+            upstream.calls.clone(),
+        );
+        registry.register_with_unit(
+            "upstream_call_duration",
+            "Duration of code's tool calls to upstream MCP servers, by server",
+            Unit::Seconds,
+            upstream.duration.clone(),
+        );
         Self {
             registry,
+            upstream,
             calls,
             eval,
             run,
@@ -176,6 +230,11 @@ impl Metrics {
                 language: language.to_string(),
             })
             .observe(seconds);
+    }
+
+    /// Where code mode records its calls.
+    pub fn upstream(&self) -> UpstreamMetrics {
+        self.upstream.clone()
     }
 
     /// The number of open HTTP connections.
@@ -228,6 +287,7 @@ mod tests {
         m.call("session_eval", "timeout");
         m.run("python", 0.003);
         m.eval("ruby", 2.0);
+        m.upstream().upstream_call("everything", "ok", 0.002);
         let text = m.encode(Gauges {
             sessions_open: 3,
             warm_pool: vec![("python".into(), 2)],
@@ -250,6 +310,8 @@ mod tests {
             "replbox_sandbox_level{level=\"bwrap\"} 1",
             "replbox_sandbox_level{level=\"none\"} 0",
             "replbox_http_connections 0",
+            "replbox_upstream_tool_calls_total{server=\"everything\",status=\"ok\"} 1",
+            "replbox_upstream_call_duration_seconds_count{server=\"everything\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} not in\n{text}");
         }

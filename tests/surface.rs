@@ -939,9 +939,9 @@ fn readme_default(cell: &str) -> Option<String> {
 }
 
 /// The documentation's tables say what the program does: the configuration defaults
-/// (docs/configuration.md) are those of `serve --help`, every flag is documented there or
-/// in docs/http.md, and the session languages' aliases (docs/session-languages.md) are the
-/// registry's.
+/// (docs/configuration.md) are those of `serve --help`, every flag is documented there, in
+/// docs/http.md or in docs/code-mode.md, and the session languages' aliases
+/// (docs/session-languages.md) are the registry's.
 #[test]
 fn readme_matches_help_and_the_registry() {
     let root = env!("CARGO_MANIFEST_DIR");
@@ -950,6 +950,8 @@ fn readme_matches_help_and_the_registry() {
     let languages_doc = std::fs::read_to_string(format!("{root}/docs/session-languages.md"))
         .expect("session-languages.md");
     let http_doc = std::fs::read_to_string(format!("{root}/docs/http.md")).expect("http.md");
+    let code_mode =
+        std::fs::read_to_string(format!("{root}/docs/code-mode.md")).expect("code-mode.md");
     let help = help_defaults();
     assert!(
         help.contains_key("--cpu-s") && help.contains_key("--log-format"),
@@ -984,8 +986,10 @@ fn readme_matches_help_and_the_registry() {
         .filter(|f| !["--help", "--version"].contains(&f.as_str()))
     {
         assert!(
-            readme.contains(&format!("`{f}")) || http_doc.contains(&format!("`{f}")),
-            "{f} is documented in neither docs/configuration.md nor docs/http.md"
+            readme.contains(&format!("`{f}"))
+                || http_doc.contains(&format!("`{f}"))
+                || code_mode.contains(&format!("`{f}")),
+            "{f} is documented in none of docs/configuration.md, docs/http.md, docs/code-mode.md"
         );
     }
 

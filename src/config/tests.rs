@@ -56,6 +56,14 @@ fn to_args_round_trips() {
         journal_max_mb: 12,
         keep_journals_s: 13,
         no_auto_restore: true,
+        mcp: crate::upstream::Flags {
+            servers: Some("/m/cp.json".into()),
+            grants: Some("/g/rants.json".into()),
+            max_calls: 3,
+            max_concurrent: 2,
+            call_timeout_ms: 99,
+            max_result_bytes: 1234,
+        },
     };
     let argv = std::iter::once(OsString::from("x")).chain(config.to_args());
     let parsed = Wrapper::try_parse_from(argv).expect("to_args output parses");

@@ -63,6 +63,26 @@ impl Child {
         self.jail.egress = Some(ep);
         self
     }
+
+    /// Give it its way to its MCP tools (code mode): the channel's directory readable, and
+    /// the variables by which each language's module (and `replbox-tool`) finds it.
+    pub fn with_tools(mut self, channel: Option<&crate::upstream::Channel>) -> Self {
+        let Some(c) = channel else {
+            return self;
+        };
+        let path = self
+            .env
+            .server
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(cenv::server_path);
+        for (k, v) in c.env(&path) {
+            cenv::set(&mut self.env.server, &k, v);
+        }
+        self.jail.ro.push(c.dir().to_path_buf());
+        self
+    }
 }
 
 /// Builds a [`Child`]: its home (HOME and TMPDIR, writable), the interpreter it runs, the

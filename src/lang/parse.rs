@@ -278,6 +278,13 @@ pub(super) mod tests {
             let used: Vec<&str> = std::iter::once(LANGUAGE_FILE)
                 .chain(spec.run.pool.as_ref().map(|p| p.loader.file.as_str()))
                 .chain(spec.session.as_ref().map(|s| s.bootstrap.file.as_str()))
+                // Code mode's in-sandbox modules (written into each channel's directory).
+                .chain(
+                    crate::upstream::modules::FILES
+                        .iter()
+                        .filter(|m| m.0 == *folder)
+                        .map(|m| m.1),
+                )
                 .collect();
             for (name, _) in *files {
                 assert!(used.contains(name), "prompts/{folder}/{name} is not used");

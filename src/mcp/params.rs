@@ -29,6 +29,9 @@ pub struct RunCodeParams {
     /// Domains the code may reach through the server's proxy (e.g. pypi.org), if allowed.
     #[serde(default)]
     pub allow_domains: Vec<String>,
+    /// MCP servers (as in session_start) whose tools the code may call.
+    #[serde(default)]
+    pub mcp_servers: Vec<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -56,6 +59,11 @@ pub struct SessionStartParams {
     /// Domains the code may reach through the server's proxy (e.g. pypi.org), if allowed.
     #[serde(default)]
     pub allow_domains: Vec<String>,
+    /// MCP servers (the operator's) whose tools the code may call: `from replbox import
+    /// tools` (Python), `require('replbox').tools` (JS), `replbox-tool` (shell). The result
+    /// lists their tools.
+    #[serde(default)]
+    pub mcp_servers: Vec<String>,
 }
 
 // One file `session_start` brings in (a plain comment: the field says it).

@@ -93,6 +93,7 @@ empty stderr, else stdout, stderr and a trailer ([exit code 3], [timed out after
             venv: p.venv.map(std::path::PathBuf::from),
             principal: caller.principal.clone(),
             allow_domains: p.allow_domains,
+            mcp_servers: p.mcp_servers,
         };
         let progress = progress_reporter(&ctx, timeout);
         let report = self
@@ -134,6 +135,7 @@ empty stderr, else stdout, stderr and a trailer ([exit code 3], [timed out after
                 })
                 .collect(),
             allow_domains: p.allow_domains,
+            mcp_servers: p.mcp_servers,
         };
         let r = self.app.sessions.start(&caller, req).await?;
         let mut text = format!(
@@ -149,6 +151,14 @@ empty stderr, else stdout, stderr and a trailer ([exit code 3], [timed out after
         );
         if !r.files.is_empty() {
             text.push_str(&format!("\nfiles brought in: {}", r.files.join(", ")));
+        }
+        for s in &r.mcp_servers {
+            text.push_str(&format!(
+                "\nMCP server {} (tools.{}): {}",
+                s.name,
+                s.name,
+                s.tools.join(", ")
+            ));
         }
         for n in &r.notes {
             text.push_str(&format!("\n[{n}]"));

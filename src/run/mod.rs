@@ -42,6 +42,8 @@ pub struct RunRequest {
     pub principal: String,
     /// Domains the caller asks to reach (checked against the operator's `--caller-domains`).
     pub allow_domains: Vec<String>,
+    /// Code mode: the MCP servers the code may call (among those granted to the principal).
+    pub mcp_servers: Vec<String>,
 }
 
 impl RunRequest {
@@ -71,6 +73,8 @@ pub struct Runner {
     pub(crate) cwd_policy: Arc<CwdPolicy>,
     /// Every principal's share of sessions and runs (shared with the sessions).
     pub(crate) shares: Arc<Shares>,
+    /// Code mode's upstream MCP servers.
+    pub(crate) upstreams: Arc<crate::upstream::Upstreams>,
 }
 
 /// Why there is no place to run in.
@@ -179,6 +183,10 @@ impl Runner {
             .sandbox
             .check_caller_domains(&req.allow_domains)
             .map_err(ToolError::invalid)?;
+        let caller = Caller {
+            principal: req.principal.clone(),
+        };
+        let access = self.upstreams.access(&caller, &req.mcp_servers).await?;
         let started = Instant::now();
         let watch = Watch {
             deadline: tokio::time::Instant::from_std(started + req.timeout),
@@ -209,6 +217,17 @@ impl Runner {
             Ok(ep) => self.child(&place, lang, &req.env).with_egress(ep),
             Err(m) => return Ok(fail(report, m)),
         };
+        // Code mode: the run's own channel to its tools, answering for the whole run.
+        let uid = place.lease.as_ref().map(|l| l.uid);
+        let channel = match access {
+            Some(a) => Some(self.upstreams.channel(a, &who, uid)?),
+            None => None,
+        };
+        let child = child.with_tools(channel.as_ref());
+        let _calls = channel.as_ref().map(|c| {
+            report.mcp_servers = c.listing();
+            c.begin(0, watch.deadline, Vec::new())
+        });
         if let Some(compile) = &spec.compile {
             let argv = expand_command(compile, &vars, &[]);
             let spawn = pipes(argv, &child, place.dir.path());
@@ -249,6 +268,10 @@ impl Runner {
         }
         report.hide_dir(place.dir.path());
         report.duration_ms = started.elapsed().as_millis() as u64;
+        drop(_calls);
+        if let Some(c) = &channel {
+            report.tool_calls = c.take_calls(0).iter().map(|r| r.summary()).collect();
+        }
         place.release().await;
         // Replace what this run used (or what the pool dropped), now that the run is over.
         self.refill(lang);

@@ -44,6 +44,12 @@ pub struct RunReport {
     /// The interpreter (or compiler) used, and why that one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub interpreter: Option<InterpreterInfo>,
+    /// Code mode: the MCP servers the code could call, and their tools.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<crate::upstream::ServerTools>,
+    /// Code mode: the tool calls the code made, in the order they ended.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<crate::upstream::CallSummary>,
 }
 
 impl RunReport {
@@ -62,6 +68,8 @@ impl RunReport {
             error: None,
             sandbox,
             interpreter: None,
+            mcp_servers: Vec::new(),
+            tool_calls: Vec::new(),
         }
     }
 
@@ -151,6 +159,8 @@ mod tests {
             error: None,
             sandbox: Level::Bwrap,
             interpreter: None,
+            mcp_servers: Vec::new(),
+            tool_calls: Vec::new(),
         }
     }
 

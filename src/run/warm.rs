@@ -98,6 +98,8 @@ impl Runner {
             && req.venv.is_none()
             // The way to the egress proxy is each run's own, made when it starts.
             && self.sandbox.egress.is_none()
+            // So is the way to its MCP tools (code mode), with the variables that find it.
+            && req.mcp_servers.is_empty()
             && !req
                 .env
                 .keys()

@@ -121,6 +121,8 @@ pub struct Session {
     pub(super) journal: Option<Arc<Writer>>,
     /// The owner's share of sessions and runs it holds while it is open.
     pub(super) share: Mutex<Option<Share>>,
+    /// Code mode: its channel to the MCP tools it may call.
+    pub(super) tools: Option<Arc<crate::upstream::Channel>>,
 }
 
 /// What a session holds on the host besides its processes: its private directory (work,

@@ -138,10 +138,12 @@ or stop it with session_interrupt, before evaluating more code.",
         let token = self.begin(&session, eval_id, cancel);
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
+        let scope = super::tools::begin(&session, eval_id, deadline, Vec::new());
         let outcome = match guard.as_mut() {
             Some(interp) => interp.eval(eval_id, code, deadline, &token, progress).await,
             None => return Err(self.gone_error(&session)),
         };
+        drop(scope);
         let mut report = self.conclude(&session, &mut guard, eval_id, started, outcome);
         // Still under the interpreter's lock: the next evaluation's files and images must
         // not be taken for this one's.
@@ -191,10 +193,12 @@ file in the session's directory and read it from there instead",
         let token = self.begin(&session, eval_id, cancel);
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
+        let scope = super::tools::begin(&session, eval_id, deadline, Vec::new());
         let outcome = match guard.as_mut() {
             Some(interp) => interp.resume(text, enter, deadline, &token, progress).await,
             None => return Err(self.gone_error(&session)),
         };
+        drop(scope);
         let mut report = self.conclude(&session, &mut guard, eval_id, started, outcome);
         self.collect(&session, &mut report).await;
         self.record(&session, &report).await;
@@ -267,6 +271,7 @@ file in the session's directory and read it from there instead",
                 return;
             }
             let Some(p) = r.pending.take() else { return };
+            let tool_calls = super::tools::calls(session, p.eval_id);
             let cell = Cell {
                 eval_id: p.eval_id,
                 code: p.code,
@@ -276,12 +281,15 @@ file in the session's directory and read it from there instead",
                 started_at: p.started_at,
                 outputs: Outputs::of(report, &p.output),
                 replayed: false,
+                tool_calls: tool_calls.iter().map(|t| t.without_result()).collect(),
             };
             if session.journal.is_none() {
                 r.history.push(cell);
                 return;
             }
             r.history.push(cell.clone());
+            // The journal keeps the results too, for a restore's replay.
+            let cell = Cell { tool_calls, ..cell };
             (cell, p.inputs, p.no_enter, p.timeout_ms)
         };
         self.journal_cell(session, cell).await;

@@ -108,6 +108,7 @@ impl SessionManager {
                     started_at: c.started_at,
                     outputs: Outputs::default(),
                     replayed: false,
+                    tool_calls: c.tool_calls.iter().map(|t| t.without_result()).collect(),
                 })
                 .collect();
             return Ok(Source {
@@ -356,11 +357,14 @@ fn code_cell(c: &Cell) -> Value {
     if !tags.is_empty() {
         meta.insert("tags".into(), Value::from(tags));
     }
-    meta.insert(
-        "replbox".into(),
-        json!({"eval_id": n, "status": status_word(c.status), "duration_ms": c.duration_ms,
-               "started_at": c.started_at, "replayed": c.replayed}),
-    );
+    let mut ours = json!({"eval_id": n, "status": status_word(c.status), "duration_ms": c.duration_ms,
+               "started_at": c.started_at, "replayed": c.replayed});
+    if !c.tool_calls.is_empty() {
+        // Where the cell's data came from (code mode): each call, without its result.
+        let calls: Vec<_> = c.tool_calls.iter().map(|t| t.summary()).collect();
+        ours["tool_calls"] = serde_json::to_value(calls).unwrap_or_default();
+    }
+    meta.insert("replbox".into(), ours);
     json!({
         "cell_type": "code",
         "id": format!("cell-{n}"),
@@ -422,6 +426,28 @@ pub(super) fn script(s: &Source, comment: &str, version: Option<&str>) -> String
         // The kind and message are the code's own words: one line of them.
         let why = comment_lines(&why).first().copied().unwrap_or_default();
         out.push_str(&format!("{comment} %% [{}]{why}\n", c.eval_id));
+        for t in &c.tool_calls {
+            // One comment line per call: where the cell's data came from.
+            let args = t
+                .arguments
+                .as_ref()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            let args: String = args.chars().take(200).collect();
+            let line = format!(
+                "tool call: {}.{}({args}) -> {}, {} bytes{}",
+                t.server,
+                t.tool,
+                t.status.word(),
+                t.result_bytes,
+                t.result_sha256
+                    .as_deref()
+                    .map(|h| format!(", sha256 {}", &h[..16.min(h.len())]))
+                    .unwrap_or_default()
+            );
+            let line = comment_lines(&line).first().copied().unwrap_or_default();
+            out.push_str(&format!("{comment} {line}\n"));
+        }
         if failed {
             for line in comment_lines(&c.code) {
                 out.push_str(&format!("{comment} {line}\n"));
@@ -454,6 +480,7 @@ mod tests {
             started_at: 1_700_000_000,
             outputs,
             replayed: false,
+            tool_calls: Vec::new(),
         };
         Source {
             id: "s1".into(),

@@ -24,6 +24,8 @@ pub struct Cell {
     pub outputs: Outputs,
     /// The outputs come from replaying the cell after a restore.
     pub replayed: bool,
+    /// Code mode: the tool calls it made, without their results.
+    pub tool_calls: Vec<crate::upstream::CallRecord>,
 }
 
 /// What a cell showed, as a notebook shows it.
@@ -98,7 +100,10 @@ fn split(
 
 impl Cell {
     fn bytes(&self) -> usize {
-        self.code.len() + self.outputs.bytes() + 128
+        self.code.len()
+            + self.outputs.bytes()
+            + self.tool_calls.iter().map(|c| c.bytes()).sum::<usize>()
+            + 128
     }
 }
 
@@ -213,6 +218,10 @@ pub struct CellInfo {
     /// The cell ran again when the session was restored.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub replayed: bool,
+    /// Code mode: the tool calls it made (server, tool, arguments, status, the result's
+    /// SHA-256 and size).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<crate::upstream::CallSummary>,
 }
 
 impl From<&Cell> for CellInfo {
@@ -225,6 +234,7 @@ impl From<&Cell> for CellInfo {
             duration_ms: c.duration_ms,
             started_at: c.started_at,
             replayed: c.replayed,
+            tool_calls: c.tool_calls.iter().map(|t| t.summary()).collect(),
         }
     }
 }
@@ -300,6 +310,7 @@ mod tests {
             started_at: 0,
             outputs: Outputs::default(),
             replayed: false,
+            tool_calls: Vec::new(),
         }
     }
 

@@ -52,6 +52,9 @@ pub struct StartEntry {
     /// Domains asked for (checked again against the server's policy on restore).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_domains: Vec<String>,
+    /// Code mode: the MCP servers asked for (granted again on restore).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -83,6 +86,9 @@ pub struct CellEntry {
     /// Which of `inputs` were typed as given, without Enter (`enter: false`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub no_enter: Vec<usize>,
+    /// Code mode: the tool calls it made, with their results (bounded) for the replay.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<crate::upstream::CallRecord>,
 }
 
 /// One line of a journal.
@@ -376,6 +382,7 @@ mod tests {
                 idle_timeout_s: None,
                 files: Vec::new(),
                 allow_domains: Vec::new(),
+                mcp_servers: Vec::new(),
             },
         }
     }
@@ -391,6 +398,7 @@ mod tests {
             timeout_ms: 30_000,
             inputs: vec![],
             no_enter: vec![],
+            tool_calls: vec![],
         })
     }
 

@@ -45,6 +45,8 @@ pub struct StartRequest {
     pub files: Vec<InFile>,
     /// Domains the caller asks to reach (checked against the operator's `--caller-domains`).
     pub allow_domains: Vec<String>,
+    /// Code mode: the MCP servers its code may call (among those granted to the principal).
+    pub mcp_servers: Vec<String>,
 }
 
 /// The interpreter a session runs: its language, REPL driver, what detection found, and
@@ -130,6 +132,8 @@ pub(super) struct Dirs {
     caller_cwd: Option<PathBuf>,
     /// Whose session it is (its egress connections count against the principal's).
     principal: String,
+    /// Code mode: its channel to the MCP tools, when it asked for servers.
+    pub(super) tools: Option<Arc<crate::upstream::Channel>>,
 }
 
 impl SessionManager {
@@ -171,6 +175,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         let mut slot = self.admit(caller).await?;
         let (lang, spec) = self.session_language(&req.language)?;
         let domains = self.check_request(&req)?;
+        let access = self.tools_access(caller, &req.mcp_servers).await?;
         let journaled = restoring.is_none().then(|| req.clone());
         let idle_timeout = self.config.idle_timeout(req.idle_timeout_s);
         let warm = match restoring {
@@ -180,7 +185,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         let (mut up, warm) = match warm {
             Some(up) => (up, true),
             None => (
-                self.start_cold(caller, req, id, (lang, spec), &domains)
+                self.start_cold(caller, req, id, (lang, spec), (&domains, access))
                     .await?,
                 false,
             ),
@@ -225,6 +230,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             files: prepared.brought.names.clone(),
             notes,
             warm,
+            mcp_servers: dirs.tools.as_ref().map(|t| t.listing()).unwrap_or_default(),
         };
         let now = SystemTime::now();
         let session = Arc::new(Session {
@@ -254,6 +260,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             record: Arc::new(Mutex::new(Record::new(self.config.history_bounds()))),
             journal,
             share: Mutex::new(share),
+            tools: dirs.tools,
         });
         self.sessions.insert(id, session.clone());
         (report, session)
@@ -267,7 +274,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         req: StartRequest,
         id: String,
         (lang, spec): (Arc<Language>, SessionSpec),
-        domains: &[String],
+        (domains, access): (&[String], Option<Arc<crate::upstream::Access>>),
     ) -> Result<Up, ToolError> {
         let ask = VenvAsk::of(&lang, req.venv, req.cwd.is_some())?;
         let it = self.interpreter(lang, spec).await?;
@@ -277,9 +284,10 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             .await
             .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
         let uid = lease.as_ref().map(|l| l.uid);
-        let (dirs, mut prepared, it) = self
+        let (mut dirs, mut prepared, it) = self
             .dirs(&id, uid, req.cwd, req.files, (ask, it), Some(caller))
             .await?;
+        dirs.tools = self.tools_channel(access, &id, uid)?;
         let interp = self
             .bring_up(&it, &dirs, &prepared, lease.as_ref(), (&req.env, domains))
             .await?;
@@ -481,6 +489,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             caller_cwd: prepared.caller_cwd.clone(),
             dir,
             principal: caller.map(|c| c.principal.clone()).unwrap_or_default(),
+            tools: None,
         };
         let it = match prepared.venv.take() {
             Some((v, why)) => it.in_venv(v, why),
@@ -554,7 +563,9 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             .sandbox
             .egress_endpoint(&who, &dirs.principal, domains)
             .map_err(ToolError::internal)?;
-        let child = child.with_egress(endpoint);
+        let child = child
+            .with_egress(endpoint)
+            .with_tools(dirs.tools.as_deref());
         Ok(Arc::new(Launch {
             sandbox: self.sandbox.clone(),
             jail: child.jail,

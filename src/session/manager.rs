@@ -77,6 +77,8 @@ pub struct SessionManager {
     pub(super) shares: Arc<Shares>,
     /// Sessions started ahead of time (`--session-pool`).
     pub(super) warm: WarmSessions,
+    /// Code mode's upstream MCP servers (set once by the App).
+    pub(super) upstreams: std::sync::OnceLock<Arc<crate::upstream::Upstreams>>,
 }
 
 impl SessionManager {
@@ -110,9 +112,15 @@ impl SessionManager {
             suspended: DashMap::new(),
             shares,
             warm,
+            upstreams: std::sync::OnceLock::new(),
         };
         me.load_journals();
         me
+    }
+
+    /// Give sessions their way to code mode's upstream MCP servers.
+    pub fn set_upstreams(&self, upstreams: Arc<crate::upstream::Upstreams>) {
+        let _ = self.upstreams.set(upstreams);
     }
 
     pub fn count(&self) -> usize {

@@ -21,6 +21,7 @@ pub mod snapshot;
 pub mod state_dir;
 pub mod stdin_wait;
 pub mod suspend;
+mod tools;
 pub mod vars;
 pub mod warm;
 mod watch;

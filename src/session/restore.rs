@@ -148,6 +148,7 @@ without --state-dir there is none).",
             cwd: req.cwd.as_ref().map(PathBuf::from),
             venv: req.venv.as_ref().map(PathBuf::from),
             allow_domains: req.allow_domains.clone(),
+            mcp_servers: req.mcp_servers.clone(),
             env: req.env.clone(),
             idle_timeout_s: req.idle_timeout_s,
             // Files brought into a caller's cwd are still there; a private directory is new.
@@ -210,6 +211,7 @@ without --state-dir there is none).",
                     started_at: c.started_at,
                     outputs: Outputs::default(),
                     replayed: false,
+                    tool_calls: c.tool_calls.iter().map(|t| t.without_result()).collect(),
                 });
                 continue;
             }
@@ -221,6 +223,8 @@ without --state-dir there is none).",
             let timeout = self.config.timeout(Some(c.timeout_ms));
             let deadline = tokio::time::Instant::now() + timeout;
             let Some(interp) = guard.as_mut() else { break };
+            // Code mode: the cell's tool calls are answered from the journal's record.
+            let scope = super::tools::begin(session, c.eval_id, deadline, c.tool_calls.clone());
             let mut outcome = interp
                 .eval(c.eval_id, &c.code, deadline, &never, None)
                 .await;
@@ -236,6 +240,8 @@ without --state-dir there is none).",
                     None => interp.interrupt_paused().await,
                 };
             }
+            drop(scope);
+            let calls = super::tools::calls(session, c.eval_id);
             let mut report = self.conclude(session, &mut guard, c.eval_id, started, outcome);
             self.collect(session, &mut report).await;
             *lock(&session.busy) = None;
@@ -252,6 +258,7 @@ without --state-dir there is none).",
                 started_at: now_s(),
                 outputs: Outputs::of(&report, &before),
                 replayed: true,
+                tool_calls: calls.iter().map(|t| t.without_result()).collect(),
             });
         }
         drop(guard);

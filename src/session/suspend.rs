@@ -140,6 +140,7 @@ impl SessionManager {
                 cwd: req.cwd.as_ref().map(|p| p.display().to_string()),
                 venv: req.venv.as_ref().map(|p| p.display().to_string()),
                 allow_domains: req.allow_domains.clone(),
+                mcp_servers: req.mcp_servers.clone(),
                 env: req.env.clone(),
                 idle_timeout_s: req.idle_timeout_s,
                 files: req
@@ -191,6 +192,7 @@ impl SessionManager {
             timeout_ms,
             inputs,
             no_enter,
+            tool_calls: cell.tool_calls,
         });
         let was_full = w.is_full();
         let r = tokio::task::spawn_blocking(move || w.append(&entry)).await;

@@ -218,6 +218,8 @@ impl SessionManager {
             && req.env.is_empty()
             && req.files.is_empty()
             && req.allow_domains.is_empty()
+            // Code mode's channel and variables are made with the session (cold).
+            && req.mcp_servers.is_empty()
     }
 
     /// A warm session of `lang`, its uid left unbound (see the module's documentation);

@@ -38,6 +38,7 @@ use crate::langs::{LANGS, Lang};
 use crate::report::{self, FloorReport, Machine, Report, SectionReport, Series, Stats};
 use crate::server::Server;
 
+mod code_mode;
 mod flood;
 mod session_pool;
 
@@ -199,6 +200,10 @@ pub const SECTIONS: &[Section] = &[
     Section {
         name: "soak",
         measure: |ctx| Box::pin(soak(ctx)),
+    },
+    Section {
+        name: "code_mode",
+        measure: |ctx| Box::pin(code_mode::code_mode(ctx)),
     },
     Section {
         name: "peer",
