@@ -571,11 +571,37 @@ pub struct HttpConfig {
     #[arg(long, env = "REPLBOX_DRAIN_TIMEOUT_MS", default_value_t = 10_000)]
     pub drain_timeout_ms: u64,
 
-    /// An MCP HTTP session with no traffic for this long is dropped (its REPL sessions are
-    /// not: they belong to the principal), in seconds. Never less than the longest
-    /// evaluation (max_timeout_ms) plus a minute.
-    #[arg(long, env = "REPLBOX_HTTP_SESSION_IDLE_S", default_value_t = 1800)]
+    /// An MCP HTTP session with no request being answered and no event stream open for
+    /// this long is ended (its REPL sessions are not: they belong to the principal), in
+    /// seconds. A call running keeps it, however long.
+    #[arg(long, env = "REPLBOX_HTTP_SESSION_IDLE_S", default_value_t = 1800,
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub http_session_idle_s: u64,
+
+    /// An MCP HTTP session that made no call and opened no event stream since its
+    /// `initialize` is ended after this long, in seconds.
+    #[arg(long, env = "REPLBOX_HTTP_SESSION_UNUSED_S", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_session_unused_s: u64,
+
+    /// MCP HTTP sessions one principal (token) may hold. At the limit its least recently
+    /// used idle one (no request, no stream) is ended for a new one; when none is idle the
+    /// new one is refused (429).
+    #[arg(long, env = "REPLBOX_HTTP_MAX_MCP_SESSIONS_PER_PRINCIPAL", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_max_mcp_sessions_per_principal: u64,
+
+    /// MCP HTTP sessions the server holds, all principals together. At the limit the least
+    /// recently used idle one is ended for a new one; when none is idle, refused (503).
+    #[arg(long, env = "REPLBOX_HTTP_MAX_MCP_SESSIONS", default_value_t = 1024,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_max_mcp_sessions: u64,
+
+    /// Standalone event streams (GET /mcp) one principal may hold open across its MCP
+    /// sessions (each session at most 2); past it, refused (429).
+    #[arg(long, env = "REPLBOX_HTTP_MAX_STREAMS_PER_PRINCIPAL", default_value_t = 8,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_max_streams_per_principal: u64,
 
     /// Largest request body accepted on /mcp, in bytes.
     #[arg(long, env = "REPLBOX_HTTP_MAX_BODY", default_value_t = 4 * 1024 * 1024)]
@@ -593,6 +619,14 @@ pub struct HttpConfig {
     #[arg(long, env = "REPLBOX_HTTP_MAX_CONNECTIONS", default_value_t = 512,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub http_max_connections: u64,
+
+    /// Connections one principal may hold open (a connection counts for the principal
+    /// whose request it last carried, until it closes); past it, its request on another
+    /// connection is refused (429). Default: a quarter of --http-max-connections, or all of
+    /// them with a single principal.
+    #[arg(long, env = "REPLBOX_HTTP_MAX_CONNECTIONS_PER_PRINCIPAL", value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_max_connections_per_principal: Option<u64>,
 }
 
 impl Default for HttpConfig {
@@ -605,9 +639,14 @@ impl Default for HttpConfig {
             allowed_origins: Vec::new(),
             drain_timeout_ms: 10_000,
             http_session_idle_s: 1800,
+            http_session_unused_s: 60,
+            http_max_mcp_sessions_per_principal: 64,
+            http_max_mcp_sessions: 1024,
+            http_max_streams_per_principal: 8,
             http_max_body: 4 * 1024 * 1024,
             http_read_timeout_ms: 10_000,
             http_max_connections: 512,
+            http_max_connections_per_principal: None,
         }
     }
 }

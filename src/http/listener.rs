@@ -1,4 +1,4 @@
-//! The HTTP listener: hyper's HTTP/1 server on each accepted connection, with the two limits
+//! The HTTP listener: hyper's HTTP/1 server on each accepted connection, with the limits
 //! axum's `serve` lacks. A request's headers must arrive within the read timeout (hyper's
 //! `header_read_timeout`, which also closes a kept-alive connection that sends no next
 //! request in that time), and at most `max` connections are served at once: past that the
@@ -6,8 +6,20 @@
 //! frees, rather than each costing a task and a descriptor. Together they bound what
 //! half-sent requests can hold, and for how long. (The body's own deadline is the guard's,
 //! see `Deadline` in the parent module.)
+//!
+//! Two more bounds keep one client from taking every slot:
+//! - A connection counts in the share of the principal whose request it last carried, until
+//!   it closes (`--http-max-connections-per-principal`): the guard asks [`Conn::attribute`]
+//!   and refuses a request past its principal's share. Requests that carry no principal
+//!   (`/healthz`, refusals before the token) close their connection after the answer.
+//! - Past the cap, a few more connections are accepted ([`Limits::overflow`]): each has
+//!   [`OVERFLOW_READ_TIMEOUT`] to send its request, `/healthz` and `/metrics` are answered
+//!   at once, and any other request waits for a slot (then it is served like any other),
+//!   or, when a quarter of the cap already waits so, is answered 503. [`RESERVED`] of
+//!   them are never taken by waiting requests: a probe gets through a full server.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::Router;
@@ -15,9 +27,24 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+
+use crate::identity::Caller;
+
+/// Connections accepted past the cap that requests waiting for a slot never take: what a
+/// probe of `/healthz` or `/metrics` finds free on a full server.
+pub(super) const RESERVED: usize = 2;
+
+/// How long a connection accepted past the cap may take to send its request's headers (a
+/// client sends them at once; a slow one holds the place no longer than this).
+const OVERFLOW_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Paths answered on a connection accepted past the cap without waiting for a slot.
+fn is_probe(path: &str) -> bool {
+    matches!(path, "/healthz" | "/metrics")
+}
 
 /// The connection limits of one listener.
 #[derive(Clone)]
@@ -26,22 +53,163 @@ pub(super) struct Limits {
     /// Connections served at once.
     pub slots: Arc<Semaphore>,
     pub max: usize,
+    /// Connections accepted past `max`: requests waiting for a slot, and probes.
+    overflow: Arc<Semaphore>,
+    /// Of those, the requests waiting for a slot (at most `waiting_max`).
+    waiting: Arc<Semaphore>,
+    waiting_max: usize,
+    /// Connections one principal may hold.
+    pub share: usize,
+    /// Connections held per principal.
+    held: Arc<Mutex<HashMap<Caller, usize>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Limits {
-    pub(super) fn new(read_timeout: Duration, max: usize) -> Self {
+    pub(super) fn new(read_timeout: Duration, max: usize, share: usize) -> Self {
         let max = max.max(1);
+        // A quarter of the cap may wait past it.
+        let waiting = (max / 4).max(1);
         Self {
             read_timeout,
             slots: Arc::new(Semaphore::new(max)),
             max,
+            overflow: Arc::new(Semaphore::new(waiting + RESERVED)),
+            waiting: Arc::new(Semaphore::new(waiting)),
+            waiting_max: waiting,
+            share: share.clamp(1, max),
+            held: Arc::default(),
         }
     }
 
-    /// Connections open now.
+    /// How many connections are accepted past the cap.
+    pub(super) fn overflow(&self) -> usize {
+        self.waiting_max + RESERVED
+    }
+
+    /// Requests past the cap waiting for a slot now.
+    pub(super) fn waiting(&self) -> usize {
+        self.waiting_max
+            .saturating_sub(self.waiting.available_permits())
+    }
+
+    /// Connections open now (those accepted past the cap included).
     pub(super) fn open(&self) -> usize {
         self.max.saturating_sub(self.slots.available_permits())
+            + self
+                .overflow()
+                .saturating_sub(self.overflow.available_permits())
     }
+}
+
+/// One connection: the principal whose share it counts in, if any.
+pub(super) struct Conn {
+    principal: Mutex<Option<Caller>>,
+    held: Arc<Mutex<HashMap<Caller, usize>>>,
+    share: usize,
+}
+
+impl Conn {
+    /// Count this connection in `caller`'s share (it carries a request of theirs); false
+    /// when their share is full with other connections.
+    pub(super) fn attribute(&self, caller: &Caller) -> bool {
+        let mut mine = lock(&self.principal);
+        if mine.as_ref() == Some(caller) {
+            return true;
+        }
+        let mut held = lock(&self.held);
+        let n = held.get(caller).copied().unwrap_or(0);
+        if n >= self.share {
+            return false;
+        }
+        held.insert(caller.clone(), n + 1);
+        if let Some(previous) = mine.take() {
+            release(&mut held, &previous);
+        }
+        *mine = Some(caller.clone());
+        true
+    }
+}
+
+fn release(held: &mut HashMap<Caller, usize>, caller: &Caller) {
+    if let Some(n) = held.get_mut(caller) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            held.remove(caller);
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(p) = lock(&self.principal).take() {
+            release(&mut lock(&self.held), &p);
+        }
+    }
+}
+
+tokio::task_local! {
+    /// The connection a request arrived on: hyper serves each connection's requests
+    /// within the connection's task, where this is set.
+    pub(super) static CONN: Arc<Conn>;
+}
+
+/// Which kind of slot a connection holds.
+enum Slot {
+    General(OwnedSemaphorePermit),
+    Overflow(OwnedSemaphorePermit),
+}
+
+/// A connection accepted past the cap: its place, then, once a request of it needs one, a
+/// slot (held until it closes).
+struct Overflow {
+    limits: Limits,
+    place: Mutex<Option<OwnedSemaphorePermit>>,
+    slot: tokio::sync::Mutex<Option<OwnedSemaphorePermit>>,
+}
+
+impl Overflow {
+    /// Wait for a slot, unless this connection holds one already; false when too many
+    /// requests wait already.
+    async fn slot(&self) -> bool {
+        let mut slot = self.slot.lock().await;
+        if slot.is_some() {
+            return true;
+        }
+        let Ok(_waiting) = self.limits.waiting.clone().try_acquire_owned() else {
+            return false;
+        };
+        match self.limits.slots.clone().acquire_owned().await {
+            Ok(permit) => {
+                *slot = Some(permit);
+                // Counted as a served connection now, no longer past the cap.
+                lock(&self.place).take();
+                true
+            }
+            Err(_) => false, // the semaphore is never closed
+        }
+    }
+}
+
+/// The answer to a request past the cap when too many wait already.
+fn busy(max: usize) -> axum::response::Response {
+    use axum::http::{HeaderValue, StatusCode, header};
+    let mut r = axum::response::Response::new(axum::body::Body::from(format!(
+        "Service Unavailable: all {max} connections this server serves at once are in use \
+         (--http-max-connections) and others wait already; retry shortly"
+    )));
+    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
 }
 
 /// Serve `router` on `listener` until `stop`; then stop accepting and let the open
@@ -56,15 +224,27 @@ pub(super) async fn serve(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.read_timeout);
+    // Past the cap: a short time to send the request, and one request per connection.
+    let mut overflow_http = hyper::server::conn::http1::Builder::new();
+    overflow_http
+        .timer(TokioTimer::new())
+        .header_read_timeout(OVERFLOW_READ_TIMEOUT.min(limits.read_timeout))
+        .keep_alive(false);
     let graceful = GracefulShutdown::new();
     let mut conns = JoinSet::new();
     loop {
-        // A slot first, then the connection: past the cap, connections wait unaccepted.
+        // A slot first, then the connection: past the cap (and the places past it),
+        // connections wait unaccepted.
         let slot = tokio::select! {
+            biased;
             _ = stop.cancelled() => break,
             slot = limits.slots.clone().acquire_owned() => match slot {
-                Ok(s) => s,
-                Err(_) => break, // the semaphore is never closed
+                Ok(s) => Slot::General(s),
+                Err(_) => break, // the semaphores are never closed
+            },
+            place = limits.overflow.clone().acquire_owned() => match place {
+                Ok(p) => Slot::Overflow(p),
+                Err(_) => break,
             },
         };
         let stream = tokio::select! {
@@ -79,19 +259,62 @@ pub(super) async fn serve(
                 }
             },
         };
+        // A slot freed while this one waited in accept: serve it in full.
+        let slot = match slot {
+            Slot::Overflow(p) => match limits.slots.clone().try_acquire_owned() {
+                Ok(s) => {
+                    drop(p);
+                    Slot::General(s)
+                }
+                Err(_) => Slot::Overflow(p),
+            },
+            general => general,
+        };
         let _ = stream.set_nodelay(true);
-        let conn = http.serve_connection(
-            TokioIo::new(stream),
-            TowerToHyperService::new(router.clone()),
-        );
-        let conn = graceful.watch(conn);
-        conns.spawn(async move {
-            // A timed-out or broken connection is the client's; nothing to report.
-            if let Err(e) = conn.await {
-                tracing::debug!("HTTP connection ended: {e}");
-            }
-            drop(slot);
+        let io = TokioIo::new(stream);
+        let tag = Arc::new(Conn {
+            principal: Mutex::new(None),
+            held: limits.held.clone(),
+            share: limits.share,
         });
+        match slot {
+            Slot::General(permit) => {
+                let conn = graceful
+                    .watch(http.serve_connection(io, TowerToHyperService::new(router.clone())));
+                conns.spawn(CONN.scope(tag, async move {
+                    // A timed-out or broken connection is the client's; nothing to report.
+                    if let Err(e) = conn.await {
+                        tracing::debug!("HTTP connection ended: {e}");
+                    }
+                    drop(permit);
+                }));
+            }
+            Slot::Overflow(place) => {
+                let state = Arc::new(Overflow {
+                    limits: limits.clone(),
+                    place: Mutex::new(Some(place)),
+                    slot: tokio::sync::Mutex::new(None),
+                });
+                let inner = TowerToHyperService::new(router.clone());
+                let max = limits.max;
+                let service = hyper::service::service_fn(move |req| {
+                    let state = state.clone();
+                    let inner = inner.clone();
+                    async move {
+                        if !is_probe(req.uri().path()) && !state.slot().await {
+                            return Ok(busy(max));
+                        }
+                        hyper::service::Service::call(&inner, req).await
+                    }
+                });
+                let conn = graceful.watch(overflow_http.serve_connection(io, service));
+                conns.spawn(CONN.scope(tag, async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!("HTTP connection (past the cap) ended: {e}");
+                    }
+                }));
+            }
+        }
         // Forget the connections that ended.
         while conns.try_join_next().is_some() {}
     }

@@ -1,10 +1,13 @@
 //! MCP over streamable HTTP: rmcp's `StreamableHttpService` at `/mcp` on axum, behind a
-//! guard that checks Host and Origin, authenticates the bearer token, binds every MCP
-//! session id to the principal that created it, bounds how long a request body may take,
-//! and counts requests in flight; plus `GET /healthz`, `GET /metrics` and a draining
-//! shutdown. Connections are accepted and served by `listener` (a cap on open connections,
-//! a header read timeout). Only transport lives here: ownership of REPL
-//! sessions and their limits are the session manager's.
+//! guard that checks Host and Origin, authenticates the bearer token, counts the
+//! connection in its principal's share, binds every MCP session id to the principal that
+//! created it, bounds how long a request body may take, and counts requests in flight;
+//! plus `GET /healthz`, `GET /metrics` and a draining shutdown. Connections are accepted
+//! and served by `listener` (a cap on open connections, a share per principal, places
+//! past the cap for the probes, a header read timeout); MCP sessions are kept by `sessions`
+//! (caps per principal and per server, idle and unused lives, event streams per session
+//! and per principal). Only transport lives here: ownership of REPL sessions and their
+//! limits are the session manager's.
 //!
 //! How the principal reaches the tools: the guard puts the authenticated [`Caller`] in
 //! the request's extensions; rmcp hands each request's `http::request::Parts` (with those
@@ -15,6 +18,7 @@
 mod auth;
 mod listener;
 mod policy;
+mod sessions;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -31,9 +35,6 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use axum::routing::get;
-use dashmap::DashMap;
-use rmcp::transport::streamable_http_server::session::SessionManager as _;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
@@ -43,6 +44,7 @@ use crate::identity::Caller;
 use crate::mcp::ReplboxServer;
 use auth::{Presented, Tokens};
 use policy::{HostPolicy, OriginPolicy, check_tokenless, is_loopback, loopback_origins};
+use sessions::{Activity, CREATING, Creating, Denied, McpSessions, Use};
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const REALM: &str = "replbox";
@@ -53,9 +55,8 @@ struct Shared {
     tokens: Tokens,
     hosts: HostPolicy,
     origins: OriginPolicy,
-    /// MCP session id -> the principal whose `initialize` created it.
-    owners: DashMap<String, Caller>,
-    mcp: Arc<LocalSessionManager>,
+    /// The MCP sessions, each with the principal whose `initialize` created it.
+    mcp: Arc<McpSessions>,
     /// POSTs to /mcp whose response has not been sent completely.
     requests: InFlight,
     draining: AtomicBool,
@@ -104,19 +105,21 @@ pub async fn serve(
     let origins = OriginPolicy::new(&allowed_origins)?;
 
     let mcp_ct = CancellationToken::new();
+    let max_connections = usize::try_from(cfg.http_max_connections).unwrap_or(usize::MAX);
+    let share = connection_share(cfg, max_connections, tokens.principals());
     let shared = Arc::new(Shared {
         app: app.clone(),
+        mcp: McpSessions::new(session_limits(cfg)),
         tokens,
         hosts,
         origins,
-        owners: DashMap::new(),
-        mcp: mcp_sessions(&app, cfg),
         requests: InFlight::default(),
         draining: AtomicBool::new(false),
         started: Instant::now(),
         limits: listener::Limits::new(
             Duration::from_millis(cfg.http_read_timeout_ms),
-            usize::try_from(cfg.http_max_connections).unwrap_or(usize::MAX),
+            max_connections,
+            share,
         ),
     });
     let router = router(&shared, cfg, &allowed_origins, mcp_ct.child_token());
@@ -130,7 +133,7 @@ pub async fn serve(
     ));
     announce(&shared.tokens, local, cfg);
     app.start_background();
-    let pruner = tokio::spawn(prune_owners(shared.clone()));
+    let pruner = tokio::spawn(shared.mcp.clone().reap());
 
     tokio::select! {
         _ = terminate => {}
@@ -169,9 +172,10 @@ fn router(
     origins: &[String],
     cancel: CancellationToken,
 ) -> Router {
-    let app = shared.app.clone();
+    // One handler built here; each MCP session gets a copy sharing its tools.
+    let handler = ReplboxServer::per_request(shared.app.clone());
     let service = StreamableHttpService::new(
-        move || Ok(ReplboxServer::per_request(app.clone())),
+        move || Ok(handler.for_session()),
         shared.mcp.clone(),
         rmcp_config(cfg, &shared.hosts, origins, cancel),
     );
@@ -181,6 +185,31 @@ fn router(
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .with_state(shared.clone())
+}
+
+/// The MCP session limits, from the flags.
+fn session_limits(cfg: &HttpConfig) -> sessions::Limits {
+    let n = |v: u64| usize::try_from(v).unwrap_or(usize::MAX).max(1);
+    sessions::Limits {
+        per_principal: n(cfg.http_max_mcp_sessions_per_principal),
+        total: n(cfg.http_max_mcp_sessions),
+        streams_per_principal: u32::try_from(cfg.http_max_streams_per_principal)
+            .unwrap_or(u32::MAX)
+            .max(1),
+        idle: Duration::from_secs(cfg.http_session_idle_s),
+        unused: Duration::from_secs(cfg.http_session_unused_s),
+    }
+}
+
+/// Connections one principal may hold: the flag, else a quarter of the cap (all of it when
+/// there is one principal, nobody to share with).
+fn connection_share(cfg: &HttpConfig, max: usize, principals: usize) -> usize {
+    match cfg.http_max_connections_per_principal {
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        None if principals > 1 => max / 4,
+        None => max,
+    }
+    .clamp(1, max.max(1))
 }
 
 /// rmcp's side of the transport: cancelled with `cancel`, the body size limit, and the same
@@ -201,16 +230,6 @@ fn rmcp_config(
     // Enforced even when the list is empty: then every request with an Origin is refused.
     c.with_allowed_origins(origins.to_vec())
         .enforce_origin_validation()
-}
-
-/// rmcp's MCP sessions, kept while idle for `--http-session-idle-s`, and at least as long
-/// as the longest evaluation one may be waiting for.
-fn mcp_sessions(app: &App, cfg: &HttpConfig) -> Arc<LocalSessionManager> {
-    let mut manager = LocalSessionManager::default();
-    let floor = Duration::from_millis(app.config.max_timeout_ms) + Duration::from_secs(60);
-    manager.session_config.keep_alive =
-        Some(Duration::from_secs(cfg.http_session_idle_s).max(floor));
-    Arc::new(manager)
 }
 
 /// Say where the server listens and who can reach it.
@@ -288,6 +307,10 @@ async fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
 }
 
 fn plain(status: StatusCode, text: &'static str) -> Response {
+    plain_owned(status, text.to_string())
+}
+
+fn plain_owned(status: StatusCode, text: String) -> Response {
     let mut r = Response::new(Body::from(text));
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -330,13 +353,14 @@ fn unknown_session() -> Response {
     plain(StatusCode::NOT_FOUND, "Not Found: Session not found")
 }
 
-/// In front of `/mcp`: Host, Origin, token, MCP session ownership, in-flight count.
+/// In front of `/mcp`: Host, Origin, token, the connection's share, MCP session ownership
+/// and use (the caps on sessions and streams), in-flight count.
 async fn guard(State(s): State<Arc<Shared>>, mut req: Request, next: Next) -> Response {
-    let (caller, session) = match admit(&s, req.headers()) {
+    let method = req.method().clone();
+    let (caller, session) = match admit(&s, req.headers(), &method) {
         Ok(admitted) => admitted,
         Err(refused) => return refused.response(),
     };
-    let method = req.method().clone();
     tracing::debug!(principal = %caller.principal, %method, "MCP request");
     req.extensions_mut().insert(caller.clone());
     let counting = (method == Method::POST).then(|| s.requests.enter());
@@ -344,26 +368,44 @@ async fn guard(State(s): State<Arc<Shared>>, mut req: Request, next: Next) -> Re
     // connection (and its slot) for as long as the client likes.
     let read_timeout = s.limits.read_timeout;
     let req = req.map(|body| Body::new(Deadline::new(body, read_timeout)));
-    let response = next.run(req).await;
-    if session.is_none()
-        && let Some(id) = response
-            .headers()
-            .get(SESSION_HEADER)
-            .and_then(|v| v.to_str().ok())
-    {
-        s.owners.insert(id.to_string(), caller);
+    let (response, activity) = match session {
+        Some(activity) => {
+            let response = next.run(req).await;
+            if response.status() == StatusCode::OK {
+                activity.used();
+            }
+            (response, Some(activity))
+        }
+        // Without a session id a POST may create one: rmcp does it within this task, where
+        // the session's creation finds its principal (and may refuse it).
+        None => {
+            let creating = Creating::new(caller);
+            let response = CREATING.scope(creating.clone(), next.run(req)).await;
+            if let Some(refusal) = creating.refused() {
+                return refusal.response();
+            }
+            (response, None)
+        }
+    };
+    // Ending a session answers 204 (rmcp says 202, which clients count as a failure).
+    let response = if method == Method::DELETE && response.status() == StatusCode::ACCEPTED {
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = StatusCode::NO_CONTENT;
+        r
+    } else {
+        response
+    };
+    if counting.is_none() && activity.is_none() {
+        return response;
     }
-    if method == Method::DELETE
-        && response.status().is_success()
-        && let Some(id) = &session
-    {
-        s.owners.remove(id);
-    }
-    match counting {
-        // Counted until the response body (an SSE stream for a call) is finished.
-        Some(g) => response.map(|inner| Body::new(Counted { inner, _guard: g })),
-        None => response,
-    }
+    // Counted until the response body (an SSE stream for a call, or a GET's stream) is
+    // finished.
+    response.map(|inner| {
+        Body::new(Tracked {
+            inner,
+            _guards: (counting, activity),
+        })
+    })
 }
 
 /// Why the guard refuses a request.
@@ -373,13 +415,17 @@ enum Refused {
     Origin,
     /// No valid token; the `error` of the challenge, if any.
     Unauthorized(Option<&'static str>),
+    /// The principal holds its share of connections with others.
+    Share(usize),
     /// A session id that does not exist, or belongs to another principal.
     UnknownSession,
+    /// A limit on MCP sessions or event streams.
+    Limit(sessions::Refusal),
 }
 
 impl Refused {
     fn response(self) -> Response {
-        match self {
+        let mut r = match self {
             Refused::Draining => {
                 let mut r = plain(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -398,29 +444,78 @@ impl Refused {
                 "Forbidden: Origin header is not allowed",
             ),
             Refused::Unauthorized(error) => unauthorized(error),
-            Refused::UnknownSession => unknown_session(),
-        }
+            Refused::Share(n) => {
+                let mut r = plain_owned(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "Too Many Requests: this token already holds {n} open connection(s) to \
+                         this server, its share (--http-max-connections-per-principal {n}); \
+                         reuse one, or close one before opening another"
+                    ),
+                );
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                r
+            }
+            Refused::UnknownSession => return unknown_session(),
+            Refused::Limit(refusal) => return refusal.response(),
+        };
+        // Nobody's connection to keep: it is not held open for a refused client.
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        r
     }
 }
 
 /// Whether a request to `/mcp` may go on, and for whom: the server is not draining, Host
-/// and Origin are allowed, the token is valid, and the MCP session it names (if any) was
-/// created by the same principal. The caller and that session id.
-fn admit(s: &Shared, headers: &HeaderMap) -> Result<(Caller, Option<String>), Refused> {
+/// and Origin are allowed, the token is valid, the connection fits in the principal's
+/// share, and the MCP session it names (if any) was created by the same principal and
+/// may be used so (a stream within its caps). The caller and that session's use.
+fn admit(
+    s: &Shared,
+    headers: &HeaderMap,
+    method: &Method,
+) -> Result<(Caller, Option<Activity>), Refused> {
     if s.draining.load(Ordering::SeqCst) {
         return Err(Refused::Draining);
     }
     let caller = check_client(s, headers)?;
+    let counted = listener::CONN
+        .try_with(|conn| conn.attribute(&caller))
+        .unwrap_or(true);
+    if !counted {
+        tracing::debug!(principal = %caller.principal, "connection share full");
+        return Err(Refused::Share(s.limits.share));
+    }
     // An MCP session id is usable only by the principal that created it.
     let session = match headers.get(SESSION_HEADER) {
-        None => None,
-        Some(v) => match v.to_str() {
-            Ok(id) if s.owners.get(id).is_some_and(|o| *o == caller) => Some(id.to_string()),
-            _ => {
-                tracing::debug!(principal = %caller.principal, "unknown or foreign MCP session id");
-                return Err(Refused::UnknownSession);
+        None => {
+            if *method == Method::POST
+                && let Some(refusal) = s.mcp.would_refuse(&caller)
+            {
+                return Err(Refused::Limit(refusal));
             }
-        },
+            None
+        }
+        Some(v) => {
+            let what = if *method == Method::GET {
+                Use::Stream
+            } else {
+                Use::Call
+            };
+            let entered = v
+                .to_str()
+                .map_err(|_| Denied::Unknown)
+                .and_then(|id| s.mcp.enter(id, &caller, what));
+            match entered {
+                Ok(activity) => Some(activity),
+                Err(Denied::Unknown) => {
+                    tracing::debug!(principal = %caller.principal, "unknown or foreign MCP session id");
+                    return Err(Refused::UnknownSession);
+                }
+                Err(Denied::Refused(refusal)) => return Err(Refused::Limit(refusal)),
+            }
+        }
     };
     Ok((caller, session))
 }
@@ -460,13 +555,14 @@ fn authenticate(tokens: &Tokens, headers: &HeaderMap) -> Result<Caller, Refused>
     }
 }
 
-/// A response body that keeps a request counted as in flight until it is done.
-struct Counted {
+/// A response body that keeps a request counted (in flight, and as its MCP session's use)
+/// until it is done.
+struct Tracked {
     inner: Body,
-    _guard: InFlightGuard,
+    _guards: (Option<InFlightGuard>, Option<Activity>),
 }
 
-impl HttpBody for Counted {
+impl HttpBody for Tracked {
     type Data = Bytes;
     type Error = axum::Error;
 
@@ -542,13 +638,16 @@ async fn metrics(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     );
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    // A probe's or a scraper's connection counts in nobody's share: not kept open.
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     r
 }
 
 /// Liveness and counts; no token needed, no secrets shown.
 async fn healthz(State(s): State<Arc<Shared>>) -> Response {
     let draining = s.draining.load(Ordering::SeqCst);
-    let mcp_sessions = s.mcp.sessions.read().await.len();
+    let mcp_sessions = s.mcp.count();
     let body = serde_json::json!({
         "status": if draining { "draining" } else { "ok" },
         "version": env!("CARGO_PKG_VERSION"),
@@ -559,6 +658,7 @@ async fn healthz(State(s): State<Arc<Shared>>) -> Response {
         "principals_with_sessions": s.app.sessions.owners(),
         "in_flight": s.app.calls.get(),
         "connections": s.limits.open(),
+        "connections_waiting": s.limits.waiting(),
         "auth": if s.tokens.is_empty() { "none" } else { "bearer" },
     });
     let mut r = Response::new(Body::from(body.to_string()));
@@ -571,21 +671,8 @@ async fn healthz(State(s): State<Arc<Shared>>) -> Response {
     );
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    // A probe's or a scraper's connection counts in nobody's share: not kept open.
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     r
-}
-
-/// Forget the owners of MCP sessions rmcp has dropped (idle, deleted, failed).
-async fn prune_owners(s: Arc<Shared>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(60));
-    tick.tick().await;
-    loop {
-        tick.tick().await;
-        let ids: Vec<String> = s.owners.iter().map(|e| e.key().clone()).collect();
-        for id in ids {
-            let sid: Arc<str> = Arc::from(id.as_str());
-            if !s.mcp.has_session(&sid).await.unwrap_or(true) {
-                s.owners.remove(&id);
-            }
-        }
-    }
 }

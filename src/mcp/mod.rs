@@ -41,7 +41,9 @@ pub struct ReplboxServer {
     pub(super) app: Arc<App>,
     /// Who the calls come from (sessions belong to them).
     caller: CallerSource,
-    tool_router: ToolRouter<Self>,
+    /// Built once per server and shared by every MCP session's handler (see
+    /// [`ReplboxServer::for_session`]): its schemas are most of a handler's size.
+    tool_router: Arc<ToolRouter<Self>>,
     instructions: Arc<String>,
     /// The level of log notifications this connection asked for (`logging/setLevel`).
     log_level: client_log::ClientLevel,
@@ -106,7 +108,7 @@ directory or `cwd`. {SESSION_START_REST}"
         Self {
             app,
             caller,
-            tool_router,
+            tool_router: Arc::new(tool_router),
             instructions,
             log_level: client_log::ClientLevel::new(),
         }
@@ -114,6 +116,18 @@ directory or `cwd`. {SESSION_START_REST}"
 }
 
 impl ReplboxServer {
+    /// A handler for one more MCP session: the same tools and instructions (shared, not
+    /// rebuilt), and a log level of its own.
+    pub(crate) fn for_session(&self) -> Self {
+        Self {
+            app: self.app.clone(),
+            caller: self.caller.clone(),
+            tool_router: self.tool_router.clone(),
+            instructions: self.instructions.clone(),
+            log_level: client_log::ClientLevel::new(),
+        }
+    }
+
     /// The principal this request comes from.
     fn caller(&self, ctx: &RequestContext<RoleServer>) -> Option<Caller> {
         match &self.caller {

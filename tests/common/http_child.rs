@@ -60,6 +60,11 @@ impl HttpChild {
         }
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+
     /// An MCP client presenting `token`.
     pub async fn connect(&self, token: &str) -> RunningService<RoleClient, ()> {
         let config =
