@@ -3,6 +3,7 @@
 
 pub(crate) mod child;
 pub mod env;
+pub mod proc;
 pub mod pty;
 pub mod spawn;
 

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use replbox_exec::status::Record;
-use replbox_exec::{PROGRAM_FD, Program, STATUS_FD, procfs};
+use replbox_exec::{PROGRAM_FD, Program, STATUS_FD};
 use rustix::process::{Pid, Signal};
 use tokio::process::{Child, Command};
 
@@ -179,7 +179,7 @@ impl Proc {
     /// The helper's pid (bwrap's child when wrapped; None while bwrap is still starting it).
     pub fn helper_pid(&self) -> Option<u32> {
         if self.wrapped {
-            procfs::first_child(self.pid)
+            super::proc::first_child(self.pid)
         } else {
             Some(self.pid)
         }
@@ -187,7 +187,7 @@ impl Proc {
 
     /// The program's pid (the helper's first child).
     pub fn program_pid(&self) -> Option<u32> {
-        self.helper_pid().and_then(procfs::first_child)
+        self.helper_pid().and_then(super::proc::first_child)
     }
 
     /// Wait for the end, with the program's exact status.

@@ -485,7 +485,7 @@ impl Sandbox {
             let nproc = if jail.uid.is_some() || self.wrapped() {
                 l.processes
             } else {
-                l.processes + replbox_exec::procfs::tasks_of_uid(nix::unistd::getuid().as_raw())
+                l.processes + crate::exec::proc::tasks_of_uid(rustix::process::getuid().as_raw())
             };
             rlimits.push((Rlimit::Nproc, nproc));
         }

@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::fcntl::{Flock, FlockArg};
+use rustix::process::{Pid, Signal};
 
 #[derive(Debug)]
 pub struct UidPool {
@@ -383,15 +384,15 @@ impl Drop for Lease {
 /// catches anything that got away, so a reused uid starts clean).
 pub fn kill_uid(uid: u32) {
     for _ in 0..50 {
-        let pids = replbox_exec::procfs::pids_of_uid(uid);
+        let pids = crate::exec::proc::pids_of_uid(uid);
         if pids.is_empty() {
             return;
         }
-        for pid in pids {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+        for pid in pids
+            .into_iter()
+            .filter_map(|p| Pid::from_raw(i32::try_from(p).ok()?))
+        {
+            let _ = rustix::process::kill_process(pid, Signal::KILL);
         }
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -18,7 +18,9 @@
 
 use std::time::Duration;
 
-use replbox_exec::procfs;
+use procfs::process::Syscall;
+
+use crate::exec::proc;
 
 use crate::lang::spec::InputWait;
 
@@ -77,7 +79,7 @@ pub(crate) struct Terminal<'a> {
 /// longest.
 pub(crate) fn tree_wait(root: u32, term: &Terminal<'_>) -> Option<Wait> {
     let mut best: Option<Wait> = None;
-    for pid in procfs::descendants(root) {
+    for pid in proc::descendants(root) {
         if let Some(w) = process_wait(pid, term)
             && better(w.timeout, best.as_ref())
         {
@@ -98,11 +100,8 @@ pub(crate) fn tree_wait(root: u32, term: &Terminal<'_>) -> Option<Wait> {
 pub(crate) fn process_wait(pid: u32, term: &Terminal<'_>) -> Option<Wait> {
     let mut best: Option<Wait> = None;
     let mut timer: Option<Duration> = None;
-    for tid in procfs::threads(pid) {
-        let Some(line) = procfs::syscall(pid, tid) else {
-            continue;
-        };
-        let Some(call) = Call::parse(&line) else {
+    for tid in proc::threads(pid) {
+        let Some(call) = proc::syscall(pid, tid).and_then(|s| Call::of(&s)) else {
             continue;
         };
         if !call.reads_tty(pid, term) {
@@ -151,27 +150,31 @@ enum Kind {
     Epoll2,
 }
 
-/// A thread's system call, from one `/proc/.../syscall` line: its number and arguments.
+/// A thread's system call (`/proc/.../syscall`): its number and arguments.
 struct Call {
     nr: u64,
     kind: Kind,
-    args: Vec<u64>,
+    args: [u64; 6],
 }
 
 impl Call {
-    /// None for "running", a call that is not a wait, or a line that cannot be read.
-    fn parse(line: &str) -> Option<Self> {
-        let mut fields = line.split_whitespace();
-        let nr = fields.next()?.parse::<u64>().ok()?;
-        let args: Vec<u64> = fields
-            .take(6)
-            .filter_map(|f| u64::from_str_radix(f.trim_start_matches("0x"), 16).ok())
-            .collect();
-        if args.len() < 5 {
+    /// None for a running thread, or a call that is not a wait.
+    fn of(call: &Syscall) -> Option<Self> {
+        let Syscall::Blocked {
+            syscall_number,
+            argument_registers,
+            ..
+        } = call
+        else {
             return None;
-        }
+        };
+        let nr = u64::try_from(*syscall_number).ok()?;
         let kind = CALLS.iter().find(|(n, _)| *n == nr)?.1;
-        Some(Self { nr, kind, args })
+        Some(Self {
+            nr,
+            kind,
+            args: *argument_registers,
+        })
     }
 
     /// Whether the call waits for input from the terminal, judged by the kinds of wait the
@@ -229,7 +232,7 @@ fn timeval(pid: u32, addr: u64, unit: TimeUnit) -> Option<Duration> {
     if addr == 0 {
         return None;
     }
-    let raw = procfs::read_mem(pid, addr, 16)?;
+    let raw = proc::read_mem(pid, addr, 16)?;
     let sec = i64::from_ne_bytes(raw[..8].try_into().ok()?);
     let frac = i64::from_ne_bytes(raw[8..].try_into().ok()?);
     if sec < 0 || frac < 0 {
@@ -245,9 +248,9 @@ fn timeval(pid: u32, addr: u64, unit: TimeUnit) -> Option<Duration> {
 /// Whether descriptor `fd` of `pid` is the terminal: the terminal's own device, or
 /// `/dev/tty` in a process whose controlling terminal it is.
 fn fd_is_tty(pid: u32, fd: u64, tty: u64) -> bool {
-    match procfs::fd_rdev(pid, fd) {
+    match proc::fd_rdev(pid, fd) {
         Some(rdev) if rdev == tty => true,
-        Some(DEV_TTY) => procfs::tty_nr(pid) == Some(tty),
+        Some(DEV_TTY) => proc::tty_nr(pid) == Some(tty),
         _ => false,
     }
 }
@@ -258,7 +261,7 @@ fn select_reads_tty(pid: u32, nfds: u64, readfds: u64, tty: u64) -> bool {
         return false;
     }
     let bytes = nfds.div_ceil(64) * 8;
-    let Some(bits) = procfs::read_mem(pid, readfds, bytes as usize) else {
+    let Some(bits) = proc::read_mem(pid, readfds, bytes as usize) else {
         return false;
     };
     (0..nfds).any(|fd| {
@@ -272,7 +275,7 @@ fn poll_reads_tty(pid: u32, fds: u64, nfds: u64, tty: u64) -> bool {
     if fds == 0 || nfds == 0 || nfds > 4096 {
         return false;
     }
-    let Some(raw) = procfs::read_mem(pid, fds, (nfds * 8) as usize) else {
+    let Some(raw) = proc::read_mem(pid, fds, (nfds * 8) as usize) else {
         return false;
     };
     raw.chunks_exact(8).any(|p| {
@@ -285,7 +288,7 @@ fn poll_reads_tty(pid: u32, fds: u64, nfds: u64, tty: u64) -> bool {
 /// `epoll_wait(epfd, …)`: the registrations are listed in /proc/PID/fdinfo/EPFD as
 /// `tfd: FD events: MASK …`.
 fn epoll_reads_tty(pid: u32, epfd: u64, tty: u64) -> bool {
-    let Some(info) = procfs::fdinfo(pid, epfd) else {
+    let Some(info) = proc::fdinfo(pid, epfd) else {
         return false;
     };
     info.lines().any(|l| {
@@ -336,13 +339,19 @@ mod tests {
         }
     }
 
+    /// A `/proc/.../syscall` line as procfs reads it.
+    fn call(line: &str) -> Option<Call> {
+        let s: Syscall = procfs::FromRead::from_read(line.as_bytes()).ok()?;
+        Call::of(&s)
+    }
+
     #[test]
     fn parses_running_and_garbage() {
-        assert!(Call::parse("running").is_none());
-        assert!(Call::parse("").is_none());
-        assert!(Call::parse("0 0x0").is_none());
-        assert!(Call::parse("202 0x1 0x2 0x3 0x4 0x5 0x6 0x7 0x8").is_none()); // futex
-        let poll = Call::parse("7 0x10 0x2 0xbb8 0x0 0x0 0x0 0x7ff 0x7ff").expect("poll");
+        assert!(call("running").is_none());
+        assert!(call("").is_none());
+        assert!(call("-1 0x7ffc 0x7ff").is_none()); // blocked, not in a system call
+        assert!(call("202 0x1 0x2 0x3 0x4 0x5 0x6 0x7 0x8").is_none()); // futex
+        let poll = call("7 0x10 0x2 0xbb8 0x0 0x0 0x0 0x7ff 0x7ff").expect("poll");
         assert_eq!(
             poll.timeout(1, &term(0)),
             Some(Some(Duration::from_millis(3000)))

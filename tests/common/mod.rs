@@ -182,7 +182,8 @@ impl TestServer {
 
 /// Parent pid and state of a process, from /proc.
 pub fn ppid_state(pid: i32) -> Option<(i32, char)> {
-    replbox_exec::procfs::ppid_state(pid)
+    let stat = procfs::process::Process::new(pid).ok()?.stat().ok()?;
+    Some((stat.ppid, stat.state))
 }
 
 /// Whether a process exists and is not a zombie.

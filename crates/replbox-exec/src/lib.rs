@@ -30,13 +30,11 @@
 //!   with `--proxy-port`, Landlock lets the program connect to that TCP port and no other,
 //!   and seccomp allows IP stream sockets only.
 //!
-//! [`procfs`] holds every /proc reader the helper and the server use.
-
 mod args;
 mod bridge;
 mod confine;
 mod landlock;
-pub mod procfs;
+mod procfs;
 mod seccomp;
 pub mod status;
 mod supervise;
