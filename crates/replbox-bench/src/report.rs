@@ -174,18 +174,6 @@ pub fn targets(sections: &[SectionReport]) -> Vec<TargetReport> {
     );
     median_at_most("session_eval:python", "session_eval 1+1 (python)", 1.5);
     median_at_most("initialize", "server start -> initialize reply", 20.0);
-    // Code mode: a tool call from a cell costs at most 1 ms more than a direct MCP call.
-    if let Some(s) = find("code_mode_call")
-        && let Some(f) = &s.floor
-    {
-        let over = s.ours.stats.median_ms - f.series.stats.median_ms;
-        out.push(TargetReport {
-            what: "code mode: one tool call from a cell, over a direct MCP call".into(),
-            target: "median overhead <= 1 ms".into(),
-            measured: format!("median overhead {over:.2} ms"),
-            met: over <= 1.0,
-        });
-    }
     median_at_most(
         "session_pool",
         "session_start + importing pandas, numpy, pyplot (warm session)",
@@ -387,6 +375,18 @@ the same 8 pythons spawned directly at once: {:.1} ms",
             met: g("fds_after") <= g("fds_before")
                 && g("threads_after") <= g("threads_before")
                 && grew <= 1024.0,
+        });
+    }
+    // Code mode: a tool call from a cell costs at most 1 ms more than a direct MCP call.
+    if let Some(s) = find("code_mode_call")
+        && let Some(f) = &s.floor
+    {
+        let over = s.ours.stats.median_ms - f.series.stats.median_ms;
+        out.push(TargetReport {
+            what: "code mode: one tool call from a cell, over a direct MCP call".into(),
+            target: "median overhead <= 1 ms".into(),
+            measured: format!("median overhead {over:.2} ms"),
+            met: over <= 1.0,
         });
     }
     out
