@@ -110,8 +110,9 @@ async fn every_tool_schema_is_portable_and_results_carry_no_nulls() {
     s.stop().await;
 }
 
-/// The most bytes `tools/list` may take: every connection pays for it.
-const TOOLS_LIST_MAX: usize = 12_000;
+/// The most bytes `tools/list` may take: every connection pays for it (a third of the
+/// 40 kB it once was; 12.1 kB with code mode's fields).
+const TOOLS_LIST_MAX: usize = 13_000;
 
 /// `tools/list` is small, and no tool lost a parameter or its structured result: each one
 /// still declares its input fields and an output schema with its result's fields.

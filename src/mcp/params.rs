@@ -29,7 +29,7 @@ pub struct RunCodeParams {
     /// Domains the code may reach through the server's proxy (e.g. pypi.org), if allowed.
     #[serde(default)]
     pub allow_domains: Vec<String>,
-    /// MCP servers (as in session_start) whose tools the code may call.
+    /// As in session_start.
     #[serde(default)]
     pub mcp_servers: Vec<String>,
 }
@@ -59,9 +59,7 @@ pub struct SessionStartParams {
     /// Domains the code may reach through the server's proxy (e.g. pypi.org), if allowed.
     #[serde(default)]
     pub allow_domains: Vec<String>,
-    /// MCP servers (the operator's) whose tools the code may call: `from replbox import
-    /// tools` (Python), `require('replbox').tools` (JS), `replbox-tool` (shell). The result
-    /// lists their tools.
+    /// Configured MCP servers whose tools the code may call (`from replbox import tools`).
     #[serde(default)]
     pub mcp_servers: Vec<String>,
 }

@@ -44,10 +44,10 @@ pub struct RunReport {
     /// The interpreter (or compiler) used, and why that one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub interpreter: Option<InterpreterInfo>,
-    /// Code mode: the MCP servers the code could call, and their tools.
+    /// MCP servers the code could call.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub mcp_servers: Vec<crate::upstream::ServerTools>,
-    /// Code mode: the tool calls the code made, in the order they ended.
+    /// Tool calls made, in the order they ended.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<crate::upstream::CallSummary>,
 }

@@ -322,7 +322,7 @@ pub struct StartReport {
     pub notes: Vec<String>,
     /// Whether it was started ahead of time (`--session-pool`) rather than for this call.
     pub warm: bool,
-    /// Code mode: the MCP servers the session's code may call, and their tools.
+    /// MCP servers the code may call.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub mcp_servers: Vec<crate::upstream::ServerTools>,
 }

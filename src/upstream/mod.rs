@@ -81,7 +81,7 @@ pub struct Access {
     listing: Vec<ServerTools>,
 }
 
-/// A server and the names of the tools code may call on it (a start's result).
+/// A server and its callable tools.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct ServerTools {
     pub name: String,

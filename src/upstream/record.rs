@@ -74,7 +74,7 @@ pub struct CallRecord {
     pub replayed: bool,
 }
 
-/// One call, as results and exports show it (no result body).
+/// One tool call (no result body).
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct CallSummary {
     pub server: String,
