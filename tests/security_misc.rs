@@ -1041,3 +1041,47 @@ async fn finding_7_the_warm_pool_yields_its_uids_to_callers() {
         s.stop().await;
     }
 }
+
+// ----- session_input's deadline covers typing the answer -----
+
+// Finding (low): `session_input` typed its whole answer before its deadline started to
+// count, so an answer larger than the terminal's input buffer, typed into a program that
+// read one line and went on with other work, held the call until the program read the
+// rest (12-18 s against a 2 s `timeout_ms`; here, forever). The deadline now covers the
+// whole call: what could not be typed in time is not, the evaluation times out as it
+// would while running, the result says how much was typed, and the session goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn finding_r3_7_session_inputs_deadline_covers_typing_a_large_answer() {
+    if !require("python", "python3") {
+        return;
+    }
+    let srv = TestServer::start().await;
+    let id = srv.start_session("python").await;
+    let o = srv
+        .eval(&id, "line = input('? ')\nimport time\ntime.sleep(3600)")
+        .await;
+    assert_eq!(status(&o), "awaiting_input", "{}", o.text);
+    // 2,000 lines of 1,000 bytes (and Enter): the program reads the first, the terminal
+    // holds a few KiB.
+    let text = vec!["y".repeat(1000); 2000].join("\n");
+    let call = srv.call(
+        "session_input",
+        json!({"session_id": id, "text": text, "timeout_ms": 2000}),
+    );
+    // Not a timing assertion: a bound far past the deadline, so that a call that waits for
+    // the program fails here instead of hanging the test.
+    let o = tokio::time::timeout(Duration::from_secs(90), call)
+        .await
+        .expect("session_input did not answer: its deadline did not cover typing the answer");
+    assert_eq!(status(&o), "timeout", "{}", o.text);
+    assert!(
+        o.text
+            .contains("of the answer's 2002000 bytes were typed before the deadline"),
+        "the result says the answer was cut: {}",
+        o.text
+    );
+    // The session goes on, and nothing left of the answer runs as code.
+    let o = srv.eval(&id, "print(6 * 7)").await;
+    assert_eq!((status(&o), output(&o)), ("ok", "42\n"), "{}", o.text);
+    srv.stop().await;
+}

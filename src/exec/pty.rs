@@ -128,11 +128,20 @@ impl PtyMaster {
     }
 
     /// Write all of `data`, waiting for room when the terminal's input buffer is full.
-    pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
+    pub async fn write_all(&self, data: &[u8]) -> io::Result<()> {
+        self.write_counted(data, &mut 0).await
+    }
+
+    /// [`write_all`](Self::write_all), adding to `written` as bytes go out: a caller that
+    /// stops waiting (drops the future at a deadline) knows how much was typed.
+    pub async fn write_counted(&self, mut data: &[u8], written: &mut usize) -> io::Result<()> {
         while !data.is_empty() {
             let mut guard = self.fd.writable().await?;
             match guard.try_io(|inner| Ok(rustix::io::write(inner.get_ref(), data)?)) {
-                Ok(Ok(n)) => data = &data[n..],
+                Ok(Ok(n)) => {
+                    data = &data[n..];
+                    *written += n;
+                }
                 Ok(Err(e)) => return Err(e),
                 Err(_would_block) => continue,
             }

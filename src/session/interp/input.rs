@@ -162,9 +162,34 @@ impl Interp {
         let typed = &bytes[..ctrl_c.unwrap_or(bytes.len())];
         if !typed.is_empty() {
             self.note_typed(n, typed).await;
-            if self.master.write_all(typed).await.is_err() {
-                let ending = self.wait_exit().await;
-                return self.finish(n, ending).await;
+            // The call's deadline covers typing: a program that read one line and went on
+            // with other work leaves the rest of a long answer waiting for room in the
+            // terminal for as long as it likes.
+            let mut sent = 0;
+            let typing = tokio::select! {
+                r = self.master.write_counted(typed, &mut sent) => Some(r),
+                _ = tokio::time::sleep_until(deadline) => None,
+                _ = cancel.cancelled() => None,
+            };
+            match typing {
+                Some(Ok(())) => {}
+                Some(Err(_)) => {
+                    let ending = self.wait_exit().await;
+                    return self.finish(n, ending).await;
+                }
+                None => {
+                    // What was typed and not read goes (it would be read as the REPL's next
+                    // line), which also leaves room for the interrupt.
+                    self.master.flush_input();
+                    let ending = self.stop(n, !cancel.is_cancelled()).await;
+                    let mut outcome = self.finish(n, ending).await;
+                    outcome.notes.push(format!(
+                        "{sent} of the answer's {} bytes were typed before the deadline; the \
+rest was not typed, and what the program had not read was discarded",
+                        typed.len()
+                    ));
+                    return outcome;
+                }
             }
         }
         let ending = match ctrl_c {
