@@ -164,18 +164,20 @@ fn holding_listener() -> u16 {
 }
 
 /// Python (run once per session) defining `tunnels(n)`: open `n` CONNECT tunnels through
-/// the session's proxy to 127.0.0.1:`port`, keep the ones that opened, and print one line
+/// the session's proxy to 127.0.0.1:`port` (with the credentials of its proxy URL), keep the ones that opened, and print one line
 /// per distinct answer (the refusals with their text).
 fn tunnels_code(port: u16) -> String {
     format!(
-        r#"import os, socket, collections
-_h, _p = os.environ['HTTP_PROXY'].split('//')[1].rstrip('/').rsplit(':', 1)
+        r#"import base64, os, socket, collections, urllib.parse
+_u = urllib.parse.urlsplit(os.environ['HTTP_PROXY'])
+_h, _p = _u.hostname, _u.port
+_auth = base64.b64encode((_u.username + ':' + _u.password).encode())
 held = []
 def tunnels(n):
     seen = []
     for _ in range(n):
         s = socket.create_connection((_h, int(_p)), timeout=30)
-        s.sendall(b'CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n')
+        s.sendall(b'CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Basic ' + _auth + b'\r\n\r\n')
         d = b''
         while b'\r\n\r\n' not in d:
             c = s.recv(4096)

@@ -7,6 +7,11 @@
 //! has only loopback: the helper's bridge relays `127.0.0.1:`[`BRIDGE_PORT`] to it. At
 //! `landlock` and `none` it is a TCP port on the host's loopback (at `landlock` the only port
 //! user code may connect to).
+//!
+//! An endpoint serves its own run or session only: its program is handed a secret in the
+//! proxy URL (`http://replbox:SECRET@127.0.0.1:PORT`, which HTTP clients send as
+//! `Proxy-Authorization`), and a connection without it is refused (`407`), however it found
+//! the port or the socket.
 
 pub mod policy;
 mod proxy;
@@ -53,14 +58,45 @@ pub struct Egress {
 
 /// One run's or session's way to the proxy; closing it (dropping) stops its listener and
 /// every connection through it.
-#[derive(Debug)]
 pub struct Endpoint {
     /// The Unix socket (bwrap), else None.
     pub socket: Option<PathBuf>,
     /// The TCP port user code connects to on 127.0.0.1 (inside the sandbox's namespace for a
     /// socket).
     pub port: u16,
+    /// What the endpoint's own program presents, and nobody else knows.
+    secret: String,
     task: AbortHandle,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("socket", &self.socket)
+            .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Endpoint {
+    /// The proxy URL for the endpoint's own program (its proxy variables), credentials
+    /// included.
+    pub fn proxy_url(&self) -> String {
+        format!("http://{USER}:{}@127.0.0.1:{}", self.secret, self.port)
+    }
+}
+
+/// The user name in the proxy URL (the secret is its password).
+const USER: &str = "replbox";
+
+/// A fresh secret: 244 random bits (two v4 UUIDs, from the OS's generator), as hex, which
+/// needs no escaping in a URL.
+fn new_secret() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
 }
 
 impl Drop for Endpoint {
@@ -95,12 +131,14 @@ impl Egress {
         &self.policy
     }
 
-    /// What one endpoint allows: the operator's policy and a caller's checked domains.
-    fn shared(&self, extra: &[String]) -> Arc<proxy::Shared> {
+    /// What one endpoint allows: the operator's policy and a caller's checked domains, for
+    /// whoever presents `secret`.
+    fn shared(&self, extra: &[String], secret: &str) -> Arc<proxy::Shared> {
         Arc::new(proxy::Shared {
             policy: self.policy.with_domains(extra),
             own: self.own.clone(),
             idle: IDLE,
+            credentials: format!("{USER}:{secret}").into_bytes(),
         })
     }
 
@@ -131,10 +169,16 @@ impl Egress {
             .join(format!("{}.sock", uuid::Uuid::new_v4().simple()));
         let listener = tokio::net::UnixListener::bind(&path)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
-        let task = accept(self.caps(who, principal), listener, self.shared(extra));
+        let secret = new_secret();
+        let task = accept(
+            self.caps(who, principal),
+            listener,
+            self.shared(extra, &secret),
+        );
         Ok(Endpoint {
             socket: Some(path),
             port: BRIDGE_PORT,
+            secret,
             task,
         })
     }
@@ -145,10 +189,16 @@ impl Egress {
         std.set_nonblocking(true)?;
         let port = std.local_addr()?.port();
         let listener = tokio::net::TcpListener::from_std(std)?;
-        let task = accept(self.caps(who, principal), listener, self.shared(extra));
+        let secret = new_secret();
+        let task = accept(
+            self.caps(who, principal),
+            listener,
+            self.shared(extra, &secret),
+        );
         Ok(Endpoint {
             socket: None,
             port,
+            secret,
             task,
         })
     }
@@ -211,8 +261,9 @@ fn accept<L: Listener>(caps: Caps, listener: L, shared: Arc<proxy::Shared>) -> A
                 Err(why) => {
                     tracing::warn!(who = %who, "egress: {why}");
                     if let Ok(p) = caps.refusing.clone().try_acquire_owned() {
+                        let shared = shared.clone();
                         conns.spawn(async move {
-                            proxy::turn_away(stream, why).await;
+                            proxy::turn_away(stream, &shared, why).await;
                             drop(p);
                         });
                     }

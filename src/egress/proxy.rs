@@ -1,5 +1,5 @@
-//! One connection to the proxy: an HTTP/1 request head (bounded, with a deadline), then
-//! either a CONNECT tunnel (HTTPS; the TLS inside is not looked at) or one plain `http://`
+//! One connection to the proxy: an HTTP/1 request head (bounded, with a deadline) carrying
+//! the endpoint's credentials (else `407`), then either a CONNECT tunnel (HTTPS; the TLS inside is not looked at) or one plain `http://`
 //! request forwarded with `Connection: close`. Whatever the client asks, the upstream is
 //! connected to only at an address [`Policy`] allows, checked on the resolved address itself
 //! (the name is resolved once, here, and that address is the one connected to). A
@@ -36,6 +36,51 @@ pub struct Shared {
     pub own: Arc<Vec<IpAddr>>,
     /// How long a relayed connection may go without a byte either way.
     pub idle: Duration,
+    /// `USER:SECRET`, which the endpoint's own program sends as `Proxy-Authorization: Basic`
+    /// (from the credentials in its proxy URL); whoever else finds the endpoint does not
+    /// know it.
+    pub credentials: Vec<u8>,
+}
+
+/// Whether the request presents `expected` as Basic proxy credentials, compared in
+/// constant time (so timing tells a guesser nothing of the secret).
+fn authorized(req: &httparse::Request<'_, '_>, expected: &[u8]) -> bool {
+    use base64::Engine as _;
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    use subtle::ConstantTimeEq as _;
+    const LENIENT: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    let mut ok = subtle::Choice::from(0);
+    for h in req.headers.iter() {
+        if !h.name.eq_ignore_ascii_case("proxy-authorization") {
+            continue;
+        }
+        let Ok(value) = std::str::from_utf8(h.value) else {
+            continue;
+        };
+        let Some((scheme, token)) = value.trim().split_once(' ') else {
+            continue;
+        };
+        if !scheme.eq_ignore_ascii_case("basic") {
+            continue;
+        }
+        if let Ok(given) = LENIENT.decode(token.trim()) {
+            ok |= given.as_slice().ct_eq(expected);
+        }
+    }
+    ok.into()
+}
+
+/// The refusal of a connection without the endpoint's credentials.
+fn unauthorized() -> Refusal {
+    Refusal(
+        407,
+        "replbox egress: this proxy serves one session or run, whose program has its \
+         credentials in its proxy variables (HTTPS_PROXY); use that URL as it is"
+            .into(),
+    )
 }
 
 /// Why a request was not forwarded: the status and a one-line reason (ASCII, no CR/LF), sent
@@ -61,6 +106,10 @@ where
         ),
         _ => return refuse(&mut client, Refusal(400, "malformed request".into())).await,
     };
+    if !authorized(&req, &shared.credentials) {
+        tracing::warn!(who = %who, "egress refused: a connection without this endpoint's credentials");
+        return refuse(&mut client, unauthorized()).await;
+    }
     let result = if method.eq_ignore_ascii_case("CONNECT") {
         tunnel(&mut client, &shared, &who, &target, &extra).await
     } else {
@@ -284,10 +333,29 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<'_, S> {
 }
 
 /// Answer a connection over one of the proxy's caps with `why` (429), after reading its
-/// request head (briefly), and close it.
-pub async fn turn_away<S: AsyncRead + AsyncWrite + Unpin>(mut client: S, why: String) {
-    let _ = timeout(REFUSAL_HEAD_TIMEOUT, read_head(&mut client)).await;
-    refuse(&mut client, Refusal(429, why)).await;
+/// request head (briefly), and close it; one without the endpoint's credentials learns
+/// nothing of its caps (407).
+pub async fn turn_away<S: AsyncRead + AsyncWrite + Unpin>(
+    mut client: S,
+    shared: &Shared,
+    why: String,
+) {
+    let head = timeout(REFUSAL_HEAD_TIMEOUT, read_head(&mut client))
+        .await
+        .ok()
+        .flatten();
+    let known = head.is_some_and(|(h, _)| {
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let mut req = httparse::Request::new(&mut headers);
+        matches!(req.parse(&h), Ok(httparse::Status::Complete(_)))
+            && authorized(&req, &shared.credentials)
+    });
+    let refusal = if known {
+        Refusal(429, why)
+    } else {
+        unauthorized()
+    };
+    refuse(&mut client, refusal).await;
 }
 
 /// Read up to the end of the request head; returns the head and what came after it.
@@ -359,8 +427,13 @@ async fn refuse<S: AsyncWrite + Unpin>(client: &mut S, Refusal(code, msg): Refus
         })
         .collect();
     let body = format!("{msg}\n");
+    let challenge = if code == 407 {
+        "Proxy-Authenticate: Basic realm=\"replbox\"\r\n"
+    } else {
+        ""
+    };
     let text = format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+        "HTTP/1.1 {code} {reason}\r\n{challenge}Content-Type: text/plain\r\nContent-Length: {}\r\n\
          Connection: close\r\n\r\n{body}",
         body.len()
     );

@@ -50,12 +50,13 @@ pub struct Child {
 
 impl Child {
     /// Give it its way to the egress proxy: the endpoint in its Jail, and the proxy
-    /// variables (both spellings) that HTTP clients, pip and npm read.
+    /// variables (both spellings) that HTTP clients, pip and npm read, with the endpoint's
+    /// credentials in the URL (it refuses connections without them).
     pub fn with_egress(mut self, endpoint: Option<Arc<Endpoint>>) -> Self {
         let Some(ep) = endpoint else {
             return self;
         };
-        let url = format!("http://127.0.0.1:{}", ep.port);
+        let url = ep.proxy_url();
         for k in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
             cenv::set(&mut self.env.server, k, url.clone());
             cenv::set(&mut self.env.server, &k.to_ascii_lowercase(), url.clone());
