@@ -492,6 +492,10 @@ impl Sandbox {
         if let Some(cpu) = jail.cpu_s {
             rlimits.push((Rlimit::Cpu, cpu));
         }
+        // No POSIX message queue can be created, at any level (seccomp refuses the calls
+        // too where it applies): a queue outlives its program in the host's IPC namespace
+        // and counts against the host's `queues_max`, which one run could fill.
+        rlimits.push((Rlimit::Msgqueue, 0));
         let mut args = ExecArgs {
             pty,
             status_fd: Some(STATUS_FD),
@@ -518,6 +522,9 @@ impl Sandbox {
                 .map(|_| PathBuf::from(bwrap::proxy_socket_inside(self)));
             args.seccomp = true;
             args.private_shm = (!self.wrapped()).then(|| mib(l.tmpfs_mb));
+            // Without a pid namespace, /proc would show other users' command lines (a run's
+            // arguments among them); bwrap gives the program a /proc of its own already.
+            args.private_proc = !self.wrapped();
         }
         args
     }

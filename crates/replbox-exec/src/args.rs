@@ -38,15 +38,18 @@ pub enum Rlimit {
     Fsize,
     Nofile,
     Cpu,
+    /// Bytes of POSIX message queues (0: none can be created).
+    Msgqueue,
 }
 
 impl Rlimit {
-    const ALL: [(Rlimit, &'static str); 5] = [
+    const ALL: [(Rlimit, &'static str); 6] = [
         (Rlimit::Data, "data"),
         (Rlimit::Nproc, "nproc"),
         (Rlimit::Fsize, "fsize"),
         (Rlimit::Nofile, "nofile"),
         (Rlimit::Cpu, "cpu"),
+        (Rlimit::Msgqueue, "msgqueue"),
     ];
 
     fn name(self) -> &'static str {
@@ -90,6 +93,10 @@ pub struct ExecArgs {
     /// mounts a tmpfs there, gone with the last process of the tree. Where the kernel
     /// refuses that, the program has no writable /dev/shm.
     pub private_shm: Option<u64>,
+    /// Give the program (when the helper is root) a /proc of its own in that mount
+    /// namespace, where only processes it could trace appear (`hidepid=invisible`): the
+    /// command lines, environments and descriptors of other users' programs are not there.
+    pub private_proc: bool,
     /// The one TCP port the program may connect to (the egress proxy on loopback): Landlock
     /// allows connecting to it alone, and seccomp allows IP stream sockets (no UDP, no raw).
     pub proxy_port: Option<u16>,
@@ -146,6 +153,9 @@ impl ExecArgs {
         if let Some(n) = self.private_shm {
             flag("--private-shm", Some(n.to_string().into()));
         }
+        if self.private_proc {
+            flag("--private-proc", None);
+        }
         if let Some(p) = self.proxy_port {
             flag("--proxy-port", Some(p.to_string().into()));
         }
@@ -166,6 +176,7 @@ impl ExecArgs {
                 "--pty" => out.pty = true,
                 "--net" => out.net = true,
                 "--seccomp" => out.seccomp = true,
+                "--private-proc" => out.private_proc = true,
                 "--status-fd" => out.status_fd = Some(fd(name, &value()?)?),
                 "--program-fd" => out.program_fd = Some(fd(name, &value()?)?),
                 "--chdir" => out.chdir = Some(value()?.into()),
@@ -336,6 +347,7 @@ mod tests {
                 (Rlimit::Fsize, 7),
                 (Rlimit::Nofile, 64),
                 (Rlimit::Cpu, u64::MAX),
+                (Rlimit::Msgqueue, 0),
             ],
             landlock: Some(LandlockMode::BestEffort),
             read: vec!["/usr".into(), "--write".into()],
@@ -343,6 +355,7 @@ mod tests {
             net: true,
             seccomp: true,
             private_shm: Some(256 << 20),
+            private_proc: true,
             proxy_port: Some(3128),
             proxy_socket: Some("/run/replbox-egress.sock".into()),
         };

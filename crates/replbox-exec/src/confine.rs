@@ -1,5 +1,5 @@
 //! The child-side layers, in the order they are applied just before `exec`: rlimits; the
-//! private /dev/shm; the uid drop; `chdir`; Landlock; seccomp; closing inherited
+//! private /dev/shm and /proc; the uid drop; `chdir`; Landlock; seccomp; closing inherited
 //! descriptors. Prepared in the helper before it forks (so errors are reported with
 //! context), applied in the child.
 
@@ -16,6 +16,7 @@ use crate::{landlock, seccomp};
 pub struct Confinement {
     rlimits: Vec<(Rlimit, u64)>,
     private_shm: Option<u64>,
+    private_proc: bool,
     ids: Option<(u32, u32)>,
     chdir: Option<PathBuf>,
     landlock: Option<(RulesetCreated, LandlockMode)>,
@@ -39,6 +40,7 @@ impl Confinement {
         Ok(Self {
             rlimits: args.rlimits.clone(),
             private_shm: args.private_shm,
+            private_proc: args.private_proc,
             ids: args.ids,
             chdir: args.chdir.clone(),
             landlock,
@@ -51,9 +53,10 @@ impl Confinement {
         for (r, v) in &self.rlimits {
             set_rlimit(*r, *v)?;
         }
-        let shm = match self.private_shm {
-            Some(bytes) => private_shm(bytes)?,
-            None => false,
+        let (shm, proc) = if self.private_shm.is_some() || self.private_proc {
+            private_mounts(self.private_shm, self.private_proc)?
+        } else {
+            (false, false)
         };
         if let Some((uid, gid)) = self.ids {
             drop_to(uid, gid)?;
@@ -71,6 +74,12 @@ impl Confinement {
         if let Some((mut rs, mode)) = self.landlock {
             if shm {
                 rs = landlock::add(rs, Path::new("/dev/shm"), landlock::handled())
+                    .map_err(|e| format!("landlock: {e}"))?;
+            }
+            if proc {
+                // The host's /proc, which the read rules name, is hidden beneath the new
+                // mount, and Landlock does not look at hidden mount points.
+                rs = landlock::add(rs, Path::new("/proc"), landlock::read_access())
                     .map_err(|e| format!("landlock: {e}"))?;
             }
             let status = rs
@@ -102,22 +111,25 @@ fn close_inherited() {
     }
 }
 
-/// Mount a private tmpfs of `bytes` on /dev/shm, in a mount namespace of this process's own
-/// (root), or of a user namespace mapping only its own ids (not root). False, with nothing
-/// changed, when the kernel refuses a namespace (a container, a policy against user
-/// namespaces): the program then has no writable /dev/shm. The namespace, and everything
-/// written there, ends with the last process of the tree.
-fn private_shm(bytes: u64) -> Result<bool, String> {
+/// In a mount namespace of this process's own (root), or of a user namespace mapping only
+/// its own ids (not root): a private tmpfs of `shm` bytes on /dev/shm, and with `proc` (as
+/// root only) a /proc of its own where only the processes this one could trace appear
+/// (`hidepid=invisible`: its own uid's, in its own Landlock domain), so that other users'
+/// command lines, environments and descriptors are not there to read. Whether each was
+/// mounted: false, with nothing changed, when the kernel refuses a namespace (a container, a
+/// policy against user namespaces), and the program then has no writable /dev/shm. The
+/// namespace, and everything written there, ends with the last process of the tree.
+fn private_mounts(shm: Option<u64>, proc: bool) -> Result<(bool, bool), String> {
     use nix::mount::{MsFlags, mount};
     use nix::sched::{CloneFlags, unshare};
     let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
     if uid.is_root() {
         if unshare(CloneFlags::CLONE_NEWNS).is_err() {
-            return Ok(false);
+            return Ok((false, false));
         }
     } else {
         if unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS).is_err() {
-            return Ok(false);
+            return Ok((false, false));
         }
         // From here on the process is in the new user namespace: without its ids mapped it
         // would run as the overflow uid, so a failure stops the child.
@@ -132,18 +144,34 @@ fn private_shm(bytes: u64) -> Result<bool, String> {
     // Mounts made here must not propagate back to the host.
     let none = None::<&str>;
     if mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_SLAVE, none).is_err() {
-        return Ok(false);
+        return Ok((false, false));
     }
-    let options = format!("size={bytes},mode=1777");
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    Ok(mount(
-        Some("tmpfs"),
-        "/dev/shm",
-        Some("tmpfs"),
-        flags,
-        Some(options.as_str()),
-    )
-    .is_ok())
+    // A new instance (kernels from 5.8 on, the only ones that know "invisible"; older ones
+    // refuse the option rather than change the host's /proc, whose superblock they share).
+    // Without root the host's pid namespace cannot be mounted: nothing is hidden.
+    let proc = proc
+        && uid.is_root()
+        && mount(
+            Some("proc"),
+            "/proc",
+            Some("proc"),
+            flags | MsFlags::MS_NOEXEC,
+            Some("hidepid=invisible"),
+        )
+        .is_ok();
+    let shm = shm.is_some_and(|bytes| {
+        let options = format!("size={bytes},mode=1777");
+        mount(
+            Some("tmpfs"),
+            "/dev/shm",
+            Some("tmpfs"),
+            flags,
+            Some(options.as_str()),
+        )
+        .is_ok()
+    });
+    Ok((shm, proc))
 }
 
 fn resource(r: Rlimit) -> Resource {
@@ -153,6 +181,7 @@ fn resource(r: Rlimit) -> Resource {
         Rlimit::Fsize => Resource::RLIMIT_FSIZE,
         Rlimit::Nofile => Resource::RLIMIT_NOFILE,
         Rlimit::Cpu => Resource::RLIMIT_CPU,
+        Rlimit::Msgqueue => Resource::RLIMIT_MSGQUEUE,
     }
 }
 

@@ -27,6 +27,11 @@ pub fn handled() -> BitFlags<AccessFs> {
     AccessFs::from_all(LANDLOCK_ABI) & !AccessFs::IoctlDev
 }
 
+/// What a read rule grants.
+pub fn read_access() -> BitFlags<AccessFs> {
+    AccessFs::from_read(LANDLOCK_ABI) & handled()
+}
+
 pub fn ruleset(args: &ExecArgs) -> Result<RulesetCreated, RulesetError> {
     let abi = LANDLOCK_ABI;
     let handled = handled();
@@ -43,7 +48,7 @@ pub fn ruleset(args: &ExecArgs) -> Result<RulesetCreated, RulesetError> {
     if let (false, Some(port)) = (args.net, args.proxy_port) {
         created = created.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?;
     }
-    let read = AccessFs::from_read(abi) & handled;
+    let read = read_access();
     for (paths, access) in [(&args.read, read), (&args.write, handled)] {
         for p in paths {
             created = add(created, p, access)?;

@@ -1,6 +1,6 @@
 //! The seccomp filters: the kernel surface user code never needs, sockets other than Unix
-//! ones (unless the network is allowed; TCP ones only when the proxy is the way out), namespaces through clone, and clone3 and x32 calls
-//! answered ENOSYS.
+//! ones (unless the network is allowed; TCP streams only when the proxy is the way out),
+//! TCP Fast Open, namespaces through clone, and clone3 and x32 calls answered ENOSYS.
 
 use std::collections::BTreeMap;
 
@@ -11,9 +11,9 @@ use seccompiler::{
 
 /// Syscalls user code never needs and that widen the kernel surface or reach outside the
 /// sandbox: io_uring, tracing other processes, BPF, perf, userfaultfd, keyrings, namespaces
-/// and mounts, module and kexec loading, and System V IPC (outside bwrap's IPC namespace its
-/// objects outlive the program, hold memory no rlimit counts, and stay reachable as the uid
-/// by whoever gets it next).
+/// and mounts, module and kexec loading, and System V IPC and POSIX message queues (outside
+/// bwrap's IPC namespace their objects outlive the program, hold memory no rlimit counts
+/// or fill the host's `queues_max`, and stay reachable as the uid by whoever gets it next).
 fn denied_syscalls() -> Vec<i64> {
     vec![
         libc::SYS_io_uring_setup,
@@ -61,6 +61,12 @@ fn denied_syscalls() -> Vec<i64> {
         libc::SYS_semop,
         libc::SYS_semtimedop,
         libc::SYS_semctl,
+        libc::SYS_mq_open,
+        libc::SYS_mq_unlink,
+        libc::SYS_mq_timedsend,
+        libc::SYS_mq_timedreceive,
+        libc::SYS_mq_notify,
+        libc::SYS_mq_getsetattr,
     ]
 }
 
@@ -77,12 +83,24 @@ const CLONE_NS_FLAGS: &[u64] = &[
     // (only clone3, which answers ENOSYS, and unshare, which is denied).
 ];
 
-/// Socket types a program that may reach only the proxy must not make: everything but
-/// `SOCK_STREAM` (the low bits of `socket`'s type argument), so no UDP and no raw sockets.
-const NOT_STREAM: &[u64] = &[0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+/// The `type` argument of an IP socket a program that may reach only the proxy may make: a
+/// stream, with or without `SOCK_NONBLOCK` and `SOCK_CLOEXEC` (the only flag bits the kernel
+/// takes there). Anything else (datagram, raw, seqpacket, packet, …) is refused.
+const STREAM_TYPES: [u64; 4] = [
+    libc::SOCK_STREAM as u64,
+    (libc::SOCK_STREAM | libc::SOCK_NONBLOCK) as u64,
+    (libc::SOCK_STREAM | libc::SOCK_CLOEXEC) as u64,
+    (libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as u64,
+];
 
-/// `net`: any socket family the resolver and clients use. `tcp`: IP stream sockets only
-/// (Landlock decides which port they may connect to).
+/// The `protocol` argument of that stream: the default (TCP) or `IPPROTO_TCP` itself. Every
+/// other protocol of a stream (MPTCP, SCTP, SMC, …) is refused: Landlock's TCP rules cover
+/// TCP alone, so such a socket would connect and listen wherever it liked.
+const TCP_PROTOCOLS: [u64; 2] = [0, libc::IPPROTO_TCP as u64];
+
+/// `net`: any socket family the resolver and clients use. `tcp`: IP stream sockets only,
+/// exactly (`AF_INET` or `AF_INET6`, [`STREAM_TYPES`], [`TCP_PROTOCOLS`]); Landlock decides
+/// which port they may connect to.
 pub fn programs(net: bool, tcp: bool) -> Result<Vec<BpfProgram>, String> {
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| format!("seccomp: {e}"))?;
     let err = |e: seccompiler::BackendError| format!("seccomp: {e}");
@@ -90,6 +108,10 @@ pub fn programs(net: bool, tcp: bool) -> Result<Vec<BpfProgram>, String> {
     for nr in denied_syscalls() {
         rules.insert(nr, Vec::new());
     }
+    // Each rule below matches what is refused (the filter allows what no rule matches).
+    let dword = |arg: u8, op: SeccompCmpOp, v: u64| {
+        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, v).map_err(err)
+    };
     // Sockets: Unix only, unless the network is allowed (then IP too, and netlink, which the
     // resolver uses to list interfaces).
     let mut families = vec![libc::AF_UNIX as u64];
@@ -102,35 +124,53 @@ pub fn programs(net: bool, tcp: bool) -> Result<Vec<BpfProgram>, String> {
             libc::AF_NETLINK as u64,
         ]);
     }
-    let not_allowed = families
+    let other_family = families
         .iter()
-        .map(|f| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *f))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(err)?;
-    let mut socket_rules = vec![SeccompRule::new(not_allowed.clone()).map_err(err)?];
+        .map(|f| dword(0, SeccompCmpOp::Ne, *f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut socket_rules = vec![SeccompRule::new(other_family).map_err(err)?];
     if tcp && !net {
-        // socket(): an IP family (allowed below) with any type but a stream is refused.
         for family in [libc::AF_INET as u64, libc::AF_INET6 as u64] {
-            for ty in NOT_STREAM {
-                let is_family =
-                    SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, family);
-                let is_type = SeccompCondition::new(
-                    1,
-                    SeccompCmpArgLen::Dword,
-                    SeccompCmpOp::MaskedEq(0xf),
-                    *ty,
-                );
-                socket_rules.push(
-                    SeccompRule::new(vec![is_family.map_err(err)?, is_type.map_err(err)?])
-                        .map_err(err)?,
-                );
+            // An IP family with a type other than a stream's...
+            let mut other_type = vec![dword(0, SeccompCmpOp::Eq, family)?];
+            for t in STREAM_TYPES {
+                other_type.push(dword(1, SeccompCmpOp::Ne, t)?);
             }
+            socket_rules.push(SeccompRule::new(other_type).map_err(err)?);
+            // ... or with a protocol other than TCP.
+            let mut other_protocol = vec![dword(0, SeccompCmpOp::Eq, family)?];
+            for p in TCP_PROTOCOLS {
+                other_protocol.push(dword(2, SeccompCmpOp::Ne, p)?);
+            }
+            socket_rules.push(SeccompRule::new(other_protocol).map_err(err)?);
         }
     }
     rules.insert(libc::SYS_socket, socket_rules);
+    if !net {
+        // TCP Fast Open connects from inside sendto/sendmsg, where Landlock's connect rule
+        // is never asked: refused, whatever the socket (connect() then send() is the way).
+        let fastopen = libc::MSG_FASTOPEN as u64;
+        for (nr, flags_arg) in [
+            (libc::SYS_sendto, 3),
+            (libc::SYS_sendmsg, 2),
+            (libc::SYS_sendmmsg, 3),
+        ] {
+            let rule = SeccompRule::new(vec![dword(
+                flags_arg,
+                SeccompCmpOp::MaskedEq(fastopen),
+                fastopen,
+            )?])
+            .map_err(err)?;
+            rules.insert(nr, vec![rule]);
+        }
+    }
+    // A pair of connected sockets is a Unix thing (IP families answer EOPNOTSUPP anyway).
     rules.insert(
         libc::SYS_socketpair,
-        vec![SeccompRule::new(not_allowed.clone()).map_err(err)?],
+        vec![
+            SeccompRule::new(vec![dword(0, SeccompCmpOp::Ne, libc::AF_UNIX as u64)?])
+                .map_err(err)?,
+        ],
     );
     let clone_rules = CLONE_NS_FLAGS
         .iter()
