@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """The shape of the server crate: files over 600 lines, the longest functions, `pub` items,
-module dependency cycles (from `crate::X` paths) and lines in src/. Usage: .ci/shape.py [ROOT]"""
+module dependency cycles at the top level (from `crate::X` paths) and inside each top-level
+module (`session::table`: from `crate::X::Y` and `super::Y` paths; test modules left out),
+and lines in src/. Exits 1 when there is a cycle at either level.
+Usage: .ci/shape.py [ROOT]"""
 import os, re, sys, collections
 root = sys.argv[1] if len(sys.argv) > 1 else "."
 src = os.path.join(root, "src")
@@ -54,15 +57,74 @@ for p in files:
         for t in re.findall(r'crate::(\w+)', l):
             if t != m: deps[m].add(t)
         mm = re.match(r'\s*use\s+super::(\w+)', l)
-# cycles via DFS
-cycles = set()
-def dfs(start, node, path, seen):
-    for n in deps.get(node, ()):
-        if n == start: cycles.add(tuple(sorted(path)))
-        elif n not in seen and n > start:
-            dfs(start, n, path + [n], seen | {n})
-for m in list(deps):
-    dfs(m, m, [m], {m})
-print("module dependency cycles:", sorted(cycles))
+def find_cycles(graph):
+    """Every cycle of `graph` (node -> set of nodes), each once, as the sorted nodes on it."""
+    found = set()
+    def dfs(start, node, path, seen):
+        for n in graph.get(node, ()):
+            if n == start: found.add(tuple(sorted(path)))
+            elif n not in seen and n > start:
+                dfs(start, n, path + [n], seen | {n})
+    for m in list(graph):
+        dfs(m, m, [m], {m})
+    return sorted(found)
+cycles = find_cycles(deps)
+print("module dependency cycles:", cycles)
+# The second level: the modules inside each top-level module (`session::table`), from
+# `crate::X::Y` paths and `super::Y` (resolved from the file's own module path).
+def mod_path(p):
+    parts = os.path.relpath(p, src)[:-3].split(os.sep)
+    if parts[-1] == "mod": parts = parts[:-1]
+    return parts
+def second(parts):
+    return "::".join(parts[:2]) if len(parts) >= 2 else None
+deps2 = collections.defaultdict(set)
+userefs = re.compile(r'\b((?:crate|super)(?:::super)*)::(\{[^}]*\}|\w+)')
+for p in files:
+    me = mod_path(p)
+    here = second(me)
+    if not here: continue
+    text = code_only(open(p).read())
+    text = re.sub(r'#\[cfg\(test\)\]\s*mod tests\b.*', '', text, flags=re.S)
+    for m in userefs.finditer(text):
+        head, rest = m.group(1), m.group(2)
+        if head == "crate":
+            base = []
+        else:
+            ups = head.count("super")
+            if ups > len(me): continue
+            base = me[:len(me) - ups]
+        names = re.findall(r'(?:^|[{,])\s*(\w+)', rest.strip()) if rest.startswith("{") else [rest]
+        for n in names:
+            if n in ("self", "super", "crate"): continue
+            target = second(base + [n])
+            if target and target != here and target.split("::")[0] == here.split("::")[0]:
+                deps2[here].add(target)
+def tangles(graph):
+    """The strongly connected components of more than one module (every cycle lies in one),
+    and the pairs of modules that use each other."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    def visit(v):
+        index[v] = low[v] = len(index); stack.append(v); on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w); low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop(); on.discard(w); comp.append(w)
+                if w == v: break
+            if len(comp) > 1: out.append(sorted(comp))
+    for v in sorted(graph):
+        if v not in index: visit(v)
+    pairs = sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if a in graph.get(b, ())})
+    return sorted(out), pairs
+components2, pairs2 = tangles(deps2)
+print("second-level modules that use each other:", [f"{a}<->{b}" for a, b in pairs2])
+print("second-level dependency cycles (strongly connected groups):", components2)
+cycles2 = components2
 total = sum(lines(p) for p in files)
 print("lines in src (product binary):", total)
+sys.exit(1 if cycles or cycles2 else 0)
