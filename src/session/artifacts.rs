@@ -10,6 +10,7 @@ use super::entry::{Session, lock};
 use super::files;
 use super::manager::SessionManager;
 use super::report::{Attachment, EvalReport, ImageInfo, ImageRef};
+use super::table::Entry;
 use super::watch::Tracked;
 use crate::hostfs;
 use crate::identity::Caller;
@@ -122,19 +123,20 @@ more than {} files and folders (--max-tracked-files)",
     /// The files of the caller's sessions (session id, path, size), for `resources/list`;
     /// each session's walk is bounded like change tracking's.
     pub async fn list_files(&self, caller: &Caller) -> Vec<(String, String, u64)> {
-        let mut mine: Vec<(SystemTime, String, Arc<OwnedFd>, Option<u32>)> = self
-            .sessions
-            .iter()
-            .filter(|s| s.owner == *caller)
-            .map(|s| (s.created_at, s.id.clone(), s.cwd_fd.clone(), s.uid))
-            .collect();
-        // Ended sessions whose files are kept, read-only.
-        mine.extend(
-            self.kept
-                .iter()
-                .filter(|k| k.owner == *caller && k.has_files())
-                .map(|k| (k.created_at, k.id.clone(), k.cwd_fd.clone(), k.uid)),
-        );
+        // Open sessions, and ended ones whose files are kept, read-only.
+        let mut mine: Vec<(SystemTime, String, Arc<OwnedFd>, Option<u32>)> =
+            self.table.read(|st| {
+                st.entries()
+                    .filter(|(_, e)| e.owner() == caller)
+                    .filter_map(|(id, e)| match e {
+                        Entry::Open(s) => Some((s.created_at, id.clone(), s.cwd_fd.clone(), s.uid)),
+                        _ => e
+                            .kept()
+                            .filter(|k| k.has_files())
+                            .map(|k| (k.created_at, id.clone(), k.cwd_fd.clone(), k.uid)),
+                    })
+                    .collect()
+            });
         mine.sort_by_key(|m| m.0);
         let max = self.config.max_tracked_files.max(1);
         let mut out = Vec::new();
@@ -168,8 +170,8 @@ more than {} files and folders (--max-tracked-files)",
         // runs any more, and its uid is still its own).
         let (cwd, uid) = match self.lookup(caller, id) {
             Ok(s) => (s.cwd_fd.clone(), s.uid),
-            Err(e) => match self.kept(caller, id).filter(|k| k.has_files()) {
-                Some(k) => (k.cwd_fd.clone(), k.uid),
+            Err(e) => match self.kept_files(caller, id) {
+                Some(files) => files,
                 None => return Err(FileError::NotFound(e.message)),
             },
         };

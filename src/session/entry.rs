@@ -1,5 +1,5 @@
-//! One entry of the session table: a running session, its bookkeeping (busy, waiting for
-//! input, last use), and how it ended.
+//! An open session: its interpreter, its directories, its history, and its [`Phase`] (idle,
+//! running an evaluation, waiting for input, ended), one state machine under one lock.
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -20,19 +20,30 @@ use crate::sandbox::Lease;
 use crate::share::Share;
 use crate::workspace::PrivateDir;
 
-pub(super) struct Busy {
-    pub(super) eval_id: u64,
-    pub(super) since: Instant,
-}
-
-pub(super) struct Awaiting {
-    pub(super) eval_id: u64,
-    pub(super) prompt: String,
+/// Where a session is in its life. Calls move it; the table reads it.
+#[derive(Debug, Clone)]
+pub(super) enum Phase {
+    Idle,
+    /// A call runs evaluation `eval` (since `since`); `cancel` interrupts it until its
+    /// outcome is known (then None: the call is still collecting its report).
+    Busy {
+        eval: u64,
+        since: Instant,
+        cancel: Option<CancellationToken>,
+    },
+    /// Evaluation `eval` is paused, its program waiting for input; `prompt` is the last
+    /// line it printed.
+    AwaitingInput {
+        eval: u64,
+        prompt: String,
+    },
+    /// It ended (the first reason wins): nothing runs in it any more.
+    Ended(End),
 }
 
 /// How a session ended, kept so later calls can say so.
 #[derive(Debug, Clone)]
-pub(super) enum Gone {
+pub(super) enum End {
     Closed,
     Exited {
         code: Option<i32>,
@@ -48,31 +59,31 @@ pub(super) enum Gone {
     },
 }
 
-impl Gone {
+impl End {
     /// One word for lists: `closed`, `exited`, `reaped`, `evicted`.
     pub(super) fn reason(&self) -> &'static str {
         match self {
-            Gone::Closed => "closed",
-            Gone::Exited { .. } => "exited",
-            Gone::Reaped { .. } => "reaped",
-            Gone::Evicted { .. } => "evicted",
+            End::Closed => "closed",
+            End::Exited { .. } => "exited",
+            End::Reaped { .. } => "reaped",
+            End::Evicted { .. } => "evicted",
         }
     }
 
     pub(super) fn message(&self, id: &str) -> String {
         match self {
-            Gone::Closed => format!("session {id} was closed. Start a new one with session_start."),
-            Gone::Exited { code, signal } => format!(
+            End::Closed => format!("session {id} was closed. Start a new one with session_start."),
+            End::Exited { code, signal } => format!(
                 "session {id} ended: its interpreter exited ({}). Start a new one with session_start.",
                 describe_exit(*code, signal.as_deref())
             ),
-            Gone::Reaped { at, idle } => format!(
+            End::Reaped { at, idle } => format!(
                 "session {id} was closed for idleness at {} (unix time) after {} s without use. \
 Start a new one with session_start (and pass idle_timeout_s to keep it longer).",
                 unix(*at),
                 idle.as_secs()
             ),
-            Gone::Evicted { at, idle } => format!(
+            End::Evicted { at, idle } => format!(
                 "session {id} was closed at {} (unix time) after {} s without use, to make room \
 under the session limit. Start a new one with session_start.",
                 unix(*at),
@@ -94,8 +105,9 @@ pub struct Session {
     pub created_at: SystemTime,
     pub idle_timeout: Duration,
     /// The session's private directory and uid, released by [`dispose`](Self::dispose)
-    /// or when dropped, or kept a while after it ended ([`take_remains`](Self::take_remains)).
-    pub(super) remains: Mutex<Option<Remains>>,
+    /// or when dropped, or kept a while after it ended
+    /// ([`take_footprint`](Self::take_footprint)).
+    pub(super) footprint: Mutex<Option<Footprint>>,
     /// A handle on the directory where the interpreter leaves what it hands back (the
     /// figures' PNG files).
     pub(super) out_fd: Arc<OwnedFd>,
@@ -109,13 +121,9 @@ pub struct Session {
     pub(super) helper: AtomicU64,
     pub(super) evals: AtomicU64,
     pub(super) last_used: Mutex<(SystemTime, Instant)>,
-    pub(super) busy: Mutex<Option<Busy>>,
-    pub(super) gone: Mutex<Option<Gone>>,
-    pub(super) awaiting: Mutex<Option<Awaiting>>,
-    /// Interrupts the evaluation in flight (session_interrupt from another call).
-    pub(super) interrupt: Mutex<Option<CancellationToken>>,
+    phase: Mutex<Phase>,
     /// The cells it ran and the evaluation in flight (session_history, session_export);
-    /// shared with its ended record.
+    /// shared with what is kept of it once it ended.
     pub(super) record: Arc<Mutex<Record>>,
     /// Its journal, with `--state-dir`.
     pub(super) journal: Option<Arc<Writer>>,
@@ -128,12 +136,12 @@ pub struct Session {
 /// What a session holds on the host besides its processes: its private directory (work,
 /// control, out) and the uid it runs as. The directory goes first, then the uid (returned
 /// after a sweep when its tree was not confirmed gone).
-pub(super) struct Remains {
+pub(super) struct Footprint {
     pub dir: PrivateDir,
     pub lease: Option<Lease>,
 }
 
-impl Remains {
+impl Footprint {
     /// Remove the directory, then return the uid (on the blocking pool).
     pub fn release(self) -> Option<tokio::task::JoinHandle<()>> {
         self.dir.remove_then(self.lease)
@@ -151,7 +159,154 @@ impl Drop for Session {
     }
 }
 
+/// What a session is made of, before it enters the table.
+pub(super) struct Parts {
+    pub id: String,
+    pub owner: Caller,
+    pub lang: Arc<Language>,
+    pub cwd: PathBuf,
+    pub cwd_fd: Arc<OwnedFd>,
+    pub out_fd: Arc<OwnedFd>,
+    pub idle_timeout: Duration,
+    pub footprint: Footprint,
+    pub baseline: Option<Tracked>,
+    pub interp: Interp,
+    pub record: Record,
+    pub journal: Option<Arc<Writer>>,
+    pub share: Option<Share>,
+    pub tools: Option<Arc<crate::upstream::Channel>>,
+}
+
 impl Session {
+    pub(super) fn new(p: Parts) -> Self {
+        let now = SystemTime::now();
+        Session {
+            uid: p.footprint.lease.as_ref().map(|l| l.uid),
+            id: p.id,
+            owner: p.owner,
+            lang: p.lang,
+            cwd: p.cwd,
+            cwd_fd: p.cwd_fd,
+            created_at: now,
+            idle_timeout: p.idle_timeout,
+            footprint: Mutex::new(Some(p.footprint)),
+            out_fd: p.out_fd,
+            files: Mutex::new(p.baseline),
+            pid: AtomicU64::new(u64::from(p.interp.pid)),
+            helper: AtomicU64::new(u64::from(p.interp.helper())),
+            interp: tokio::sync::Mutex::new(Some(p.interp)),
+            evals: AtomicU64::new(0),
+            last_used: Mutex::new((now, Instant::now())),
+            phase: Mutex::new(Phase::Idle),
+            record: Arc::new(Mutex::new(p.record)),
+            journal: p.journal,
+            share: Mutex::new(p.share),
+            tools: p.tools,
+        }
+    }
+
+    /// Its phase now.
+    pub(super) fn phase(&self) -> Phase {
+        lock(&self.phase).clone()
+    }
+
+    /// A call starts evaluation `eval` (from idle, or resuming one paused for input):
+    /// the token that interrupts it. None when the session has ended.
+    pub(super) fn begin(&self, eval: u64, cancel: &CancellationToken) -> Option<CancellationToken> {
+        let token = cancel.child_token();
+        {
+            let mut p = lock(&self.phase);
+            if matches!(*p, Phase::Ended(_)) {
+                return None;
+            }
+            *p = Phase::Busy {
+                eval,
+                since: Instant::now(),
+                cancel: Some(token.clone()),
+            };
+        }
+        self.touch();
+        Some(token)
+    }
+
+    /// Resume the evaluation paused for input (to answer or interrupt it): its number and
+    /// the token that interrupts it. None when no evaluation is paused.
+    pub(super) fn resume(&self, cancel: &CancellationToken) -> Option<(u64, CancellationToken)> {
+        let token = cancel.child_token();
+        {
+            let mut p = lock(&self.phase);
+            let Phase::AwaitingInput { eval, .. } = *p else {
+                return None;
+            };
+            *p = Phase::Busy {
+                eval,
+                since: Instant::now(),
+                cancel: Some(token.clone()),
+            };
+            drop(p);
+            self.touch();
+            Some((eval, token))
+        }
+    }
+
+    /// The outcome of the evaluation in flight is known: nothing is left to interrupt (the
+    /// session stays busy until the call's report is complete).
+    pub(super) fn outcome_known(&self) {
+        if let Phase::Busy { cancel, .. } = &mut *lock(&self.phase) {
+            *cancel = None;
+        }
+    }
+
+    /// The call that made the session busy is over: idle, or paused waiting for input.
+    /// Called once its report is complete, with the interpreter's lock still held: a client
+    /// that sees the session free in session_list must not then be refused by
+    /// session_eval because the call is still collecting files.
+    pub(super) fn finish(&self, awaiting: Option<(u64, String)>) {
+        {
+            let mut p = lock(&self.phase);
+            if matches!(*p, Phase::Busy { .. }) {
+                *p = match awaiting {
+                    Some((eval, prompt)) => Phase::AwaitingInput { eval, prompt },
+                    None => Phase::Idle,
+                };
+            }
+        }
+        self.touch();
+    }
+
+    /// Interrupt the evaluation another call runs: the one interrupted.
+    pub(super) fn interrupt_running(&self) -> Option<u64> {
+        match &*lock(&self.phase) {
+            Phase::Busy {
+                eval,
+                cancel: Some(t),
+                ..
+            } => {
+                t.cancel();
+                Some(*eval)
+            }
+            _ => None,
+        }
+    }
+
+    /// It ended for `how`, unless it had ended already (false).
+    pub(super) fn end(&self, how: End) -> bool {
+        let mut p = lock(&self.phase);
+        if matches!(*p, Phase::Ended(_)) {
+            return false;
+        }
+        *p = Phase::Ended(how);
+        true
+    }
+
+    /// How it ended, if it has.
+    pub(super) fn ended(&self) -> Option<End> {
+        match &*lock(&self.phase) {
+            Phase::Ended(how) => Some(how.clone()),
+            _ => None,
+        }
+    }
+
     /// For a session that is gone: if this is its last reference, remove its directory and
     /// then return its uid, on the blocking pool, and wait for both; otherwise the last
     /// holder's drop does it.
@@ -172,23 +327,23 @@ impl Session {
         if let Ok(files) = self.files.get_mut() {
             files.take();
         }
-        let remains = self
-            .remains
+        let footprint = self
+            .footprint
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        remains.and_then(Remains::release)
+        footprint.and_then(Footprint::release)
     }
 
     /// The directory and uid of a session whose interpreter is gone, to keep its files
     /// readable for a while; its uid is swept now if its tree was not confirmed gone, so
     /// nothing of the session runs while they are read (blocking: call it off the workers).
-    pub(super) fn take_remains(&self) -> Option<Remains> {
-        let remains = lock(&self.remains).take();
-        if let Some(lease) = remains.as_ref().and_then(|r| r.lease.as_ref()) {
+    pub(super) fn take_footprint(&self) -> Option<Footprint> {
+        let footprint = lock(&self.footprint).take();
+        if let Some(lease) = footprint.as_ref().and_then(|r| r.lease.as_ref()) {
             lease.sweep_now();
         }
-        remains
+        footprint
     }
 
     pub(super) fn touch(&self) {
@@ -196,7 +351,7 @@ impl Session {
     }
 
     pub(super) fn idle_for(&self) -> Duration {
-        if lock(&self.busy).is_some() {
+        if matches!(*lock(&self.phase), Phase::Busy { .. }) {
             return Duration::ZERO;
         }
         lock(&self.last_used).1.elapsed()
@@ -205,6 +360,7 @@ impl Session {
     pub(super) fn info(&self) -> SessionInfo {
         let (last_wall, _) = *lock(&self.last_used);
         let idle = self.idle_for();
+        let phase = self.phase();
         SessionInfo {
             session_id: self.id.clone(),
             language: self.lang.id().to_string(),
@@ -214,8 +370,8 @@ impl Session {
             last_used_at: unix(last_wall),
             idle_s: idle.as_secs(),
             evals: self.evals.load(Ordering::Relaxed),
-            busy: lock(&self.busy).is_some(),
-            awaiting_input: lock(&self.awaiting).is_some(),
+            busy: matches!(phase, Phase::Busy { .. }),
+            awaiting_input: matches!(phase, Phase::AwaitingInput { .. }),
             idle_timeout_s: self.idle_timeout.as_secs(),
             expires_in_s: self.idle_timeout.saturating_sub(idle).as_secs(),
         }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
-use super::entry::{Awaiting, Busy, Gone, Session, lock, unix};
+use super::entry::{End, Phase, Session, lock, unix};
 use super::history::{Cell, Outputs, Pending};
 use super::interp::{Ending, Interp, Outcome};
 use super::manager::SessionManager;
@@ -23,19 +23,12 @@ pub struct Answer<'a> {
     pub enter: bool,
 }
 
-/// The call that marked the session busy is over. Called once its report is complete, with
-/// the interpreter's lock still held: a client that sees the session free in session_list
-/// must not then be refused by session_eval because the call is still collecting files.
-pub(super) fn release(session: &Session) {
-    *lock(&session.busy) = None;
-    session.touch();
-}
-
 impl SessionManager {
     pub(super) fn busy_error(&self, session: &Session) -> ToolError {
-        let busy = lock(&session.busy)
-            .as_ref()
-            .map(|b| (b.eval_id, b.since.elapsed()));
+        let busy = match session.phase() {
+            Phase::Busy { eval, since, .. } => Some((eval, since.elapsed())),
+            _ => None,
+        };
         let what = match busy {
             Some((eval_id, running)) => format!(
                 "evaluation {eval_id} (running for {:.1} s)",
@@ -103,20 +96,19 @@ ms{})",
         progress: Option<&Progress>,
     ) -> Result<EvalReport, ToolError> {
         let session = self.lookup(caller, id)?;
-        if let Some(a) = lock(&session.awaiting).as_ref() {
+        if let Phase::AwaitingInput { eval, prompt } = session.phase() {
             let message = format!(
-                "session {id} is waiting for input to evaluation {}{}. Answer it with session_input, \
+                "session {id} is waiting for input to evaluation {eval}{}. Answer it with session_input, \
 or stop it with session_interrupt, before evaluating more code.",
-                a.eval_id,
-                if a.prompt.is_empty() {
+                if prompt.is_empty() {
                     String::new()
                 } else {
-                    format!(" (it asked: {:?})", a.prompt)
+                    format!(" (it asked: {prompt:?})")
                 }
             );
             return Err(ToolError::new(ErrorKind::AwaitingInput, message)
                 .session(id)
-                .eval(Some(a.eval_id)));
+                .eval(Some(eval)));
         }
         let Ok(mut guard) = session.interp.try_lock() else {
             return Err(self.busy_error(&session));
@@ -135,7 +127,9 @@ or stop it with session_interrupt, before evaluating more code.",
             inputs: Vec::new(),
             no_enter: Vec::new(),
         });
-        let token = self.begin(&session, eval_id, cancel);
+        let Some(token) = session.begin(eval_id, cancel) else {
+            return Err(self.gone_error(&session));
+        };
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
         let scope = super::tools::begin(&session, eval_id, deadline, Vec::new());
@@ -144,12 +138,12 @@ or stop it with session_interrupt, before evaluating more code.",
             None => return Err(self.gone_error(&session)),
         };
         drop(scope);
-        let mut report = self.conclude(&session, &mut guard, eval_id, started, outcome);
+        let (mut report, awaiting) = self.conclude(&session, &mut guard, eval_id, started, outcome);
         // Still under the interpreter's lock: the next evaluation's files and images must
         // not be taken for this one's.
         self.collect(&session, &mut report).await;
         self.record(&session, &report).await;
-        release(&session);
+        session.finish(awaiting);
         self.retire_exited(&session).await;
         Ok(report)
     }
@@ -176,21 +170,22 @@ file in the session's directory and read it from there instead",
         let Ok(mut guard) = session.interp.try_lock() else {
             return Err(self.busy_error(&session));
         };
-        let Some(eval_id) = lock(&session.awaiting).as_ref().map(|a| a.eval_id) else {
+        if guard.is_none() || session.ended().is_some() {
+            return Err(self.gone_error(&session));
+        }
+        let Some((eval_id, token)) = session.resume(cancel) else {
             return Err(ToolError::new(
                 ErrorKind::NotAwaitingInput,
                 format!("session {id} is not waiting for input. Use session_eval to run code."),
             )
             .session(id));
         };
-        *lock(&session.awaiting) = None;
         if let Some(p) = lock(&session.record).pending.as_mut() {
             if !enter {
                 p.no_enter.push(p.inputs.len());
             }
             p.inputs.push(text.to_string());
         }
-        let token = self.begin(&session, eval_id, cancel);
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
         let scope = super::tools::begin(&session, eval_id, deadline, Vec::new());
@@ -199,10 +194,10 @@ file in the session's directory and read it from there instead",
             None => return Err(self.gone_error(&session)),
         };
         drop(scope);
-        let mut report = self.conclude(&session, &mut guard, eval_id, started, outcome);
+        let (mut report, awaiting) = self.conclude(&session, &mut guard, eval_id, started, outcome);
         self.collect(&session, &mut report).await;
         self.record(&session, &report).await;
-        release(&session);
+        session.finish(awaiting);
         self.retire_exited(&session).await;
         Ok(report)
     }
@@ -218,11 +213,9 @@ file in the session's directory and read it from there instead",
         };
         match session.interp.try_lock() {
             Ok(mut guard) => {
-                let Some(eval_id) = lock(&session.awaiting).take().map(|a| a.eval_id) else {
+                let Some((eval_id, _)) = session.resume(&CancellationToken::new()) else {
                     return Ok(report); // nothing running
                 };
-                let token = self.begin(&session, eval_id, &CancellationToken::new());
-                drop(token);
                 let started = Instant::now();
                 let outcome = match guard.as_mut() {
                     Some(interp) => interp.interrupt_paused().await,
@@ -230,19 +223,19 @@ file in the session's directory and read it from there instead",
                 };
                 report.interrupted = true;
                 report.eval_id = Some(eval_id);
-                let mut result = self.conclude(&session, &mut guard, eval_id, started, outcome);
+                let (mut result, awaiting) =
+                    self.conclude(&session, &mut guard, eval_id, started, outcome);
                 self.collect(&session, &mut result).await;
                 self.record(&session, &result).await;
-                release(&session);
+                session.finish(awaiting);
                 self.retire_exited(&session).await;
                 report.result = Some(result);
             }
             Err(_) => {
                 // An evaluation is running in another call: make it interrupt itself.
-                if let Some(t) = lock(&session.interrupt).as_ref() {
-                    t.cancel();
+                if let Some(eval) = session.interrupt_running() {
                     report.interrupted = true;
-                    report.eval_id = lock(&session.busy).as_ref().map(|b| b.eval_id);
+                    report.eval_id = Some(eval);
                 }
             }
         }
@@ -252,10 +245,9 @@ file in the session's directory and read it from there instead",
     /// After a call whose evaluation ended the interpreter: keep the session's files and
     /// history for a while.
     pub(super) async fn retire_exited(&self, session: &Arc<Session>) {
-        let how = lock(&session.gone).clone();
-        if let Some(how @ Gone::Exited { .. }) = how {
+        if let Some(how @ End::Exited { .. }) = session.ended() {
             self.journal_end(session, &how).await;
-            self.retire(session.clone(), how).await;
+            self.retire(session.clone()).await;
         }
     }
 
@@ -295,24 +287,8 @@ file in the session's directory and read it from there instead",
         self.journal_cell(session, cell).await;
     }
 
-    /// Mark the session busy with `eval_id`; returns the token that interrupts it.
-    fn begin(
-        &self,
-        session: &Session,
-        eval_id: u64,
-        cancel: &CancellationToken,
-    ) -> CancellationToken {
-        let token = cancel.child_token();
-        *lock(&session.interrupt) = Some(token.clone());
-        *lock(&session.busy) = Some(Busy {
-            eval_id,
-            since: Instant::now(),
-        });
-        session.touch();
-        token
-    }
-
-    /// Turn an outcome into the report, and record what it means for the session.
+    /// Turn an outcome into the report, and record what it means for the session: the
+    /// evaluation paused for input (its number and prompt), if it did.
     pub(super) fn conclude(
         &self,
         session: &Session,
@@ -320,7 +296,7 @@ file in the session's directory and read it from there instead",
         eval_id: u64,
         started: Instant,
         outcome: Outcome,
-    ) -> EvalReport {
+    ) -> (EvalReport, Option<(u64, String)>) {
         let mut report = EvalReport::empty(&session.id, eval_id);
         report.output = outcome.output.text;
         report.truncated = outcome.output.omitted > 0;
@@ -329,6 +305,7 @@ file in the session's directory and read it from there instead",
         apply_ending(&mut report, &outcome.ending, session.lang.error_pattern());
         report.discarded(&outcome.typed);
         report.notes.extend(outcome.notes);
+        let mut awaiting = None;
         match outcome.ending {
             Ending::Restarted { reason } => {
                 tracing::warn!(session = %session.id, %reason, "interpreter restarted");
@@ -342,13 +319,13 @@ file in the session's directory and read it from there instead",
                     .chars()
                     .take(200)
                     .collect();
-                *lock(&session.awaiting) = Some(Awaiting { eval_id, prompt });
+                awaiting = Some((eval_id, prompt));
             }
             Ending::Exited(_) => {
                 *guard = None;
                 self.mark_gone(
                     session,
-                    Gone::Exited {
+                    End::Exited {
                         code: report.exit_code,
                         signal: report.signal.clone(),
                     },
@@ -361,7 +338,7 @@ file in the session's directory and read it from there instead",
             session.helper.store(i.helper() as u64, Ordering::Relaxed);
         }
         // Nothing left to interrupt; the session stays busy until the report is complete.
-        *lock(&session.interrupt) = None;
-        report
+        session.outcome_known();
+        (report, awaiting)
     }
 }

@@ -11,9 +11,10 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::entry::lock;
-use super::history::{Cell, CellInfo, HistoryReport, Outputs};
+use super::history::{Cell, CellInfo, HistoryReport, Outputs, Record};
 use super::manager::SessionManager;
 use super::report::EvalStatus;
+use super::table::Entry;
 use crate::error::ToolError;
 use crate::identity::Caller;
 use crate::lang::{Language, NotebookSpec};
@@ -59,7 +60,7 @@ impl SessionManager {
     /// The caller's session `id` as a history source: open, ended while its record is
     /// kept, or suspended (from its journal).
     pub(super) async fn source(&self, caller: &Caller, id: &str) -> Result<Source, ToolError> {
-        let from = |record: &std::sync::Mutex<super::history::Record>| {
+        let from = |record: &std::sync::Mutex<Record>| {
             let r = lock(record);
             let mut notes = Vec::new();
             notes.extend(r.history.dropped_note());
@@ -69,25 +70,23 @@ impl SessionManager {
                 notes,
             )
         };
-        if let Some(s) = self.sessions.get(id).filter(|s| s.owner == *caller) {
-            let (cells, dropped, notes) = from(&s.record);
+        // An open session's record, or an ended one's while it is kept.
+        let record = self.table.read(|st| {
+            let e = st.get(id).filter(|e| e.owner() == caller)?;
+            match e {
+                Entry::Open(s) => Some((s.record.clone(), s.lang.clone(), "open")),
+                _ => e
+                    .kept()
+                    .map(|k| (k.record.clone(), k.lang.clone(), "ended")),
+            }
+        });
+        if let Some((record, lang, state)) = record {
+            let (cells, dropped, notes) = from(&record);
             return Ok(Source {
                 id: id.into(),
-                language: s.lang.id().into(),
-                lang: Some(s.lang.clone()),
-                state: "open",
-                cells,
-                dropped,
-                notes,
-            });
-        }
-        if let Some(k) = self.kept(caller, id) {
-            let (cells, dropped, notes) = from(&k.record);
-            return Ok(Source {
-                id: id.into(),
-                language: k.lang.id().into(),
-                lang: Some(k.lang.clone()),
-                state: "ended",
+                language: lang.id().into(),
+                lang: Some(lang),
+                state,
                 cells,
                 dropped,
                 notes,

@@ -5,11 +5,10 @@
 use std::collections::BTreeMap;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
-use super::entry::{Remains, Session};
+use super::entry::{Footprint, Parts, Session};
 use super::files::InFile;
 use super::history::Record;
 use super::interp::{Interp, Launch};
@@ -17,6 +16,7 @@ use super::journal::Writer;
 use super::manager::SessionManager;
 use super::prepare::{Prepared, prepare_dirs, read_only_note};
 use super::report::StartReport;
+use super::table::Slot;
 use super::watch::Tracked;
 use crate::error::{ErrorKind, ToolError};
 use crate::exec::child::{ChildBuilder, check_caller_env};
@@ -138,7 +138,7 @@ pub(super) struct Dirs {
 
 impl SessionManager {
     /// `idle_timeout_s` 0 would close the session at once: refused, saying what it means.
-    fn check_idle_timeout(&self, requested: Option<u64>) -> Result<(), ToolError> {
+    pub(super) fn check_idle_timeout(&self, requested: Option<u64>) -> Result<(), ToolError> {
         if requested != Some(0) {
             return Ok(());
         }
@@ -155,24 +155,25 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         caller: &Caller,
         req: StartRequest,
     ) -> Result<StartReport, ToolError> {
+        self.check_idle_timeout(req.idle_timeout_s)?;
         let id = uuid::Uuid::new_v4().to_string();
-        let (report, _) = self.start_as(caller, req, id, None).await?;
+        let slot = self.admit(caller, &id, false).await?;
+        let (report, _) = self.start_as(caller, req, slot, None).await?;
         Ok(report)
     }
 
-    /// Start session `id`: a new one (`restoring` None: its journal is created), or one
-    /// restored from its journal (which it goes on writing). Every check and limit of a new
-    /// session applies either way. A new session that needs nothing a warm one lacks is a
-    /// warm one (then its id is the warm one's).
+    /// Start the session `slot` holds a place for: a new one (`restoring` None: its journal
+    /// is created), or one restored from its journal (which it goes on writing). Every check
+    /// of a new session applies either way. A new session that needs nothing a warm one
+    /// lacks is a warm one (then its id is the warm one's).
     pub(super) async fn start_as(
         &self,
         caller: &Caller,
         req: StartRequest,
-        id: String,
+        mut slot: Slot<'_>,
         restoring: Option<Arc<Writer>>,
     ) -> Result<(StartReport, Arc<Session>), ToolError> {
-        self.check_idle_timeout(req.idle_timeout_s)?;
-        let mut slot = self.admit(caller).await?;
+        let id = slot.id.clone();
         let (lang, spec) = self.session_language(&req.language)?;
         let domains = self.check_request(&req)?;
         let access = self.tools_access(caller, &req.mcp_servers).await?;
@@ -194,10 +195,13 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             Some(r) => self.create_journal(&up.id, caller, &r, &mut up.notes).await,
             None => restoring,
         };
-        Ok(self.enter(caller, up, (idle_timeout, warm), journal, slot.share()))
+        let share = slot.share();
+        let (report, session) = self.enter(caller, up, (idle_timeout, warm), journal, share);
+        self.table.enter(slot, session.clone());
+        Ok((report, session))
     }
 
-    /// A session that is up enters the table: its start result and its entry.
+    /// A session that is up: its start result and the session.
     fn enter(
         &self,
         caller: &Caller,
@@ -216,7 +220,6 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             baseline,
             notes,
         } = up;
-        let uid = lease.as_ref().map(|l| l.uid);
         let report = StartReport {
             session_id: id.clone(),
             language: it.lang.id().to_string(),
@@ -232,37 +235,25 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             warm,
             mcp_servers: dirs.tools.as_ref().map(|t| t.listing()).unwrap_or_default(),
         };
-        let now = SystemTime::now();
-        let session = Arc::new(Session {
-            id: id.clone(),
+        let session = Arc::new(Session::new(Parts {
+            id,
             owner: caller.clone(),
             lang: it.lang,
             cwd: dirs.cwd,
             cwd_fd: prepared.cwd_fd,
-            uid,
-            created_at: now,
+            out_fd: prepared.out_fd,
             idle_timeout,
-            remains: Mutex::new(Some(Remains {
+            footprint: Footprint {
                 dir: dirs.dir,
                 lease,
-            })),
-            out_fd: prepared.out_fd,
-            files: Mutex::new(baseline),
-            pid: AtomicU64::new(interp.pid as u64),
-            helper: AtomicU64::new(interp.helper() as u64),
-            interp: tokio::sync::Mutex::new(Some(interp)),
-            evals: AtomicU64::new(0),
-            last_used: Mutex::new((now, Instant::now())),
-            busy: Mutex::new(None),
-            gone: Mutex::new(None),
-            awaiting: Mutex::new(None),
-            interrupt: Mutex::new(None),
-            record: Arc::new(Mutex::new(Record::new(self.config.history_bounds()))),
+            },
+            baseline,
+            interp,
+            record: Record::new(self.config.history_bounds()),
             journal,
-            share: Mutex::new(share),
+            share,
             tools: dirs.tools,
-        });
-        self.sessions.insert(id, session.clone());
+        }));
         (report, session)
     }
 

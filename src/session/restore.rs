@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::entry::{Busy, Session, lock};
+use super::entry::{Session, lock};
 use super::files::InFile;
 use super::history::{Cell, Outputs, Pending};
 use super::interp::Ending;
@@ -19,7 +19,8 @@ use super::journal::{CellEntry, Entry, Writer};
 use super::launch::StartRequest;
 use super::manager::SessionManager;
 use super::report::{ErrorInfo, EvalReport, EvalStatus};
-use super::suspend::{Suspended, now_s};
+use super::suspend::{Journaled, now_s};
+use super::table::{Miss, Slot};
 use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 
@@ -86,50 +87,46 @@ impl SessionManager {
     /// Restore the caller's suspended session `id`: start its interpreter again (every
     /// check and limit of a new session applies) and replay the cells that succeeded.
     pub async fn restore(&self, caller: &Caller, id: &str) -> Result<RestoreReport, ToolError> {
-        if self.sessions.get(id).is_some_and(|s| s.owner == *caller) {
-            return Err(ToolError::invalid(format!(
+        let Some(s) = self.suspended_of(caller, id) else {
+            return Err(self.not_restorable(caller, id));
+        };
+        // Out of the restorable ones while it is restored (two calls do not both restore
+        // it), and back if the start fails.
+        let slot = self.admit(caller, id, true).await?;
+        self.restore_from(caller, &s, slot).await
+    }
+
+    /// The error for a restore of `id`, which is no suspended session of the caller.
+    pub(super) fn not_restorable(&self, caller: &Caller, id: &str) -> ToolError {
+        match self.table.open(caller, id) {
+            Ok(_) => ToolError::invalid(format!(
                 "session {id} is running; there is nothing to restore"
             ))
-            .session(id));
-        }
-        // Taken out while it is restored, so that two calls do not both restore it.
-        let Some((_, s)) = self
-            .suspended
-            .remove_if(id, |_, s| s.owner == caller.principal)
-        else {
-            return Err(match self.lookup(caller, id) {
-                Err(e) if e.kind == ErrorKind::EndedSession => ToolError::new(
-                    ErrorKind::EndedSession,
-                    format!(
-                        "{} It cannot be restored: it has no journal (session_close deletes it; \
+            .session(id),
+            Err(Miss::Ended(how)) => ToolError::new(
+                ErrorKind::EndedSession,
+                format!(
+                    "{} It cannot be restored: it has no journal (session_close deletes it; \
 without --state-dir there is none).",
-                        e.message
-                    ),
-                )
-                .session(id),
-                Err(e) => e,
-                Ok(_) => ToolError::invalid(format!("session {id} is running")),
-            });
-        };
-        match self.restore_from(caller, &s).await {
-            Ok(r) => Ok(r),
-            Err(e) => {
-                self.suspended.insert(id.to_string(), s);
-                Err(e)
-            }
+                    how.message(id)
+                ),
+            )
+            .session(id),
+            Err(miss) => self.miss_error(id, miss),
         }
     }
 
     async fn restore_from(
         &self,
         caller: &Caller,
-        s: &Suspended,
+        s: &Journaled,
+        slot: Slot<'_>,
     ) -> Result<RestoreReport, ToolError> {
         let t0 = Instant::now();
         let j = &self.read_journal(s).await?;
         let id = j.session_id.clone();
         // What was kept of its end is superseded by the session itself.
-        if let Some((_, k)) = self.kept.remove(&id) {
+        if let Some(k) = self.table.take_kept(&id) {
             k.release().await;
         }
         let (path, max, full) = (s.path.clone(), self.journal_max(), j.full_at.is_some());
@@ -165,10 +162,10 @@ without --state-dir there is none).",
                     .collect()
             },
         };
+        self.check_idle_timeout(req.idle_timeout_s)?;
         let (start, session) = self
-            .start_as(caller, req, id.clone(), Some(Arc::new(writer)))
+            .start_as(caller, req, slot, Some(Arc::new(writer)))
             .await?;
-        lock(&self.ended).remove(&id);
         let last = j.cells.last().map_or(0, |c| c.eval_id);
         session.evals.store(last, Ordering::Relaxed);
         let (replayed, skipped, failed) = self.replay(&session, &j.cells).await;
@@ -216,10 +213,9 @@ without --state-dir there is none).",
                 continue;
             }
             let started = Instant::now();
-            *lock(&session.busy) = Some(Busy {
-                eval_id: c.eval_id,
-                since: started,
-            });
+            if session.begin(c.eval_id, &never).is_none() {
+                break;
+            }
             let timeout = self.config.timeout(Some(c.timeout_ms));
             let deadline = tokio::time::Instant::now() + timeout;
             let Some(interp) = guard.as_mut() else { break };
@@ -242,9 +238,9 @@ without --state-dir there is none).",
             }
             drop(scope);
             let calls = super::tools::calls(session, c.eval_id);
-            let mut report = self.conclude(session, &mut guard, c.eval_id, started, outcome);
+            let (mut report, _) = self.conclude(session, &mut guard, c.eval_id, started, outcome);
             self.collect(session, &mut report).await;
-            *lock(&session.busy) = None;
+            session.finish(None);
             replayed += 1;
             if report.status != EvalStatus::Ok {
                 failed.push(failure(c.eval_id, &report));
@@ -263,7 +259,7 @@ without --state-dir there is none).",
         }
         drop(guard);
         session.touch();
-        if lock(&session.gone).is_some() {
+        if session.ended().is_some() {
             // The replay ended the interpreter.
             lock(&session.record).pending = None::<Pending>;
         }

@@ -9,21 +9,22 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::ended::EndedInfo;
-use super::entry::{Gone, Session, unix};
+use super::entry::{End, Session, unix};
 use super::history::Cell;
 use super::journal::{self, CellEntry, Entry, FileEntry, Journal, StartEntry, Writer};
 use super::launch::StartRequest;
 use super::manager::SessionManager;
 use super::report::EvalStatus;
+use super::table;
 use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 
-/// A session whose journal can start it again: what lists need of it (the journal itself
-/// is read again when it is restored or exported, so memory does not grow with journals).
+/// What lists need of a session's journal (the journal itself is read again when it is
+/// restored or exported, so memory does not grow with journals).
 #[derive(Debug, Clone)]
-pub(super) struct Suspended {
+pub(super) struct Journaled {
     pub id: String,
-    pub owner: String,
+    pub owner: Caller,
     pub language: String,
     pub ended: Option<(String, u64)>,
     pub modified: u64,
@@ -34,11 +35,13 @@ pub(super) struct Suspended {
     pub path: PathBuf,
 }
 
-impl Suspended {
+impl Journaled {
     fn of(j: &Journal, path: PathBuf) -> Self {
         Self {
             id: j.session_id.clone(),
-            owner: j.owner.clone(),
+            owner: Caller {
+                principal: j.owner.clone(),
+            },
             language: j.request.language.clone(),
             ended: j.ended.clone(),
             modified: j.modified,
@@ -85,7 +88,7 @@ impl SessionManager {
             match journal::read(&path, &id, max) {
                 Ok(j) => {
                     let torn = j.torn;
-                    let s = Suspended::of(&j, path);
+                    let s = Journaled::of(&j, path);
                     if now.saturating_sub(s.since()) > self.config.keep_journals_s {
                         tracing::info!(session = %id, "deleting a journal older than --keep-journals-s");
                         let _ = std::fs::remove_file(&s.path);
@@ -94,7 +97,7 @@ impl SessionManager {
                     if torn {
                         tracing::warn!(session = %id, "the journal's last line was cut short (the server was killed while writing it); it was dropped");
                     }
-                    self.suspended.insert(id, s);
+                    self.table.load(s);
                 }
                 Err(why) => {
                     let aside = path.with_extension("journal.corrupt");
@@ -108,11 +111,13 @@ impl SessionManager {
                 }
             }
         }
-        if !self.suspended.is_empty() {
-            tracing::info!(
-                count = self.suspended.len(),
-                "suspended sessions found in the state directory"
-            );
+        let count = self.table.read(|st| {
+            st.entries()
+                .filter(|(_, e)| matches!(e, table::Entry::Suspended(_)))
+                .count()
+        });
+        if count > 0 {
+            tracing::info!(count, "suspended sessions found in the state directory");
         }
     }
 
@@ -209,7 +214,7 @@ impl SessionManager {
 
     /// A session ended: session_close deletes its journal; reaped, evicted or exited, it is
     /// kept and the session becomes restorable.
-    pub(super) async fn journal_end(&self, session: &Session, how: &Gone) {
+    pub(super) async fn journal_end(&self, session: &Session, how: &End) {
         let Some(w) = session.journal.clone() else {
             return;
         };
@@ -231,38 +236,46 @@ impl SessionManager {
         })
         .await;
         if let Ok(Some(Ok((journal, path)))) = read {
-            self.suspended
-                .insert(session.id.clone(), Suspended::of(&journal, path));
-            self.cap_journals(&session.owner.principal).await;
+            self.table.suspend(Journaled::of(&journal, path));
+            self.cap_journals(&session.owner).await;
         }
     }
 
     /// A principal keeps at most as many restorable journals as it may hold sessions (the
     /// server's limit when it has none): the oldest go.
-    async fn cap_journals(&self, owner: &str) {
+    async fn cap_journals(&self, owner: &Caller) {
         let cap = match self.config.max_sessions_per_principal {
             0 => self.config.max_sessions,
             n => n,
         }
         .max(1);
-        let mut mine: Vec<(u64, String)> = self
-            .suspended
-            .iter()
-            .filter(|s| s.owner == owner)
-            .map(|s| (s.since(), s.id.clone()))
-            .collect();
+        let mut mine: Vec<(u64, String)> = self.suspended_of_where(|s| s.owner == *owner);
         mine.sort();
         while mine.len() > cap {
             let (_, id) = mine.remove(0);
-            if let Some((_, s)) = self.suspended.remove(&id) {
+            if let Some(s) = self.table.unsuspend(None, &id) {
                 tracing::info!(session = %id, "deleting the oldest journal of its principal");
                 let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(&s.path)).await;
             }
         }
     }
 
+    /// The suspended sessions `f` accepts: (since, id).
+    fn suspended_of_where(&self, f: impl Fn(&Journaled) -> bool) -> Vec<(u64, String)> {
+        self.table.read(|st| {
+            st.entries()
+                .filter_map(|(id, e)| match e {
+                    table::Entry::Suspended(s) if f(&s.journal) => {
+                        Some((s.journal.since(), id.clone()))
+                    }
+                    _ => None,
+                })
+                .collect()
+        })
+    }
+
     /// Read a suspended session's journal again (off the async workers).
-    pub(super) async fn read_journal(&self, s: &Suspended) -> Result<Journal, ToolError> {
+    pub(super) async fn read_journal(&self, s: &Journaled) -> Result<Journal, ToolError> {
         let (path, id, max) = (s.path.clone(), s.id.clone(), self.journal_max());
         tokio::task::spawn_blocking(move || journal::read(&path, &id, max))
             .await
@@ -279,10 +292,7 @@ impl SessionManager {
 
     /// Delete a suspended session's journal (session_close on it).
     pub(super) async fn discard(&self, caller: &Caller, id: &str) -> bool {
-        let Some((_, s)) = self
-            .suspended
-            .remove_if(id, |_, s| s.owner == caller.principal)
-        else {
+        let Some(s) = self.table.unsuspend(Some(caller), id) else {
             return false;
         };
         let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(&s.path)).await;
@@ -292,28 +302,27 @@ impl SessionManager {
     /// Forget journals kept longer than `--keep-journals-s`.
     pub(super) async fn expire_journals(&self) {
         let now = now_s();
-        let old: Vec<Suspended> = self
-            .suspended
-            .iter()
-            .filter(|s| now.saturating_sub(s.since()) > self.config.keep_journals_s)
-            .map(|s| s.clone())
-            .collect();
-        for s in old {
-            self.suspended.remove(&s.id);
-            let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(&s.path)).await;
+        let keep = self.config.keep_journals_s;
+        let old = self.suspended_of_where(|s| now.saturating_sub(s.since()) > keep);
+        for (_, id) in old {
+            if let Some(s) = self.table.unsuspend(None, &id) {
+                let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(&s.path)).await;
+            }
         }
     }
 
     /// The caller's suspended session `id`, if any.
-    pub(super) fn suspended_of(&self, caller: &Caller, id: &str) -> Option<Suspended> {
-        self.suspended
-            .get(id)
-            .filter(|s| s.owner == caller.principal)
-            .map(|s| s.clone())
+    pub(super) fn suspended_of(&self, caller: &Caller, id: &str) -> Option<Journaled> {
+        self.table.read(|st| match st.get(id) {
+            Some(table::Entry::Suspended(s)) if s.journal.owner == *caller => {
+                Some(s.journal.clone())
+            }
+            _ => None,
+        })
     }
 
     /// The error for a call on a suspended session.
-    pub(super) fn suspended_error(&self, s: &Suspended) -> ToolError {
+    pub(super) fn suspended_error(&self, s: &Journaled) -> ToolError {
         let id = &s.id;
         let why = match s.reason() {
             "server_stopped" => "the server it ran in stopped".to_string(),
@@ -347,21 +356,24 @@ its interpreter again and replays its {} cell(s) that succeeded{auto}.",
 
     /// The caller's suspended sessions, for `session_list`.
     pub(super) fn suspended_rows(&self, caller: &Caller) -> Vec<EndedInfo> {
-        let mut rows: Vec<EndedInfo> = self
-            .suspended
-            .iter()
-            .filter(|s| s.owner == caller.principal)
-            .map(|s| EndedInfo {
-                session_id: s.id.clone(),
-                language: s.language.clone(),
-                state: "suspended".into(),
-                reason: s.reason().to_string(),
-                ended_at: s.ended.as_ref().map(|(_, at)| *at),
-                files_kept_until: None,
-                evals: s.evals,
-                restorable: true,
-            })
-            .collect();
+        let mut rows: Vec<EndedInfo> = self.table.read(|st| {
+            st.entries()
+                .filter_map(|(_, e)| match e {
+                    table::Entry::Suspended(s) if s.journal.owner == *caller => Some(&s.journal),
+                    _ => None,
+                })
+                .map(|s| EndedInfo {
+                    session_id: s.id.clone(),
+                    language: s.language.clone(),
+                    state: "suspended".into(),
+                    reason: s.reason().to_string(),
+                    ended_at: s.ended.as_ref().map(|(_, at)| *at),
+                    files_kept_until: None,
+                    evals: s.evals,
+                    restorable: true,
+                })
+                .collect()
+        });
         rows.sort_by(|a, b| a.session_id.cmp(&b.session_id));
         rows
     }

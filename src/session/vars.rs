@@ -10,7 +10,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::entry::{Gone, lock};
+use super::entry::{End, Phase};
 use super::interp::Ending;
 use super::manager::SessionManager;
 use super::report::payload_json;
@@ -190,17 +190,16 @@ session.vars); evaluate code that prints them instead",
             )
             .session(id));
         };
-        if let Some(a) = lock(&session.awaiting).as_ref() {
+        if let Phase::AwaitingInput { eval, .. } = session.phase() {
             return Err(ToolError::new(
                 ErrorKind::AwaitingInput,
                 format!(
-                    "session {id} is waiting for input to evaluation {}: answer it with \
-session_input, or stop it with session_interrupt, first",
-                    a.eval_id
+                    "session {id} is waiting for input to evaluation {eval}: answer it with \
+session_input, or stop it with session_interrupt, first"
                 ),
             )
             .session(id)
-            .eval(Some(a.eval_id)));
+            .eval(Some(eval)));
         }
         let Ok(mut guard) = session.interp.try_lock() else {
             return Err(self.busy_error(&session));
@@ -217,7 +216,7 @@ session_input, or stop it with session_interrupt, first",
             Ending::Exited(_) => {
                 *guard = None;
                 drop(guard);
-                let how = Gone::Exited {
+                let how = End::Exited {
                     code: None,
                     signal: None,
                 };

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use super::entry::{Remains, lock};
+use super::entry::{Footprint, lock};
 use super::interp::Ending;
 use super::launch::{StartRequest, Up, VenvAsk};
 use super::manager::SessionManager;
@@ -45,7 +45,7 @@ impl Pending {
         } = up;
         drop(interp);
         drop(baseline);
-        Remains {
+        Footprint {
             dir: dirs.dir,
             lease,
         }
