@@ -314,6 +314,30 @@ async fn sessions_that_do_not_plot_import_nothing() {
     s.stop().await;
 }
 
+/// matplotlib's notice that it is building its font cache (logged only when that takes over
+/// 5 s, so present or not with the host's load) never reaches a cell's output; its other
+/// warnings do.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_font_cache_notice_never_shows_in_output() {
+    if !require_data_stack() {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_python().await;
+    let o = s
+        .eval_ok(
+            &id,
+            "import logging, matplotlib\n\
+             log = logging.getLogger('matplotlib.font_manager')\n\
+             log.warning('Matplotlib is building the font cache; this may take a moment.')\n\
+             log.warning('findfont: Font family not found')\n\
+             print('done')",
+        )
+        .await;
+    assert_eq!(output(&o), "findfont: Font family not found\ndone\n");
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn files_written_are_listed_and_readable_as_resources() {
     if !require_data_stack() {

@@ -166,11 +166,19 @@ def __rbx_setup():
                 return auto(fig, val)
             module._auto_draw_if_interactive = noting
 
-    # An import hook for the three modules above: adjusts each right after the user's code
+    def on_matplotlib(module):
+        # Each session has a font cache of its own, so its first pyplot import builds one,
+        # and matplotlib says so only when that takes over 5 s (a loaded host): a line that
+        # would come and go in a cell's output. Dropped before font_manager can log it.
+        import logging
+        logging.getLogger("matplotlib.font_manager").addFilter(
+            lambda r: not str(r.msg).startswith("Matplotlib is building the font cache"))
+
+    # An import hook for the modules above: adjusts each right after the user's code
     # imports it (so `import pandas; print(df)` in one cell already prints wide, and user
     # settings made after the import win). Other imports only cost a dict lookup.
     watch = {"pandas": lambda m: tune(), "numpy": lambda m: tune(),
-             "matplotlib.pyplot": on_pyplot}
+             "matplotlib": on_matplotlib, "matplotlib.pyplot": on_pyplot}
 
     class After:
         def __init__(self, real, then):
