@@ -696,6 +696,20 @@ print("seen", seen)
     )
 }
 
+/// The interpreters (not the helper or bwrap, whose command lines may carry the program's)
+/// with `needle` in their command line.
+fn programs_with(needle: &str) -> Vec<i32> {
+    processes_with(needle)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| {
+                let name = e.file_name().map(|n| n.to_string_lossy().into_owned());
+                !matches!(name.as_deref(), Some("replbox-exec" | "bwrap"))
+            })
+        })
+        .collect()
+}
+
 // At landlock, `/proc/PID/cmdline` of another principal's run showed its `args` (python,
 // node, bash, R). As root, the program now gets a /proc of its own, mounted with
 // hidepid=invisible, where only processes it could trace (its own uid, its own Landlock
@@ -729,30 +743,33 @@ async fn finding_r3_6_another_principal_cannot_read_a_runs_arguments() {
         for &lang in &langs {
             let a = a.peer().clone();
             let args = json!({"languageId": lang, "code": waiting_program(lang, &tok),
-                              "args": [format!("arg-{tok}")], "stdin": format!("input-{tok}\n"),
+                              "args": [format!("arg-{tok}-{lang}")], "stdin": format!("input-{tok}\n"),
                               "timeout_ms": 120_000});
             runs.push(tokio::spawn(async move {
                 http_call(&a, "run-code", args).await
             }));
         }
-        // Wait until every program runs (the host sees them all).
+        // Wait until every language's program runs (the host sees them all): its
+        // interpreter, not the helper or bwrap before it, nor a fork of the script.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        let pids = loop {
-            let p = processes_with(&format!("arg-{tok}"));
-            if p.len() >= langs.len() {
-                break p;
+        loop {
+            let missing: Vec<&str> = langs
+                .iter()
+                .copied()
+                .filter(|l| programs_with(&format!("arg-{tok}-{l}")).is_empty())
+                .collect();
+            if missing.is_empty() {
+                break;
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "{level}: {} of {} programs started: {p:?}",
-                p.len(),
-                langs.len()
+                "{level}: not started: {missing:?}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        }
         let o = run(&b, level, "python", &proc_scan(&tok)).await;
         let text = o.s("stdout").to_string();
-        for pid in pids {
+        for pid in programs_with(&format!("arg-{tok}")) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,
