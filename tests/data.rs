@@ -88,7 +88,7 @@ async fn a_plot_comes_back_as_a_png_that_decodes() {
     if !require_data_stack() {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_python().await;
     let o = s
         .eval(
@@ -125,7 +125,7 @@ async fn two_figures_two_images_and_show_does_not_block() {
     if !require_data_stack() {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_python().await;
     let o = s
         .eval(
@@ -172,7 +172,7 @@ async fn a_kept_figure_comes_back_when_changed_and_only_then() {
     if !require_data_stack() {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_python().await;
     let o = s
         .eval(
@@ -249,7 +249,7 @@ async fn tables_and_arrays_print_wide() {
     if !require_data_stack() {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_python().await;
     // Imported and printed in the same cell: already wide.
     let o = s
@@ -301,7 +301,7 @@ async fn sessions_that_do_not_plot_import_nothing() {
     if !require("python", "python3") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_python().await;
     s.eval_ok(&id, "x = [i * i for i in range(10)]").await;
     let o = s
@@ -343,7 +343,7 @@ async fn files_written_are_listed_and_readable_as_resources() {
     if !require_data_stack() {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_python().await;
     let o = s
         .eval(
@@ -447,7 +447,7 @@ async fn resources_never_leave_the_session_directory() {
     if !require("python", "python3") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_python().await;
     let outside = tempfile::tempdir().unwrap();
     let secret = outside.path().join("secret.txt");

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -14,22 +13,8 @@ use base64::Engine;
 use common::*;
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, ResourceContents};
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::transport::StreamableHttpClientTransport;
 use serde_json::{Value, json};
-use tokio::io::AsyncBufReadExt;
-
-fn require_all() -> bool {
-    std::env::var("REPLBOX_REQUIRE_ALL").is_ok_and(|v| v == "1")
-}
-
-/// Skip (or, under REPLBOX_REQUIRE_ALL=1, fail) with a printed reason.
-fn skip(what: &str) -> bool {
-    if require_all() {
-        panic!("{what}, and REPLBOX_REQUIRE_ALL=1 requires it");
-    }
-    eprintln!("SKIP: {what}");
-    false
-}
 
 /// python3 with matplotlib, pandas and numpy (the figure, the data frame).
 fn python_data() -> bool {
@@ -170,7 +155,7 @@ async fn history_and_exports_of_a_python_session() {
     if !python_data() || !nbformat() {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("python").await;
     let cells = [
         "print('hello')\nx = 41",
@@ -324,7 +309,7 @@ async fn files_stay_readable_after_the_interpreter_exits() {
     if !require("python", "python3") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("python").await;
     let o = s
         .eval(
@@ -371,32 +356,6 @@ async fn files_stay_readable_after_the_interpreter_exits() {
     let l = s.call("session_list", json!({})).await;
     assert!(l.structured.get("ended").is_none(), "{}", l.structured);
     s.stop().await;
-}
-
-/// Start `replbox serve` over stdio with its stderr in a file.
-async fn start_logged(args: &[&str], log: &Path) -> TestServer {
-    let mut cmd = tokio::process::Command::new(BIN);
-    cmd.arg("serve")
-        .args(args)
-        .env("REPLBOX_POOL", "0")
-        .env("REPLBOX_SESSION_POOL", "0");
-    let file = std::fs::File::create(log).expect("log file");
-    let (transport, _) = TokioChildProcess::builder(cmd)
-        .stderr(file)
-        .spawn()
-        .expect("spawn replbox");
-    let pid = transport.id().expect("pid");
-    let recorder = Recorder::default();
-    let client = recorder
-        .clone()
-        .serve(transport)
-        .await
-        .expect("MCP handshake");
-    TestServer {
-        client,
-        pid,
-        recorder,
-    }
 }
 
 fn signal(pid: u32, sig: nix::sys::signal::Signal) {
@@ -555,7 +514,7 @@ async fn journals_are_data_corrupt_ones_are_reported_and_skipped() {
     if !require("python", "python3") {
         return;
     }
-    let (t, state) = state_dir();
+    let (_t, state) = state_dir();
     let st = state.to_str().unwrap();
     let s = TestServer::start_with(&["--state-dir", st], &[]).await;
     let id = s.start_session("python").await;
@@ -600,8 +559,12 @@ async fn journals_are_data_corrupt_ones_are_reported_and_skipped() {
         "env": {"LD_PRELOAD": "/tmp/x.so"}, "idle_timeout_s": null, "files": []}});
     std::fs::write(state.join(format!("{forged}.journal")), line(&start)).unwrap();
 
-    let log = t.path().join("stderr.log");
-    let s = start_logged(&["--state-dir", st], &log).await;
+    // The server's own log level (REPLBOX_LOG unset), as an operator runs it.
+    let s = Server::stdio()
+        .args(["--state-dir", st])
+        .env_remove("REPLBOX_LOG")
+        .start()
+        .await;
     let l = s.call("session_list", json!({})).await;
     let mut listed: Vec<&str> = l.structured["ended"]
         .as_array()
@@ -637,8 +600,7 @@ async fn journals_are_data_corrupt_ones_are_reported_and_skipped() {
     assert!(!state.join(format!("{forged}.journal")).exists());
     let l = s.call("session_list", json!({})).await;
     assert!(l.structured.get("ended").is_none(), "{}", l.structured);
-    s.stop().await;
-    let log = std::fs::read_to_string(&log).unwrap();
+    let log = s.stop_and_log().await;
     for b in bad {
         assert!(
             log.contains("corrupt session journal") && log.contains(b),
@@ -667,53 +629,27 @@ async fn an_unsafe_state_directory_stops_the_server() {
     assert!(o.stdout.is_empty());
 }
 
-/// A `replbox serve --http` child; its address is read from its log.
-struct Http {
-    child: tokio::process::Child,
-    addr: SocketAddr,
-}
+/// A `replbox serve --http` (the harness's `Server::http()`) with a tokens file, called
+/// through a fresh client per call.
+struct Http(HttpServer);
 
 impl Http {
     async fn start(args: &[&str], tokens_file: &Path) -> Self {
-        let mut cmd = tokio::process::Command::new(BIN);
-        cmd.args(["serve", "--http", "127.0.0.1:0", "--tokens-file"])
-            .arg(tokens_file)
-            .args(args)
-            .env("REPLBOX_POOL", "0")
-            .env("REPLBOX_SESSION_POOL", "0")
-            .env_remove("REPLBOX_TOKENS")
-            .env_remove("REPLBOX_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("spawn");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let mut tx = Some(tx);
-            let mut lines = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("[replbox] {line}");
-                if let Some(rest) = line.split("listening on http://").nth(1)
-                    && let Some(addr) = rest.split('/').next().and_then(|a| a.parse().ok())
-                    && let Some(tx) = tx.take()
-                {
-                    let _ = tx.send(addr);
-                }
-            }
-        });
-        let addr = tokio::time::timeout(Duration::from_secs(20), rx)
-            .await
-            .expect("listening")
-            .expect("address");
-        Self { child, addr }
+        Self(
+            Server::http()
+                .arg("--tokens-file")
+                .arg(tokens_file)
+                .args(args)
+                .env_remove("REPLBOX_LOG")
+                .start()
+                .await,
+        )
     }
 
     async fn call(&self, token: &str, tool: &str, args: Value) -> Out {
         let config =
             rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-                format!("http://{}/mcp", self.addr),
+                self.0.url(),
             )
             .auth_header(token);
         let client =
@@ -766,8 +702,8 @@ async fn another_principal_cannot_restore() {
         )
         .await;
     assert_eq!(status(&o), "ok", "{}", o.text);
-    signal(h.child.id().unwrap(), nix::sys::signal::Signal::SIGTERM);
-    let _ = tokio::time::timeout(Duration::from_secs(20), h.child.wait()).await;
+    signal(h.0.pid, nix::sys::signal::Signal::SIGTERM);
+    let _ = tokio::time::timeout(Duration::from_secs(20), h.0.child().wait()).await;
 
     let h = Http::start(&args, &tokens).await;
     let l = h.call(BOB, "session_list", json!({})).await;
@@ -931,7 +867,7 @@ async fn session_vars_per_language() {
             not: &["PATH", "HOME", "PS1", "BASH_VERSION", "__rbx_load"],
         },
     ];
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     for c in cases {
         if !require(c.lang, c.program) {
             continue;
@@ -1008,7 +944,7 @@ async fn a_data_frame_is_summarised_with_shape_dtypes_and_size() {
     if !python_data() {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("python").await;
     let o = s
         .eval(

@@ -201,7 +201,7 @@ async fn closing_a_session_reports_a_clean_end() {
     if !require("python", "python3") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("python").await;
     let o = s.eval(&id, "x = 1").await;
     assert_eq!(status(&o), "ok", "{}", o.text);
@@ -246,7 +246,7 @@ async fn closing_a_busy_session_ends_its_tree_and_nothing_else() {
     if !require("python", "python3") {
         return;
     }
-    let s = std::sync::Arc::new(TestServer::start().await);
+    let s = std::sync::Arc::new(Server::stdio().start().await);
     let id = s.start_session("python").await;
     let before = s.descendants();
     let (s2, id2) = (s.clone(), id.clone());

@@ -5,9 +5,7 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -17,19 +15,28 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{Peer, RoleClient, ServiceExt};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOKEN_A: &str = "token-of-alice-0123456789";
 const TOKEN_B: &str = "token-of-bob-9876543210ab";
 
 type Client = RunningService<RoleClient, ()>;
 
-/// A `replbox serve --http 127.0.0.1:0` child; its address is read from its log.
-struct HttpServer {
-    child: tokio::process::Child,
-    pid: u32,
-    addr: SocketAddr,
-    log: Arc<Mutex<String>>,
+/// The harness's `replbox serve --http 127.0.0.1:0` (`Server::http()`), with this file's
+/// helpers for raw HTTP exchanges.
+struct HttpServer(common::HttpServer);
+
+impl std::ops::Deref for HttpServer {
+    type Target = common::HttpServer;
+    fn deref(&self) -> &common::HttpServer {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for HttpServer {
+    fn deref_mut(&mut self) -> &mut common::HttpServer {
+        &mut self.0
+    }
 }
 
 /// An answer read off the socket.
@@ -59,83 +66,17 @@ impl HttpServer {
             .unwrap_or_else(|(status, log)| panic!("server did not start ({status}):\n{log}"))
     }
 
-    /// Start, or the exit status and log of a server that stopped before listening.
+    /// Start (with the server's own default log level), or the exit status and log of a
+    /// server that stopped before listening.
     async fn try_start(args: &[&str], env: &[(&str, &str)]) -> Result<Self, (String, String)> {
-        let mut cmd = tokio::process::Command::new(BIN);
-        cmd.arg("serve");
-        if !args.contains(&"--http") {
-            cmd.args(["--http", "127.0.0.1:0"]);
-        }
-        cmd.args(args);
-        for var in [
-            "REPLBOX_HTTP",
-            "REPLBOX_TOKENS",
-            "REPLBOX_TOKENS_FILE",
-            "REPLBOX_ALLOWED_HOSTS",
-            "REPLBOX_ALLOWED_ORIGINS",
-            "REPLBOX_LOG",
-        ] {
-            cmd.env_remove(var);
-        }
-        // These tests count the server's processes: no warm pool.
-        cmd.env("REPLBOX_POOL", "0")
-            .env("REPLBOX_SESSION_POOL", "0");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("spawn replbox");
-        let pid = child.id().expect("pid");
-        let stderr = child.stderr.take().expect("stderr");
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = tokio::sync::oneshot::channel::<SocketAddr>();
-        let log2 = log.clone();
-        tokio::spawn(async move {
-            let mut tx = Some(tx);
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("[replbox {pid}] {line}");
-                if let Some(rest) = line.split("listening on http://").nth(1)
-                    && let Some(addr) = rest.split('/').next().and_then(|a| a.parse().ok())
-                    && let Some(tx) = tx.take()
-                {
-                    let _ = tx.send(addr);
-                }
-                if let Ok(mut l) = log2.lock() {
-                    l.push_str(&line);
-                    l.push('\n');
-                }
-            }
-        });
-        match tokio::time::timeout(Duration::from_secs(20), rx).await {
-            Ok(Ok(addr)) => Ok(Self {
-                child,
-                pid,
-                addr,
-                log,
-            }),
-            _ => {
-                let status = match tokio::time::timeout(Duration::from_secs(5), child.wait()).await
-                {
-                    Ok(Ok(st)) => st.to_string(),
-                    _ => "still running".to_string(),
-                };
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                let log = log.lock().map(|l| l.clone()).unwrap_or_default();
-                Err((status, log))
-            }
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}/mcp", self.addr)
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+        Server::http()
+            .env_remove("REPLBOX_LOG")
+            .args(args)
+            .envs(env.iter().copied())
+            .try_start()
+            .await
+            .map(Self)
+            .map_err(|e| (e.status, e.log))
     }
 
     async fn client(&self, token: Option<&str>) -> Result<Client, String> {
@@ -224,14 +165,10 @@ impl HttpServer {
     }
 
     async fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
-        match tokio::time::timeout(within, self.child.wait()).await {
+        match tokio::time::timeout(within, self.child().wait()).await {
             Ok(st) => st.expect("wait"),
             Err(_) => panic!("server still running {within:?} after SIGTERM"),
         }
-    }
-
-    fn descendants(&self) -> Vec<i32> {
-        descendants(self.pid as i32)
     }
 }
 
@@ -1009,7 +946,7 @@ async fn measure_eval_round_trip_http_vs_stdio() {
         http.push(t.elapsed());
         assert!(!o.is_error);
     }
-    let stdio = TestServer::start().await;
+    let stdio = Server::stdio().start().await;
     let o = stdio
         .call("session_start", json!({"language": "python"}))
         .await;

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use replbox::lang::protocol::Format;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// The code one language runs for each check, and what it must show.
 struct Row {
@@ -147,6 +147,12 @@ const ROWS: &[Row] = &[
     },
 ];
 
+impl common::Row for Row {
+    fn language(&self) -> &str {
+        self.language
+    }
+}
+
 /// The rows whose interpreter is installed (a missing one is skipped with a printed reason,
 /// and fails under REPLBOX_REQUIRE_ALL=1).
 fn installed() -> Vec<&'static Row> {
@@ -205,10 +211,12 @@ fn every_session_language_has_a_row() {
     assert_eq!(sessions, rows, "a row per session language");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_value_is_shown_as_the_repl_shows_it() {
-    let s = TestServer::start().await;
-    for row in installed() {
+per_row!(
+    a_value_is_shown_as_the_repl_shows_it,
+    ROWS,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |row| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(row.language).await;
         let o = s.eval(&id, row.value.0).await;
         assert_eq!(
@@ -219,14 +227,16 @@ async fn a_value_is_shown_as_the_repl_shows_it() {
             o.text
         );
         assert!(!o.is_error, "{}", row.language);
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
-#[tokio::test(flavor = "multi_thread")]
-async fn an_error_has_its_type_and_message() {
-    let s = TestServer::start().await;
-    for row in installed() {
+per_row!(
+    an_error_has_its_type_and_message,
+    ROWS,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |row| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(row.language).await;
         let (code, kind, message) = row.error;
         let o = s.eval(&id, code).await;
@@ -242,14 +252,16 @@ async fn an_error_has_its_type_and_message() {
         // The session goes on.
         let o = s.eval(&id, row.value.0).await;
         assert_eq!(output(&o), row.value.1, "{}", row.language);
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
-#[tokio::test(flavor = "multi_thread")]
-async fn an_interrupt_at_the_deadline_keeps_the_state() {
-    let s = TestServer::start().await;
-    for row in installed() {
+per_row!(
+    an_interrupt_at_the_deadline_keeps_the_state,
+    ROWS,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |row| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(row.language).await;
         let o = s.eval(&id, row.set_x).await;
         assert_eq!(status(&o), "ok", "{}: {}", row.language, o.text);
@@ -269,14 +281,16 @@ async fn an_interrupt_at_the_deadline_keeps_the_state() {
             "{}: x survived",
             row.language
         );
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
-#[tokio::test(flavor = "multi_thread")]
-async fn an_input_wait_is_reported_and_answered() {
-    let s = TestServer::start().await;
-    for row in installed() {
+per_row!(
+    an_input_wait_is_reported_and_answered,
+    ROWS,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |row| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(row.language).await;
         let o = s.eval(&id, row.ask).await;
         assert_eq!(status(&o), "awaiting_input", "{}: {}", row.language, o.text);
@@ -298,28 +312,32 @@ async fn an_input_wait_is_reported_and_answered() {
             row.language,
             output(&o)
         );
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
-#[tokio::test(flavor = "multi_thread")]
-async fn exit_ends_the_session_with_its_code() {
-    let s = TestServer::start().await;
-    for row in installed() {
+per_row!(
+    exit_ends_the_session_with_its_code,
+    ROWS,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |row| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(row.language).await;
         let o = s.eval(&id, row.exit3).await;
         assert_eq!(status(&o), "exited", "{}: {}", row.language, o.text);
         assert_eq!(o.structured["exit_code"], 3, "{}: {}", row.language, o.text);
         let o = s.eval(&id, row.value.0).await;
         assert!(o.is_error, "{}: {}", row.language, o.text);
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
-#[tokio::test(flavor = "multi_thread")]
-async fn unicode_round_trips() {
-    let s = TestServer::start().await;
-    for row in installed() {
+per_row!(
+    unicode_round_trips,
+    ROWS,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |row| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(row.language).await;
         let o = s.eval(&id, row.unicode).await;
         assert_eq!(
@@ -328,14 +346,16 @@ async fn unicode_round_trips() {
             "{}",
             row.language
         );
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
-#[tokio::test(flavor = "multi_thread")]
-async fn large_output_keeps_head_and_tail() {
-    let s = TestServer::start().await;
-    for row in installed() {
+per_row!(
+    large_output_keeps_head_and_tail,
+    ROWS,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |row| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(row.language).await;
         let o = s.eval_t(&id, row.many_lines, 120_000).await;
         assert_eq!(status(&o), "ok", "{}: {}", row.language, o.text);
@@ -357,16 +377,18 @@ async fn large_output_keeps_head_and_tail() {
         assert!(out.contains("bytes omitted"), "{}", row.language);
         let o = s.eval(&id, row.value.0).await;
         assert_eq!(output(&o), row.value.1, "{}: in step", row.language);
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
-/// What a bootstrap's placeholders become is read back as the same text by the language
-/// itself: each format is a literal of the languages that use it.
-#[tokio::test(flavor = "multi_thread")]
-async fn placeholder_literals_read_back_as_the_same_text() {
-    let s = TestServer::start().await;
-    for row in installed() {
+per_row!(
+    /// What a bootstrap's placeholders become is read back as the same text by the language
+    /// itself: each format is a literal of the languages that use it.
+    placeholder_literals_read_back_as_the_same_text,
+    ROWS,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |row| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(row.language).await;
         let (template, format) = row.print_literal;
         let code = template.replace("LIT", &format.quote(HOSTILE));
@@ -390,9 +412,9 @@ async fn placeholder_literals_read_back_as_the_same_text() {
             "{}",
             row.language
         );
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 /// A bootstrap is real source: as it is in prompts/ (its placeholders happen to read as
 /// dict, object or hash literals, so editors and linters take it) and once expanded with
@@ -441,30 +463,35 @@ fn bootstrap_sources_parse_as_they_are_and_expanded() {
     }
 }
 
-/// The caller's `cwd` and the operator's work directory end up in paths the bootstrap is
-/// given (the control and output directories); with hostile names every language still
-/// starts, evaluates and reports errors, and nothing in the names runs.
-#[tokio::test(flavor = "multi_thread")]
-async fn hostile_directory_names_stay_data() {
-    let parent = tempfile::tempdir().expect("tempdir");
-    let work_dir = parent.path().join(format!("work-{HOSTILE}"));
-    let cwd = parent.path().join(format!("cwd-{HOSTILE}"));
-    for d in [&work_dir, &cwd] {
-        std::fs::create_dir(d).expect("mkdir");
-        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o777))
-            .expect("chmod");
-    }
-    // The session's uid must reach the cwd, which lies in a tree the sandbox hides unless the
-    // operator allows it.
-    std::fs::set_permissions(
-        parent.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
-    let work_arg = work_dir.to_str().expect("UTF-8");
-    let allow = parent.path().to_str().expect("UTF-8");
-    let s = TestServer::start_with(&["--work-dir", work_arg, "--allow-cwd", allow], &[]).await;
-    for row in installed() {
+per_row!(
+    /// The caller's `cwd` and the operator's work directory end up in paths the bootstrap is
+    /// given (the control and output directories); with hostile names every language still
+    /// starts, evaluates and reports errors, and nothing in the names runs.
+    hostile_directory_names_stay_data,
+    ROWS,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |row| {
+        let parent = tempfile::tempdir().expect("tempdir");
+        let work_dir = parent.path().join(format!("work-{HOSTILE}"));
+        let cwd = parent.path().join(format!("cwd-{HOSTILE}"));
+        for d in [&work_dir, &cwd] {
+            std::fs::create_dir(d).expect("mkdir");
+            std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+                .expect("chmod");
+        }
+        // The session's uid must reach the cwd, which lies in a tree the sandbox hides unless the
+        // operator allows it.
+        std::fs::set_permissions(
+            parent.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .expect("chmod");
+        let work_arg = work_dir.to_str().expect("UTF-8");
+        let allow = parent.path().to_str().expect("UTF-8");
+        let s = Server::stdio()
+            .args(["--work-dir", work_arg, "--allow-cwd", allow])
+            .start()
+            .await;
         let lang = row.language;
         for start in [
             json!({"language": lang}),
@@ -493,15 +520,15 @@ async fn hostile_directory_names_stay_data() {
             assert!(found.is_empty(), "{lang} {start}: {found:?}");
             s.call("session_close", json!({"session_id": id})).await;
         }
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 /// session_start's description names the session languages installed here, with their
 /// aliases, and nothing else (its `language` field points there).
 #[tokio::test(flavor = "multi_thread")]
 async fn session_start_names_the_installed_session_languages() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let tools = s.client.list_all_tools().await.expect("tools/list");
     let start = tools
         .iter()

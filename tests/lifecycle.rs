@@ -10,14 +10,6 @@ use rmcp::model::{CallToolRequestParams, ClientRequest, Request};
 use rmcp::service::PeerRequestOptions;
 use serde_json::{Value, json};
 
-const LANGS: &[(&str, &str)] = &[
-    ("python", "python3"),
-    ("javascript", "node"),
-    ("ruby", "ruby"),
-    ("haskell", "ghci"),
-    ("shellscript", "bash"),
-];
-
 async fn start(s: &TestServer, lang: &str, extra: Value) -> String {
     let mut args = json!({"language": lang});
     if let (Some(a), Some(e)) = (args.as_object_mut(), extra.as_object()) {
@@ -116,13 +108,11 @@ fn input_case(lang: &str) -> InputCase {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn waiting_for_input_is_detected_answered_and_interruptible() {
-    let s = TestServer::start().await;
-    for (lang, program) in LANGS {
-        if !require(lang, program) {
-            continue;
-        }
+per_lang!(
+    waiting_for_input_is_detected_answered_and_interruptible,
+    [python, javascript, ruby, haskell, shellscript],
+    |lang| {
+        let s = Server::stdio().start().await;
         let c = input_case(lang);
         let id = start(&s, lang, json!({})).await;
         eval(&s, &id, c.set_x).await;
@@ -196,9 +186,9 @@ async fn waiting_for_input_is_detected_answered_and_interruptible() {
             .call("session_input", json!({"session_id": id, "text": "x"}))
             .await;
         assert_eq!(o.error_kind(), "not_awaiting_input", "{lang}: {}", o.text);
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_sessions_are_reaped() {
@@ -293,14 +283,12 @@ async fn the_session_limit_refuses_or_evicts() {
     s.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn cancelling_a_call_interrupts_it() {
-    let s = TestServer::start().await;
-    for (lang, program) in LANGS {
-        if !require(lang, program) {
-            continue;
-        }
-        let (set_x, spin, read_x, five) = match *lang {
+per_lang!(
+    cancelling_a_call_interrupts_it,
+    [python, javascript, ruby, haskell, shellscript],
+    |lang| {
+        let s = Server::stdio().start().await;
+        let (set_x, spin, read_x, five) = match lang {
             "python" => ("x = 5", "while True: pass", "x", "5\n"),
             "javascript" => ("var x = 5", "while (true) {}", "x", "5\n"),
             "ruby" => ("x = 5", "loop { }", "x", "=> 5\n"),
@@ -342,8 +330,16 @@ async fn cancelling_a_call_interrupts_it() {
         }
         let o = eval(&s, &id, read_x).await;
         assert_eq!((status(&o), output(&o)), ("ok", five), "{lang}: {}", o.text);
+        s.stop().await;
     }
+);
 
+#[tokio::test(flavor = "multi_thread")]
+async fn cancelling_a_run_code_call_kills_its_tree() {
+    if !require_language("shellscript") {
+        return;
+    }
+    let s = Server::stdio().start().await;
     // run-code: the process tree is killed.
     let params = CallToolRequestParams::new("run-code").with_arguments(
         json!({"languageId": "shellscript", "code": "sleep 300 & sleep 300", "timeout_ms": 60000})
@@ -383,7 +379,7 @@ async fn cancelling_a_call_interrupts_it() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn long_work_reports_progress() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let cases: Vec<(&str, Value)> = vec![
         (
             "session_eval",

@@ -18,7 +18,7 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOKEN_A: &str = "token-of-alice-0123456789";
 const TOKEN_B: &str = "token-of-bob-9876543210ab";
@@ -33,61 +33,29 @@ fn have_nginx() -> bool {
     if on_path("nginx") {
         return true;
     }
-    if std::env::var("REPLBOX_REQUIRE_ALL").is_ok_and(|v| v == "1") {
-        panic!("nginx is not installed, and REPLBOX_REQUIRE_ALL=1 requires it");
-    }
-    eprintln!("SKIP: nginx scale-out tests skipped: nginx is not on PATH");
+    skip("nginx scale-out tests skipped: nginx is not on PATH");
     false
 }
 
-/// One `replbox serve --http 127.0.0.1:0` with both tokens; its address is read from its log.
+/// One `replbox serve --http 127.0.0.1:0` with both tokens (the harness's
+/// `Server::http()`).
 struct Instance {
-    child: tokio::process::Child,
+    srv: HttpServer,
     addr: SocketAddr,
 }
 
 impl Instance {
     async fn start() -> Self {
-        let mut cmd = tokio::process::Command::new(BIN);
-        cmd.args(["serve", "--http", "127.0.0.1:0"]);
-        for var in [
-            "REPLBOX_HTTP",
-            "REPLBOX_TOKENS_FILE",
-            "REPLBOX_ALLOWED_HOSTS",
-            "REPLBOX_ALLOWED_ORIGINS",
-            "REPLBOX_LOG",
-        ] {
-            cmd.env_remove(var);
+        let srv = Server::http()
+            .token(TOKEN_A)
+            .token(TOKEN_B)
+            .env_remove("REPLBOX_LOG")
+            .start()
+            .await;
+        Self {
+            addr: srv.addr,
+            srv,
         }
-        cmd.env("REPLBOX_TOKENS", format!("{TOKEN_A},{TOKEN_B}"))
-            .env("REPLBOX_POOL", "0")
-            .env("REPLBOX_SESSION_POOL", "0")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("spawn replbox");
-        let pid = child.id().expect("pid");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = tokio::sync::oneshot::channel::<SocketAddr>();
-        tokio::spawn(async move {
-            let mut tx = Some(tx);
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("[replbox {pid}] {line}");
-                if let Some(rest) = line.split("listening on http://").nth(1)
-                    && let Some(addr) = rest.split('/').next().and_then(|a| a.parse().ok())
-                    && let Some(tx) = tx.take()
-                {
-                    let _ = tx.send(addr);
-                }
-            }
-        });
-        let addr = tokio::time::timeout(Duration::from_secs(20), rx)
-            .await
-            .expect("replbox did not say where it listens")
-            .expect("replbox exited before listening");
-        Self { child, addr }
     }
 
     /// `/healthz`, straight from the instance.
@@ -102,8 +70,7 @@ impl Instance {
     }
 
     async fn kill(&mut self) {
-        self.child.start_kill().expect("kill replbox");
-        self.child.wait().await.expect("reap replbox");
+        self.srv.kill().await;
     }
 }
 

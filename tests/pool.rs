@@ -577,10 +577,7 @@ async fn pair(level: &str, default_timeout_ms: &str) -> Option<(TestServer, Test
     match (start("0").await, start("2").await) {
         (Ok(c), Ok(w)) => Some((c, w)),
         (Err(e), _) | (_, Err(e)) => {
-            if std::env::var("REPLBOX_REQUIRE_ALL").is_ok_and(|v| v == "1") {
-                panic!("level {level} does not work here: {e}");
-            }
-            eprintln!("SKIP: pooled runs at level {level}: {e}");
+            skip(format!("pooled runs at level {level}: {e}"));
             None
         }
     }
@@ -672,7 +669,7 @@ async fn what_the_pool_cannot_honour_runs_cold() {
     if !require("python", "python3") {
         return;
     }
-    let cold = TestServer::start().await;
+    let cold = Server::stdio().start().await;
     let warm = pooled_server(2).await;
     let wpid = warm.pid as i32;
     let mut cases = vec![
@@ -891,7 +888,7 @@ async fn pooled_interpreters_give_their_uids_to_callers() {
         return;
     }
     if !is_root() {
-        eprintln!("SKIP: uids are handed out only when the server runs as root");
+        skip_optional("uids are handed out only when the server runs as root");
         return;
     }
     // 4 uids: the pools take at most 2 (they leave a quarter, at least 2, free), and give

@@ -27,10 +27,7 @@ fn r_package(name: &str) -> bool {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        if std::env::var("REPLBOX_REQUIRE_ALL").is_ok_and(|v| v == "1") {
-            panic!("the R package {name} is not installed, and REPLBOX_REQUIRE_ALL=1 requires it");
-        }
-        eprintln!("SKIP: R package {name} is not installed");
+        skip(format!("R package {name} is not installed"));
     }
     ok
 }
@@ -71,7 +68,7 @@ async fn plots_come_back_as_png_images() {
     if !r() {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("r").await;
     let o = s.eval(&id, "plot(1:10, main = 'one')").await;
     assert_eq!(status(&o), "ok", "{}", o.text);
@@ -129,7 +126,7 @@ async fn ggplot2_plots_come_back() {
     if !r() || !r_package("ggplot2") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("r").await;
     let o = s
         .eval_t(
@@ -158,7 +155,7 @@ async fn data_frames_print_wide() {
     if !r() {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("r").await;
     let o = s
         .eval(
@@ -186,7 +183,7 @@ async fn errors_have_the_condition_class_and_print_as_at_a_prompt() {
     if !r() {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("r").await;
     let error = |o: &Out| {
         (
@@ -299,7 +296,7 @@ async fn interrupts_keep_the_state() {
     if !r() {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let o = s.call("session_start", json!({"language": "r"})).await;
     assert!(!o.is_error, "{}", o.text);
     let id = o.s("session_id").to_string();
@@ -342,7 +339,7 @@ async fn interrupts_keep_the_state() {
         assert!(output(&o).ends_with("[1] 42\n"), "{}", output(&o));
         assert_eq!(o.structured["session_id"], id.as_str());
     } else {
-        eprintln!("SKIP: SIGINT at the prompt: the session runs as another uid");
+        skip_optional("SIGINT at the prompt: the session runs as another uid");
     }
     s.stop().await;
 }
@@ -352,7 +349,7 @@ async fn run_code_runs_r_with_rscript() {
     if !require("r", "Rscript") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let o = s.run("r", "x <- 6 * 7\ncat(x, '\\n')\nprint(x)").await;
     assert_eq!(o.text, "42 \n[1] 42\n", "{}", o.text);
     assert_eq!(o.structured["interpreter"]["why"], "path");

@@ -14,7 +14,6 @@ const ESC: char = '\u{1b}';
 /// How each language writes a string as it is (no newline added): the code for it.
 struct Lang {
     language: &'static str,
-    program: &'static str,
     write: fn(&str) -> String,
 }
 
@@ -26,31 +25,32 @@ fn spell(s: &str, esc: &str) -> String {
         .replace('\r', "\\r")
 }
 
+impl Row for Lang {
+    fn language(&self) -> &str {
+        self.language
+    }
+}
+
 const LANGS: &[Lang] = &[
     Lang {
         language: "python",
-        program: "python3",
         write: |s| format!("print('{}', end='')", spell(s, "\\x1b")),
     },
     Lang {
         language: "javascript",
-        program: "node",
         // `void`: the REPL would print write's `true`.
         write: |s| format!("void process.stdout.write('{}');", spell(s, "\\x1b")),
     },
     Lang {
         language: "ruby",
-        program: "ruby",
         write: |s| format!("print \"{}\"", spell(s, "\\e")),
     },
     Lang {
         language: "shellscript",
-        program: "bash",
         write: |s| format!("printf '{}'", spell(s, "\\033").replace('%', "%%")),
     },
     Lang {
         language: "haskell",
-        program: "ghci",
         write: |s| format!("putStr \"{}\"", spell(s, "\\ESC")),
     },
 ];
@@ -64,13 +64,12 @@ fn cell(lang: &Lang, parts: &[&str]) -> String {
         .join("\n")
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn clearing_the_screen_keeps_what_the_cell_printed() {
-    let s = TestServer::start().await;
-    for lang in LANGS {
-        if !require(lang.language, lang.program) {
-            continue;
-        }
+per_row!(
+    clearing_the_screen_keeps_what_the_cell_printed,
+    LANGS,
+    [python, javascript, ruby, haskell, shellscript],
+    |lang| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(lang.language).await;
         for clear in ["\x1b[2J\x1b[H", "\x1b[H\x1b[2J\x1b[3J", "\x1b[3J", "\x1bc"] {
             let code = cell(lang, &["before\n", clear, "after\n"]);
@@ -109,17 +108,16 @@ async fn clearing_the_screen_keeps_what_the_cell_printed() {
             "{}: {out}",
             lang.language
         );
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
-#[tokio::test(flavor = "multi_thread")]
-async fn progress_bars_still_collapse() {
-    let s = TestServer::start().await;
-    for lang in LANGS {
-        if !require(lang.language, lang.program) {
-            continue;
-        }
+per_row!(
+    progress_bars_still_collapse,
+    LANGS,
+    [python, javascript, ruby, haskell, shellscript],
+    |lang| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(lang.language).await;
         // Two bars redrawn in place: cursor up two rows, erase below, draw again.
         let mut parts = vec!["a 0%\nb 0%\n".to_string()];
@@ -150,9 +148,9 @@ async fn progress_bars_still_collapse() {
             )
             .await;
         assert_eq!(output(&o), "done\n", "{}: {}", lang.language, o.text);
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 /// `run-code`'s stdout and stderr are program output (a pipe, not a terminal), returned as
 /// the program wrote them, as mcp-server-code-runner returns them: escape sequences and
@@ -162,7 +160,7 @@ async fn run_code_returns_output_as_written() {
     if !require("python", "python3") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let o = s
         .run(
             "python",

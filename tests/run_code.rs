@@ -87,7 +87,7 @@ async fn advertised_languages(s: &TestServer) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn hello_in_every_installed_language() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let advertised = advertised_languages(&s).await;
     // The languages the README lists as supported must run wherever CI requires them.
     for (lang, program) in [
@@ -107,7 +107,7 @@ async fn hello_in_every_installed_language() {
     let mut ran = 0;
     for (lang, code, expected) in HELLOS {
         if !advertised.iter().any(|a| a == lang) {
-            eprintln!("SKIP: hello in {lang}: not installed on this host");
+            skip_optional(format!("hello in {lang}: not installed on this host"));
             continue;
         }
         let out = s.run(lang, code).await;
@@ -130,7 +130,7 @@ async fn hello_in_every_installed_language() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stderr_with_exit_zero_is_not_an_error_and_is_kept() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let out = s
         .run(
             "python",
@@ -147,7 +147,7 @@ async fn stderr_with_exit_zero_is_not_an_error_and_is_kept() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn nonzero_exit_keeps_stdout_and_code() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let out = s
         .run("python", "import sys\nprint('partial')\nsys.exit(3)")
         .await;
@@ -168,7 +168,7 @@ async fn nonzero_exit_keeps_stdout_and_code() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn infinite_loop_times_out_and_leaves_no_process() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let t = Instant::now();
     let out = s
         .call(
@@ -190,7 +190,7 @@ async fn infinite_loop_times_out_and_leaves_no_process() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn daemons_die_with_the_run() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     // A double-forked, setsid daemon heartbeats into the run's own directory (the only place
     // a sandboxed run may write) and carries a unique token in its command line, so that a
     // survivor is found anywhere on the host, even outside the server's tree.
@@ -246,7 +246,7 @@ print("parent done")
 
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_calls_are_independent() {
-    let s = std::sync::Arc::new(TestServer::start().await);
+    let s = std::sync::Arc::new(Server::stdio().start().await);
     let mut tasks = Vec::new();
     for i in 0..8 {
         let s = s.clone();
@@ -266,7 +266,7 @@ async fn concurrent_calls_are_independent() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn huge_output_is_bounded_and_flagged() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let out = s
         .run(
             "python",
@@ -297,7 +297,7 @@ async fn huge_output_is_bounded_and_flagged() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stdin_args_and_env_arrive() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let out = s
         .call(
             "run-code",
@@ -352,7 +352,7 @@ async fn server_environment_never_reaches_the_program() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn unknown_language_lists_the_available_ones() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let out = s.run("cobol-77", "DISPLAY 'X'.").await;
     assert_eq!(out.error_kind(), "unsupported_language", "{}", out.text);
     assert!(
@@ -376,7 +376,7 @@ async fn unknown_language_lists_the_available_ones() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn malformed_arguments_are_errors_and_the_server_keeps_serving() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     for bad in [
         json!({"languageId": "python"}),
         json!({"code": "print(1)"}),
@@ -396,7 +396,7 @@ async fn malformed_arguments_are_errors_and_the_server_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn unicode_and_invalid_utf8_survive() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let out = s.run("python", "print('héllo 世界 🎉')").await;
     assert_eq!(out.text, "héllo 世界 🎉\n");
     let out = s
@@ -413,10 +413,10 @@ async fn unicode_and_invalid_utf8_survive() {
 #[tokio::test(flavor = "multi_thread")]
 async fn compile_errors_are_reported_as_such() {
     if !on_path("cc") {
-        eprintln!("SKIP: compile error test: no C compiler");
+        skip_optional("compile error test: no C compiler");
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let out = s
         .run("c", "int main(void) { return undefined_thing; }")
         .await;
@@ -444,7 +444,7 @@ async fn java_compile_errors_are_reported_as_such() {
     if !require("java", "javac") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let out = s
         .run(
             "java",
@@ -483,10 +483,10 @@ async fn java_compile_errors_are_reported_as_such() {
 #[tokio::test(flavor = "multi_thread")]
 async fn compile_time_counts_against_the_timeout() {
     if !on_path("cc") {
-        eprintln!("SKIP: compile timeout test: no C compiler");
+        skip_optional("compile timeout test: no C compiler");
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let t = Instant::now();
     let out = s
         .call(

@@ -11,17 +11,13 @@ mod common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
 use rmcp::model::ReadResourceRequestParams;
 use rmcp::service::RunningService;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{Peer, RoleClient, ServiceExt};
+use rmcp::{Peer, RoleClient};
 use serde_json::{Value, json};
-use tokio::io::AsyncBufReadExt;
 
 /// Unprivileged servers (when the tests run as root) each get a uid of their own from here,
 /// away from tests/isolation.rs's range (tests of both files may run at once).
@@ -39,10 +35,6 @@ fn we_are_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-fn require_all() -> bool {
-    std::env::var("REPLBOX_REQUIRE_ALL").is_ok_and(|v| v == "1")
-}
-
 /// Every (level, root?) combination this host can try.
 fn setups() -> Vec<Setup> {
     let mut v = Vec::new();
@@ -57,7 +49,7 @@ fn setups() -> Vec<Setup> {
 
 fn root_setups() -> Vec<Setup> {
     if !we_are_root() {
-        eprintln!("SKIP: a root server's guarantees need the tests to run as root");
+        skip_optional("a root server's guarantees need the tests to run as root");
     }
     setups().into_iter().filter(|s| s.root).collect()
 }
@@ -87,13 +79,10 @@ async fn start_as(
             Some(s)
         }
         Err(e) => {
-            if require_all() {
-                panic!("{setup:?}: level {} does not work here: {e}", setup.level);
-            }
-            eprintln!(
-                "SKIP: {setup:?}: level {} does not work here: {e}",
+            skip(format!(
+                "{setup:?}: level {} does not work here: {e}",
                 setup.level
-            );
+            ));
             None
         }
     }
@@ -353,7 +342,7 @@ async fn finding_2_over_http_no_token_leaks_through_resources() {
     };
     for setup in setups {
         let shared = dir(0o1777);
-        let Some(srv) = HttpServer::start(
+        let Some(srv) = start_http(
             setup,
             &["--allow-cwd", s(shared.path())],
             &format!("{ALICE},{BOB}"),
@@ -772,7 +761,7 @@ async fn finding_10_caches_do_not_carry_between_sessions() {
             if setup.root && setup.level == "bwrap" && require_all() {
                 panic!("{setup:?}: matplotlib is missing, and REPLBOX_REQUIRE_ALL=1 requires it");
             }
-            eprintln!("SKIP: {setup:?}: the font cache check needs matplotlib");
+            skip_optional(format!("{setup:?}: the font cache check needs matplotlib"));
         } else {
             assert_eq!(output(&o), "True True\n", "{setup:?}: {}", o.text);
         }
@@ -814,7 +803,7 @@ async fn a_cwd_the_session_cannot_write_is_read_only_and_says_so() {
     }
     if !we_are_root() {
         // Every directory the tests can make is then writable by the server's own user.
-        eprintln!("SKIP: a directory the session cannot write needs the tests to run as root");
+        skip_optional("a directory the session cannot write needs the tests to run as root");
         return;
     }
     for setup in setups() {
@@ -872,69 +861,21 @@ async fn a_cwd_the_session_cannot_write_is_read_only_and_says_so() {
 
 type HttpClient = RunningService<RoleClient, ()>;
 
-/// A `replbox serve --http 127.0.0.1:0` child with tokens; its address is read from its log.
-struct HttpServer {
-    child: tokio::process::Child,
-    pid: u32,
-    url: String,
-}
-
-impl HttpServer {
-    async fn start(setup: Setup, args: &[&str], tokens: &str) -> Option<Self> {
-        let mut cmd = tokio::process::Command::new(BIN);
-        cmd.args(["serve", "--http", "127.0.0.1:0", "--sandbox", setup.level])
-            .args(args)
-            .env("REPLBOX_POOL", "0")
-            .env("REPLBOX_SESSION_POOL", "0")
-            .env("REPLBOX_TOKENS", tokens)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("spawn replbox");
-        let pid = child.id().expect("pid");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = tokio::sync::oneshot::channel::<String>();
-        tokio::spawn(async move {
-            let mut tx = Some(tx);
-            let mut lines = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("[replbox {pid}] {line}");
-                if let Some(rest) = line.split("listening on http://").nth(1)
-                    && let Some(addr) = rest.split('/').next()
-                    && let Some(tx) = tx.take()
-                {
-                    let _ = tx.send(addr.to_string());
-                }
-            }
-        });
-        match tokio::time::timeout(Duration::from_secs(20), rx).await {
-            Ok(Ok(addr)) => Some(Self {
-                child,
-                pid,
-                url: format!("http://{addr}/mcp"),
-            }),
-            _ => {
-                let _ = child.kill().await;
-                if require_all() {
-                    panic!("{setup:?}: the HTTP server did not start");
-                }
-                eprintln!("SKIP: {setup:?}: the HTTP server did not start");
-                None
-            }
+/// `replbox serve --http 127.0.0.1:0 --sandbox LEVEL` with `tokens` (the harness's
+/// `Server::http()`), or None (skipped, a failure in CI) when it does not start.
+async fn start_http(setup: Setup, args: &[&str], tokens: &str) -> Option<HttpServer> {
+    match Server::http()
+        .args(["--sandbox", setup.level])
+        .args(args)
+        .env("REPLBOX_TOKENS", tokens)
+        .try_start()
+        .await
+    {
+        Ok(srv) => Some(srv),
+        Err(e) => {
+            skip(format!("{setup:?}: the HTTP server did not start: {e}"));
+            None
         }
-    }
-
-    async fn connect(&self, token: &str) -> HttpClient {
-        let config = StreamableHttpClientTransportConfig::with_uri(self.url.clone())
-            .auth_header(token.to_string());
-        ().serve(StreamableHttpClientTransport::from_config(config))
-            .await
-            .unwrap_or_else(|e| panic!("MCP handshake over HTTP failed: {e}"))
-    }
-
-    async fn stop(mut self) {
-        let _ = self.child.kill().await;
     }
 }
 

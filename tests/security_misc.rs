@@ -17,11 +17,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::*;
-use rmcp::model::CallToolRequestParams;
+use rmcp::RoleClient;
 use rmcp::service::RunningService;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -43,10 +40,6 @@ fn we_are_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-fn require_all() -> bool {
-    std::env::var("REPLBOX_REQUIRE_ALL").is_ok_and(|v| v == "1")
-}
-
 fn setups(levels: &[&'static str]) -> Vec<Setup> {
     let mut v = Vec::new();
     for &level in levels {
@@ -61,14 +54,6 @@ fn setups(levels: &[&'static str]) -> Vec<Setup> {
 /// The uid a setup's server runs as (None: this process's own).
 fn uid_for(setup: Setup) -> Option<u32> {
     (!setup.root && we_are_root()).then(|| NEXT_UID.fetch_add(1, Ordering::Relaxed))
-}
-
-/// Skip (or fail in CI) a setup that cannot run here.
-fn skip(what: impl std::fmt::Display) {
-    if require_all() {
-        panic!("{what}");
-    }
-    eprintln!("SKIP: {what}");
 }
 
 /// Start a stdio server for `setup` as `uid`, or None (skipped) when the level does not
@@ -297,78 +282,35 @@ async fn finding_11_the_sweep_removes_nothing_it_cannot_prove_dead() {
 
 // ----- Finding 11: no-token HTTP where user code reaches the host's loopback -----
 
-/// A `replbox serve --http 127.0.0.1:0` child; its address is read from its log.
+/// The harness's `replbox serve --http 127.0.0.1:0` (with the server's own log level), and
+/// its address as text.
 struct HttpServer {
-    child: tokio::process::Child,
+    srv: common::HttpServer,
     addr: String,
 }
 
 impl HttpServer {
     /// Start, or the exit status and log of a server that stopped before listening.
     async fn try_start(args: &[&str], env: &[(&str, &str)]) -> Result<Self, (String, String)> {
-        let mut cmd = tokio::process::Command::new(BIN);
-        cmd.args(["serve", "--http", "127.0.0.1:0"]).args(args);
-        for var in ["REPLBOX_TOKENS", "REPLBOX_TOKENS_FILE", "REPLBOX_LOG"] {
-            cmd.env_remove(var);
-        }
-        cmd.env("REPLBOX_POOL", "0")
-            .env("REPLBOX_SESSION_POOL", "0");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("spawn replbox");
-        let stderr = child.stderr.take().expect("stderr");
-        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let (tx, rx) = tokio::sync::oneshot::channel::<String>();
-        let log2 = log.clone();
-        tokio::spawn(async move {
-            let mut tx = Some(tx);
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("[replbox http] {line}");
-                if let Some(rest) = line.split("listening on http://").nth(1)
-                    && let Some(addr) = rest.split('/').next()
-                    && let Some(tx) = tx.take()
-                {
-                    let _ = tx.send(addr.to_string());
-                }
-                if let Ok(mut l) = log2.lock() {
-                    l.push_str(&line);
-                    l.push('\n');
-                }
-            }
-        });
-        match tokio::time::timeout(Duration::from_secs(20), rx).await {
-            Ok(Ok(addr)) => Ok(Self { child, addr }),
-            _ => {
-                let status = match tokio::time::timeout(Duration::from_secs(5), child.wait()).await
-                {
-                    Ok(Ok(st)) => st.to_string(),
-                    _ => "still running".to_string(),
-                };
-                // The log reader may still hold the last lines.
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                let log = log.lock().map(|l| l.clone()).unwrap_or_default();
-                Err((status, log))
-            }
-        }
+        Server::http()
+            .env_remove("REPLBOX_LOG")
+            .args(args)
+            .envs(env.iter().copied())
+            .try_start()
+            .await
+            .map(|srv| Self {
+                addr: srv.addr.to_string(),
+                srv,
+            })
+            .map_err(|e| (e.status, e.log))
     }
 
     async fn connect(&self, token: &str) -> RunningService<RoleClient, ()> {
-        let config =
-            StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", self.addr))
-                .auth_header(token.to_string());
-        ().serve(StreamableHttpClientTransport::from_config(config))
-            .await
-            .unwrap_or_else(|e| panic!("MCP handshake over HTTP failed: {e}"))
+        self.srv.connect(token).await
     }
 
-    async fn stop(mut self) {
-        let _ = self.child.kill().await;
+    async fn stop(self) {
+        self.srv.stop().await;
     }
 }
 
@@ -455,9 +397,11 @@ async fn finding_11_no_token_http_is_refused_where_user_code_reaches_loopback() 
         let level = args.join(" ");
         match HttpServer::try_start(args, &[]).await {
             Ok(s) => s.stop().await,
-            Err((status, log)) => skip(format_args!(
-                "level {level} does not work here: {status}: {log}"
-            )),
+            Err((status, log)) => {
+                skip(format_args!(
+                    "level {level} does not work here: {status}: {log}"
+                ));
+            }
         }
     }
 }
@@ -466,31 +410,17 @@ async fn finding_11_no_token_http_is_refused_where_user_code_reaches_loopback() 
 
 /// A `replbox serve` child spoken to in raw lines.
 struct RawStdio {
-    child: tokio::process::Child,
+    srv: RawServer,
     stdin: tokio::process::ChildStdin,
     stdout: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
 }
 
 impl RawStdio {
     async fn start(args: &[&str]) -> Self {
-        let mut child = tokio::process::Command::new(BIN)
-            .arg("serve")
-            .args(args)
-            .env("REPLBOX_POOL", "0")
-            .env("REPLBOX_SESSION_POOL", "0")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn replbox");
-        let stdin = child.stdin.take().expect("stdin");
-        let stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let mut s = Self {
-            child,
-            stdin,
-            stdout,
-        };
+        let mut srv = Server::stdio().args(args).spawn_raw();
+        let stdin = srv.child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(srv.child.stdout.take().expect("stdout")).lines();
+        let mut s = Self { srv, stdin, stdout };
         s.send(br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#)
             .await;
         let init = s.next().await;
@@ -606,7 +536,7 @@ async fn finding_11_stdio_lines_rmcp_cannot_read_get_json_rpc_errors() {
     assert_eq!(v["id"], 11, "{v}");
     assert_eq!(v["result"]["structuredContent"]["stdout"], "after\n", "{v}");
     drop(s.stdin);
-    let st = tokio::time::timeout(Duration::from_secs(20), s.child.wait())
+    let st = tokio::time::timeout(Duration::from_secs(20), s.srv.child.wait())
         .await
         .expect("the server ends when stdin closes")
         .expect("wait");
@@ -642,38 +572,21 @@ async fn finding_12_a_bare_replbox_reads_the_replbox_variables() {
     assert!(out.stdout.is_empty(), "stdout: {:?}", out.stdout);
 
     // And a limit from the environment applies to a bare replbox, through an MCP client.
-    let mut cmd = tokio::process::Command::new(BIN);
-    cmd.env("REPLBOX_POOL", "0")
-        .env("REPLBOX_SESSION_POOL", "0")
+    let s = Server::stdio()
+        .bare()
         .env("REPLBOX_MAX_SESSIONS_PER_PRINCIPAL", "1")
-        .stderr(Stdio::inherit());
-    let transport = rmcp::transport::TokioChildProcess::new(cmd).expect("spawn");
-    let client = ().serve(transport).await.expect("handshake");
-    let start = || async {
-        let r = client
-            .call_tool(
-                CallToolRequestParams::new("session_start")
-                    .with_arguments(json!({"language": "bash"}).as_object().cloned().unwrap()),
-            )
-            .await
-            .expect("session_start");
-        (
-            r.is_error.unwrap_or(false),
-            r.content
-                .iter()
-                .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-                .collect::<String>(),
-        )
-    };
-    let (err1, text1) = start().await;
-    assert!(!err1, "{text1}");
-    let (err2, text2) = start().await;
+        .start()
+        .await;
+    let o = s.call("session_start", json!({"language": "bash"})).await;
+    assert!(!o.is_error, "{}", o.text);
+    let o = s.call("session_start", json!({"language": "bash"})).await;
     assert!(
-        err2,
-        "a second session past REPLBOX_MAX_SESSIONS_PER_PRINCIPAL=1: {text2}"
+        o.is_error,
+        "a second session past REPLBOX_MAX_SESSIONS_PER_PRINCIPAL=1: {}",
+        o.text
     );
-    assert!(text2.contains("is 1"), "{text2}");
-    let _ = client.cancel().await;
+    assert!(o.text.contains("is 1"), "{}", o.text);
+    s.stop().await;
 }
 
 // ----- Finding 12: token names -----
@@ -1006,7 +919,7 @@ async fn finding_7_the_warm_pool_yields_its_uids_to_callers() {
             // At levels without a mount namespace, a python the pool's uids cannot reach
             // (pyenv under /root) has no pool, whatever the host installed.
             if o.text.contains("not reachable") {
-                eprintln!("SKIP: {why}");
+                skip_optional(format!("{why}"));
             } else {
                 skip(why);
             }

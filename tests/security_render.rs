@@ -55,7 +55,7 @@ async fn finding_4_cursor_flood_returns_within_its_deadline() {
     if !require("python", "python3") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("python").await;
     let o = s.eval_t(&id, FLOOD, TIMEOUT_MS).await;
     assert_bounded(&o, "the 4 MB cursor flood");
@@ -88,7 +88,7 @@ async fn finding_4_bystander_answers_while_two_floods_run() {
     if !require("python", "python3") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let mut floods = Vec::new();
     for _ in 0..2 {
         let o = s.call("session_start", json!({"language": "python"})).await;
@@ -165,7 +165,7 @@ async fn finding_4_hostile_sequences_stay_bounded() {
     if !require("python", "python3") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("python").await;
     let w = |payload: &str| format!("import sys\nsys.stdout.write({payload})\nprint('end')");
     let backspaced = format!("b{}\nend\n", "a".repeat(999));

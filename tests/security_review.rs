@@ -18,18 +18,6 @@ fn we_are_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-fn require_all() -> bool {
-    std::env::var("REPLBOX_REQUIRE_ALL").is_ok_and(|v| v == "1")
-}
-
-/// Print why a test cannot run here; under REPLBOX_REQUIRE_ALL=1 that is a failure.
-fn skip(why: &str) {
-    if require_all() {
-        panic!("{why}, and REPLBOX_REQUIRE_ALL=1 requires it");
-    }
-    eprintln!("SKIP: {why}");
-}
-
 fn root() -> bool {
     if !we_are_root() {
         skip("these attacks need a root server, so the tests must run as root");
@@ -280,47 +268,31 @@ fn deep_tree() -> String {
 /// A root server at `level` whose open-file limit is `nofile` (None: the tests' own), working
 /// in `work` (a tmpfs: on a disk, 20,000 directories take minutes to make and remove).
 async fn start_limited(level: &str, nofile: Option<u64>, work: &Path) -> Option<TestServer> {
-    use rmcp::ServiceExt;
-    let mut cmd = tokio::process::Command::new(BIN);
-    cmd.args([
-        "serve",
-        "--sandbox",
-        level,
-        "--keep-files-s",
-        "0",
-        "--work-dir",
-    ])
-    .arg(work)
-    .env("REPLBOX_POOL", "0")
-    .env("REPLBOX_SESSION_POOL", "0")
-    .stderr(std::process::Stdio::inherit());
+    let mut server = Server::stdio()
+        .args(["--sandbox", level, "--keep-files-s", "0", "--work-dir"])
+        .arg(work)
+        .env_remove("REPLBOX_LOG");
     if let Some(n) = nofile {
         use nix::sys::resource::{Resource, getrlimit, setrlimit};
         // The soft limit only: the helper raises its own to --open-files.
         let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
-        // SAFETY: setrlimit is async-signal-safe and touches nothing of the parent.
-        unsafe {
-            cmd.pre_exec(move || {
-                setrlimit(Resource::RLIMIT_NOFILE, n, hard).map_err(std::io::Error::from)
-            });
-        }
+        server = server.configure(move |cmd| {
+            // SAFETY: setrlimit is async-signal-safe and touches nothing of the parent.
+            unsafe {
+                cmd.pre_exec(move || {
+                    setrlimit(Resource::RLIMIT_NOFILE, n, hard).map_err(std::io::Error::from)
+                });
+            }
+        });
     }
-    let transport = rmcp::transport::TokioChildProcess::new(cmd).expect("spawn replbox");
-    let pid = transport.id().expect("pid");
-    let recorder = Recorder::default();
-    match recorder.clone().serve(transport).await {
-        Ok(client) => {
-            let srv = TestServer {
-                client,
-                pid,
-                recorder,
-            };
+    match server.try_start().await {
+        Ok(srv) => {
             let ins = srv.instructions();
             assert!(ins.contains(&format!("Sandbox: {level} (")), "{ins}");
             Some(srv)
         }
         Err(e) => {
-            skip(&format!("level {level} does not work here: {e}"));
+            skip(format!("level {level} does not work here: {e}"));
             None
         }
     }
@@ -525,67 +497,27 @@ const TOKEN_C: &str = "token-of-principal-c-5555555555";
 type HttpClient = rmcp::service::RunningService<rmcp::RoleClient, ()>;
 
 /// `replbox serve --http 127.0.0.1:0` as root at `level` with three tokens (principals
-/// token-1, token-2, token-3), killed when dropped.
-struct HttpServer {
-    _child: tokio::process::Child,
-    addr: std::net::SocketAddr,
-}
-
-impl HttpServer {
-    async fn start(level: &str, args: &[&str], pool: &str) -> Option<Self> {
-        use tokio::io::AsyncBufReadExt;
-        let mut cmd = tokio::process::Command::new(BIN);
-        cmd.args(["serve", "--http", "127.0.0.1:0", "--sandbox", level])
-            .args(args)
-            .env("REPLBOX_TOKENS", format!("{TOKEN_A},{TOKEN_B},{TOKEN_C}"))
-            .env("REPLBOX_POOL", pool)
-            .env("REPLBOX_SESSION_POOL", "0")
-            .env_remove("REPLBOX_TOKENS_FILE")
-            .env_remove("REPLBOX_HTTP")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("spawn replbox");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let mut tx = Some(tx);
-            let mut lines = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("[replbox] {line}");
-                if let Some(rest) = line.split("listening on http://").nth(1)
-                    && let Some(addr) = rest.split('/').next().and_then(|a| a.parse().ok())
-                    && let Some(tx) = tx.take()
-                {
-                    let _ = tx.send(addr);
-                }
-            }
-        });
-        match tokio::time::timeout(Duration::from_secs(30), rx).await {
-            Ok(Ok(addr)) => Some(Self {
-                _child: child,
-                addr,
-            }),
-            _ => {
-                skip(&format!(
-                    "an HTTP server at level {level} did not start here"
-                ));
-                None
-            }
+/// token-1, token-2, token-3): the harness's `Server::http()`, or None (skipped) when it
+/// does not start here.
+async fn start_http(level: &str, args: &[&str], pool: &str) -> Option<HttpServer> {
+    match Server::http()
+        .args(["--sandbox", level])
+        .args(args)
+        .token(TOKEN_A)
+        .token(TOKEN_B)
+        .token(TOKEN_C)
+        .env("REPLBOX_POOL", pool)
+        .env_remove("REPLBOX_LOG")
+        .try_start()
+        .await
+    {
+        Ok(s) => Some(s),
+        Err(e) => {
+            skip(format!(
+                "an HTTP server at level {level} did not start here: {e}"
+            ));
+            None
         }
-    }
-
-    async fn connect(&self, token: &str) -> HttpClient {
-        use rmcp::ServiceExt;
-        use rmcp::transport::StreamableHttpClientTransport;
-        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-        let config =
-            StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", self.addr))
-                .auth_header(token);
-        ().serve(StreamableHttpClientTransport::from_config(config))
-            .await
-            .unwrap_or_else(|e| panic!("MCP handshake over HTTP failed: {e}"))
     }
 }
 
@@ -672,8 +604,7 @@ async fn a_uid_one_principal_used_never_goes_to_another() {
         let p = std::fs::canonicalize(shared.path()).expect("canonical");
         // A range of its own (the bindings outlive the server, in the host's state dir).
         let base = (131_000 + 10 * i).to_string();
-        let Some(srv) = HttpServer::start(level, &["--uid-base", &base, "--uids", "2"], "0").await
-        else {
+        let Some(srv) = start_http(level, &["--uid-base", &base, "--uids", "2"], "0").await else {
             continue;
         };
         let (a, b, c) = (
@@ -799,8 +730,7 @@ async fn warm_runs_at_none_never_share_a_uid_between_principals() {
     if !python() || !root() {
         return;
     }
-    let Some(srv) = HttpServer::start("none", &["--uid-base", "131100", "--uids", "4"], "1").await
-    else {
+    let Some(srv) = start_http("none", &["--uid-base", "131100", "--uids", "4"], "1").await else {
         return;
     };
     let (a, b) = (srv.connect(TOKEN_A).await, srv.connect(TOKEN_B).await);

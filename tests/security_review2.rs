@@ -16,18 +16,8 @@ const TOKEN_A: &str = "token-of-alice-0123456789";
 const TOKEN_B: &str = "token-of-bob-9876543210ab";
 const ALL: &[&str] = &["bwrap", "landlock", "none"];
 
-fn require_all() -> bool {
-    std::env::var("REPLBOX_REQUIRE_ALL").is_ok_and(|v| v == "1")
-}
-
 fn we_are_root() -> bool {
     nix::unistd::geteuid().is_root()
-}
-
-/// Skip (or fail in CI) what cannot run here.
-fn skip(what: impl std::fmt::Display) {
-    assert!(!require_all(), "{what}");
-    eprintln!("SKIP: {what}");
 }
 
 /// The principals the lock files of `base..base + n` name (empty: unbound).
@@ -78,7 +68,12 @@ async fn a_principal_looping_start_and_close_binds_a_bounded_number_of_uids() {
             "--session-pool",
             pool,
         ];
-        let s = match HttpChild::try_start(&args, &[("REPLBOX_TOKENS", &tokens)]).await {
+        let s = match Server::http()
+            .args(&args)
+            .env("REPLBOX_TOKENS", &tokens)
+            .try_start()
+            .await
+        {
             Ok(s) => s,
             Err(e) => {
                 skip(format_args!("level {level} does not work here: {e}"));
@@ -246,7 +241,12 @@ async fn one_principals_sessions_cannot_hold_every_egress_connection() {
     let host = format!("127.0.0.1:{port}");
     for level in ["bwrap", "landlock"] {
         let args = ["--sandbox", level, "--allow-host", &host];
-        let s = match HttpChild::try_start(&args, &[("REPLBOX_TOKENS", &tokens)]).await {
+        let s = match Server::http()
+            .args(&args)
+            .env("REPLBOX_TOKENS", &tokens)
+            .try_start()
+            .await
+        {
             Ok(s) => s,
             Err(e) => {
                 skip(format_args!("level {level} does not work here: {e}"));
@@ -313,7 +313,7 @@ fn rss_kib(pid: u32) -> u64 {
 /// A server on stdio driven line by line, initialized: the child, its pid, its stdin and
 /// its stdout's lines.
 struct Raw {
-    child: tokio::process::Child,
+    srv: RawServer,
     pid: u32,
     /// None while a flood's writer has it.
     stdin: Option<tokio::process::ChildStdin>,
@@ -323,22 +323,12 @@ struct Raw {
 impl Raw {
     async fn start(args: &[&str]) -> Raw {
         use tokio::io::{AsyncBufReadExt, BufReader};
-        let mut child = tokio::process::Command::new(BIN)
-            .arg("serve")
-            .args(args)
-            .env("REPLBOX_POOL", "0")
-            .env("REPLBOX_SESSION_POOL", "0")
-            .env("REPLBOX_LOG", "warn")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn replbox");
-        let pid = child.id().expect("pid");
-        let stdin = child.stdin.take();
-        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut srv = Server::stdio().args(args).spawn_raw();
+        let pid = srv.pid;
+        let stdin = srv.child.stdin.take();
+        let lines = BufReader::new(srv.child.stdout.take().expect("stdout")).lines();
         let mut raw = Raw {
-            child,
+            srv,
             pid,
             stdin,
             lines,
@@ -434,7 +424,7 @@ async fn stdio_answers_to_a_client_that_does_not_read_are_bounded() {
         .flood(requests, BOUND_KIB, |v| v["result"]["tools"].is_array())
         .await;
     assert_eq!(ids, (1..=N).collect::<Vec<_>>());
-    let _ = raw.child.kill().await;
+    let _ = raw.srv.child.kill().await;
 }
 
 // The bound above counted answers only once made: requests whose handler takes a moment
@@ -478,5 +468,5 @@ async fn stdio_answers_being_made_are_bounded_too() {
         .flood(requests, BOUND_KIB, |v| v["result"]["contents"].is_array())
         .await;
     assert_eq!(ids, (100..100 + N).collect::<Vec<_>>());
-    let _ = raw.child.kill().await;
+    let _ = raw.srv.child.kill().await;
 }

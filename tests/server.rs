@@ -10,7 +10,7 @@ use common::*;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn identity_and_instructions() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let info = s.client.peer_info().expect("server info");
     let server = info.server_info.clone().expect("serverInfo");
     assert_eq!(server.name, "replbox");
@@ -91,7 +91,7 @@ fn stdout_carries_only_json_rpc_and_eof_ends_the_server() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_ends_the_server_with_no_child_left() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let pid = s.pid as i32;
     // Leave a long-running program in flight.
     let client = std::sync::Arc::new(s);

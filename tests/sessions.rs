@@ -8,15 +8,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{Value, json};
 
-/// Test languages: (session language, program that must be installed).
-const LANGS: &[(&str, &str)] = &[
-    ("python", "python3"),
-    ("javascript", "node"),
-    ("ruby", "ruby"),
-    ("haskell", "ghci"),
-    ("shellscript", "bash"),
-];
-
 /// Per-language snippets for the shared behaviours, and what they should print.
 struct Snippets {
     set_x: &'static str,
@@ -35,7 +26,8 @@ struct Snippets {
     colours: &'static str,
     unicode: &'static str,
     exit3: &'static str,
-    sleep1: &'static str,
+    /// Wait until a file `gate` appears in the working directory, then print "slept".
+    wait_for_gate: &'static str,
     no_newline_then_more: &'static str,
     /// Output of `no_newline_then_more`.
     partial_then_rest: &'static str,
@@ -66,7 +58,7 @@ fn snippets(lang: &str) -> Snippets {
             colours: "print('\\x1b[1;31mred\\x1b[0m and \\x1b[32mgreen\\x1b[0m')",
             unicode: "print('héllo 世界 🎉')",
             exit3: "import os; os._exit(3)",
-            sleep1: "import time; time.sleep(1); print('slept')",
+            wait_for_gate: "import os, time\nwhile not os.path.exists('gate'): time.sleep(0.01)\nprint('slept')",
             no_newline_then_more: "import sys, time\nsys.stdout.write('partial >>> '); sys.stdout.flush(); time.sleep(0.2)\nprint('rest')",
             partial_then_rest: "partial >>> rest\n",
             fake_prompts: "import sys\nprint('>>> ')\nprint('... ')\nprint(sys.ps1 + 'after-prompt')\nprint('In [1]: ')\n'done'",
@@ -89,7 +81,7 @@ fn snippets(lang: &str) -> Snippets {
             colours: "console.log('\\x1b[1;31mred\\x1b[0m and \\x1b[32mgreen\\x1b[0m')",
             unicode: "console.log('héllo 世界 🎉')",
             exit3: "process.exit(3)",
-            sleep1: "await new Promise(r => setTimeout(r, 1000)); console.log('slept')",
+            wait_for_gate: "while (!require('fs').existsSync('gate')) await new Promise(r => setTimeout(r, 10))\nconsole.log('slept')",
             no_newline_then_more: "process.stdout.write('partial > ')\nawait new Promise(r => setTimeout(r, 200))\nconsole.log('rest')",
             partial_then_rest: "partial > rest\n",
             fake_prompts: "console.log('> ')\nconsole.log('... ')\nconsole.log('> after-prompt')\n'done'",
@@ -112,7 +104,7 @@ fn snippets(lang: &str) -> Snippets {
             colours: "puts \"\\e[1;31mred\\e[0m and \\e[32mgreen\\e[0m\"",
             unicode: "puts 'héllo 世界 🎉'",
             exit3: "exit 3",
-            sleep1: "sleep 1\nputs 'slept'",
+            wait_for_gate: "sleep 0.01 until File.exist?('gate')\nputs 'slept'",
             no_newline_then_more: "print 'partial irb> '\n$stdout.flush\nsleep 0.2\nputs 'rest'",
             partial_then_rest: "partial irb> rest\n",
             fake_prompts: "puts 'irb(main):001:0> '\nputs 'irb(main):002:0* '\nputs conf.prompt_i + 'after-prompt'\n'done'",
@@ -135,7 +127,7 @@ fn snippets(lang: &str) -> Snippets {
             colours: "putStrLn \"\\ESC[1;31mred\\ESC[0m and \\ESC[32mgreen\\ESC[0m\"",
             unicode: "putStrLn \"héllo 世界 🎉\"",
             exit3: "System.Posix.Process.exitImmediately (System.Exit.ExitFailure 3)",
-            sleep1: "Control.Concurrent.threadDelay 1000000\nputStrLn \"slept\"",
+            wait_for_gate: "let waitGate = System.Directory.doesFileExist \"gate\" >>= \\e -> if e then pure () else Control.Concurrent.threadDelay 10000 >> waitGate\nwaitGate\nputStrLn \"slept\"",
             no_newline_then_more: "putStr \"partial ghci> \"\nSystem.IO.hFlush System.IO.stdout\nControl.Concurrent.threadDelay 200000\nputStrLn \"rest\"",
             partial_then_rest: "partial ghci> rest\n",
             fake_prompts: "putStrLn \"ghci> \"\nputStrLn \"Prelude> \"\nputStrLn \"ghci| after-prompt\"\n\"done\"",
@@ -158,7 +150,7 @@ fn snippets(lang: &str) -> Snippets {
             colours: "printf '\\e[1;31mred\\e[0m and \\e[32mgreen\\e[0m\\n'",
             unicode: "echo 'héllo 世界 🎉'",
             exit3: "exit 3",
-            sleep1: "sleep 1\necho slept",
+            wait_for_gate: "until [ -e gate ]; do sleep 0.01; done\necho slept",
             no_newline_then_more: "printf 'partial $ '\nsleep 0.2\necho rest",
             partial_then_rest: "partial $ rest\n",
             fake_prompts: "echo '$ '\necho '> '\necho \"${PS1}after-prompt\"\necho done",
@@ -172,23 +164,11 @@ fn snippets(lang: &str) -> Snippets {
     }
 }
 
-/// Run `f` for every installed session language.
-macro_rules! each_lang {
-    ($s:ident, $lang:ident, $body:block) => {
-        for (lang, program) in LANGS {
-            if !require(lang, program) {
-                continue;
-            }
-            let $lang: &str = lang;
-            $body
-        }
-    };
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn state_persists_and_errors_do_not_break_the_session() {
-    let s = TestServer::start().await;
-    each_lang!(s, lang, {
+per_lang!(
+    state_persists_and_errors_do_not_break_the_session,
+    [python, javascript, ruby, haskell, shellscript],
+    |lang| {
+        let s = Server::stdio().start().await;
         let sn = snippets(lang);
         let id = s.start_session(lang).await;
         let o = s.eval(&id, sn.set_x).await;
@@ -207,16 +187,16 @@ async fn state_persists_and_errors_do_not_break_the_session() {
         assert_eq!((status(&o), output(&o)), ("ok", sn.four), "{lang}");
         assert_eq!(o.structured["eval_id"], 4);
         s.call("session_close", json!({"session_id": id})).await;
-    });
-    s.stop().await;
-}
+        s.stop().await;
+    }
+);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn python_semantics() {
     if !require("python", "python3") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("python").await;
     // A block with blank lines inside, a decorator, a class and a __main__ block.
     let code = r#"
@@ -292,7 +272,7 @@ async fn node_semantics() {
     if !require("javascript", "node") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("node").await;
     let o = s
         .eval(
@@ -348,7 +328,7 @@ async fn ruby_semantics() {
     if !require("ruby", "ruby") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("irb").await;
     // A multi-line cell with a class, a method and blank lines; locals persist.
     let code = r##"
@@ -421,7 +401,7 @@ async fn haskell_semantics() {
     if !require("haskell", "ghci") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("ghci").await;
     // A multi-line function with its type signature, guards and a where clause.
     let code = r#"
@@ -538,7 +518,7 @@ async fn bash_semantics() {
     if !require("shellscript", "bash") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("bash").await;
     // cd persists (into a directory of the session's own: a sandbox hides the host's /tmp).
     let o = s.eval(&id, "mkdir -p 'sub dir' && cd 'sub dir'").await;
@@ -615,10 +595,11 @@ done"#;
     s.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn timeout_interrupts_and_keeps_state() {
-    let s = TestServer::start().await;
-    each_lang!(s, lang, {
+per_lang!(
+    timeout_interrupts_and_keeps_state,
+    [python, javascript, ruby, haskell, shellscript],
+    |lang| {
+        let s = Server::stdio().start().await;
         let sn = snippets(lang);
         let id = s.start_session(lang).await;
         s.eval(&id, sn.set_x).await;
@@ -636,16 +617,16 @@ async fn timeout_interrupts_and_keeps_state() {
             ("ok", sn.x_plus_one),
             "{lang}: x survived"
         );
-    });
-    s.stop().await;
-}
+        s.stop().await;
+    }
+);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_bootstrap_is_told_before_the_interrupt() {
     if !require("shellscript", "bash") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("bash").await;
     // The code ignores Ctrl-C and ends when the flag file of its evaluation appears.
     let code = "trap '' INT\nuntil [ -e \"$__rbx_c/interrupted-1\" ]; do sleep 0.02; done\necho saw-the-flag";
@@ -664,7 +645,7 @@ async fn an_interpreter_that_ignores_the_interrupt_is_restarted() {
     if !require("python", "python3") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("python").await;
     s.eval(&id, "x = 1").await;
     let o = s
@@ -682,10 +663,11 @@ async fn an_interpreter_that_ignores_the_interrupt_is_restarted() {
     s.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn big_output_is_bounded_and_the_next_eval_is_in_sync() {
-    let s = TestServer::start().await;
-    each_lang!(s, lang, {
+per_lang!(
+    big_output_is_bounded_and_the_next_eval_is_in_sync,
+    [python, javascript, ruby, haskell, shellscript],
+    |lang| {
+        let s = Server::stdio().start().await;
         let sn = snippets(lang);
         let id = s.start_session(lang).await;
         let o = s.eval_t(&id, sn.many_lines, 60_000).await;
@@ -698,14 +680,15 @@ async fn big_output_is_bounded_and_the_next_eval_is_in_sync() {
         assert!(out.contains("bytes omitted"), "{lang}");
         let o = s.eval(&id, sn.two_plus_two).await;
         assert_eq!((status(&o), output(&o)), ("ok", sn.four), "{lang}: in sync");
-    });
-    s.stop().await;
-}
+        s.stop().await;
+    }
+);
 
-#[tokio::test(flavor = "multi_thread")]
-async fn prompt_lookalikes_neither_cut_nor_shift_output() {
-    let s = TestServer::start().await;
-    each_lang!(s, lang, {
+per_lang!(
+    prompt_lookalikes_neither_cut_nor_shift_output,
+    [python, javascript, ruby, haskell, shellscript],
+    |lang| {
+        let s = Server::stdio().start().await;
         let sn = snippets(lang);
         let id = s.start_session(lang).await;
         let o = s.eval(&id, sn.fake_prompts).await;
@@ -723,14 +706,15 @@ async fn prompt_lookalikes_neither_cut_nor_shift_output() {
             sn.four,
             "{lang}: nothing shifted into the next evaluation"
         );
-    });
-    s.stop().await;
-}
+        s.stop().await;
+    }
+);
 
-#[tokio::test(flavor = "multi_thread")]
-async fn terminal_output_is_cleaned() {
-    let s = TestServer::start().await;
-    each_lang!(s, lang, {
+per_lang!(
+    terminal_output_is_cleaned,
+    [python, javascript, ruby, haskell, shellscript],
+    |lang| {
+        let s = Server::stdio().start().await;
         let sn = snippets(lang);
         let id = s.start_session(lang).await;
         let o = s.eval(&id, sn.progress).await;
@@ -740,14 +724,15 @@ async fn terminal_output_is_cleaned() {
         assert!(!o.text.contains('\x1b'));
         let o = s.eval(&id, sn.unicode).await;
         assert_eq!(output(&o), "héllo 世界 🎉\n", "{lang}: unicode exact");
-    });
-    s.stop().await;
-}
+        s.stop().await;
+    }
+);
 
-#[tokio::test(flavor = "multi_thread")]
-async fn exit_is_noticed_at_once() {
-    let s = TestServer::start().await;
-    each_lang!(s, lang, {
+per_lang!(
+    exit_is_noticed_at_once,
+    [python, javascript, ruby, haskell, shellscript],
+    |lang| {
+        let s = Server::stdio().start().await;
         let sn = snippets(lang);
         let id = s.start_session(lang).await;
         let t = Instant::now();
@@ -771,107 +756,124 @@ async fn exit_is_noticed_at_once() {
         let o = s.eval(&id2, sn.two_plus_two).await;
         assert_eq!(output(&o), sn.four, "{lang}: a new session works");
         s.call("session_close", json!({"session_id": id2})).await;
-    });
-    // Nothing of the exited interpreters is left behind.
-    let left = s.wait_no_descendants(Duration::from_secs(5)).await;
-    s.stop().await;
-    assert!(left.is_empty(), "{left:?}");
-}
+        // Nothing of the exited interpreters is left behind.
+        let left = s.wait_no_descendants(Duration::from_secs(5)).await;
+        s.stop().await;
+        assert!(left.is_empty(), "{lang}: {left:?}");
+    }
+);
 
-#[tokio::test(flavor = "multi_thread")]
-async fn sessions_run_in_parallel() {
-    let s = std::sync::Arc::new(TestServer::start().await);
-    each_lang!(s, lang, {
+// Four evaluations of one language overlap: each waits for a file that the test writes
+// only once all four are running at the same time, so run one after another they never
+// end (each would wait for the gate until its timeout).
+per_lang!(
+    sessions_run_in_parallel,
+    [python, javascript, ruby, haskell, shellscript],
+    |lang| {
+        let s = std::sync::Arc::new(Server::stdio().start().await);
         let sn = snippets(lang);
-        let mut ids = Vec::new();
+        let mut sessions = Vec::new();
         for _ in 0..4 {
-            ids.push(s.start_session(lang).await);
+            let o = s.call("session_start", json!({"language": lang})).await;
+            assert!(!o.is_error, "{lang}: {}", o.text);
+            sessions.push((o.s("session_id").to_string(), o.s("cwd").to_string()));
         }
-        let t = Instant::now();
         let mut tasks = Vec::new();
-        for id in ids.clone() {
+        for (id, _) in sessions.clone() {
             let s = s.clone();
-            let code = sn.sleep1;
+            let code = sn.wait_for_gate;
             tasks.push(tokio::spawn(async move { s.eval(&id, code).await }));
+        }
+        let ids: Vec<&str> = sessions.iter().map(|(id, _)| id.as_str()).collect();
+        wait_busy(&s, &ids).await;
+        for (_, cwd) in &sessions {
+            std::fs::write(std::path::Path::new(cwd).join("gate"), "").expect("write the gate");
         }
         for task in tasks {
             let o = task.await.unwrap();
-            assert_eq!(output(&o), "slept\n", "{lang}");
+            assert_eq!(output(&o), "slept\n", "{lang}: {}", o.text);
         }
-        let took = t.elapsed();
-        // Run one after another they would take at least 4 s.
-        assert!(
-            took < Duration::from_millis(3500),
-            "{lang}: 4 × 1 s took {took:?}"
-        );
-        for id in ids {
+        for (id, _) in sessions {
             s.call("session_close", json!({"session_id": id})).await;
         }
-    });
+    }
+);
+
+/// Wait until every session of `ids` is busy at the same time (bounded: a failure, not a
+/// hang, when they never are).
+async fn wait_busy(s: &TestServer, ids: &[&str]) {
+    let t = Instant::now();
+    loop {
+        let l = s.call("session_list", json!({})).await;
+        let busy = l.structured["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["busy"] == true && ids.contains(&x["session_id"].as_str().unwrap_or("")))
+            .count();
+        if busy == ids.len() {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{busy} of {} sessions busy at once: {}",
+            ids.len(),
+            l.structured
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_busy_session_says_so_at_once() {
-    let s = std::sync::Arc::new(TestServer::start().await);
-    each_lang!(s, lang, {
+// The busy answer does not wait for the evaluation that is running: that one waits for a
+// file the test writes only after the answer has come.
+per_lang!(
+    a_busy_session_says_so_at_once,
+    [python, javascript, ruby, haskell, shellscript],
+    |lang| {
+        let s = std::sync::Arc::new(Server::stdio().start().await);
         let sn = snippets(lang);
-        let id = s.start_session(lang).await;
+        let o = s.call("session_start", json!({"language": lang})).await;
+        assert!(!o.is_error, "{lang}: {}", o.text);
+        let (id, cwd) = (o.s("session_id").to_string(), o.s("cwd").to_string());
         let s2 = s.clone();
         let id2 = id.clone();
-        let slow = tokio::spawn(async move { s2.eval(&id2, sn.sleep1).await });
+        let slow = tokio::spawn(async move { s2.eval(&id2, sn.wait_for_gate).await });
         // Wait until the first evaluation is running.
-        let t = Instant::now();
-        loop {
-            let l = s.call("session_list", json!({})).await;
-            let busy = l.structured["sessions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|x| x["session_id"] == id.as_str() && x["busy"] == true);
-            if busy {
-                break;
-            }
-            assert!(t.elapsed() < Duration::from_secs(5));
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let t = Instant::now();
+        wait_busy(&s, &[&id]).await;
         let o = s.eval(&id, sn.two_plus_two).await;
         assert!(
-            t.elapsed() < Duration::from_millis(500),
-            "{lang}: busy answer took {:?}",
-            t.elapsed()
+            !slow.is_finished(),
+            "{lang}: the busy answer waited for the evaluation"
         );
         assert_eq!(o.error_kind(), "busy", "{lang}: {}", o.text);
         assert_eq!(o.structured["error"]["eval_id"], 1, "{lang}: {}", o.text);
+        std::fs::write(std::path::Path::new(&cwd).join("gate"), "").expect("write the gate");
         let first = slow.await.unwrap();
         assert_eq!(output(&first), "slept\n", "{lang}: no interleaving");
         let o = s.eval(&id, sn.two_plus_two).await;
         assert_eq!(output(&o), sn.four, "{lang}");
-    });
-}
+    }
+);
 
-#[tokio::test(flavor = "multi_thread")]
-async fn directories_and_cleanup() {
-    // Callers' directories live under /tmp here, which the sandbox masks: the operator
-    // allows this one tree (searchable by the sessions' users).
-    let allowed = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        allowed.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    // Ended sessions' files are not kept here: the directory goes with the session.
-    let s = TestServer::start_with(
-        &[
-            "--allow-cwd",
-            allowed.path().to_str().unwrap(),
-            "--keep-files-s",
-            "0",
-        ],
-        &[],
-    )
-    .await;
-    each_lang!(s, lang, {
+per_lang!(
+    directories_and_cleanup,
+    [python, javascript, ruby, haskell, shellscript],
+    |lang| {
+        // Callers' directories live under /tmp here, which the sandbox masks: the operator
+        // allows this one tree (searchable by the sessions' users).
+        let allowed = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            allowed.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        // Ended sessions' files are not kept here: the directory goes with the session.
+        let s = Server::stdio()
+            .arg("--allow-cwd")
+            .arg(allowed.path())
+            .args(["--keep-files-s", "0"])
+            .start()
+            .await;
         // A private directory, removed at close, with the process tree.
         let start = s.call("session_start", json!({"language": lang})).await;
         let id = start.s("session_id").to_string();
@@ -950,28 +952,28 @@ async fn directories_and_cleanup() {
             dir.path().join("made-here.txt").is_file(),
             "{lang}: cwd kept"
         );
-    });
-    s.stop().await;
-}
+        s.stop().await;
+    }
+);
 
-#[tokio::test(flavor = "multi_thread")]
-async fn shutdown_kills_every_session() {
-    let s = TestServer::start().await;
-    let mut pids = Vec::new();
-    each_lang!(s, lang, {
+per_lang!(
+    shutdown_kills_every_session,
+    [python, javascript, ruby, haskell, shellscript],
+    |lang| {
+        let s = Server::stdio().start().await;
         let o = s.call("session_start", json!({"language": lang})).await;
-        pids.push(o.structured["pid"].as_i64().unwrap() as i32);
-    });
-    let all = s.descendants();
-    assert!(!all.is_empty());
-    s.stop().await;
-    let left = wait_gone(&all, Duration::from_secs(5)).await;
-    assert!(left.is_empty(), "left behind: {left:?}");
-}
+        assert!(o.structured["pid"].as_i64().is_some(), "{lang}: {}", o.text);
+        let all = s.descendants();
+        assert!(!all.is_empty());
+        s.stop().await;
+        let left = wait_gone(&all, Duration::from_secs(5)).await;
+        assert!(left.is_empty(), "{lang}: left behind: {left:?}");
+    }
+);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_requests_are_clear_errors() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let o = s
         .call("session_eval", json!({"session_id": "nope", "code": "1"}))
         .await;
@@ -1008,7 +1010,7 @@ async fn a_thousand_line_ghci_cell() {
     if !require("haskell", "ghci") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("ghci").await;
     let mut code = String::new();
     let mut expected = String::new();

@@ -5,15 +5,11 @@
 mod common;
 
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams};
-use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// Where a schema says something some clients warn about or reject: a `format` of a
 /// number width (`uint64`, `int32`, …) or a type that allows null.
@@ -60,7 +56,7 @@ fn nulls(v: &Value, path: &str, found: &mut Vec<String>) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_tool_schema_is_portable_and_results_carry_no_nulls() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let tools = s.client.list_all_tools().await.expect("tools/list");
     assert!(tools.len() >= 7, "{} tools", tools.len());
     let mut found = Vec::new();
@@ -317,54 +313,27 @@ async fn a_second_close_succeeds_as_already_closed() {
     s.stop().await;
 }
 
-/// A stdio server whose stderr the test reads (the audit lines), with `Recorder` as client.
-struct Logged {
-    client: rmcp::service::RunningService<rmcp::RoleClient, Recorder>,
-    recorder: Recorder,
-    log: Arc<Mutex<String>>,
+/// A stdio server whose stderr the test reads (the audit lines), with the server's own log
+/// settings (REPLBOX_LOG and REPLBOX_LOG_FORMAT unset).
+struct Logged(TestServer);
+
+impl std::ops::Deref for Logged {
+    type Target = TestServer;
+    fn deref(&self) -> &TestServer {
+        &self.0
+    }
 }
 
 impl Logged {
     async fn start(args: &[&str]) -> Self {
-        let mut cmd = tokio::process::Command::new(BIN);
-        cmd.arg("serve").args(args);
-        cmd.env("REPLBOX_POOL", "0")
-            .env("REPLBOX_SESSION_POOL", "0")
-            .env_remove("REPLBOX_LOG")
-            .env_remove("REPLBOX_LOG_FORMAT");
-        let (transport, stderr) = TokioChildProcess::builder(cmd)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn replbox");
-        let log = Arc::new(Mutex::new(String::new()));
-        if let Some(stderr) = stderr {
-            let log = log.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(stderr).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    eprintln!("[replbox] {line}");
-                    if let Ok(mut l) = log.lock() {
-                        l.push_str(&line);
-                        l.push('\n');
-                    }
-                }
-            });
-        }
-        let recorder = Recorder::default();
-        let client = recorder
-            .clone()
-            .serve(transport)
-            .await
-            .expect("MCP handshake");
-        Self {
-            client,
-            recorder,
-            log,
-        }
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+        Self(
+            Server::stdio()
+                .args(args)
+                .env_remove("REPLBOX_LOG")
+                .env_remove("REPLBOX_LOG_FORMAT")
+                .start()
+                .await,
+        )
     }
 
     /// Wait (bounded) until the log has `n` lines containing `needle`; those lines.
@@ -537,7 +506,7 @@ async fn an_audit_line_per_call_in_text_and_json_and_never_the_code() {
             !after.contains("WARN") && !after.contains("ERROR"),
             "client mistakes logged as warnings:\n{after}"
         );
-        s.client.cancel().await.ok();
+        s.0.stop().await;
     }
 }
 
@@ -598,7 +567,7 @@ async fn logging_set_level_sends_the_clients_own_events_at_its_level() {
         logs[1]["data"]["tool"], "session_list",
         "the warning-level call sent nothing: {logs:#?}"
     );
-    s.client.cancel().await.ok();
+    s.0.stop().await;
 }
 
 /// The text of a refused call, checked to be an `invalid_argument` error.
@@ -609,7 +578,7 @@ fn invalid(o: &Out) -> &str {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_mistaken_call_is_told_which_field_what_it_expects_and_an_example() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let o = s.call("session_eval", json!({"session_id": "abc"})).await;
     let t = invalid(&o);
     assert!(t.contains("missing field `code` (a string"), "{t}");
@@ -671,7 +640,7 @@ async fn files_errors_name_name_path_and_content() {
     if !require("shellscript", "bash") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let start = |files: Value| json!({"language": "bash", "files": files});
     let o = s
         .call(
@@ -737,7 +706,7 @@ async fn unknown_languages_suggest_the_closest_name() {
     if !require("python", "python3") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let o = s.run("pyhton", "print(1)").await;
     assert_eq!(o.error_kind(), "unsupported_language", "{o:?}");
     assert!(o.text.contains("Did you mean \"python\"?"), "{}", o.text);
@@ -780,7 +749,7 @@ async fn a_normal_close_reports_a_clean_end() {
             langs.push(lang);
         }
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     for lang in langs {
         let id = s.start_session(lang).await;
         let o = s.call("session_close", json!({"session_id": id})).await;

@@ -1,31 +1,18 @@
 //! Sessions behave like a careful person at a terminal in the cases agents hit: input the
 //! program did not read, reads of /dev/tty, reads with their own timeout, a prompt the
 //! user changed, a forced restart, CRLF code, keys sent alone, and each REPL's own corner
-//! (ghci's stdin, node's dot-commands, R's interrupts and workers). Every check runs through the MCP client, per
-//! language, from a table.
+//! (ghci's stdin, node's dot-commands, R's interrupts and workers). Every check runs
+//! through the MCP client, one test per language, from a table (`per_row!`).
 
 mod common;
 
 use common::*;
 use serde_json::json;
 
-/// Session languages and the program each needs.
-const LANGS: &[(&str, &str)] = &[
-    ("python", "python3"),
-    ("javascript", "node"),
-    ("ruby", "ruby"),
-    ("haskell", "ghci"),
-    ("shellscript", "bash"),
-    ("r", "R"),
-];
-
 /// Whether `language` can run here (a missing one is skipped, saying so, and fails under
 /// REPLBOX_REQUIRE_ALL=1).
 fn here(language: &str) -> bool {
-    LANGS
-        .iter()
-        .find(|(l, _)| *l == language)
-        .is_some_and(|(l, p)| require(l, p))
+    require_language(language)
 }
 
 async fn input(s: &TestServer, id: &str, text: &str) -> Out {
@@ -111,13 +98,12 @@ const READ_ONE: &[(&str, &str, &str, &str)] = &[
     ),
 ];
 
-#[tokio::test(flavor = "multi_thread")]
-async fn input_the_program_did_not_read_is_discarded_not_run() {
-    let s = TestServer::start().await;
-    for &(lang, ask, inject, after) in READ_ONE {
-        if !here(lang) {
-            continue;
-        }
+per_row!(
+    input_the_program_did_not_read_is_discarded_not_run,
+    READ_ONE,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |&(lang, ask, inject, after)| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(lang).await;
         awaits(&s, &id, lang, ask).await;
         let o = input(&s, &id, &format!("first\n{inject}\n")).await;
@@ -132,9 +118,9 @@ async fn input_the_program_did_not_read_is_discarded_not_run() {
         assert!(o.text.contains("discarded, not run"), "{lang}: {}", o.text);
         // Nothing of it ran, now or later.
         prints(&s, &id, lang, after, "after\n").await;
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 /// (language, code that reads three lines and prints them on one line)
 const READ_THREE: &[(&str, &str)] = &[
@@ -161,13 +147,12 @@ const READ_THREE: &[(&str, &str)] = &[
     ),
 ];
 
-#[tokio::test(flavor = "multi_thread")]
-async fn several_lines_answer_several_reads() {
-    let s = TestServer::start().await;
-    for &(lang, code) in READ_THREE {
-        if !here(lang) {
-            continue;
-        }
+per_row!(
+    several_lines_answer_several_reads,
+    READ_THREE,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |&(lang, code)| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(lang).await;
         awaits(&s, &id, lang, code).await;
         let o = input(&s, &id, "1\n2\n3").await;
@@ -178,9 +163,9 @@ async fn several_lines_answer_several_reads() {
             o.text
         );
         assert_eq!(discarded(&o), None, "{lang}: {}", o.text);
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 /// `read -n 1` answered with a word reads its first letter; the rest is not a command.
 #[tokio::test(flavor = "multi_thread")]
@@ -188,7 +173,7 @@ async fn a_key_read_answered_with_a_word_runs_none_of_it() {
     if !here("shellscript") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("shellscript").await;
     let o = awaits(
         &s,
@@ -235,21 +220,20 @@ const DEV_TTY: &[(&str, &str)] = &[
     ),
 ];
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_read_of_dev_tty_waits_for_input() {
-    let s = TestServer::start().await;
-    for &(lang, code) in DEV_TTY {
-        if !here(lang) {
-            continue;
-        }
+per_row!(
+    a_read_of_dev_tty_waits_for_input,
+    DEV_TTY,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |&(lang, code)| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(lang).await;
         awaits(&s, &id, lang, code).await;
         let o = input(&s, &id, "secret").await;
         assert_eq!(status(&o), "ok", "{lang}: {}", o.text);
         assert!(output(&o).ends_with("6\n"), "{lang}: {}", o.text);
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 /// The program a child process runs asks for a password on /dev/tty.
 const CHILD_ASKS: &str = "read -p 'pw: ' p < /dev/tty; echo ${#p}";
@@ -273,13 +257,12 @@ const CHILD_TTY: &[(&str, &str)] = &[
     ("r", "invisible(system(paste('bash -c', shQuote(CMD))))"),
 ];
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_child_asking_on_dev_tty_waits_for_input() {
-    let s = TestServer::start().await;
-    for &(lang, template) in CHILD_TTY {
-        if !here(lang) {
-            continue;
-        }
+per_row!(
+    a_child_asking_on_dev_tty_waits_for_input,
+    CHILD_TTY,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |&(lang, template)| {
+        let s = Server::stdio().start().await;
         let quoted = match lang {
             "haskell" => replbox::lang::protocol::Format::Haskell.quote(CHILD_ASKS),
             "ruby" => replbox::lang::protocol::Format::Ruby.quote(CHILD_ASKS),
@@ -297,9 +280,9 @@ async fn a_child_asking_on_dev_tty_waits_for_input() {
             "{lang}: {}",
             o.text
         );
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 // ---- 3. A read with its own timeout goes on by itself ---------------------------------------
 
@@ -338,38 +321,39 @@ const TIMED_READ: &[(&str, &str, &str)] = &[
     ),
 ];
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_read_with_its_own_timeout_goes_on_by_itself() {
-    let s = TestServer::start().await;
-    for &(lang, code, expected) in TIMED_READ {
-        if !here(lang) {
-            continue;
-        }
+per_row!(
+    a_read_with_its_own_timeout_goes_on_by_itself,
+    TIMED_READ,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |&(lang, code, expected)| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(lang).await;
         prints(&s, &id, lang, code, expected).await;
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 /// A timed wait long enough to be meant for an answer is a prompt.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_long_timed_read_is_a_prompt() {
-    let s = TestServer::start().await;
-    for (lang, code, expected) in [
-        (
-            "shellscript",
-            "read -t 60 -p 'Continue? ' x; echo got $x",
-            "got y\n",
-        ),
-        (
-            "python",
-            "import select, sys\nr, _, _ = select.select([sys.stdin], [], [], 60)\nprint('got', sys.stdin.readline().strip())",
-            "got y\n",
-        ),
-    ] {
-        if !here(lang) {
-            continue;
-        }
+/// (language, code that reads with a long timeout, its output once answered)
+const LONG_TIMED_READ: &[(&str, &str, &str)] = &[
+    (
+        "shellscript",
+        "read -t 60 -p 'Continue? ' x; echo got $x",
+        "got y\n",
+    ),
+    (
+        "python",
+        "import select, sys\nr, _, _ = select.select([sys.stdin], [], [], 60)\nprint('got', sys.stdin.readline().strip())",
+        "got y\n",
+    ),
+];
+
+per_row!(
+    a_long_timed_read_is_a_prompt,
+    LONG_TIMED_READ,
+    [python, shellscript],
+    |&(lang, code, expected)| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(lang).await;
         awaits(&s, &id, lang, code).await;
         let o = input(&s, &id, "y").await;
@@ -379,9 +363,9 @@ async fn a_long_timed_read_is_a_prompt() {
             "{lang}: {}",
             o.text
         );
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 // ---- 4. A prompt the user changes -----------------------------------------------------------
 
@@ -395,6 +379,12 @@ struct PromptRow {
     forever: &'static str,
     /// Print x + 1 and what the code sees as its prompt, and what that shows.
     read_back: (&'static str, &'static str),
+}
+
+impl Row for PromptRow {
+    fn language(&self) -> &str {
+        self.language
+    }
 }
 
 const PROMPTS: &[PromptRow] = &[
@@ -448,14 +438,13 @@ const PROMPTS: &[PromptRow] = &[
     },
 ];
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_prompt_the_user_sets_never_shows_and_timeouts_keep_the_state() {
-    let s = TestServer::start().await;
-    for row in PROMPTS {
+per_row!(
+    a_prompt_the_user_sets_never_shows_and_timeouts_keep_the_state,
+    PROMPTS,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |row| {
         let lang = row.language;
-        if !here(lang) {
-            continue;
-        }
+        let s = Server::stdio().start().await;
         let id = s.start_session(lang).await;
         prints(&s, &id, lang, row.set, "").await;
         prints(&s, &id, lang, row.ok, "ok\n").await;
@@ -464,9 +453,9 @@ async fn a_prompt_the_user_sets_never_shows_and_timeouts_keep_the_state() {
         assert_eq!(o.structured.get("restarted"), None, "{lang}: {}", o.text);
         prints(&s, &id, lang, row.read_back.0, row.read_back.1).await;
         prints(&s, &id, lang, row.ok, "ok\n").await;
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 /// A virtual environment's activate script prefixes PS1; nothing of it shows.
 #[tokio::test(flavor = "multi_thread")]
@@ -474,7 +463,7 @@ async fn an_activated_virtual_environment_changes_no_output() {
     if !here("shellscript") || !require("python", "python3") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("shellscript").await;
     let o = s
         .eval_t(&id, "python3 -m venv --without-pip venv", 120_000)
@@ -540,13 +529,12 @@ const STUBBORN: &[(&str, &str, &str)] = &[
     ),
 ];
 
-#[tokio::test(flavor = "multi_thread")]
-async fn output_before_a_forced_restart_is_kept() {
-    let s = TestServer::start().await;
-    for &(lang, code, ok) in STUBBORN {
-        if !here(lang) {
-            continue;
-        }
+per_row!(
+    output_before_a_forced_restart_is_kept,
+    STUBBORN,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |&(lang, code, ok)| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(lang).await;
         let o = s.eval_t(&id, code, 1000).await;
         assert_eq!(status(&o), "timeout", "{lang}: {}", o.text);
@@ -563,9 +551,9 @@ async fn output_before_a_forced_restart_is_kept() {
         );
         // The fresh interpreter answers.
         prints(&s, &id, lang, ok, "ok\n").await;
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 // ---- 6. CRLF line endings -------------------------------------------------------------------
 
@@ -591,18 +579,17 @@ const CRLF: &[(&str, &str, &str)] = &[
     ("r", "z <- 1\r\ncat('[', z, ']\\n', sep = '')\r\n", "[1]\n"),
 ];
 
-#[tokio::test(flavor = "multi_thread")]
-async fn crlf_line_endings_are_unix_ones() {
-    let s = TestServer::start().await;
-    for &(lang, code, expected) in CRLF {
-        if !here(lang) {
-            continue;
-        }
+per_row!(
+    crlf_line_endings_are_unix_ones,
+    CRLF,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |&(lang, code, expected)| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(lang).await;
         prints(&s, &id, lang, code, expected).await;
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 // ---- 7. ghci's stdin and comments -----------------------------------------------------------
 
@@ -611,7 +598,7 @@ async fn ghci_reports_an_unclosed_comment() {
     if !here("haskell") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("haskell").await;
     let o = s.eval(&id, "{- unterminated\nputStrLn \"ran\"").await;
     assert_eq!(status(&o), "error", "{}", o.text);
@@ -630,7 +617,7 @@ async fn ghci_reads_to_the_end_leave_the_session_alive() {
     if !here("haskell") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("haskell").await;
     // interact reads until Ctrl-D.
     awaits(
@@ -683,15 +670,14 @@ const READ_TO_END: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// Ctrl-D ends what a program reads, in every language, and the session goes on (ghci's
-/// own cases are above).
-#[tokio::test(flavor = "multi_thread")]
-async fn a_read_to_the_end_of_input_leaves_the_session_alive() {
-    let s = TestServer::start().await;
-    for &(lang, code, alive) in READ_TO_END {
-        if !here(lang) {
-            continue;
-        }
+per_row!(
+    /// Ctrl-D ends what a program reads, in every language, and the session goes on (ghci's
+    /// own cases are above).
+    a_read_to_the_end_of_input_leaves_the_session_alive,
+    READ_TO_END,
+    [python, javascript, ruby, shellscript, r],
+    |&(lang, code, alive)| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(lang).await;
         awaits(&s, &id, lang, code).await;
         let o = input(&s, &id, "a\nb\n\u{4}").await;
@@ -703,9 +689,9 @@ async fn a_read_to_the_end_of_input_leaves_the_session_alive() {
         );
         prints(&s, &id, lang, alive, "alive\n").await;
         prints(&s, &id, lang, alive, "alive\n").await;
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 // ---- 8. Nothing of replbox's machinery in any output ----------------------------------------
 
@@ -714,7 +700,7 @@ async fn node_directives_errors_and_dot_commands_are_nodes() {
     if !here("javascript") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("javascript").await;
     let o = s.eval(&id, "'use strict'; undeclaredY = 1").await;
     assert_eq!(
@@ -779,29 +765,28 @@ const FAILS: &[(&str, &str)] = &[
     ("r", "x <- )"),
 ];
 
-#[tokio::test(flavor = "multi_thread")]
-async fn no_output_shows_replbox_machinery() {
-    let s = TestServer::start().await;
-    for &(lang, code) in FAILS {
-        if !here(lang) {
-            continue;
-        }
+per_row!(
+    no_output_shows_replbox_machinery,
+    FAILS,
+    [python, javascript, ruby, haskell, shellscript, r],
+    |&(lang, code)| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(lang).await;
         let o = s.eval(&id, code).await;
         assert_eq!(status(&o), "error", "{lang}: {code}: {}", o.text);
         for leak in ["rbx", "bootstrap", "replbox", "/ctl/"] {
             assert!(!o.text.contains(leak), "{lang}: {code}: {leak}: {}", o.text);
         }
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bash_traces_show_the_cells_commands_only() {
     if !here("shellscript") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("shellscript").await;
     prints(&s, &id, "bash", "set -x", "").await;
     prints(&s, &id, "bash", "echo traced", "++ echo traced\ntraced\n").await;
@@ -817,7 +802,7 @@ async fn python_closing_stdout_is_the_users_error() {
     if !here("python") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("python").await;
     prints(&s, &id, "python", "import os, sys\nos.close(1)", "").await;
     let o = s.eval(&id, "print('lost')").await;
@@ -846,7 +831,7 @@ async fn bash_closing_stdout_is_the_users_error() {
     if !here("shellscript") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("shellscript").await;
     prints(&s, &id, "bash", "exec 1>&-", "").await;
     let o = s.eval(&id, "echo lost").await;
@@ -863,7 +848,7 @@ async fn r_diverted_output_is_the_users() {
     if !here("r") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("r").await;
     prints(&s, &id, "r", "sink('/dev/null')", "").await;
     prints(&s, &id, "r", "cat('lost\\n')", "").await;
@@ -898,13 +883,12 @@ const ONE_KEY: &[(&str, &str, &str)] = &[
     ("shellscript", "read -rsn1 k; echo \"[$k]\"", "[q]\n"),
 ];
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_key_is_sent_alone_without_enter() {
-    let s = TestServer::start().await;
-    for &(lang, code, expected) in ONE_KEY {
-        if !here(lang) {
-            continue;
-        }
+per_row!(
+    a_key_is_sent_alone_without_enter,
+    ONE_KEY,
+    [python, javascript, ruby, haskell, shellscript],
+    |&(lang, code, expected)| {
+        let s = Server::stdio().start().await;
         let id = s.start_session(lang).await;
         awaits(&s, &id, lang, code).await;
         let o = keys(&s, &id, "q").await;
@@ -915,16 +899,16 @@ async fn a_key_is_sent_alone_without_enter() {
             o.text
         );
         assert_eq!(discarded(&o), None, "{lang}: {}", o.text);
+        s.stop().await;
     }
-    s.stop().await;
-}
+);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn control_keys_do_what_they_do_at_a_terminal() {
     if !here("python") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("python").await;
     // An arrow key, read raw: its escape sequence.
     awaits(
@@ -966,7 +950,7 @@ async fn an_answer_to_a_program_that_stopped_waiting_is_not_typed() {
     if !here("shellscript") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("shellscript").await;
     // A wait of 3 s counts as a prompt; it is over before the answer is typed.
     let o = awaits(
@@ -1005,7 +989,7 @@ async fn an_answer_to_a_program_that_stopped_waiting_is_not_typed() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_idle_timeout_of_zero_is_refused() {
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let o = s
         .call(
             "session_start",
@@ -1022,7 +1006,7 @@ async fn ruby_rescue_interrupt_catches_a_timeout() {
     if !here("ruby") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("ruby").await;
     let o = s
         .eval_t(
@@ -1050,7 +1034,7 @@ async fn r_try_catch_interrupt_catches_a_timeout() {
     if !here("r") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("r").await;
     let o = s
         .eval_t(
@@ -1073,7 +1057,7 @@ async fn python_fork_leaves_one_repl() {
     if !here("python") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("python").await;
     prints(
         &s,
@@ -1095,7 +1079,7 @@ async fn ruby_fork_leaves_one_repl() {
     if !here("ruby") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("ruby").await;
     prints(
         &s,
@@ -1117,7 +1101,7 @@ async fn r_forked_workers_leave_one_repl() {
     if !here("r") {
         return;
     }
-    let s = TestServer::start().await;
+    let s = Server::stdio().start().await;
     let id = s.start_session("r").await;
     prints(
         &s,

@@ -1,18 +1,30 @@
-//! Test harness: the built `replbox` binary driven through rmcp's MCP client over stdio.
-#![allow(dead_code)]
+//! Test harness: the built `replbox` binary driven through rmcp's MCP client.
+//!
+//! - Servers: [`Server::stdio()`] and [`Server::http()`], builders with `.arg()`, `.env()`,
+//!   `.uid()`, `.token()`, then `.start().await` (`server.rs`); a dropped server takes its
+//!   whole process tree with it. `HttpChild` (`http_child.rs`) is the older HTTP launcher a
+//!   few files still use; new tests use `Server::http()`.
+//! - One test per (behaviour, language): `per_lang!` and `per_row!` (`langs.rs`).
+//! - A check that cannot run here calls [`skip`] with the reason (`skip.rs`); with
+//!   `REPLBOX_REQUIRE_ALL=1` that fails.
+#![allow(dead_code, unused_imports, unused_macros)]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
-use rmcp::service::{NotificationContext, RunningService};
-use rmcp::transport::TokioChildProcess;
-use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rmcp::service::NotificationContext;
+use rmcp::{ClientHandler, RoleClient};
 use serde_json::{Value, json};
 
 mod http_child;
-#[allow(unused_imports)]
+mod langs;
+mod server;
+mod skip;
 pub use http_child::HttpChild;
+pub use langs::*;
+pub use server::*;
+pub use skip::*;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_replbox");
 
@@ -54,12 +66,6 @@ impl ClientHandler for Recorder {
     }
 }
 
-pub struct TestServer {
-    pub client: RunningService<RoleClient, Recorder>,
-    pub pid: u32,
-    pub recorder: Recorder,
-}
-
 /// What a tool call returned.
 #[derive(Debug, Clone)]
 pub struct Out {
@@ -87,96 +93,6 @@ impl Out {
                 self.structured
             )
         })
-    }
-}
-
-impl TestServer {
-    pub async fn start() -> Self {
-        Self::start_with(&[], &[]).await
-    }
-
-    pub async fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
-        Self::try_start(args, env, None)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    /// Start a server (as `uid` when given, which needs root), or say why it did not start.
-    pub async fn try_start(
-        args: &[&str],
-        env: &[(&str, &str)],
-        uid: Option<u32>,
-    ) -> Result<Self, String> {
-        let mut cmd = tokio::process::Command::new(BIN);
-        cmd.arg("serve").args(args);
-        // These tests count the server's processes, so no warm pool unless a test asks for
-        // one (tests/pool.rs covers pooled runs, tests/session_pool.rs warm sessions).
-        cmd.env("REPLBOX_POOL", "0");
-        cmd.env("REPLBOX_SESSION_POOL", "0");
-        // The audit line of every call would drown the test output; REPLBOX_LOG set for the
-        // tests, or by a test, still wins.
-        if std::env::var_os("REPLBOX_LOG").is_none() {
-            cmd.env("REPLBOX_LOG", "warn");
-        }
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        if let Some(uid) = uid {
-            // std drops the supplementary groups too when it changes the uid as root.
-            cmd.uid(uid).gid(uid);
-        }
-        cmd.stderr(std::process::Stdio::inherit());
-        let transport = TokioChildProcess::new(cmd).map_err(|e| format!("spawn replbox: {e}"))?;
-        let pid = transport.id().ok_or("no server pid")?;
-        let recorder = Recorder::default();
-        let client = recorder
-            .clone()
-            .serve(transport)
-            .await
-            .map_err(|e| format!("MCP handshake with replbox {args:?}: {e}"))?;
-        Ok(Self {
-            client,
-            pid,
-            recorder,
-        })
-    }
-
-    /// The server's instructions.
-    pub fn instructions(&self) -> String {
-        self.client
-            .peer_info()
-            .and_then(|i| i.instructions.clone())
-            .unwrap_or_default()
-    }
-
-    pub async fn call(&self, tool: &str, args: Value) -> Out {
-        http_call(&self.client, tool, args).await
-    }
-
-    pub async fn run(&self, lang: &str, code: &str) -> Out {
-        self.call("run-code", json!({"languageId": lang, "code": code}))
-            .await
-    }
-
-    /// Live descendants of the server process.
-    pub fn descendants(&self) -> Vec<i32> {
-        descendants(self.pid as i32)
-    }
-
-    /// Wait until the server has no descendants left (bounded), returning those that remain.
-    pub async fn wait_no_descendants(&self, within: Duration) -> Vec<i32> {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let d = self.descendants();
-            if d.is_empty() || tokio::time::Instant::now() > deadline {
-                return d;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    pub async fn stop(self) {
-        let _ = self.client.cancel().await;
     }
 }
 
@@ -305,51 +221,6 @@ pub fn chain_up(pid: i32, stop: i32) -> Vec<i32> {
         }
     }
     out
-}
-
-/// Whether an executable is on PATH.
-pub fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-        .unwrap_or(false)
-}
-
-/// The languages the README lists as supported: in CI (REPLBOX_REQUIRE_ALL=1) a missing one
-/// fails.
-pub fn require(language: &str, program: &str) -> bool {
-    if on_path(program) {
-        return true;
-    }
-    if std::env::var("REPLBOX_REQUIRE_ALL").is_ok_and(|v| v == "1") {
-        panic!("{language} ({program}) is not installed, and REPLBOX_REQUIRE_ALL=1 requires it");
-    }
-    eprintln!("SKIP: {language} tests skipped: {program} is not on PATH");
-    false
-}
-
-/// Whether python3 imports matplotlib, pandas and numpy (the data tests' stack); a skip
-/// is printed when not, and with REPLBOX_REQUIRE_ALL=1 it fails instead.
-pub fn require_data_stack() -> bool {
-    if !require("python", "python3") {
-        return false;
-    }
-    let ok = std::process::Command::new("python3")
-        .args(["-c", "import matplotlib, pandas, numpy"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if ok {
-        return true;
-    }
-    if std::env::var("REPLBOX_REQUIRE_ALL").is_ok_and(|v| v == "1") {
-        panic!(
-            "matplotlib, pandas and numpy are not installed for python3, and \
-REPLBOX_REQUIRE_ALL=1 requires them (.ci/run installs them)"
-        );
-    }
-    eprintln!("SKIP: data tests skipped: python3 cannot import matplotlib, pandas and numpy");
-    false
 }
 
 /// A random token for canaries.
