@@ -1,5 +1,4 @@
 //! What the targets share: how an input is cut into the chunks a reader would see.
-#![allow(dead_code)]
 
 /// Cut `data` into chunks whose lengths (1..=`max`) come from `seed`, so one input is fed
 /// in many ways. Deterministic: the same input is always cut the same way.
