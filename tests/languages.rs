@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use replbox::lang::protocol::Format;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// The code one language runs for each check, and what it must show.
 struct Row {

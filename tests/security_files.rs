@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use common::*;
 use rmcp::model::ReadResourceRequestParams;
-use rmcp::service::RunningService;
 use rmcp::{Peer, RoleClient};
 use serde_json::{Value, json};
 
@@ -858,8 +857,6 @@ async fn a_cwd_the_session_cannot_write_is_read_only_and_says_so() {
 }
 
 // ----- HTTP -----
-
-type HttpClient = RunningService<RoleClient, ()>;
 
 /// `replbox serve --http 127.0.0.1:0 --sandbox LEVEL` with `tokens` (the harness's
 /// `Server::http()`), or None (skipped, a failure in CI) when it does not start.
