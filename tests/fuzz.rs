@@ -1,11 +1,11 @@
 //! Every fuzz target's corpus (`fuzz/corpus/TARGET/*`), replayed through the target's own
 //! checks (`fuzz/bodies/TARGET.rs`) on stable in every test run: an input that once found a
 //! bug, or covers a path, keeps being checked without the nightly fuzzing build. Then a
-//! short mutation pass from that corpus: a bounded number of inputs (`REPLBOX_FUZZ_RUNS` per
-//! target, default 2000) mutated the way libFuzzer does (bit flips, inserted and removed
-//! bytes, splices with other inputs, the dictionary's tokens), from a seed that is printed
-//! with any failure (`REPLBOX_FUZZ_SEED` replays it). Not coverage-guided: `.ci/fuzz` runs
-//! libFuzzer itself for longer searches.
+//! short mutation pass from that corpus: up to `REPLBOX_FUZZ_RUNS` inputs per target
+//! (default 300, within `REPLBOX_FUZZ_SECS`, default 10 s) mutated the way libFuzzer does
+//! (bit flips, inserted and removed bytes, splices with other inputs, the dictionary's
+//! tokens), from a seed that is printed with any failure (`REPLBOX_FUZZ_SEED` replays it).
+//! Not coverage-guided: `.ci/fuzz` runs libFuzzer itself for longer searches.
 
 #[path = "../fuzz/bodies/mod.rs"]
 mod bodies;
@@ -45,7 +45,14 @@ fn mutate(target: &str, check: fn(&[u8]), max_len: usize) {
     let runs: u64 = std::env::var("REPLBOX_FUZZ_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
+        .unwrap_or(300);
+    // A budget, not a check: the pass stops early on a slow machine (debug builds of the
+    // scanner's checks on 40 kB inputs take a while).
+    let secs: u64 = std::env::var("REPLBOX_FUZZ_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     let seed: u64 = std::env::var("REPLBOX_FUZZ_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -64,6 +71,9 @@ fn mutate(target: &str, check: fn(&[u8]), max_len: usize) {
     let mut rng = Rng(seed);
     let mut failure = None;
     for run in 0..runs {
+        if std::time::Instant::now() > until {
+            break;
+        }
         let base = &corpus[rng.below(corpus.len())];
         let other = &corpus[rng.below(corpus.len())];
         let input = rng.mutate(base, other, &dict, max_len);
@@ -222,13 +232,13 @@ fn quote() {
 #[test]
 fn render() {
     replay("render", bodies::render::run);
-    mutate("render", bodies::render::run, 40000);
+    mutate("render", bodies::render::run, 16384);
 }
 
 #[test]
 fn scan() {
     replay("scan", bodies::scan::run);
-    mutate("scan", bodies::scan::run, 40000);
+    mutate("scan", bodies::scan::run, 16384);
 }
 
 #[test]
