@@ -30,7 +30,6 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 
 use super::{BIN, Out, Recorder, descendants, http_call};
 
@@ -583,15 +582,21 @@ impl Log {
     /// Read `stderr` to its end; send the first `listening on http://ADDR/` to `listening`.
     fn follow(
         &self,
-        stderr: impl AsyncRead + Unpin + Send + 'static,
+        stderr: tokio::process::ChildStderr,
         pid: u32,
         listening: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
     ) {
+        use std::io::BufRead;
         let me = self.clone();
-        tokio::spawn(async move {
+        // On a thread of its own, not a task: a test that blocks its runtime must not leave
+        // the server blocked on a full stderr pipe.
+        let Ok(fd) = stderr.into_owned_fd() else {
+            return;
+        };
+        std::thread::spawn(move || {
             let mut tx = listening;
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
+            let lines = std::io::BufReader::new(std::fs::File::from(fd)).lines();
+            for line in lines.map_while(Result::ok) {
                 eprintln!("[replbox {pid}] {line}");
                 if let Some(rest) = line.split("listening on http://").nth(1)
                     && let Some(addr) = rest.split('/').next().and_then(|a| a.parse().ok())
