@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{BIN, HttpChild};
+use common::{BIN, Server};
 
 fn replbox(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(BIN);
@@ -408,14 +408,12 @@ fn an_unknown_replbox_variable_is_named_with_the_closest_known_one() {
 #[tokio::test(flavor = "multi_thread")]
 async fn replbox_token_is_taken_as_a_bearer_token() {
     let tok = common::token();
-    let s = match HttpChild::try_start(&[], &[("REPLBOX_TOKEN", &tok)]).await {
-        Ok(s) => s,
-        Err(e) => panic!("{e}"),
-    };
+    let s = Server::http().env("REPLBOX_TOKEN", &tok).start().await;
+    let addr = s.addr.to_string();
     // Without the token: refused.
-    let status = raw_post(&s.addr, None);
+    let status = raw_post(&addr, None);
     assert!(status.starts_with("HTTP/1.1 401"), "{status}");
-    let status = raw_post(&s.addr, Some("wrong"));
+    let status = raw_post(&addr, Some("wrong"));
     assert!(status.starts_with("HTTP/1.1 401"), "{status}");
     // With it: a real tool call.
     let client = s.connect(&tok).await;

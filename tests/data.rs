@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use base64::Engine;
 use common::*;
 use rmcp::model::{ReadResourceRequestParams, ResourceContents};
@@ -18,6 +16,16 @@ impl TestServer {
             .await;
         assert!(!out.is_error, "session_start: {}", out.text);
         out.s("session_id").to_string()
+    }
+
+    /// A python session with pyplot imported. A session's matplotlib cache is its own, so
+    /// the first import builds the font cache and, when that takes over 5 s (a loaded
+    /// machine), matplotlib says so on stderr: that line lands in this evaluation, not in
+    /// the output a test checks.
+    async fn start_plotting(&self) -> String {
+        let id = self.start_python().await;
+        self.eval_ok(&id, "import matplotlib.pyplot as plt").await;
+        id
     }
 
     async fn eval_ok(&self, id: &str, code: &str) -> Out {
@@ -89,7 +97,7 @@ async fn a_plot_comes_back_as_a_png_that_decodes() {
         return;
     }
     let s = Server::stdio().start().await;
-    let id = s.start_python().await;
+    let id = s.start_plotting().await;
     let o = s
         .eval(
             &id,
@@ -126,7 +134,7 @@ async fn two_figures_two_images_and_show_does_not_block() {
         return;
     }
     let s = Server::stdio().start().await;
-    let id = s.start_python().await;
+    let id = s.start_plotting().await;
     let o = s
         .eval(
             &id,
@@ -147,14 +155,13 @@ async fn two_figures_two_images_and_show_does_not_block() {
 
     // plt.show() returns at once and, as in a notebook, ends the figure: the next plot
     // starts a new one.
-    let t = Instant::now();
+    // A blocking show would hold the evaluation until its timeout: the status says it did not.
     let o = s
-        .eval(
+        .eval_ok(
             &id,
             "plt.plot([1, 2]); plt.show()\nplt.plot([2, 1]); plt.show(block=True)\nprint('after show')",
         )
         .await;
-    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
     assert_eq!(output(&o), "after show\n");
     assert_eq!(o.images.len(), 2, "{}", o.text);
     assert_eq!(open_figures(&s, &id).await, "[]");
@@ -173,7 +180,7 @@ async fn a_kept_figure_comes_back_when_changed_and_only_then() {
         return;
     }
     let s = Server::stdio().start().await;
-    let id = s.start_python().await;
+    let id = s.start_plotting().await;
     let o = s
         .eval(
             &id,
@@ -212,7 +219,7 @@ async fn image_caps_are_stated_in_the_result() {
         return;
     }
     let s = TestServer::start_with(&["--max-images", "2"], &[]).await;
-    let id = s.start_python().await;
+    let id = s.start_plotting().await;
     let o = s
         .eval(
             &id,
@@ -230,7 +237,7 @@ async fn image_caps_are_stated_in_the_result() {
     s.stop().await;
 
     let s = TestServer::start_with(&["--max-image-bytes", "2000"], &[]).await;
-    let id = s.start_python().await;
+    let id = s.start_plotting().await;
     let o = s
         .eval_ok(&id, "import matplotlib.pyplot as plt\nplt.plot([1, 2])")
         .await;
