@@ -238,7 +238,8 @@ impl Objects {
     }
 }
 
-/// A server over stdio or over HTTP.
+/// A server over stdio or over HTTP (one per test: its size does not matter).
+#[allow(clippy::large_enum_variant)]
 enum Conn {
     Stdio(TestServer),
     Http {

@@ -919,7 +919,7 @@ async fn finding_7_the_warm_pool_yields_its_uids_to_callers() {
             // At levels without a mount namespace, a python the pool's uids cannot reach
             // (pyenv under /root) has no pool, whatever the host installed.
             if o.text.contains("not reachable") {
-                skip_optional(format!("{why}"));
+                skip_optional(why.to_string());
             } else {
                 skip(why);
             }

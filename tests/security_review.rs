@@ -43,7 +43,7 @@ async fn start(level: &str, args: &[&str], env: &[(&str, &str)]) -> Option<TestS
             Some(s)
         }
         Err(e) => {
-            skip(&format!("level {level} does not work here: {e}"));
+            skip(format!("level {level} does not work here: {e}"));
             None
         }
     }
@@ -109,7 +109,7 @@ fn outside_masks(mode: u32) -> Option<tempfile::TempDir> {
             return Some(d);
         }
     }
-    skip(&format!(
+    skip(format!(
         "{} and {} are masked or changeable by users other than root: the attack needs a \
 place outside the masks that only root controls",
         target.display(),

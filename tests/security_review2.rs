@@ -69,7 +69,7 @@ async fn a_principal_looping_start_and_close_binds_a_bounded_number_of_uids() {
             pool,
         ];
         let s = match Server::http()
-            .args(&args)
+            .args(args)
             .env("REPLBOX_TOKENS", &tokens)
             .try_start()
             .await
@@ -242,7 +242,7 @@ async fn one_principals_sessions_cannot_hold_every_egress_connection() {
     for level in ["bwrap", "landlock"] {
         let args = ["--sandbox", level, "--allow-host", &host];
         let s = match Server::http()
-            .args(&args)
+            .args(args)
             .env("REPLBOX_TOKENS", &tokens)
             .try_start()
             .await

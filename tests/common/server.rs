@@ -75,12 +75,15 @@ impl Server {
     }
 }
 
+/// A change to the server's command before it is spawned (`configure`).
+type Configure = Box<dyn FnOnce(&mut tokio::process::Command) + Send>;
+
 /// What both kinds of server are started with.
 struct Spec {
     args: Vec<OsString>,
     env: Vec<(OsString, Option<OsString>)>,
     uid: Option<u32>,
-    configure: Vec<Box<dyn FnOnce(&mut tokio::process::Command) + Send>>,
+    configure: Vec<Configure>,
 }
 
 impl Spec {
