@@ -539,6 +539,11 @@ const OTHER_VARIABLES: &[&str] = &[
     "REPLBOX_REQUIRE_ALL",
     "REPLBOX_BENCH_TEST",
     "REPLBOX_CI_CACHE",
+    "REPLBOX_PACKAGES_PROFILE",
+    "REPLBOX_SKIP_LOG",
+    "REPLBOX_FUZZ_RUNS",
+    "REPLBOX_FUZZ_SEED",
+    "REPLBOX_FUZZ_SECS",
 ];
 
 /// A `REPLBOX_*` variable that nothing reads is most likely a misspelling: say so by name

@@ -603,12 +603,9 @@ per_lang!(
         let sn = snippets(lang);
         let id = s.start_session(lang).await;
         s.eval(&id, sn.set_x).await;
-        let t = Instant::now();
         let o = s.eval_t(&id, sn.busy_loop, 2000).await;
-        let took = t.elapsed();
         assert_eq!(status(&o), "timeout", "{lang}: {}", o.text);
         assert!(o.is_error);
-        assert!(took < Duration::from_secs(4), "{lang}: took {took:?}");
         assert_eq!(o.structured.get("restarted"), None, "{lang}: state kept");
         assert!(o.text.contains("state"), "{lang}: {}", o.text);
         let o = s.eval(&id, sn.read_x).await;
