@@ -9,7 +9,7 @@
 //! The pool is generic over what a ready interpreter is ([`Ready`]) and over how one is
 //! started (the future given to [`Pool::refill`]), so its bookkeeping is tested without
 //! spawning anything. What `run-code` keeps in it, and how it starts and uses one, is in
-//! `run::warm`; the warm sessions of `session_start` are `session::warm`'s.
+//! `run::warm`; the warm sessions of `session_start` are `session::launch::warm`'s.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;

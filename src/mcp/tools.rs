@@ -16,10 +16,10 @@ use super::{ReplboxServer, schema};
 use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 use crate::run::{RunReport, RunRequest};
-use crate::session::export::{ExportReport, Format};
+use crate::session::evaluate::VarsReport;
 use crate::session::history::HistoryReport;
-use crate::session::restore::RestoreReport;
-use crate::session::vars::VarsReport;
+use crate::session::present::export::{ExportReport, Format};
+use crate::session::report::RestoreReport;
 use crate::session::{
     Answer, CloseReport, EvalReport, InFile, InterruptReport, ListReport, StartReport, StartRequest,
 };

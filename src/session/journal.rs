@@ -30,6 +30,7 @@ use sha2::{Digest, Sha256};
 
 use super::report::{ErrorInfo, EvalStatus};
 pub use super::state_dir::StateDir;
+use crate::identity::Caller;
 
 /// The format of the lines written here.
 const VERSION: u32 = 1;
@@ -260,6 +261,60 @@ pub struct Journal {
     pub torn: bool,
     /// Unix time of the last change of the file.
     pub modified: u64,
+}
+
+/// What lists need of a session's journal (the journal itself is read again when it is
+/// restored or exported, so memory does not grow with journals).
+#[derive(Debug, Clone)]
+pub(super) struct Journaled {
+    pub id: String,
+    pub owner: Caller,
+    pub language: String,
+    pub ended: Option<(String, u64)>,
+    pub modified: u64,
+    /// The number of its last cell.
+    pub evals: u64,
+    /// Cells that succeeded (what a restore replays).
+    pub ok_cells: usize,
+    pub path: PathBuf,
+}
+
+impl Journaled {
+    pub(super) fn of(j: &Journal, path: PathBuf) -> Self {
+        Self {
+            id: j.session_id.clone(),
+            owner: Caller {
+                principal: j.owner.clone(),
+            },
+            language: j.request.language.clone(),
+            ended: j.ended.clone(),
+            modified: j.modified,
+            evals: j.cells.last().map_or(0, |c| c.eval_id),
+            ok_cells: j
+                .cells
+                .iter()
+                .filter(|c| c.status == EvalStatus::Ok)
+                .count(),
+            path,
+        }
+    }
+
+    /// How it stopped: how it ended, or `server_stopped`.
+    pub fn reason(&self) -> &str {
+        self.ended
+            .as_ref()
+            .map_or("server_stopped", |(how, _)| how.as_str())
+    }
+
+    /// Whether the first session_eval restores it by itself (not after its code exited).
+    pub(super) fn restores_by_itself(&self) -> bool {
+        self.reason() != "exited"
+    }
+
+    /// When it ended, or its journal was last written.
+    pub(super) fn since(&self) -> u64 {
+        self.ended.as_ref().map_or(self.modified, |(_, at)| *at)
+    }
 }
 
 /// Read the journal of session `id` at `path`; `Err` says why it is corrupt.

@@ -80,7 +80,7 @@ pub struct EvalReport {
     pub replayed: Option<u64>,
     /// Cells that did not succeed when they were replayed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub replay_failed: Vec<super::restore::ReplayFailure>,
+    pub replay_failed: Vec<ReplayFailure>,
     /// The image data, sent as image contents (not part of the structured result).
     #[serde(skip)]
     #[schemars(skip)]
@@ -364,7 +364,86 @@ pub struct ListReport {
     /// Sessions that ended recently (their files and history are kept for a while) or are
     /// suspended (restorable with session_restore).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub ended: Vec<super::ended::EndedInfo>,
+    pub ended: Vec<EndedInfo>,
+}
+
+/// One ended (or suspended) session in `session_list`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct EndedInfo {
+    pub session_id: String,
+    pub language: String,
+    /// `ended`, or `suspended`: restorable with session_restore (its journal is kept).
+    pub state: String,
+    /// How it ended: `closed`, `exited`, `reaped`, `evicted`, or `server_stopped`.
+    pub reason: String,
+    /// Unix time it ended, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<u64>,
+    /// Unix time until which its files stay readable as resources (read-only) and its
+    /// history stays listable; absent when they are gone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files_kept_until: Option<u64>,
+    pub evals: u64,
+    pub restorable: bool,
+}
+
+/// A cell that did not succeed when it was replayed.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ReplayFailure {
+    pub eval_id: u64,
+    pub status: EvalStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorInfo>,
+    /// The end of what it printed.
+    pub output: String,
+}
+
+/// What `session_restore` returns.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct RestoreReport {
+    pub session_id: String,
+    pub language: String,
+    pub version: String,
+    pub pid: u32,
+    pub cwd: String,
+    pub sandbox: crate::sandbox::Level,
+    /// Cells run again, in order (those that had succeeded).
+    pub replayed: u64,
+    /// Cells not run again because they had failed (or been interrupted).
+    pub skipped: u64,
+    /// Replayed cells that did not succeed this time.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<ReplayFailure>,
+    pub duration_ms: u64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+impl RestoreReport {
+    pub fn text(&self) -> String {
+        let mut t = format!(
+            "session {} restored: {} {} (pid {}) in {}; {} cell(s) replayed",
+            self.session_id, self.language, self.version, self.pid, self.cwd, self.replayed
+        );
+        if self.skipped > 0 {
+            t.push_str(&format!(", {} that had failed skipped", self.skipped));
+        }
+        t.push_str(&format!(" ({} ms)", self.duration_ms));
+        for f in &self.failed {
+            t.push_str(&format!(
+                "\n[cell {} failed on replay: {}]",
+                f.eval_id,
+                f.error
+                    .as_ref()
+                    .map(|e| format!("{}: {}", e.kind, e.message))
+                    .unwrap_or_else(|| format!("{:?}", f.status).to_lowercase())
+            ));
+        }
+        for n in &self.notes {
+            t.push_str(&format!("\n[{n}]"));
+        }
+        t
+    }
 }
 
 /// What `session_interrupt` returns.

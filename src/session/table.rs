@@ -10,13 +10,15 @@
 //! under it, never the other way round.
 
 use std::collections::{HashMap, VecDeque};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
-use super::ended::Kept;
-use super::entry::{End, Session, lock};
-use super::suspend::Journaled;
+use super::history::Record;
+use super::journal::Journaled;
+use super::live::{End, Footprint, Session, lock};
 use crate::identity::Caller;
+use crate::lang::Language;
 use crate::share::{Share, Shares, Use};
 
 /// One id of the table.
@@ -76,6 +78,39 @@ pub(super) struct Ended {
 pub(super) struct Suspended {
     pub journal: Journaled,
     pub ended: Option<Ended>,
+}
+
+/// What is kept of an ended session for `--keep-files-s`: its history, and its files,
+/// read as its uid, which stays its own meanwhile (nothing else can run as it and write
+/// where they are read; its tree was killed and its uid swept when that was not confirmed).
+/// When every uid is in use, the oldest kept files give their uid back early.
+pub(super) struct Kept {
+    pub lang: Arc<Language>,
+    pub cwd_fd: Arc<OwnedFd>,
+    pub uid: Option<u32>,
+    pub created_at: SystemTime,
+    pub ended_at: SystemTime,
+    pub until: SystemTime,
+    pub evals: u64,
+    pub record: Arc<Mutex<Record>>,
+    /// The directory and uid; None once released (its uid reclaimed).
+    pub files: Option<Footprint>,
+    /// Its uid is bound to no principal (a warm session's): any caller may take it back.
+    pub unbound: bool,
+}
+
+impl Kept {
+    /// Whether its files can still be read.
+    pub fn has_files(&self) -> bool {
+        self.files.is_some()
+    }
+
+    /// Remove the directory and return the uid, and wait for both.
+    pub(super) async fn release(self) {
+        if let Some(task) = self.files.and_then(Footprint::release) {
+            let _ = task.await;
+        }
+    }
 }
 
 /// Ids in the order their sessions ended (oldest first).
@@ -232,7 +267,16 @@ pub(super) struct Table {
 
 /// What leaves the table and must be released outside its lock.
 #[must_use]
-pub(super) struct Leaving(pub Vec<Kept>);
+pub(super) struct Leaving(Vec<Kept>);
+
+impl Leaving {
+    /// Release what left the table, in order.
+    pub(super) async fn release(self) {
+        for k in self.0 {
+            k.release().await;
+        }
+    }
+}
 
 impl Table {
     pub(super) fn new(remember: usize, keep: usize) -> Self {
@@ -332,6 +376,37 @@ impl Table {
         }
     }
 
+    /// The open sessions (of `of`, when given): a copy, no lock held while they are used.
+    pub(super) fn open_sessions(&self, of: Option<&Caller>) -> Vec<Arc<Session>> {
+        self.read(|st| {
+            st.open()
+                .filter(|s| of.is_none_or(|c| s.owner == *c))
+                .cloned()
+                .collect()
+        })
+    }
+
+    /// The caller's suspended session `id`: what lists need of its journal.
+    pub(super) fn suspended(&self, caller: &Caller, id: &str) -> Option<Journaled> {
+        self.read(|st| match st.get(id) {
+            Some(Entry::Suspended(s)) if s.journal.owner == *caller => Some(s.journal.clone()),
+            _ => None,
+        })
+    }
+
+    /// The directory and uid of the caller's ended session `id`, while its files are kept.
+    pub(super) fn kept_files(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Option<(Arc<OwnedFd>, Option<u32>)> {
+        self.read(|st| {
+            let e = st.get(id).filter(|e| e.owner() == caller)?;
+            let k = e.kept().filter(|k| k.has_files())?;
+            Some((k.cwd_fd.clone(), k.uid))
+        })
+    }
+
     /// Record that `session` ended (the first reason wins; false if it had ended already):
     /// it leaves the open ones, and its share goes back. Ended sessions past the cap are
     /// forgotten, oldest first.
@@ -370,6 +445,15 @@ impl Table {
         // (files, their uid) is reclaimed when a uid is needed.
         drop(lock(&session.share).take());
         (true, Leaving(leaving))
+    }
+
+    /// [`end`](Self::end), releasing in the background what it forgot.
+    pub(super) fn mark_ended(&self, session: &Session, how: End) -> bool {
+        let (first, leaving) = self.end(session, how);
+        if !leaving.0.is_empty() {
+            tokio::spawn(leaving.release());
+        }
+        first
     }
 
     /// Keep what an ended session leaves (its files and history) beside its entry; past
@@ -480,7 +564,7 @@ impl Table {
     pub(super) fn reclaim_files(
         &self,
         f: impl Fn(&Caller, &Kept) -> bool,
-    ) -> Option<(String, super::entry::Footprint)> {
+    ) -> Option<(String, Footprint)> {
         let mut st = self.lock();
         let id = st
             .kept

@@ -4,44 +4,41 @@
 
 use std::sync::Arc;
 
-use super::entry::Session;
-use super::manager::SessionManager;
+use super::live::Session;
 use crate::error::ToolError;
 use crate::identity::Caller;
-use crate::upstream::{Access, CallRecord, Channel, ScopeGuard};
+use crate::upstream::{Access, CallRecord, Channel, ScopeGuard, Upstreams};
 
-impl SessionManager {
-    /// What `caller` may call of the servers it asked for (None: it asked for none).
-    pub(super) async fn tools_access(
-        &self,
-        caller: &Caller,
-        asked: &[String],
-    ) -> Result<Option<Arc<Access>>, ToolError> {
-        match self.upstreams.get() {
-            Some(u) => u.access(caller, asked).await,
-            None if asked.is_empty() => Ok(None),
-            None => Err(ToolError::invalid(
-                "mcp_servers: this server has no MCP servers for code to call",
-            )),
-        }
+/// What `caller` may call of the servers it asked for (None: it asked for none).
+pub(super) async fn access(
+    upstreams: Option<&Arc<Upstreams>>,
+    caller: &Caller,
+    asked: &[String],
+) -> Result<Option<Arc<Access>>, ToolError> {
+    match upstreams {
+        Some(u) => u.access(caller, asked).await,
+        None if asked.is_empty() => Ok(None),
+        None => Err(ToolError::invalid(
+            "mcp_servers: this server has no MCP servers for code to call",
+        )),
     }
+}
 
-    /// The channel of session `id`, whose code runs as `uid`.
-    pub(super) fn tools_channel(
-        &self,
-        access: Option<Arc<Access>>,
-        id: &str,
-        uid: Option<u32>,
-    ) -> Result<Option<Arc<Channel>>, ToolError> {
-        let (Some(access), Some(u)) = (access, self.upstreams.get()) else {
-            return Ok(None);
-        };
-        Ok(Some(Arc::new(u.channel(
-            access,
-            &format!("session {id}"),
-            uid,
-        )?)))
-    }
+/// The channel of session `id`, whose code runs as `uid`.
+pub(super) fn channel(
+    upstreams: Option<&Arc<Upstreams>>,
+    access: Option<Arc<Access>>,
+    id: &str,
+    uid: Option<u32>,
+) -> Result<Option<Arc<Channel>>, ToolError> {
+    let (Some(access), Some(u)) = (access, upstreams) else {
+        return Ok(None);
+    };
+    Ok(Some(Arc::new(u.channel(
+        access,
+        &format!("session {id}"),
+        uid,
+    )?)))
 }
 
 /// Answer the session's tool calls for evaluation `eval_id` while the guard lives (within

@@ -10,12 +10,12 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::entry::{End, Phase};
-use super::interp::Ending;
-use super::manager::SessionManager;
-use super::report::payload_json;
+use super::{Evaluator, busy_error};
 use crate::error::{ErrorKind, ToolError};
-use crate::identity::Caller;
+use crate::session::interp::Ending;
+use crate::session::live::{End, Phase, Session};
+use crate::session::report::payload_json;
+use crate::session::table::Table;
 
 /// Names listed at most, whatever the bootstrap sends.
 const MAX_VARS: usize = 500;
@@ -70,7 +70,7 @@ impl VarsReport {
                 t.push_str(&format!(" = {}", v.summary));
             }
             if let Some(s) = v.size {
-                t.push_str(&format!(" ({})", super::files::human_size(s)));
+                t.push_str(&format!(" ({})", crate::session::files::human_size(s)));
             }
             t.push('\n');
         }
@@ -164,15 +164,15 @@ fn from_output(output: &str, re: &regex::Regex) -> (Vec<VarInfo>, u64) {
     (vars, omitted)
 }
 
-impl SessionManager {
-    /// List the names the user defined in the caller's session `id`.
-    pub async fn vars(
+impl Evaluator {
+    /// List the names the user defined in `session`.
+    pub(in crate::session) async fn vars(
         &self,
-        caller: &Caller,
-        id: &str,
+        table: &Table,
+        session: &Session,
         timeout: Duration,
     ) -> Result<VarsReport, ToolError> {
-        let session = self.lookup(caller, id)?;
+        let id = &session.id;
         let Some(code) = session
             .lang
             .spec
@@ -202,10 +202,10 @@ session_input, or stop it with session_interrupt, first"
             .eval(Some(eval)));
         }
         let Ok(mut guard) = session.interp.try_lock() else {
-            return Err(self.busy_error(&session));
+            return Err(busy_error(session));
         };
         let Some(interp) = guard.as_mut() else {
-            return Err(self.gone_error(&session));
+            return Err(session.ended_error());
         };
         session.touch();
         let deadline = tokio::time::Instant::now() + timeout;
@@ -220,9 +220,8 @@ session_input, or stop it with session_interrupt, first"
                     code: None,
                     signal: None,
                 };
-                self.mark_gone(&session, how);
-                self.retire_exited(&session).await;
-                return Err(self.gone_error(&session));
+                table.mark_ended(session, how);
+                return Err(session.ended_error());
             }
             ending => return Err(unfinished(id, timeout, &ending)),
         };

@@ -5,15 +5,15 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::files;
-use super::files::InFile;
-use super::launch::VenvAsk;
+use crate::error::ToolError;
 use crate::hostfs::{self, CwdPolicy};
+use crate::lang::Language;
 use crate::lang::Why;
+use crate::session::files::{self, InFile};
 use crate::venv::{self, Venv, VenvPolicy};
 
 /// A session's directories once the caller's cwd and files are dealt with.
-pub(super) struct Prepared {
+pub(in crate::session) struct Prepared {
     /// The caller's cwd, canonical (None: the private `work/`).
     pub(super) caller_cwd: Option<PathBuf>,
     pub(super) cwd_fd: Arc<OwnedFd>,
@@ -25,6 +25,37 @@ pub(super) struct Prepared {
     pub(super) venv: Option<(Venv, Why)>,
     /// Why a `.venv` in the cwd was not used.
     pub(super) venv_note: Option<String>,
+}
+
+/// Which virtual environment a session asks for.
+#[derive(Debug, Clone)]
+pub(in crate::session) enum VenvAsk {
+    /// None: the language takes none, or no cwd to look in.
+    No,
+    /// The caller's `venv`.
+    Given(PathBuf),
+    /// A `.venv` in the caller's cwd, if there is one.
+    Look,
+}
+
+impl VenvAsk {
+    /// What a request for `lang` asks: its `venv` (refused for a language that takes
+    /// none), else a look into its cwd when it has one.
+    pub(super) fn of(
+        lang: &Language,
+        venv: Option<PathBuf>,
+        has_cwd: bool,
+    ) -> Result<Self, ToolError> {
+        match (venv, lang.spec.venv) {
+            (Some(_), false) => Err(ToolError::invalid(format!(
+                "venv is a Python virtual environment, and {} takes none; leave venv out",
+                lang.id()
+            ))),
+            (Some(v), true) => Ok(VenvAsk::Given(v)),
+            (None, true) if has_cwd => Ok(VenvAsk::Look),
+            (None, _) => Ok(VenvAsk::No),
+        }
+    }
 }
 
 /// Decide the caller's cwd (else the session's `work/`) and virtual environment, and bring

@@ -10,14 +10,15 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::entry::lock;
-use super::history::{Cell, CellInfo, HistoryReport, Outputs, Record};
-use super::manager::SessionManager;
-use super::report::EvalStatus;
-use super::table::Entry;
 use crate::error::ToolError;
 use crate::identity::Caller;
 use crate::lang::{Language, NotebookSpec};
+use crate::session::files::export_uri;
+use crate::session::history::{Cell, CellInfo, HistoryReport, Outputs, Record};
+use crate::session::live::lock;
+use crate::session::manager::SessionManager;
+use crate::session::report::EvalStatus;
+use crate::session::table::Entry;
 
 /// What to export a session as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,8 +93,8 @@ impl SessionManager {
                 notes,
             });
         }
-        if let Some(s) = self.suspended_of(caller, id) {
-            let j = self.read_journal(&s).await?;
+        if let Some(s) = self.table.suspended(caller, id) {
+            let j = self.journals.read(&s).await?;
             let lang = self.registry.get(&j.request.language).ok();
             let cells = j
                 .cells
@@ -174,7 +175,7 @@ no kernel",
                     .map_err(|e| ToolError::internal(format!("cannot write the notebook: {e}")))?;
                 (
                     text,
-                    super::files::export_uri(id, "ipynb"),
+                    export_uri(id, "ipynb"),
                     "application/x-ipynb+json".to_string(),
                     "ipynb",
                 )
@@ -189,7 +190,7 @@ no kernel",
                     .unwrap_or_else(|| "text/plain".into());
                 (
                     script(&s, comment, version.as_deref()),
-                    super::files::export_uri(id, ext),
+                    export_uri(id, ext),
                     mime,
                     "script",
                 )

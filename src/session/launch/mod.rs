@@ -2,34 +2,36 @@
 //! language, the directory and the files brought into it, the bootstrap, the environment
 //! and the confinement).
 
+mod prepare;
+pub(super) mod warm;
+
 use std::collections::BTreeMap;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::entry::{Footprint, Parts, Session};
 use super::files::InFile;
 use super::history::Record;
 use super::interp::{Interp, Launch};
 use super::journal::Writer;
-use super::manager::SessionManager;
-use super::prepare::{Prepared, prepare_dirs, read_only_note};
+use super::live::{Footprint, Parts};
 use super::report::StartReport;
-use super::table::Slot;
 use super::watch::Tracked;
+use crate::config::Config;
 use crate::error::{ErrorKind, ToolError};
 use crate::exec::child::{ChildBuilder, check_caller_env};
-use crate::hostfs;
+use crate::hostfs::{self, CwdPolicy};
 use crate::identity::Caller;
 use crate::lang::{
-    Detected, InterpreterInfo, Language, LookupError, SessionSpec, Why, did_you_mean, expand,
-    expand_command,
+    Detected, InterpreterInfo, Language, LookupError, Registry, SessionSpec, Why, did_you_mean,
+    expand, expand_command,
 };
-use crate::sandbox::{Holder, Lease};
+use crate::sandbox::{Holder, Lease, Sandbox};
 use crate::share::Share;
 use crate::venv::{Venv, VenvPolicy};
-use crate::workspace::PrivateDir;
+use crate::workspace::{PrivateDir, Workspace};
+use prepare::{Prepared, VenvAsk, prepare_dirs, read_only_note};
 
 /// What the caller asked `session_start` for.
 #[derive(Debug, Clone, Default)]
@@ -77,33 +79,6 @@ impl Interpreter {
     }
 }
 
-/// Which virtual environment a session asks for.
-#[derive(Debug, Clone)]
-pub(super) enum VenvAsk {
-    /// None: the language takes none, or no cwd to look in.
-    No,
-    /// The caller's `venv`.
-    Given(PathBuf),
-    /// A `.venv` in the caller's cwd, if there is one.
-    Look,
-}
-
-impl VenvAsk {
-    /// What a request for `lang` asks: its `venv` (refused for a language that takes
-    /// none), else a look into its cwd when it has one.
-    fn of(lang: &Language, venv: Option<PathBuf>, has_cwd: bool) -> Result<Self, ToolError> {
-        match (venv, lang.spec.venv) {
-            (Some(_), false) => Err(ToolError::invalid(format!(
-                "venv is a Python virtual environment, and {} takes none; leave venv out",
-                lang.id()
-            ))),
-            (Some(v), true) => Ok(VenvAsk::Given(v)),
-            (None, true) if has_cwd => Ok(VenvAsk::Look),
-            (None, _) => Ok(VenvAsk::No),
-        }
-    }
-}
-
 /// A session's interpreter up and running, not yet in the table: what a cold start makes
 /// for its caller, and a warm one ahead of time.
 pub(super) struct Up {
@@ -117,6 +92,64 @@ pub(super) struct Up {
     pub(super) baseline: Option<Tracked>,
     /// What the start result says besides.
     pub(super) notes: Vec<String>,
+}
+
+impl Up {
+    /// The start result, and what the session is made of: the interpreter up, for `owner`,
+    /// with its journal, its share and an empty history.
+    pub(super) fn into_session(
+        self,
+        owner: &Caller,
+        level: crate::sandbox::Level,
+        (idle_timeout, warm): (Duration, bool),
+        (journal, share, record): (Option<Arc<Writer>>, Option<Share>, Record),
+    ) -> (StartReport, Parts) {
+        let Up {
+            id,
+            it,
+            dirs,
+            prepared,
+            lease,
+            interp,
+            baseline,
+            notes,
+        } = self;
+        let report = StartReport {
+            session_id: id.clone(),
+            language: it.lang.id().to_string(),
+            version: it.version,
+            interpreter: it.info,
+            pid: interp.pid,
+            cwd: dirs.cwd.display().to_string(),
+            cwd_writable: prepared.writable,
+            idle_timeout_s: idle_timeout.as_secs(),
+            sandbox: level,
+            files: prepared.brought.names.clone(),
+            notes,
+            warm,
+            mcp_servers: dirs.tools.as_ref().map(|t| t.listing()).unwrap_or_default(),
+        };
+        let parts = Parts {
+            id,
+            owner: owner.clone(),
+            lang: it.lang,
+            cwd: dirs.cwd,
+            cwd_fd: prepared.cwd_fd,
+            out_fd: prepared.out_fd,
+            idle_timeout,
+            footprint: Footprint {
+                dir: dirs.dir,
+                lease,
+            },
+            baseline,
+            interp,
+            record,
+            journal,
+            share,
+            tools: dirs.tools,
+        };
+        (report, parts)
+    }
 }
 
 /// The directories of a session being started.
@@ -136,7 +169,37 @@ pub(super) struct Dirs {
     pub(super) tools: Option<Arc<crate::upstream::Channel>>,
 }
 
-impl SessionManager {
+/// Starts sessions' interpreters: from a request to an interpreter up and running in its
+/// directories, not yet in the table.
+pub(super) struct Launcher {
+    config: Arc<Config>,
+    registry: Arc<Registry>,
+    workspace: Arc<Workspace>,
+    pub(super) sandbox: Arc<Sandbox>,
+    /// What a caller's cwd may be.
+    cwd_policy: Arc<CwdPolicy>,
+    /// Code mode's upstream MCP servers (set once by the App).
+    pub(super) upstreams: std::sync::OnceLock<Arc<crate::upstream::Upstreams>>,
+}
+
+impl Launcher {
+    pub(super) fn new(
+        config: Arc<Config>,
+        registry: Arc<Registry>,
+        workspace: Arc<Workspace>,
+        sandbox: Arc<Sandbox>,
+        cwd_policy: Arc<CwdPolicy>,
+    ) -> Self {
+        Self {
+            config,
+            registry,
+            workspace,
+            sandbox,
+            cwd_policy,
+            upstreams: std::sync::OnceLock::new(),
+        }
+    }
+
     /// `idle_timeout_s` 0 would close the session at once: refused, saying what it means.
     pub(super) fn check_idle_timeout(&self, requested: Option<u64>) -> Result<(), ToolError> {
         if requested != Some(0) {
@@ -149,117 +212,9 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         )))
     }
 
-    /// Start a session; errors are messages for the agent.
-    pub async fn start(
-        &self,
-        caller: &Caller,
-        req: StartRequest,
-    ) -> Result<StartReport, ToolError> {
-        self.check_idle_timeout(req.idle_timeout_s)?;
-        let id = uuid::Uuid::new_v4().to_string();
-        let slot = self.admit(caller, &id, false).await?;
-        let (report, _) = self.start_as(caller, req, slot, None).await?;
-        Ok(report)
-    }
-
-    /// Start the session `slot` holds a place for: a new one (`restoring` None: its journal
-    /// is created), or one restored from its journal (which it goes on writing). Every check
-    /// of a new session applies either way. A new session that needs nothing a warm one
-    /// lacks is a warm one (then its id is the warm one's).
-    pub(super) async fn start_as(
-        &self,
-        caller: &Caller,
-        req: StartRequest,
-        mut slot: Slot<'_>,
-        restoring: Option<Arc<Writer>>,
-    ) -> Result<(StartReport, Arc<Session>), ToolError> {
-        let id = slot.id.clone();
-        let (lang, spec) = self.session_language(&req.language)?;
-        let domains = self.check_request(&req)?;
-        let access = self.tools_access(caller, &req.mcp_servers).await?;
-        let journaled = restoring.is_none().then(|| req.clone());
-        let idle_timeout = self.config.idle_timeout(req.idle_timeout_s);
-        let warm = match restoring {
-            None => self.take_warm(&lang, &req).await,
-            Some(_) => None,
-        };
-        let (mut up, warm) = match warm {
-            Some(up) => (up, true),
-            None => (
-                self.start_cold(caller, req, id, (lang, spec), (&domains, access))
-                    .await?,
-                false,
-            ),
-        };
-        let journal = match journaled {
-            Some(r) => self.create_journal(&up.id, caller, &r, &mut up.notes).await,
-            None => restoring,
-        };
-        let share = slot.share();
-        let (report, session) = self.enter(caller, up, (idle_timeout, warm), journal, share);
-        self.table.enter(slot, session.clone());
-        Ok((report, session))
-    }
-
-    /// A session that is up: its start result and the session.
-    fn enter(
-        &self,
-        caller: &Caller,
-        up: Up,
-        (idle_timeout, warm): (Duration, bool),
-        journal: Option<Arc<Writer>>,
-        share: Option<Share>,
-    ) -> (StartReport, Arc<Session>) {
-        let Up {
-            id,
-            it,
-            dirs,
-            prepared,
-            lease,
-            interp,
-            baseline,
-            notes,
-        } = up;
-        let report = StartReport {
-            session_id: id.clone(),
-            language: it.lang.id().to_string(),
-            version: it.version,
-            interpreter: it.info,
-            pid: interp.pid,
-            cwd: dirs.cwd.display().to_string(),
-            cwd_writable: prepared.writable,
-            idle_timeout_s: idle_timeout.as_secs(),
-            sandbox: self.sandbox.level,
-            files: prepared.brought.names.clone(),
-            notes,
-            warm,
-            mcp_servers: dirs.tools.as_ref().map(|t| t.listing()).unwrap_or_default(),
-        };
-        let session = Arc::new(Session::new(Parts {
-            id,
-            owner: caller.clone(),
-            lang: it.lang,
-            cwd: dirs.cwd,
-            cwd_fd: prepared.cwd_fd,
-            out_fd: prepared.out_fd,
-            idle_timeout,
-            footprint: Footprint {
-                dir: dirs.dir,
-                lease,
-            },
-            baseline,
-            interp,
-            record: Record::new(self.config.history_bounds()),
-            journal,
-            share,
-            tools: dirs.tools,
-        }));
-        (report, session)
-    }
-
     /// Start session `id`'s interpreter for `caller` now: its uid, its directory, the
     /// caller's cwd, venv and files, then the interpreter.
-    async fn start_cold(
+    pub(super) async fn start_cold(
         &self,
         caller: &Caller,
         req: StartRequest,
@@ -278,7 +233,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         let (mut dirs, mut prepared, it) = self
             .dirs(&id, uid, req.cwd, req.files, (ask, it), Some(caller))
             .await?;
-        dirs.tools = self.tools_channel(access, &id, uid)?;
+        dirs.tools = crate::session::tools::channel(self.upstreams.get(), access, &id, uid)?;
         let interp = self
             .bring_up(&it, &dirs, &prepared, lease.as_ref(), (&req.env, domains))
             .await?;
@@ -300,6 +255,29 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         Ok(up)
     }
 
+    /// A snapshot of `cwd` to compare the next evaluation against; None when the directory
+    /// has more entries than tracking looks at (or tracking is off).
+    async fn baseline(&self, uid: Option<u32>, cwd: &Arc<OwnedFd>) -> Option<Tracked> {
+        let max = self.config.max_tracked_files;
+        if max == 0 {
+            return None;
+        }
+        let cwd = cwd.clone();
+        let skip: Vec<_> = self.workspace.root_id().into_iter().collect();
+        hostfs::as_uid(uid, move || Tracked::start(cwd.as_fd(), max, &skip))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    fn untracked_note(&self) -> String {
+        format!(
+            "file changes are not tracked in this session: its directory has more than {} \
+files and folders (--max-tracked-files)",
+            self.config.max_tracked_files
+        )
+    }
+
     /// The baseline for the first evaluation's file changes: taken once the interpreter
     /// is up, so what it wrote while starting is not taken for the code's doing.
     pub(super) async fn take_baseline(&self, up: &mut Up) {
@@ -312,7 +290,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
 
     /// Refuse what no session can take: an invalid variable, domains the operator does not
     /// let callers ask for. The domains, checked.
-    fn check_request(&self, req: &StartRequest) -> Result<Vec<String>, ToolError> {
+    pub(super) fn check_request(&self, req: &StartRequest) -> Result<Vec<String>, ToolError> {
         check_caller_env(&req.env).map_err(ToolError::invalid)?;
         self.sandbox
             .check_caller_domains(&req.allow_domains)

@@ -14,16 +14,15 @@
 //! even when the taker has free uids of its own, until the principal's bound.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::entry::{Footprint, lock};
-use super::interp::Ending;
-use super::launch::{StartRequest, Up, VenvAsk};
-use super::manager::SessionManager;
+use super::{Launcher, StartRequest, Up, VenvAsk};
 use crate::lang::{Language, Registry, expand};
 use crate::pool::{Pool, Ready};
 use crate::sandbox::{Holder, Reclaim};
+use crate::session::interp::Ending;
+use crate::session::live::{Footprint, lock};
 
 /// A session started ahead of time, not yet anyone's. Dropping it kills its tree, then
 /// removes its directory, then returns its uid.
@@ -113,23 +112,31 @@ const UPKEEP: Duration = Duration::from_secs(15);
 /// The longest the `--preload` imports may take in a session started ahead of time.
 const PRELOAD_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// What the session table keeps for warm sessions.
+/// Warm sessions: the pool, and how its sessions are started.
 pub struct WarmSessions {
-    pub(super) pool: Arc<SessionPool>,
+    pool: Arc<SessionPool>,
+    /// Starts them as a cold `session_start` would.
+    launcher: Arc<Launcher>,
+    /// The session languages installed, refilled in turn.
+    registry: Arc<Registry>,
     /// `--preload`: the modules a warm Python session imports.
     preload: Vec<String>,
-    /// The manager itself, for the refills started in the background.
-    me: OnceLock<Weak<SessionManager>>,
     /// Modules whose failure to import was logged already (once each).
     logged: Mutex<HashSet<String>>,
 }
 
 impl WarmSessions {
-    pub(super) fn new(cap: usize, preload: Vec<String>) -> Self {
+    pub(in crate::session) fn new(
+        cap: usize,
+        preload: Vec<String>,
+        launcher: Arc<Launcher>,
+        registry: Arc<Registry>,
+    ) -> Self {
         Self {
             pool: Arc::new(SessionPool::with_start(cap, start_size)),
+            launcher,
+            registry,
             preload,
-            me: OnceLock::new(),
             logged: Mutex::new(HashSet::new()),
         }
     }
@@ -148,28 +155,27 @@ impl WarmSessions {
     }
 }
 
-impl SessionManager {
+impl WarmSessions {
     /// The pool of warm sessions (for the sandbox's reclaimers and the metrics).
-    pub fn warm_pool(&self) -> Arc<SessionPool> {
-        self.warm.pool.clone()
+    pub(in crate::session) fn pool(&self) -> Arc<SessionPool> {
+        self.pool.clone()
     }
 
     /// Start filling the warm pools (`serve` does this once it answers) and keep them:
     /// every [`UPKEEP`] idle pools shrink and expired sessions are replaced. None at level
     /// none as root, where a uid is bound to its principal before any code runs as it.
-    pub fn fill_pools(self: &Arc<Self>) {
-        if !self.warm.pool.enabled() {
+    pub(in crate::session) fn fill(self: &Arc<Self>) {
+        if !self.pool.enabled() {
             return;
         }
-        if !self.sandbox.can_prestart() {
+        if !self.launcher.sandbox.can_prestart() {
             tracing::info!(
                 "no warm sessions at sandbox level none as root: a session's uid is bound to \
                  its caller before its interpreter starts"
             );
             return;
         }
-        let _ = self.warm.me.set(Arc::downgrade(self));
-        self.warm.pool.activate();
+        self.pool.activate();
         let langs = session_languages(&self.registry);
         for lang in &langs {
             self.refill(lang);
@@ -181,10 +187,10 @@ impl SessionManager {
             loop {
                 tick.tick().await;
                 let Some(me) = weak.upgrade() else { return };
-                if me.warm.pool.is_closed() {
+                if me.pool.is_closed() {
                     return;
                 }
-                me.warm.pool.trim();
+                me.pool.trim();
                 for lang in &langs {
                     me.refill(lang);
                 }
@@ -194,12 +200,10 @@ impl SessionManager {
 
     /// Start as many warm sessions of `lang` as its pool lacks, in the background (none
     /// while uids run short).
-    fn refill(&self, lang: &Arc<Language>) {
-        let Some(me) = self.warm.me.get().and_then(Weak::upgrade) else {
-            return;
-        };
-        self.warm.pool.hold(self.sandbox.uids_short());
-        self.warm.pool.refill(lang.id(), || {
+    fn refill(self: &Arc<Self>, lang: &Arc<Language>) {
+        let me = self;
+        self.pool.hold(self.launcher.sandbox.uids_short());
+        self.pool.refill(lang.id(), || {
             let (me, lang) = (me.clone(), lang.clone());
             async move { me.start_pending(&lang).await }
         });
@@ -208,11 +212,11 @@ impl SessionManager {
     /// Whether a warm session can be what this request asks for: nothing of the caller's
     /// shapes how a session starts (cwd, venv, env, files, domains).
     fn poolable(&self, req: &StartRequest) -> bool {
-        self.warm.pool.enabled()
-            && self.sandbox.can_prestart()
+        self.pool.enabled()
+            && self.launcher.sandbox.can_prestart()
             // The way to the egress proxy counts against its session's principal, unknown
             // before a warm session is taken: with a proxy every session starts cold.
-            && self.sandbox.egress.is_none()
+            && self.launcher.sandbox.egress.is_none()
             && req.cwd.is_none()
             && req.venv.is_none()
             && req.env.is_empty()
@@ -225,11 +229,15 @@ impl SessionManager {
     /// A warm session of `lang`, its uid left unbound (see the module's documentation);
     /// None (start cold) when the request needs a cold start or none is ready. Either way a
     /// poolable request is demand: the pool grows and is refilled now.
-    pub(super) async fn take_warm(&self, lang: &Arc<Language>, req: &StartRequest) -> Option<Up> {
+    pub(in crate::session) async fn take(
+        self: &Arc<Self>,
+        lang: &Arc<Language>,
+        req: &StartRequest,
+    ) -> Option<Up> {
         if !self.poolable(req) {
             return None;
         }
-        let taken = self.warm.pool.take(lang.id());
+        let taken = self.pool.take(lang.id());
         self.refill(lang);
         let mut pending = taken?;
         pending.up.take()
@@ -239,12 +247,18 @@ impl SessionManager {
     /// (as no principal, on an unbound uid), then import the `--preload` modules. `Ok(None)`:
     /// not started because uids run short or none is unbound (no failure).
     async fn start_pending(&self, lang: &Language) -> Result<Option<Pending>, String> {
-        if self.sandbox.uids_short() || self.sandbox.egress.is_some() {
+        let launcher = &self.launcher;
+        if launcher.sandbox.uids_short() || launcher.sandbox.egress.is_some() {
             return Ok(None);
         }
-        let (lang, spec) = self.session_language(lang.id()).map_err(|e| e.message)?;
-        let it = self.interpreter(lang, spec).await.map_err(|e| e.message)?;
-        let lease = match self.sandbox.lease(Holder::Nobody) {
+        let (lang, spec) = launcher
+            .session_language(lang.id())
+            .map_err(|e| e.message)?;
+        let it = launcher
+            .interpreter(lang, spec)
+            .await
+            .map_err(|e| e.message)?;
+        let lease = match launcher.sandbox.lease(Holder::Nobody) {
             Ok(l) => l,
             // Every free uid is some principal's: callers come first (no failure).
             Err(e) => {
@@ -254,11 +268,11 @@ impl SessionManager {
         };
         let uid = lease.as_ref().map(|l| l.uid);
         let id = uuid::Uuid::new_v4().to_string();
-        let (dirs, prepared, it) = self
+        let (dirs, prepared, it) = launcher
             .dirs(&id, uid, None, Vec::new(), (VenvAsk::No, it), None)
             .await
             .map_err(|e| e.message)?;
-        let interp = self
+        let interp = launcher
             .bring_up(
                 &it,
                 &dirs,
@@ -283,7 +297,7 @@ impl SessionManager {
         };
         if let Some(up) = pending.up.as_mut() {
             self.preload(up).await?;
-            self.take_baseline(up).await;
+            launcher.take_baseline(up).await;
         }
         pending.born = Instant::now();
         Ok(Some(pending))
@@ -297,7 +311,7 @@ impl SessionManager {
         let Some(template) = up.it.spec.preload.clone() else {
             return Ok(());
         };
-        let modules = self.warm.modules();
+        let modules = self.modules();
         if modules.is_empty() {
             return Ok(());
         }
@@ -321,7 +335,7 @@ impl SessionManager {
                 continue;
             };
             for m in failed.split_whitespace() {
-                if modules.iter().any(|x| x == m) && lock(&self.warm.logged).insert(m.to_string()) {
+                if modules.iter().any(|x| x == m) && lock(&self.logged).insert(m.to_string()) {
                     newly.push(m.to_string());
                 }
             }

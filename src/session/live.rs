@@ -1,9 +1,10 @@
-//! An open session: its interpreter, its directories, its history, and its [`Phase`] (idle,
-//! running an evaluation, waiting for input, ended), one state machine under one lock.
+//! One session: its interpreter, its directories, its history, and its [`Phase`] (idle,
+//! running an evaluation, waiting for input, ended), one state machine under one lock; and
+//! [`End`], how a session ended.
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -14,6 +15,7 @@ use super::interp::Interp;
 use super::journal::Writer;
 use super::report::SessionInfo;
 use super::watch::Tracked;
+use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 use crate::lang::Language;
 use crate::sandbox::Lease;
@@ -122,6 +124,8 @@ pub struct Session {
     pub(super) evals: AtomicU64,
     pub(super) last_used: Mutex<(SystemTime, Instant)>,
     phase: Mutex<Phase>,
+    /// What it leaves once it ended has been dealt with (by one call only).
+    retired: AtomicBool,
     /// The cells it ran and the evaluation in flight (session_history, session_export);
     /// shared with what is kept of it once it ended.
     pub(super) record: Arc<Mutex<Record>>,
@@ -198,6 +202,7 @@ impl Session {
             evals: AtomicU64::new(0),
             last_used: Mutex::new((now, Instant::now())),
             phase: Mutex::new(Phase::Idle),
+            retired: AtomicBool::new(false),
             record: Arc::new(Mutex::new(p.record)),
             journal: p.journal,
             share: Mutex::new(p.share),
@@ -233,20 +238,18 @@ impl Session {
     /// the token that interrupts it. None when no evaluation is paused.
     pub(super) fn resume(&self, cancel: &CancellationToken) -> Option<(u64, CancellationToken)> {
         let token = cancel.child_token();
-        {
-            let mut p = lock(&self.phase);
-            let Phase::AwaitingInput { eval, .. } = *p else {
-                return None;
-            };
-            *p = Phase::Busy {
-                eval,
-                since: Instant::now(),
-                cancel: Some(token.clone()),
-            };
-            drop(p);
-            self.touch();
-            Some((eval, token))
-        }
+        let mut p = lock(&self.phase);
+        let Phase::AwaitingInput { eval, .. } = *p else {
+            return None;
+        };
+        *p = Phase::Busy {
+            eval,
+            since: Instant::now(),
+            cancel: Some(token.clone()),
+        };
+        drop(p);
+        self.touch();
+        Some((eval, token))
     }
 
     /// The outcome of the evaluation in flight is known: nothing is left to interrupt (the
@@ -297,6 +300,18 @@ impl Session {
         }
         *p = Phase::Ended(how);
         true
+    }
+
+    /// The error for a call on it once it has ended.
+    pub(super) fn ended_error(&self) -> ToolError {
+        let how = self.ended().unwrap_or(End::Closed);
+        ToolError::new(ErrorKind::EndedSession, how.message(&self.id)).session(&self.id)
+    }
+
+    /// Whether this caller is the one to deal with what it leaves now that it ended
+    /// (true once only).
+    pub(super) fn claim_retirement(&self) -> bool {
+        !self.retired.swap(true, Ordering::AcqRel)
     }
 
     /// How it ended, if it has.

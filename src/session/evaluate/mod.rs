@@ -1,0 +1,455 @@
+//! Evaluating in an open session: `session_eval`, `session_input`, `session_interrupt` and
+//! `session_vars` on its interpreter, the replay of a restored session's cells, and how an
+//! evaluation's outcome becomes its report, its history and its journal line.
+//!
+//! The evaluator only uses the session it is given and the table (to record that the
+//! interpreter exited); what follows an ending (keeping its files) is the caller's.
+
+mod artifacts;
+mod vars;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio_util::sync::CancellationToken;
+
+use super::history::{Cell, Outputs, Pending};
+use super::interp::{Ending, Interp, Outcome};
+use super::journal::{self, CellEntry, Entry};
+use super::live::{End, Phase, Session, lock, unix};
+use super::report::{EvalReport, EvalStatus, InterruptReport, ReplayFailure, apply_ending};
+use super::table::Table;
+use super::tools;
+use crate::config::Config;
+use crate::error::{ErrorKind, ToolError};
+use crate::progress::Progress;
+use crate::workspace::DirId;
+pub use vars::VarsReport;
+
+/// What `session_input` types: the text, and whether Enter follows it.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'a> {
+    pub text: &'a str,
+    pub enter: bool,
+}
+
+/// Runs evaluations in sessions.
+pub(super) struct Evaluator {
+    config: Arc<Config>,
+    /// Directories a session's listing never enters (the server's workspace).
+    skip: Vec<DirId>,
+}
+
+/// The error for a call on a session whose interpreter another call holds.
+pub(super) fn busy_error(session: &Session) -> ToolError {
+    let busy = match session.phase() {
+        Phase::Busy { eval, since, .. } => Some((eval, since.elapsed())),
+        _ => None,
+    };
+    let what = match busy {
+        Some((eval_id, running)) => format!(
+            "evaluation {eval_id} (running for {:.1} s)",
+            running.as_secs_f64()
+        ),
+        None => "another call".into(),
+    };
+    let message = format!(
+        "session {} is busy with {what}. Wait for it to finish, stop it with session_interrupt, \
+or use another session.",
+        session.id
+    );
+    ToolError::new(ErrorKind::Busy, message)
+        .session(&session.id)
+        .eval(busy.map(|b| b.0))
+}
+
+impl Evaluator {
+    pub(super) fn new(config: Arc<Config>, skip: Vec<DirId>) -> Self {
+        Self { config, skip }
+    }
+
+    /// Evaluate `code` in `session`.
+    pub(super) async fn eval(
+        &self,
+        table: &Table,
+        session: &Session,
+        code: &str,
+        timeout: Duration,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+    ) -> Result<EvalReport, ToolError> {
+        let id = &session.id;
+        if let Phase::AwaitingInput { eval, prompt } = session.phase() {
+            let message = format!(
+                "session {id} is waiting for input to evaluation {eval}{}. Answer it with session_input, \
+or stop it with session_interrupt, before evaluating more code.",
+                if prompt.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (it asked: {prompt:?})")
+                }
+            );
+            return Err(ToolError::new(ErrorKind::AwaitingInput, message)
+                .session(id)
+                .eval(Some(eval)));
+        }
+        let Ok(mut guard) = session.interp.try_lock() else {
+            return Err(busy_error(session));
+        };
+        if guard.is_none() {
+            return Err(session.ended_error());
+        }
+        let eval_id = session.evals.fetch_add(1, Ordering::Relaxed) + 1;
+        lock(&session.record).pending = Some(Pending {
+            eval_id,
+            code: code.to_string(),
+            started_at: unix(SystemTime::now()),
+            started: Instant::now(),
+            timeout_ms: timeout.as_millis() as u64,
+            output: String::new(),
+            inputs: Vec::new(),
+            no_enter: Vec::new(),
+        });
+        let Some(token) = session.begin(eval_id, cancel) else {
+            return Err(session.ended_error());
+        };
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let scope = tools::begin(session, eval_id, deadline, Vec::new());
+        let outcome = match guard.as_mut() {
+            Some(interp) => interp.eval(eval_id, code, deadline, &token, progress).await,
+            None => return Err(session.ended_error()),
+        };
+        drop(scope);
+        Ok(self
+            .complete(table, session, &mut guard, (eval_id, started), outcome)
+            .await)
+    }
+
+    /// Answer the evaluation of `session` that is waiting for input.
+    pub(super) async fn input(
+        &self,
+        table: &Table,
+        session: &Session,
+        (text, enter): (&str, bool),
+        timeout: Duration,
+        cancel: &CancellationToken,
+        progress: Option<&Progress>,
+    ) -> Result<EvalReport, ToolError> {
+        if let Some(long) = text.split('\n').find(|l| l.len() > 4000) {
+            return Err(ToolError::invalid(format!(
+                "a line of {} bytes is too long for a terminal (4000 at most); write the data to a \
+file in the session's directory and read it from there instead",
+                long.len()
+            )));
+        }
+        let Ok(mut guard) = session.interp.try_lock() else {
+            return Err(busy_error(session));
+        };
+        if guard.is_none() || session.ended().is_some() {
+            return Err(session.ended_error());
+        }
+        let Some((eval_id, token)) = session.resume(cancel) else {
+            return Err(ToolError::new(
+                ErrorKind::NotAwaitingInput,
+                format!(
+                    "session {} is not waiting for input. Use session_eval to run code.",
+                    session.id
+                ),
+            )
+            .session(&session.id));
+        };
+        if let Some(p) = lock(&session.record).pending.as_mut() {
+            if !enter {
+                p.no_enter.push(p.inputs.len());
+            }
+            p.inputs.push(text.to_string());
+        }
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let scope = tools::begin(session, eval_id, deadline, Vec::new());
+        let outcome = match guard.as_mut() {
+            Some(interp) => interp.resume(text, enter, deadline, &token, progress).await,
+            None => return Err(session.ended_error()),
+        };
+        drop(scope);
+        Ok(self
+            .complete(table, session, &mut guard, (eval_id, started), outcome)
+            .await)
+    }
+
+    /// Interrupt the evaluation of `session` that is waiting for input, or the one running
+    /// in another call.
+    pub(super) async fn interrupt(
+        &self,
+        table: &Table,
+        session: &Session,
+    ) -> Result<InterruptReport, ToolError> {
+        let mut report = InterruptReport {
+            session_id: session.id.clone(),
+            interrupted: false,
+            eval_id: None,
+            result: None,
+        };
+        let Ok(mut guard) = session.interp.try_lock() else {
+            // An evaluation is running in another call: make it interrupt itself.
+            if let Some(eval) = session.interrupt_running() {
+                report.interrupted = true;
+                report.eval_id = Some(eval);
+            }
+            return Ok(report);
+        };
+        let Some((eval_id, _)) = session.resume(&CancellationToken::new()) else {
+            return Ok(report); // nothing running
+        };
+        let started = Instant::now();
+        let outcome = match guard.as_mut() {
+            Some(interp) => interp.interrupt_paused().await,
+            None => return Err(session.ended_error()),
+        };
+        report.interrupted = true;
+        report.eval_id = Some(eval_id);
+        let result = self
+            .complete(table, session, &mut guard, (eval_id, started), outcome)
+            .await;
+        report.result = Some(result);
+        Ok(report)
+    }
+
+    /// The report of an evaluation (or part of one) that is over, its figures and files,
+    /// its history and journal; then the session is free again (or paused for input).
+    /// Still under the interpreter's lock: the next evaluation's files and images must not
+    /// be taken for this one's.
+    async fn complete(
+        &self,
+        table: &Table,
+        session: &Session,
+        guard: &mut Option<Interp>,
+        (eval_id, started): (u64, Instant),
+        outcome: Outcome,
+    ) -> EvalReport {
+        let (mut report, awaiting) =
+            self.conclude(table, session, guard, (eval_id, started), outcome);
+        self.collect(session, &mut report).await;
+        self.record(session, &report).await;
+        session.finish(awaiting);
+        report
+    }
+
+    /// Run the journal's cells that succeeded again, in order, with their own numbers and
+    /// deadlines (and the answers they were given); the others only go into the history.
+    pub(super) async fn replay(
+        &self,
+        table: &Table,
+        session: &Session,
+        cells: &[CellEntry],
+    ) -> (u64, u64, Vec<ReplayFailure>) {
+        let (mut replayed, mut skipped, mut failed) = (0, 0, Vec::new());
+        let mut guard = session.interp.lock().await;
+        let never = CancellationToken::new();
+        for c in cells {
+            if c.status != EvalStatus::Ok || guard.is_none() {
+                skipped += 1;
+                lock(&session.record).history.push(Cell {
+                    eval_id: c.eval_id,
+                    code: c.code.clone(),
+                    status: c.status,
+                    error: c.error.clone(),
+                    duration_ms: c.duration_ms,
+                    started_at: c.started_at,
+                    outputs: Outputs::default(),
+                    replayed: false,
+                    tool_calls: c.tool_calls.iter().map(|t| t.without_result()).collect(),
+                });
+                continue;
+            }
+            let started = Instant::now();
+            if session.begin(c.eval_id, &never).is_none() {
+                break;
+            }
+            let timeout = self.config.timeout(Some(c.timeout_ms));
+            let deadline = tokio::time::Instant::now() + timeout;
+            let Some(interp) = guard.as_mut() else { break };
+            // Code mode: the cell's tool calls are answered from the journal's record.
+            let scope = tools::begin(session, c.eval_id, deadline, c.tool_calls.clone());
+            let mut outcome = interp
+                .eval(c.eval_id, &c.code, deadline, &never, None)
+                .await;
+            let mut before = String::new();
+            let mut answers = c.inputs.iter().enumerate();
+            while matches!(outcome.ending, Ending::AwaitingInput) {
+                before.push_str(&outcome.output.text);
+                outcome = match answers.next() {
+                    Some((i, a)) => {
+                        let enter = !c.no_enter.contains(&i);
+                        interp.resume(a, enter, deadline, &never, None).await
+                    }
+                    None => interp.interrupt_paused().await,
+                };
+            }
+            drop(scope);
+            let calls = tools::calls(session, c.eval_id);
+            let (mut report, _) =
+                self.conclude(table, session, &mut guard, (c.eval_id, started), outcome);
+            self.collect(session, &mut report).await;
+            session.finish(None);
+            replayed += 1;
+            if report.status != EvalStatus::Ok {
+                failed.push(failure(c.eval_id, &report));
+            }
+            lock(&session.record).history.push(Cell {
+                eval_id: c.eval_id,
+                code: c.code.clone(),
+                status: report.status,
+                error: report.error.clone(),
+                duration_ms: started.elapsed().as_millis() as u64,
+                started_at: unix(SystemTime::now()),
+                outputs: Outputs::of(&report, &before),
+                replayed: true,
+                tool_calls: calls.iter().map(|t| t.without_result()).collect(),
+            });
+        }
+        drop(guard);
+        session.touch();
+        if session.ended().is_some() {
+            // The replay ended the interpreter.
+            lock(&session.record).pending = None::<Pending>;
+        }
+        (replayed, skipped, failed)
+    }
+
+    /// Add a finished evaluation to the session's history (and journal); a part that ended
+    /// waiting for input is kept until the evaluation is over.
+    async fn record(&self, session: &Session, report: &EvalReport) {
+        let cell = {
+            let mut r = lock(&session.record);
+            if report.status == EvalStatus::AwaitingInput {
+                if let Some(p) = r.pending.as_mut() {
+                    p.output.push_str(&report.output);
+                }
+                return;
+            }
+            let Some(p) = r.pending.take() else { return };
+            let tool_calls = tools::calls(session, p.eval_id);
+            let cell = Cell {
+                eval_id: p.eval_id,
+                code: p.code,
+                status: report.status,
+                error: report.error.clone(),
+                duration_ms: p.started.elapsed().as_millis() as u64,
+                started_at: p.started_at,
+                outputs: Outputs::of(report, &p.output),
+                replayed: false,
+                tool_calls: tool_calls.iter().map(|t| t.without_result()).collect(),
+            };
+            if session.journal.is_none() {
+                r.history.push(cell);
+                return;
+            }
+            r.history.push(cell.clone());
+            // The journal keeps the results too, for a restore's replay.
+            let cell = Cell { tool_calls, ..cell };
+            (cell, p.inputs, p.no_enter, p.timeout_ms)
+        };
+        journal_cell(session, cell).await;
+    }
+
+    /// Turn an outcome into the report, and record what it means for the session: the
+    /// evaluation paused for input (its number and prompt), if it did.
+    fn conclude(
+        &self,
+        table: &Table,
+        session: &Session,
+        guard: &mut Option<Interp>,
+        (eval_id, started): (u64, Instant),
+        outcome: Outcome,
+    ) -> (EvalReport, Option<(u64, String)>) {
+        let mut report = EvalReport::empty(&session.id, eval_id);
+        report.output = outcome.output.text;
+        report.truncated = outcome.output.omitted > 0;
+        report.notes.extend(outcome.output.notes);
+        report.duration_ms = started.elapsed().as_millis() as u64;
+        apply_ending(&mut report, &outcome.ending, session.lang.error_pattern());
+        report.discarded(&outcome.typed);
+        report.notes.extend(outcome.notes);
+        let mut awaiting = None;
+        match outcome.ending {
+            Ending::Restarted { reason } => {
+                tracing::warn!(session = %session.id, %reason, "interpreter restarted");
+            }
+            Ending::AwaitingInput => {
+                let prompt = report
+                    .output
+                    .rsplit('\n')
+                    .next()
+                    .unwrap_or("")
+                    .chars()
+                    .take(200)
+                    .collect();
+                awaiting = Some((eval_id, prompt));
+            }
+            Ending::Exited(_) => {
+                *guard = None;
+                let how = End::Exited {
+                    code: report.exit_code,
+                    signal: report.signal.clone(),
+                };
+                table.mark_ended(session, how);
+            }
+            _ => {}
+        }
+        if let Some(i) = guard.as_ref() {
+            session.pid.store(u64::from(i.pid), Ordering::Relaxed);
+            session
+                .helper
+                .store(u64::from(i.helper()), Ordering::Relaxed);
+        }
+        // Nothing left to interrupt; the session stays busy until the report is complete.
+        session.outcome_known();
+        (report, awaiting)
+    }
+}
+
+/// Journal a finished cell (made durable before the call returns).
+async fn journal_cell(session: &Session, done: (Cell, Vec<String>, Vec<usize>, u64)) {
+    let Some(w) = session.journal.clone() else {
+        return;
+    };
+    let (cell, inputs, no_enter, timeout_ms) = done;
+    let entry = Entry::Cell(CellEntry {
+        eval_id: cell.eval_id,
+        code: cell.code,
+        status: cell.status,
+        error: cell.error,
+        duration_ms: cell.duration_ms,
+        started_at: cell.started_at,
+        timeout_ms,
+        inputs,
+        no_enter,
+        tool_calls: cell.tool_calls,
+    });
+    let was_full = w.is_full();
+    let r = tokio::task::spawn_blocking(move || w.append(&entry)).await;
+    match r {
+        Ok(Ok(journal::Appended::Full)) if !was_full => {
+            tracing::warn!(session = %session.id, "the session's journal is full");
+        }
+        Ok(Err(e)) => {
+            tracing::error!(session = %session.id, error = %e, "cannot write the session's journal")
+        }
+        _ => {}
+    }
+}
+
+/// A replayed cell that did not succeed, with the end of what it printed.
+fn failure(eval_id: u64, report: &EvalReport) -> ReplayFailure {
+    let out = report.output.trim_end();
+    let start = out.char_indices().rev().nth(1999).map_or(0, |(i, _)| i);
+    ReplayFailure {
+        eval_id,
+        status: report.status,
+        error: report.error.clone(),
+        output: out[start..].to_string(),
+    }
+}

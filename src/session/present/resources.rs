@@ -1,0 +1,129 @@
+//! A session's files as MCP resources: listed and read as the session's uid, beneath its
+//! directory, through no link; an ended session's while they are kept (read-only).
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::hostfs;
+use crate::identity::Caller;
+use crate::session::files;
+use crate::session::manager::SessionManager;
+use crate::session::table::Entry;
+
+impl SessionManager {
+    /// The files of the caller's sessions (session id, path, size), for `resources/list`;
+    /// each session's walk is bounded like change tracking's.
+    pub async fn list_files(&self, caller: &Caller) -> Vec<(String, String, u64)> {
+        // Open sessions, and ended ones whose files are kept, read-only.
+        let mut mine: Vec<(SystemTime, String, Arc<OwnedFd>, Option<u32>)> =
+            self.table.read(|st| {
+                st.entries()
+                    .filter(|(_, e)| e.owner() == caller)
+                    .filter_map(|(id, e)| match e {
+                        Entry::Open(s) => Some((s.created_at, id.clone(), s.cwd_fd.clone(), s.uid)),
+                        _ => e
+                            .kept()
+                            .filter(|k| k.has_files())
+                            .map(|k| (k.created_at, id.clone(), k.cwd_fd.clone(), k.uid)),
+                    })
+                    .collect()
+            });
+        mine.sort_by_key(|m| m.0);
+        let max = self.config.max_tracked_files.max(1);
+        let mut out = Vec::new();
+        // Each session's directory as its own uid.
+        for (_, id, cwd, uid) in mine {
+            let skip = self.skip_dirs();
+            let snap = hostfs::as_uid(uid, move || files::snapshot(cwd.as_fd(), max, &skip))
+                .await
+                .unwrap_or_default();
+            for (path, stamp) in snap.files {
+                out.push((id.clone(), path, stamp.size));
+            }
+        }
+        out
+    }
+
+    /// Read a file of one of the caller's sessions, by path relative to its directory,
+    /// following no symbolic link, within the resource size cap.
+    pub async fn read_file(
+        &self,
+        caller: &Caller,
+        id: &str,
+        path: &str,
+    ) -> Result<FileData, FileError> {
+        let parts: Vec<String> = crate::workspace::check_relative(path)
+            .map_err(FileError::Invalid)?
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        // An open session, or an ended one whose files are kept (read-only: nothing of it
+        // runs any more, and its uid is still its own).
+        let (cwd, uid) = match self.lookup(caller, id) {
+            Ok(s) => (s.cwd_fd.clone(), s.uid),
+            Err(e) => match self.table.kept_files(caller, id) {
+                Some(files) => files,
+                None => return Err(FileError::NotFound(e.message)),
+            },
+        };
+        let walk = hostfs::Walk {
+            same_mount: true,
+            forbidden: self.skip_dirs(),
+            into_workspaces: false,
+        };
+        let cap = self.config.max_resource_bytes;
+        let shown = path.to_string();
+        let sid = id.to_string();
+        // As the session's uid, beneath its directory, on its filesystem, through no link.
+        hostfs::as_uid(uid, move || {
+            let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+            let file = hostfs::open_beneath(cwd.as_fd(), &refs, &walk).map_err(|e| {
+                match e.raw_os_error() {
+                    Some(libc::ELOOP) | Some(libc::ENOTDIR) | Some(libc::EXDEV) => {
+                        FileError::Invalid(format!(
+                            "{shown:?} in session {sid} goes through a symbolic link or into \
+another filesystem; links and mount points are not followed"
+                        ))
+                    }
+                    Some(libc::ENOENT) => FileError::NotFound(format!(
+                        "session {sid} has no file {shown:?}; resources/list shows its files"
+                    )),
+                    _ => FileError::Invalid(format!("{shown:?} in session {sid}: {e}")),
+                }
+            })?;
+            match crate::workspace::read_capped(file, cap) {
+                Ok(Ok(bytes)) => Ok(FileData {
+                    bytes,
+                    mime: files::mime_for(&shown),
+                }),
+                Ok(Err(size)) => Err(FileError::TooLarge(format!(
+                    "{shown:?} is {} and resources/read returns at most {} \
+(--max-resource-bytes); read the part you need in the session (head, a slice, a summary)",
+                    files::human_size(size),
+                    files::human_size(cap)
+                ))),
+                Err(e) => Err(FileError::Invalid(format!("{shown:?}: {e}"))),
+            }
+        })
+        .await
+        .unwrap_or_else(|e| Err(FileError::Invalid(format!("reading failed: {e}"))))
+    }
+}
+
+/// A session file read for `resources/read`.
+pub struct FileData {
+    pub bytes: Vec<u8>,
+    /// What its name suggests.
+    pub mime: Option<&'static str>,
+}
+
+/// Why a session file cannot be read.
+#[derive(Debug)]
+pub enum FileError {
+    /// No such session (of this caller) or file.
+    NotFound(String),
+    /// A path that is refused (outside the directory, through a link, not a file).
+    Invalid(String),
+    TooLarge(String),
+}
