@@ -181,6 +181,18 @@ pub struct Config {
     )]
     pub mask: Vec<PathBuf>,
 
+    /// A host tree (or file) user code may read, read-only, besides what the sandbox shows
+    /// of the host (the system, each language's installation, the session's own
+    /// directories); repeatable, colon-separated in the variable. At levels bwrap and
+    /// landlock nothing else of the host is visible.
+    #[arg(
+        long = "expose",
+        env = "REPLBOX_EXPOSE",
+        value_name = "PATH",
+        value_delimiter = ':'
+    )]
+    pub expose: Vec<PathBuf>,
+
     /// A tree a caller's host paths (a session's `cwd`, a `venv`, a file to copy in with
     /// `files[].path`) may lie in although the sandbox masks it (say, a projects folder under
     /// /home); repeatable, colon-separated in the variable. The session's user must still be
@@ -291,6 +303,7 @@ impl Default for Config {
             uid_base: 100_000,
             uids: 256,
             mask: Vec::new(),
+            expose: Vec::new(),
             allow_cwd: Vec::new(),
 
             max_images: 8,
@@ -362,6 +375,7 @@ impl Config {
             },
             // The journals are the server's: hidden like the masked trees.
             masks: self.mask.iter().chain(&self.state_dir).cloned().collect(),
+            expose: self.expose.clone(),
             uid_base: self.uid_base,
             uids: self.uids,
             uids_per_principal: crate::sandbox::bound_per_principal(self.max_active_per_principal),
@@ -473,7 +487,11 @@ impl Config {
         let lists = lists
             .into_iter()
             .flat_map(|(f, l)| l.iter().map(move |v| (f, OsString::from(v))));
-        let dirs = [("--mask", &self.mask), ("--allow-cwd", &self.allow_cwd)];
+        let dirs = [
+            ("--mask", &self.mask),
+            ("--expose", &self.expose),
+            ("--allow-cwd", &self.allow_cwd),
+        ];
         let dirs = dirs
             .into_iter()
             .flat_map(|(f, l)| l.iter().map(move |v| (f, OsString::from(v))));

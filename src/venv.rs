@@ -10,12 +10,13 @@
 //! venv's `python` is user code: only the confined child, as the lease's uid, runs it.
 //! `home` in `pyvenv.cfg` is read by that python alone, never by the server.
 
+use std::collections::BTreeSet;
 use std::io::Read;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, FileType};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 
 use crate::hostfs::{self, CwdPolicy};
 
@@ -25,20 +26,25 @@ const MAX_HOPS: usize = 32;
 const MAX_CFG: u64 = 64 * 1024;
 
 /// An accepted virtual environment.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Venv {
     /// Its directory (canonical).
     pub root: PathBuf,
+    /// Its handle (`O_PATH`), opened as the lease's uid when it was decided: what the
+    /// sandbox binds and rules, whatever the path leads to later.
+    pub dir: std::sync::Arc<OwnedFd>,
     /// `<root>/bin/python`: what the child executes (not resolved: Python finds its
     /// `pyvenv.cfg` beside the path it was started as).
     pub python: PathBuf,
     /// From `pyvenv.cfg` (`version` or `version_info`), or `unknown`.
     pub version: String,
-    /// The interpreter `bin/python` leads to: a real file, or a path inside a trusted prefix.
-    pub base: PathBuf,
     /// Directories the child must be able to read: the venv, and the base interpreter's
     /// installation when the level would hide it.
     pub expose: Vec<PathBuf>,
+    /// Those of `expose` that are the caller's (the venv, an installation it leads to),
+    /// with their handles opened as the lease's uid: the sandbox shows these, not what the
+    /// paths lead to later.
+    pub opened: Vec<(PathBuf, std::sync::Arc<OwnedFd>)>,
 }
 
 /// What the check needs to know, all from the operator.
@@ -49,6 +55,9 @@ pub struct VenvPolicy {
     /// Installation prefixes of the operator's own interpreters that sessions already see
     /// (pyenv under a masked /root at level bwrap): a venv made from one may use it.
     pub trusted: Vec<PathBuf>,
+    /// Trees the sandbox shows of the host (the system): an interpreter there needs nothing
+    /// more to be seen.
+    pub shown: Vec<PathBuf>,
 }
 
 /// Decide the venv `requested`, run as the lease's uid; `uid` only names the user in
@@ -86,16 +95,24 @@ pub fn inspect(policy: &VenvPolicy, requested: &Path, uid: Option<u32>) -> Resul
     let python = dir.path.join("bin").join("python");
     let user = hostfs::user_name(uid);
     let (base, trusted) = follow(policy, &python, &shown, &user)?;
+    let root = std::sync::Arc::new(dir.dir);
     let mut expose = vec![dir.path.clone()];
+    let mut opened = vec![(dir.path.clone(), root.clone())];
     match trusted {
         Some(prefix) => expose.push(prefix),
-        None => expose.extend(installation(policy, &base)),
+        None => {
+            if let Some((p, fd)) = installation(policy, &base, uid) {
+                expose.push(p.clone());
+                opened.push((p, std::sync::Arc::new(fd)));
+            }
+        }
     }
     Ok(Venv {
         root: dir.path,
+        dir: root,
+        opened,
         python,
         version,
-        base,
         expose,
     })
 }
@@ -236,25 +253,231 @@ fn looks_like_python(name: &str) -> bool {
     })
 }
 
-/// The installation of a base interpreter outside the trusted prefixes that the level would
-/// hide (it lies in a masked tree the operator allowed): `<prefix>` for `<prefix>/bin/x`,
-/// else its directory; the first of these the policy accepts.
-fn installation(policy: &VenvPolicy, base: &Path) -> Vec<PathBuf> {
-    if !policy.dirs.masked.iter().any(|m| base.starts_with(m)) {
-        return Vec::new();
+/// The installation of a base interpreter outside the trusted prefixes that the sandbox does
+/// not show (it lies outside the view: in a project, or a masked tree the operator allowed):
+/// `<prefix>` for `<prefix>/bin/x`, else its directory; the first of these the policy
+/// accepts, opened as the calling thread's user.
+fn installation(policy: &VenvPolicy, base: &Path, uid: Option<u32>) -> Option<(PathBuf, OwnedFd)> {
+    if policy.shown.iter().any(|t| base.starts_with(t)) {
+        return None;
     }
-    let Some(dir) = base.parent() else {
-        return Vec::new();
-    };
+    let dir = base.parent()?;
     let prefix = (dir.file_name().is_some_and(|n| n == "bin"))
         .then(|| dir.parent())
         .flatten();
     prefix
         .into_iter()
         .chain([dir])
-        .find(|d| policy.dirs.refuse(d, d, "venv").is_ok())
-        .map(|d| vec![d.to_path_buf()])
-        .unwrap_or_default()
+        .find_map(|d| hostfs::check_caller_dir(&policy.dirs, d, uid, "venv").ok())
+        .map(|c| (c.path, c.dir))
+}
+
+/// Who could have made, or could change, a `.venv` found in a session's cwd: the uids and
+/// gids that own it or may write where it lies, or anyone.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Writers {
+    pub uids: BTreeSet<u32>,
+    pub gids: BTreeSet<u32>,
+    /// Set when permissions let every user write there: which directory or file.
+    pub anyone: Option<String>,
+}
+
+/// The most entries of a `.venv` looked at: a larger one is not taken from a cwd unasked.
+const MAX_ENTRIES: usize = 200_000;
+/// The deepest directory of a `.venv` looked at.
+const MAX_DEPTH: usize = 32;
+
+/// Who could have put the environment `venv` (the `.venv` of the cwd `cwd`, both handles
+/// opened as the session's uid) where it is, or could change it: run as the session's uid.
+/// For every directory from `/` down to `cwd`, whoever may rename the next entry on the way
+/// (its owner; its group and the users and groups of its ACL when they may write; every user
+/// when others may write, unless it is sticky, which leaves only the entry's owner); for the
+/// environment, the owner of each of its entries, and whoever else may write in each of its
+/// directories and files. Links inside it are not followed (their owner is counted).
+pub fn writers(
+    cwd: &Path,
+    cwd_fd: BorrowedFd<'_>,
+    venv: BorrowedFd<'_>,
+) -> Result<Writers, String> {
+    let mut w = Writers::default();
+    let io = |what: &str, e: rustix::io::Errno| format!("cannot check {what}: {e}");
+    // The way, by path from `/`, ending where the handles are (else it changed meanwhile).
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut at = PathBuf::from("/");
+    let mut dir =
+        rustix::fs::open("/", flags | OFlags::DIRECTORY, Mode::empty()).map_err(|e| io("/", e))?;
+    let names = cwd
+        .components()
+        .filter_map(|c| match c {
+            std::path::Component::Normal(n) => Some(n.to_os_string()),
+            _ => None,
+        })
+        .chain([".venv".into()]);
+    for name in names {
+        let shown = at.join(&name);
+        let child = rustix::fs::openat(&dir, name.as_os_str(), flags, Mode::empty())
+            .map_err(|e| io(&shown.display().to_string(), e))?;
+        let (dst, cst) = (fstat(&dir, &at)?, fstat(&child, &shown)?);
+        w.may_rename(&dir, &dst, &cst, &at)?;
+        if at == cwd && !same(&dir, cwd_fd) {
+            return Err(changed(cwd));
+        }
+        dir = child;
+        at = shown;
+    }
+    if !same(&dir, venv) {
+        return Err(changed(&at));
+    }
+    // The environment, every entry.
+    let read = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut todo = vec![(PathBuf::new(), 0usize)];
+    let mut seen = 0usize;
+    while let Some((rel, depth)) = todo.pop() {
+        let shown = at.join(&rel);
+        let what = shown.display().to_string();
+        let path = if rel.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            rel.clone()
+        };
+        let d = beneath(venv, &path, read).map_err(|e| io(&what, e))?;
+        let st = fstat(&d, &shown)?;
+        w.owns(&st, &d, &shown)?;
+        let entries = rustix::fs::Dir::read_from(&d).map_err(|e| io(&what, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| io(&what, e))?;
+            let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes());
+            if name == "." || name == ".." {
+                continue;
+            }
+            seen += 1;
+            if seen > MAX_ENTRIES {
+                return Err(format!(
+                    "it has more than {MAX_ENTRIES} entries, too many to check who made them"
+                ));
+            }
+            let shown = shown.join(name);
+            let est = rustix::fs::statat(&d, name, AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(|e| io(&shown.display().to_string(), e))?;
+            match FileType::from_raw_mode(est.st_mode) {
+                FileType::Directory if depth + 1 > MAX_DEPTH => {
+                    return Err(format!(
+                        "it is more than {MAX_DEPTH} directories deep, too deep to check who \
+made it"
+                    ));
+                }
+                FileType::Directory => todo.push((rel.join(name), depth + 1)),
+                FileType::Symlink => {
+                    w.uids.insert(est.st_uid);
+                }
+                _ => {
+                    let f = rustix::fs::openat(&d, name, flags, Mode::empty())
+                        .map_err(|e| io(&shown.display().to_string(), e))?;
+                    w.owns(&est, &f, &shown)?;
+                }
+            }
+        }
+    }
+    Ok(w)
+}
+
+impl Writers {
+    /// Who may rename (or replace) the entry `entry` of the directory `dir` (`at`).
+    fn may_rename(
+        &mut self,
+        fd: &OwnedFd,
+        dir: &rustix::fs::Stat,
+        entry: &rustix::fs::Stat,
+        at: &Path,
+    ) -> Result<(), String> {
+        self.uids.insert(dir.st_uid);
+        if dir.st_mode & 0o020 != 0 {
+            self.group(fd, dir, at)?;
+        }
+        if dir.st_mode & 0o002 != 0 {
+            if dir.st_mode & 0o1000 != 0 {
+                self.uids.insert(entry.st_uid);
+            } else {
+                self.anyone = Some(format!("{} is writable by every user", at.display()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The owner of an entry of the environment, and whoever else may write it.
+    fn owns(&mut self, st: &rustix::fs::Stat, fd: &OwnedFd, at: &Path) -> Result<(), String> {
+        self.uids.insert(st.st_uid);
+        if st.st_mode & 0o020 != 0 {
+            self.group(fd, st, at)?;
+        }
+        if st.st_mode & 0o002 != 0 {
+            self.anyone = Some(format!("{} is writable by every user", at.display()));
+        }
+        Ok(())
+    }
+
+    /// A group-writable entry: its group, and with an ACL (whose mask the group bits then
+    /// are) the users and groups it lets write.
+    fn group(&mut self, fd: &OwnedFd, st: &rustix::fs::Stat, at: &Path) -> Result<(), String> {
+        use std::os::fd::AsRawFd;
+        self.gids.insert(st.st_gid);
+        // The handle may be O_PATH: its xattrs are read through its /proc/self/fd link
+        // (this thread's own process, whatever its fs credentials).
+        let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        let mut buf = vec![0u8; 4096];
+        let n = match rustix::fs::getxattr(link.as_str(), "system.posix_acl_access", &mut buf) {
+            Ok(n) => n,
+            Err(rustix::io::Errno::NODATA | rustix::io::Errno::OPNOTSUPP) => return Ok(()),
+            Err(e) => return Err(format!("cannot read the ACL of {}: {e}", at.display())),
+        };
+        // Version 2: a 4-byte header, then (tag u16, perm u16, id u32) entries.
+        for e in buf[..n.min(buf.len())]
+            .get(4..)
+            .unwrap_or(&[])
+            .chunks_exact(8)
+        {
+            let tag = u16::from_le_bytes([e[0], e[1]]);
+            let perm = u16::from_le_bytes([e[2], e[3]]);
+            let id = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
+            if perm & 2 != 0 {
+                match tag {
+                    0x02 => {
+                        self.uids.insert(id);
+                    }
+                    0x08 => {
+                        self.gids.insert(id);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn fstat(fd: &OwnedFd, at: &Path) -> Result<rustix::fs::Stat, String> {
+    rustix::fs::fstat(fd).map_err(|e| format!("cannot check {}: {e}", at.display()))
+}
+
+/// Whether two handles are the same directory.
+fn same(a: &OwnedFd, b: BorrowedFd<'_>) -> bool {
+    match (rustix::fs::fstat(a), rustix::fs::fstat(b)) {
+        (Ok(x), Ok(y)) => x.st_dev == y.st_dev && x.st_ino == y.st_ino,
+        _ => false,
+    }
+}
+
+fn changed(p: &Path) -> String {
+    format!("{} changed while it was checked", p.display())
+}
+
+/// Open `rel` beneath `root`, through no link and on no other mount.
+fn beneath(root: BorrowedFd<'_>, rel: &Path, flags: OFlags) -> rustix::io::Result<OwnedFd> {
+    let how = ResolveFlags::BENEATH
+        | ResolveFlags::NO_SYMLINKS
+        | ResolveFlags::NO_MAGICLINKS
+        | ResolveFlags::NO_XDEV;
+    rustix::fs::openat2(root, rel, flags, Mode::empty(), how)
 }
 
 #[cfg(test)]

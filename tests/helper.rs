@@ -35,6 +35,7 @@ fn sandbox(work: &std::path::Path) -> Sandbox {
             tmpfs_mb: 16,
         },
         masks: Vec::new(),
+        expose: Vec::new(),
         uid_base: 240_000,
         uids: 8,
         uids_per_principal: 0,

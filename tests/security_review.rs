@@ -149,80 +149,101 @@ p = subprocess.Popen(['python3', '-c', flip], start_new_session=True,
 print('flipping', p.pid)
 "#;
 
-// F1 (critical): the cwd is opened without following links, but bwrap mounts it onto its
+// F1 (critical): the cwd is opened without following links, but bwrap mounted it onto its
 // *path*, which follows links and can be swapped by whoever may rename entries on the way.
-// Won, this ran the caller's file as real root. Now a bind destination whose way others can
-// change is refused outright (deterministic: the race is tried for a bounded number of
-// starts, and every one must be refused before anything is mounted).
+// Won, this ran the caller's file as real root. A cwd whose way others could change was then
+// refused outright; now paths do not matter: the directory is opened once, as the session's
+// uid, and bound from that descriptor at its path on bwrap's own root (nobody outside the
+// sandbox can change the way there), or given Landlock rules and entered from it. So the
+// same attack, tried for a bounded number of starts while the names are swapped without
+// pause, finds every start either refused (the swap met a check) or in the very directory
+// that was checked, never anything mounted elsewhere, and the planted file never runs.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_cwd_others_can_rename_on_the_way_is_refused_at_bwrap() {
+async fn a_cwd_others_can_rename_on_the_way_redirects_nothing() {
     if !python() || !root() {
         return;
     }
-    let Some(shared) = outside_masks(0o1777) else {
-        return;
-    };
-    let p = std::fs::canonicalize(shared.path()).expect("canonical");
-    let Some(srv) = start("bwrap", &[], &[]).await else {
-        return;
-    };
-    let o = session(&srv, json!({"cwd": p})).await;
-    assert!(!o.is_error, "a root-controlled shared cwd: {}", o.text);
-    let attacker = o.s("session_id").to_string();
-    let depth = p.components().count() - 1;
-    let o = eval(&srv, &attacker, &race_setup(depth)).await;
-    assert_eq!(output(&o), "planted\n", "{}", o.text);
-
-    // Refused outright, before any race: the refusal names the directory and what is safe.
-    let target = p.join("x");
-    let o = session(&srv, json!({ "cwd": target })).await;
-    assert!(o.is_error, "a cwd another user can swap: {}", o.text);
-    assert_eq!(o.error_kind(), "invalid_argument", "{}", o.text);
-    assert!(
-        o.text
-            .contains(&format!("{} (owner uid 0, mode 1777)", p.display()))
-            && o.text.contains("changeable by root only"),
-        "{}",
-        o.text
-    );
-    // And while the names are swapped without pause: every start refused (by whichever check
-    // meets the swap), nothing mounted, the planted file never run.
-    let o = eval(&srv, &attacker, FLIP).await;
-    assert!(output(&o).contains("flipping"), "{}", o.text);
-    for i in 0..40 {
-        let o = session(&srv, json!({ "cwd": target })).await;
+    for level in ["bwrap", "landlock"] {
+        let Some(shared) = outside_masks(0o1777) else {
+            return;
+        };
+        let p = std::fs::canonicalize(shared.path()).expect("canonical");
+        let Some(srv) = start(level, &[], &[]).await else {
+            continue;
+        };
+        let o = session(&srv, json!({"cwd": p})).await;
         assert!(
-            o.is_error,
-            "start {i}: a cwd whose name another user can swap was accepted: {}",
+            !o.is_error,
+            "{level}: a root-controlled shared cwd: {}",
             o.text
         );
-        assert_eq!(o.error_kind(), "invalid_argument", "{}", o.text);
-        for proof in [p.join("x/PROOF"), p.join("xl/PROOF")] {
-            assert!(!proof.exists(), "the planted file ran: {}", proof.display());
+        let attacker = o.s("session_id").to_string();
+        let depth = p.components().count() - 1;
+        let o = eval(&srv, &attacker, &race_setup(depth)).await;
+        assert_eq!(output(&o), "planted\n", "{level}: {}", o.text);
+
+        // A directory another uid could rename is taken, and it is the one the session sees.
+        let target = p.join("x");
+        let sees = "import os; print(os.getcwd(), sorted(os.listdir('.')))";
+        let expected = format!("{} ['replbox-helper']\n", target.display());
+        let o = session(&srv, json!({ "cwd": target })).await;
+        assert!(!o.is_error, "{level}: {}", o.text);
+        let id = o.s("session_id").to_string();
+        let o = eval(&srv, &id, sees).await;
+        assert_eq!(output(&o), expected, "{level}: {}", o.text);
+        srv.call("session_close", json!({ "session_id": id })).await;
+
+        // While the names are swapped without pause: every start refused or in x itself.
+        let o = eval(&srv, &attacker, FLIP).await;
+        assert!(output(&o).contains("flipping"), "{level}: {}", o.text);
+        let mut started = 0;
+        for i in 0..40 {
+            let o = session(&srv, json!({ "cwd": target })).await;
+            if o.is_error {
+                // Refused by the server's checks, or by bwrap's own check that the bound
+                // descriptor's directory is still at its path: nothing mounted either way.
+                let bwrap_refused = o.error_kind() == "start_failed"
+                    && o.text.contains("bwrap: Race condition binding dirfd");
+                assert!(
+                    o.error_kind() == "invalid_argument" || bwrap_refused,
+                    "{level}: {}",
+                    o.text
+                );
+            } else {
+                started += 1;
+                let id = o.s("session_id").to_string();
+                let o = eval(&srv, &id, sees).await;
+                // Entered from the descriptor: x itself, under whichever name it has now.
+                let out = output(&o);
+                assert!(
+                    out.ends_with(" ['replbox-helper']\n") && !out.starts_with("/run"),
+                    "{level}: start {i} sees another directory: {}",
+                    o.text
+                );
+                srv.call("session_close", json!({ "session_id": id })).await;
+            }
+            for proof in [p.join("x/PROOF"), p.join("xl/PROOF")] {
+                assert!(
+                    !proof.exists(),
+                    "{level}: the planted file ran: {}",
+                    proof.display()
+                );
+            }
         }
+        eprintln!("{level}: {started} of 40 starts during the swaps began, in x itself");
+        // Closing the attacker's session ends its flipper with it.
+        srv.call("session_close", json!({ "session_id": attacker }))
+            .await;
+        srv.stop().await;
     }
-    // A directory root made in the same sticky P cannot be renamed by the session's uid:
-    // accepted, and it is the cwd the session sees.
-    let safe = p.join("by-root");
-    std::fs::create_dir(&safe).expect("mkdir");
-    chmod(&safe, 0o777);
-    let o = session(&srv, json!({ "cwd": safe })).await;
-    assert!(!o.is_error, "root's directory in a sticky one: {}", o.text);
-    let id = o.s("session_id").to_string();
-    let o = eval(&srv, &id, "import os; print(os.getcwd())").await;
-    assert_eq!(output(&o), format!("{}\n", safe.display()), "{}", o.text);
-    srv.call("session_close", json!({ "session_id": id })).await;
-    // Closing the attacker's session ends its flipper with it.
-    srv.call("session_close", json!({ "session_id": attacker }))
-        .await;
-    srv.stop().await;
 }
 
-// F1, every destination: the server's own directories are bound by path too. A work
-// directory under one a non-root user owns would let that user redirect every mount: bwrap
-// refuses to mount there, and says which directory and why.
+// F1, every destination: the server's own directories are opened (and bound) by path too. A
+// working area under a directory a non-root user owns would let that user put directories of
+// theirs in its place: the server refuses to start there, at every level, and says which
+// directory and why.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_workspace_others_can_rename_on_the_way_is_not_mounted_at_bwrap() {
+async fn a_workspace_others_can_rename_on_the_way_is_refused_at_start() {
     if !python() || !root() {
         return;
     }
@@ -232,20 +253,24 @@ async fn a_workspace_others_can_rename_on_the_way_is_not_mounted_at_bwrap() {
     let users = base.path().join("users-dir");
     std::fs::create_dir(&users).expect("mkdir");
     std::os::unix::fs::chown(&users, Some(54_321), Some(54_321)).expect("chown");
-    let Some(srv) = start("bwrap", &["--work-dir", s(&users)], &[]).await else {
-        return;
-    };
-    let o = srv.run("python", "print('ran')").await;
-    assert!(o.is_error, "ran under a user's directory: {}", o.text);
-    assert!(
-        o.text.contains(s(&users)) && o.text.contains("uid 54321"),
-        "{}",
-        o.text
-    );
-    let o = session(&srv, json!({})).await;
-    assert!(o.is_error, "started under a user's directory: {}", o.text);
-    assert!(o.text.contains(s(&users)), "{}", o.text);
-    srv.stop().await;
+    for level in ["bwrap", "landlock", "none"] {
+        let out = std::process::Command::new(BIN)
+            .args(["serve", "--sandbox", level, "--work-dir", s(&users)])
+            .env("REPLBOX_POOL", "0")
+            .env("REPLBOX_SESSION_POOL", "0")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run replbox");
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{level}: started under a user's directory"
+        );
+        assert!(
+            log.contains(s(&users)) && log.contains("uid 54321"),
+            "{level}: {log}"
+        );
+    }
 }
 
 // ----- F2: one call aborted the whole server (a deep directory tree) -----

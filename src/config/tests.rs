@@ -42,6 +42,7 @@ fn to_args_round_trips() {
         uid_base: 11,
         uids: 12,
         mask: vec!["/m/ask".into(), "/other".into()],
+        expose: vec!["/e/xpose".into()],
         allow_cwd: vec!["/a/llow".into()],
 
         max_images: 5,

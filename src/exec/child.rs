@@ -2,6 +2,7 @@
 //! layers, and its confinement ([`Jail`]).
 
 use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use super::env as cenv;
 use crate::egress::Endpoint;
 use crate::sandbox::{Jail, Lease, Sandbox};
+use crate::venv::Venv;
 
 /// Check a caller's variables before anything is started: names must be non-empty and hold
 /// neither `=` nor NUL, values no NUL.
@@ -97,6 +99,7 @@ pub struct ChildBuilder<'a> {
     venv: Option<PathBuf>,
     rw: Vec<PathBuf>,
     ro: Vec<PathBuf>,
+    opened: Vec<(PathBuf, Arc<OwnedFd>)>,
     cpu_s: Option<u64>,
     language: Vec<(String, String)>,
     caller: Vec<(String, String)>,
@@ -113,6 +116,7 @@ impl<'a> ChildBuilder<'a> {
             venv: None,
             rw: vec![home.to_path_buf()],
             ro: Vec::new(),
+            opened: Vec::new(),
             cpu_s: None,
             language: Vec::new(),
             caller: Vec::new(),
@@ -127,12 +131,30 @@ impl<'a> ChildBuilder<'a> {
         self
     }
 
-    /// Run in the Python virtual environment `root`, as activating it would: its `bin/`
-    /// first on PATH and `VIRTUAL_ENV` set; `expose` (the environment and the interpreter
-    /// it links to, as `venv::inspect` decided) readable where the level would hide them.
-    pub fn venv(mut self, root: &Path, expose: &[PathBuf]) -> Self {
-        self.venv = Some(root.to_path_buf());
-        self.ro.extend(expose.iter().cloned());
+    /// Run in the Python virtual environment `v`, as activating it would: its `bin/` first
+    /// on PATH and `VIRTUAL_ENV` set; what it exposes (the environment and the interpreter
+    /// it links to, as `venv::inspect` decided) readable where the level would hide it, the
+    /// caller's directories from the handles opened when they were decided.
+    pub fn venv(mut self, v: &Venv) -> Self {
+        self.venv = Some(v.root.clone());
+        self.ro.extend(v.expose.iter().cloned());
+        self.opened.extend(v.opened.iter().cloned());
+        self
+    }
+
+    /// A caller's directory it may write (a session's `cwd`), shown from `fd`, the handle
+    /// opened as the session's uid when it was decided.
+    pub fn caller_dir(mut self, path: &Path, fd: Arc<OwnedFd>) -> Self {
+        self.rw.push(path.to_path_buf());
+        self.opened.push((path.to_path_buf(), fd));
+        self
+    }
+
+    /// Host trees the language's programs read besides its installation (its `reads`),
+    /// readable where the view does not show them.
+    pub fn language_reads(mut self, reads: &[String]) -> Self {
+        let extra = self.sandbox.language_reads(reads);
+        self.ro.extend(extra);
         self
     }
 
@@ -207,6 +229,7 @@ impl<'a> ChildBuilder<'a> {
             uid: self.lease.map(|l| l.uid),
             rw: self.rw,
             ro,
+            opened: self.opened,
             cpu_s: self.cpu_s,
             egress: None,
             dirty: self.lease.map(|l| l.dirty_flag()),

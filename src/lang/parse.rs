@@ -106,6 +106,25 @@ fn check_names(spec: &LangSpec, bad: Bad<'_>) -> anyhow::Result<()> {
     if spec.run.file.is_empty() || spec.run.file.contains('/') {
         return Err(bad("run.file", "must be a plain file name"));
     }
+    for r in &spec.reads {
+        let p = std::path::Path::new(r);
+        let plain = p.components().all(|c| {
+            matches!(
+                c,
+                std::path::Component::RootDir | std::path::Component::Normal(_)
+            )
+        });
+        let star_inside = r.trim_end_matches('*').contains('*');
+        if !p.is_absolute() || !plain || star_inside || p == std::path::Path::new("/") {
+            return Err(bad(
+                "reads",
+                &format!(
+                    "{r:?} must be an absolute path without . or .., other than /, with `*` only \
+at the end"
+                ),
+            ));
+        }
+    }
     Ok(())
 }
 

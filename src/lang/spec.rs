@@ -86,6 +86,12 @@ pub struct LangSpec {
     /// whose `bin/python` replaces `{exe}`).
     #[serde(default)]
     pub venv: bool,
+    /// Host paths its programs read besides their own installation and the system the
+    /// sandbox shows (`/usr`, parts of `/etc`): shown read-only to its runs and sessions at
+    /// levels bwrap and landlock where they exist. Absolute; the last component may end in
+    /// `*` for every entry it begins (`/etc/java-*`).
+    #[serde(default)]
+    pub reads: Vec<String>,
     pub run: RunSpec,
     #[serde(default)]
     pub session: Option<SessionSpec>,

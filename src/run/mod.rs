@@ -300,6 +300,7 @@ impl Runner {
             let policy = VenvPolicy {
                 dirs: (*self.cwd_policy).clone(),
                 trusted: self.sandbox.interpreter_dirs(&detected.exe),
+                shown: self.sandbox.view().trees().map(Path::to_path_buf).collect(),
             };
             let (uid, requested) = (place.lease.as_ref().map(|l| l.uid), requested.clone());
             let venv = hostfs::as_uid(uid, move || venv::inspect(&policy, &requested, uid))
@@ -382,10 +383,11 @@ impl Runner {
         let builder = ChildBuilder::new(&self.sandbox, place.lease.as_ref(), place.dir.path());
         let builder = match &place.venv {
             // A caller's environment: never looked at with the server's rights.
-            Some(v) => builder.venv(&v.root, &v.expose),
+            Some(v) => builder.venv(v),
             None => builder.interpreters(&[&place.exe]),
         };
         builder
+            .language_reads(&lang.spec.reads)
             .writable([place.cache.clone()])
             .cpu_limit(place.cpu_s)
             .language_env(language.map(|(k, v)| (k.clone(), expand(v, &vars))))

@@ -1,23 +1,27 @@
-//! The bwrap command line: namespaces, capabilities, the read-only root with the masks, the
-//! private /tmp and /dev/shm, the spawn's own directories bound by descriptor, and the helper
-//! bound in last.
+//! The bwrap command line: namespaces, capabilities, the view of the host (an allow-list,
+//! read-only, on bwrap's own empty root), the private /tmp and /dev/shm, the spawn's own
+//! directories bound by descriptor, and the helper bound in last.
 //!
-//! bwrap (root, when the server is) mounts onto destination *paths*, following links, in a
-//! root that is the host's own: whoever may rename an entry on the way to a destination can
-//! swap it between bwrap's checks and its mount, and so put a directory of theirs over
-//! `/run` (hiding the helper: bwrap then runs their file as root) or `/etc`. So every
-//! destination is checked ([`check_dest`]): each directory on the way that bwrap sees from the
-//! host must be changeable by root (or the server's own uid) only. Below a masked tree, the
-//! way is bwrap's own private tmpfs, which nobody else can change.
+//! bwrap (root, when the server is) mounts onto destination *paths*, following links: whoever
+//! may rename an entry on the way to a destination can swap it between bwrap's checks and its
+//! mount, and so put a directory of theirs over `/run` (hiding the helper: bwrap then runs
+//! their file as root) or `/etc`. The root is bwrap's own tmpfs, so the way to a destination
+//! is bwrap's own (nobody else can change it) unless it passes through an earlier mount: a
+//! tree of the view, or a directory bound before. Only that part of the way is checked
+//! ([`check_dest`]): each directory on it must be changeable by root (or the server's own uid)
+//! only. Sources are descriptors: the server's own directories opened without following
+//! links, a caller's `cwd` and `venv` the very handles opened as the session's uid when they
+//! were decided, so what is mounted is what was checked, whatever its path leads to later.
 
 use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
 use replbox_exec::{ExecArgs, PROGRAM_FD, STATUS_FD};
 
+use super::view::Entry;
 use super::{CommandLine, Jail, Sandbox};
 
 /// Where the helper binary appears inside a bwrap sandbox (on the tmpfs that masks /run, or
@@ -41,17 +45,16 @@ pub fn proxy_socket_inside(sb: &Sandbox) -> &'static str {
     }
 }
 
-/// The first descriptor number bwrap finds a directory to bind on (after stdio, the status
-/// pipe and the program).
-const FIRST_BIND_FD: i32 = if STATUS_FD > PROGRAM_FD {
+/// The first descriptor number bwrap (or the helper) finds a directory on (after stdio, the
+/// status pipe and the program).
+pub const FIRST_BIND_FD: i32 = if STATUS_FD > PROGRAM_FD {
     STATUS_FD + 1
 } else {
     PROGRAM_FD + 1
 };
 
-/// Open a directory to bind without following any symbolic link: a link swapped in after
-/// the path was checked must not make bwrap (root) bind something else.
-fn open_dir(p: &Path) -> std::io::Result<OwnedFd> {
+/// Open a directory of the server's own to bind without following any symbolic link.
+pub(super) fn open_dir(p: &Path) -> std::io::Result<OwnedFd> {
     let how = OpenHow::new()
         .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
         .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
@@ -63,6 +66,22 @@ fn push(b: &mut Vec<OsString>, args: &[&str]) {
     b.extend(args.iter().map(OsString::from));
 }
 
+/// What lies below a mount of the command, for the check of later destinations.
+pub(super) enum Below<'a> {
+    /// bwrap's own filesystem (the root, a tmpfs, /dev, /proc): nobody else changes it.
+    Private,
+    /// The host's directory of the same path (a tree of the view).
+    Host,
+    /// The directory of this handle (a bind).
+    Fd(BorrowedFd<'a>),
+}
+
+/// A mount of the command, in order.
+pub(super) struct Mount<'a> {
+    pub dest: PathBuf,
+    pub below: Below<'a>,
+}
+
 /// bwrap running the helper with `args`.
 pub fn command(sb: &Sandbox, jail: &Jail, args: &ExecArgs) -> std::io::Result<CommandLine> {
     let helper_in = if run_is_masked(sb) {
@@ -70,31 +89,76 @@ pub fn command(sb: &Sandbox, jail: &Jail, args: &ExecArgs) -> std::io::Result<Co
     } else {
         HELPER_IN_TMP
     };
-    check_mounts(sb, jail, Path::new(helper_in))?;
     let mut b = namespaces(sb);
-    mounts(sb, &mut b);
-    let fds = binds(sb, jail, &mut b)?;
-    if let Some(socket) = jail.egress.as_ref().and_then(|e| e.socket.as_ref()) {
+    // bwrap makes the directories on the way to a mount 0700: the view's are made 0755
+    // first (what they hold is the view), those on the way to the spawn's own 0711, so
+    // that the pool uid can pass through and not list them.
+    let view_dirs = ancestors(sb.view.entries().iter().map(Entry::path), |_| false);
+    for a in &view_dirs {
+        push(&mut b, &["--perms", "0755", "--dir"]);
+        b.push(a.into());
+    }
+    let mut mounts = view_mounts(sb, &mut b);
+    let binds = jail_binds(sb, jail)?;
+    let socket = jail.egress.as_ref().and_then(|e| e.socket.as_ref());
+    let dests = binds
+        .iter()
+        .map(|(_, p, _)| p.as_path())
+        .chain(socket.map(|_| Path::new(proxy_socket_inside(sb))))
+        .chain([Path::new(helper_in)]);
+    let made =
+        |a: &Path| view_dirs.contains(a) || sb.view.shows(a) || mounts.iter().any(|m| m.dest == a);
+    for a in ancestors(dests, made) {
+        push(&mut b, &["--perms", "0711", "--dir"]);
+        b.push(a.into());
+    }
+    let mut fds = Vec::new();
+    for (flag, dest, fd) in &binds {
+        let n = FIRST_BIND_FD + fds.len() as i32;
+        check(dest, &mounts)?;
+        push(&mut b, &[flag, &n.to_string()]);
+        b.push(dest.clone().into());
+        mounts.push(Mount {
+            dest: dest.clone(),
+            below: Below::Fd(fd.as_fd()),
+        });
+        fds.push(n);
+    }
+    if let Some(socket) = socket {
         // The server made it, in its own directory: no caller chose this path. Its place is
         // on bwrap's own tmpfs, like the helper's.
+        check(Path::new(proxy_socket_inside(sb)), &mounts)?;
         b.push("--ro-bind".into());
         b.push(socket.clone().into());
         b.push(proxy_socket_inside(sb).into());
     }
     // The helper last: no mount made after it can cover it.
+    check(Path::new(helper_in), &mounts)?;
     b.push("--ro-bind".into());
     b.push(sb.helper.clone().into());
     b.push(helper_in.into());
+    // The root itself read-only: what bwrap made on it (mount points) is all there is.
+    push(&mut b, &["--remount-ro", "/"]);
     // bwrap enters "/": the working directory belongs to the pool uid, which root without
     // CAP_DAC_OVERRIDE may not enter. The helper's child enters it after the uid drop.
     push(&mut b, &["--chdir", "/", "--", helper_in]);
     b.extend(args.to_args());
+    drop(mounts);
+    let fds = binds
+        .into_iter()
+        .zip(fds)
+        .map(|((_, _, fd), n)| (fd, n))
+        .collect();
     Ok(CommandLine {
         program: sb.bwrap.clone().unwrap_or_else(|| PathBuf::from("bwrap")),
         args: b,
         wrapped: true,
         fds,
     })
+}
+
+fn check(dest: &Path, mounts: &[Mount<'_>]) -> std::io::Result<()> {
+    check_dest(dest, mounts, &trusted_uids()).map_err(std::io::Error::other)
 }
 
 /// Namespaces, capabilities and the helper's place as the sandbox's first process.
@@ -150,14 +214,41 @@ fn namespaces(sb: &Sandbox) -> Vec<OsString> {
     b
 }
 
-/// The read-only root, the masks, the private /tmp, /dev and /dev/shm, /proc.
-fn mounts(sb: &Sandbox, b: &mut Vec<OsString>) {
-    // Order matters: the read-only root, then the masks, then what is bound back in.
-    push(b, &["--ro-bind", "/", "/"]);
+/// The view of the host, read-only on bwrap's empty root; the masks inside it; the private
+/// /tmp, /dev and /dev/shm; /proc. Returns the mounts made, in order.
+fn view_mounts<'a>(sb: &Sandbox, b: &mut Vec<OsString>) -> Vec<Mount<'a>> {
+    let mut mounts = Vec::new();
+    for e in sb.view.entries() {
+        match e {
+            Entry::Tree(p) | Entry::File(p) => {
+                b.push("--ro-bind".into());
+                b.push(p.clone().into());
+                b.push(p.clone().into());
+                let below = match e {
+                    Entry::Tree(_) => Below::Host,
+                    _ => Below::Private,
+                };
+                mounts.push(Mount {
+                    dest: p.clone(),
+                    below,
+                });
+            }
+            Entry::Link(p, target) => {
+                b.push("--symlink".into());
+                b.push(target.clone().into());
+                b.push(p.clone().into());
+            }
+        }
+    }
+    // A mask matters only where the view shows the host.
     for m in &sb.masked {
-        if m != Path::new("/tmp") {
+        if m != Path::new("/tmp") && sb.view.trees().any(|t| m.starts_with(t)) {
             b.push("--tmpfs".into());
             b.push(m.clone().into());
+            mounts.push(Mount {
+                dest: m.clone(),
+                below: Below::Private,
+            });
         }
     }
     let size = sb
@@ -170,48 +261,87 @@ fn mounts(sb: &Sandbox, b: &mut Vec<OsString>) {
     push(b, &["--dev", "/dev", "--perms", "01777", "--size", &size]);
     push(b, &["--tmpfs", "/dev/shm", "--proc", "/proc"]);
     push(b, &["--hostname", "replbox"]);
+    for p in ["/tmp", "/dev", "/dev/shm", "/proc"] {
+        mounts.push(Mount {
+            dest: p.into(),
+            below: Below::Private,
+        });
+    }
+    mounts
 }
 
-/// Directories bwrap would create on the way to a bind inside a mask (0700 root by default).
-fn parents(sb: &Sandbox, jail: &Jail) -> BTreeSet<PathBuf> {
-    let mut parents = BTreeSet::new();
-    for p in jail.ro.iter().chain(&jail.rw) {
+/// The spawn's own directories to bind, in the order they are mounted: `(flag, destination,
+/// source)`. Each at its own path, from a descriptor: a caller's directory the handle opened
+/// as the session's uid when it was decided, the server's own directories opened now
+/// following no link. A read-only directory already shown (inside a tree of the view, or
+/// inside another directory of the spawn) is not bound again; directories inside others
+/// come after them.
+fn jail_binds(sb: &Sandbox, jail: &Jail) -> std::io::Result<Vec<(&'static str, PathBuf, OwnedFd)>> {
+    let inside_another = |p: &PathBuf| {
+        jail.ro
+            .iter()
+            .chain(&jail.rw)
+            .any(|q| q != p && p.starts_with(q))
+    };
+    let mut chosen: Vec<(&'static str, &PathBuf)> = Vec::new();
+    for p in &jail.ro {
+        let shown = sb.view.shows(p) || inside_another(p) || jail.rw.contains(p);
+        if !shown && !chosen.iter().any(|(_, q)| *q == p) {
+            chosen.push(("--ro-bind-fd", p));
+        }
+    }
+    for p in &jail.rw {
+        if !chosen.iter().any(|(_, q)| *q == p) {
+            chosen.push(("--bind-fd", p));
+        }
+    }
+    // Outer directories first (stable: read-only ones before writable ones at one depth).
+    chosen.sort_by_key(|(_, p)| p.components().count());
+    let mut out = Vec::new();
+    for (flag, p) in chosen {
+        let fd = match jail.opened(p) {
+            Some(fd) => fd.try_clone()?,
+            None => open_dir(p)?,
+        };
+        out.push((flag, p.clone(), fd));
+    }
+    Ok(out)
+}
+
+/// The directories on the way to `paths` (not `/`), outer ones first, but those `skip`
+/// says exist already.
+fn ancestors<'a>(
+    paths: impl Iterator<Item = &'a Path>,
+    skip: impl Fn(&Path) -> bool,
+) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for p in paths {
         for a in p.ancestors().skip(1) {
-            if sb.masked.iter().any(|m| a.starts_with(m) && a != m) {
-                parents.insert(a.to_path_buf());
+            if a != Path::new("/") && !skip(a) {
+                out.insert(a.to_path_buf());
             }
         }
     }
-    parents
+    out
 }
 
-/// The spawn's own directories, bound by descriptor (read-only ones first, so a session's
-/// control directory and its working directory are each what they should be), with the
-/// directories on the way created passable.
-fn binds(sb: &Sandbox, jail: &Jail, b: &mut Vec<OsString>) -> std::io::Result<Vec<(OwnedFd, i32)>> {
-    // Create the directories on the way 0711 first, so the pool uid can pass through (and
-    // still not list).
-    for a in parents(sb, jail) {
-        push(b, &["--perms", "0711", "--dir"]);
-        b.push(a.into());
-    }
-    let mut fds = Vec::new();
-    let targets = jail.ro.iter().map(|p| ("--ro-bind-fd", p));
-    for (flag, p) in targets.chain(jail.rw.iter().map(|p| ("--bind-fd", p))) {
-        let n = FIRST_BIND_FD + fds.len() as i32;
-        fds.push((open_dir(p)?, n));
-        push(b, &[flag, &n.to_string()]);
-        b.push(p.clone().into());
-    }
-    Ok(fds)
+/// The mounts below a caller's `cwd` before it is bound (the view, its masks, bwrap's own
+/// filesystems), for [`check_dest`].
+pub(super) fn base_mounts(sb: &Sandbox) -> Vec<Mount<'static>> {
+    let mut v = view_mounts(sb, &mut Vec::new());
+    v.retain(|m| !matches!(m.below, Below::Fd(_)));
+    v
 }
 
-/// Where bwrap mounts over the host's root with a filesystem of its own, fresh and private:
-/// what lies below is bwrap's to create, and nobody else can change it.
-pub(super) fn private_roots(sb: &Sandbox) -> Vec<PathBuf> {
-    let mut roots = sb.masked.clone();
-    roots.extend(["/tmp", "/dev"].map(PathBuf::from));
-    roots
+/// Why the server's own directory `dir` (its workspace) could be swapped by another user:
+/// the way to it from `/` must be changeable by root (or the server's uid) only, since the
+/// server opens, writes and binds what lies there with its own rights.
+pub(super) fn check_own(dir: &Path) -> Result<(), String> {
+    let root = [Mount {
+        dest: PathBuf::from("/"),
+        below: Below::Host,
+    }];
+    check_dest(dir, &root, &trusted_uids())
 }
 
 /// The uids whose directories may lie on the way to a mount: root's, and the server's own
@@ -221,104 +351,78 @@ pub(super) fn trusted_uids() -> Vec<u32> {
     if me == 0 { vec![0] } else { vec![0, me] }
 }
 
-/// Check every destination of the command before bwrap gets it: the masks, bwrap's own
-/// filesystems, the directories made on the way to binds, the binds and the helper's place.
-fn check_mounts(sb: &Sandbox, jail: &Jail, helper_in: &Path) -> std::io::Result<()> {
-    let roots = private_roots(sb);
-    let binds: Vec<PathBuf> = jail.ro.iter().chain(&jail.rw).cloned().collect();
-    let trusted = trusted_uids();
-    let fixed = ["/tmp", "/dev", "/dev/shm", "/proc"].map(PathBuf::from);
-    let made = parents(sb, jail);
-    let all = sb
-        .masked
-        .iter()
-        .chain(&fixed)
-        .chain(&made)
-        .chain(&binds)
-        .chain(std::iter::once(&helper_in.to_path_buf()))
-        .cloned()
-        .collect::<Vec<_>>();
-    for dest in &all {
-        check_dest(dest, &roots, &binds, &trusted).map_err(std::io::Error::other)?;
-    }
-    Ok(())
-}
-
 /// Why bwrap could be made to mount at another place than `dest` (absolute, no `.`, `..` or
-/// link): the first directory on the way, as bwrap sees it, that a user outside `trusted`
-/// can change — owned by another user, or writable by group or others (a sticky one only
-/// for an entry a trusted user owns: its owner may rename it). Directories under one of
-/// `roots` (masks, bwrap's /tmp and /dev) are bwrap's private tmpfs unless one of `binds`
-/// brings the host's back there.
-pub(super) fn check_dest(
-    dest: &Path,
-    roots: &[PathBuf],
-    binds: &[PathBuf],
-    trusted: &[u32],
-) -> Result<(), String> {
+/// link), given the `mounts` made before it: none when the way is bwrap's own (the deepest
+/// earlier mount above `dest` is a private one, or there is none: the root is bwrap's
+/// tmpfs). Otherwise the way runs through that mount's directory (the host's, or a bind's),
+/// and every directory on it from there must be changeable only by `trusted` users: owned by
+/// one, and writable by no group or other (a sticky one only for an entry a trusted user
+/// owns: its owner may rename it); the first that is not is the reason.
+pub(super) fn check_dest(dest: &Path, mounts: &[Mount<'_>], trusted: &[u32]) -> Result<(), String> {
     use rustix::fs::{Mode, OFlags};
-    let private = |at: &Path| {
-        roots.iter().any(|m| at.starts_with(m)) && !binds.iter().any(|b| at.starts_with(b))
-    };
     let shown = dest.display();
+    if dest
+        .components()
+        .any(|c| !matches!(c, Component::RootDir | Component::Normal(_)))
+    {
+        return Err(format!("{shown} is not a canonical path"));
+    }
+    let Some(m) = mounts
+        .iter()
+        .filter(|m| m.dest != dest && dest.starts_with(&m.dest))
+        .max_by_key(|m| m.dest.components().count())
+    else {
+        return Ok(());
+    };
     let io = |at: &Path, e: rustix::io::Errno| {
         format!("cannot check the way to {shown} at {}: {e}", at.display())
     };
     let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let mut at = PathBuf::from("/");
-    let mut dir =
-        rustix::fs::open("/", flags | OFlags::DIRECTORY, Mode::empty()).map_err(|e| io(&at, e))?;
-    for c in dest.components() {
-        let name: &OsStr = match c {
-            Component::RootDir => continue,
-            Component::Normal(n) => n,
-            _ => return Err(format!("{shown} is not a canonical path")),
+    let mut at = m.dest.clone();
+    let mut dir = match &m.below {
+        Below::Private => return Ok(()),
+        Below::Host => {
+            let how = OpenHow::new()
+                .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+                .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+            nix::fcntl::openat2(nix::fcntl::AT_FDCWD, at.as_path(), how)
+                .map_err(|e| io(&at, rustix::io::Errno::from_raw_os_error(e as i32)))?
+        }
+        Below::Fd(fd) => fd
+            .try_clone_to_owned()
+            .map_err(|e| format!("cannot check the way to {shown} at {}: {e}", at.display()))?,
+    };
+    let rest = dest.strip_prefix(&m.dest).unwrap_or(dest);
+    for c in rest.components() {
+        let Component::Normal(name) = c else {
+            return Err(format!("{shown} is not a canonical path"));
         };
-        if private(&at)
-            && !binds
-                .iter()
-                .any(|b| b != dest && dest.starts_with(b) && b.starts_with(&at))
-        {
-            // bwrap's own from here down to `dest`.
-            return Ok(());
-        }
-        let child = rustix::fs::openat(dir.as_fd(), name, flags, Mode::empty());
-        if !private(&at) {
-            let st = rustix::fs::fstat(&dir).map_err(|e| io(&at, e))?;
-            let mode = st.st_mode & 0o7777;
-            let safe_dir = trusted.contains(&st.st_uid) && mode & 0o022 == 0;
-            let safe_entry = || {
-                let child = child.as_ref().map_err(|e| io(&at, *e))?;
-                let cst = rustix::fs::fstat(child).map_err(|e| io(&at, e))?;
-                Ok::<bool, String>(
-                    trusted.contains(&st.st_uid)
-                        && mode & 0o1000 != 0
-                        && trusted.contains(&cst.st_uid),
-                )
+        let name: &OsStr = name;
+        let child = rustix::fs::openat(dir.as_fd(), name, flags, Mode::empty())
+            .map_err(|e| io(&at.join(name), e))?;
+        let st = rustix::fs::fstat(&dir).map_err(|e| io(&at, e))?;
+        let mode = st.st_mode & 0o7777;
+        let cst = rustix::fs::fstat(&child).map_err(|e| io(&at, e))?;
+        let safe = trusted.contains(&st.st_uid)
+            && (mode & 0o022 == 0 || (mode & 0o1000 != 0 && trusted.contains(&cst.st_uid)));
+        if !safe {
+            let who = if trusted.contains(&st.st_uid) {
+                "users other than root".to_string()
+            } else {
+                format!("its owner (uid {})", st.st_uid)
             };
-            if !safe_dir && !safe_entry()? {
-                let who = if trusted.contains(&st.st_uid) {
-                    "users other than root".to_string()
-                } else {
-                    format!("its owner (uid {})", st.st_uid)
-                };
-                return Err(format!(
-                    "{shown} is mounted into the sandbox by its path, and {} (owner uid {}, \
-mode {mode:04o}) lets {who} rename {:?} in it, which could redirect the mount (and run code \
-as root). Every directory on the way to a directory given to the sandbox must be changeable by \
-root only: owned by root and writable by no one else (in a sticky directory such as /tmp, an \
-entry root owns is fine)",
-                    at.display(),
-                    st.st_uid,
-                    name,
-                ));
-            }
+            return Err(format!(
+                "{shown} is reached by its path, and {} (owner uid {}, mode {mode:04o}) lets \
+{who} rename {:?} in it, which could put another directory in its place (for root to mount, \
+or to write in). Every directory on the way to it must be changeable by root only: owned by \
+root and writable by no one else (in a sticky directory such as /tmp, an entry root owns is \
+fine)",
+                at.display(),
+                st.st_uid,
+                name,
+            ));
         }
-        match child {
-            Ok(fd) => dir = fd,
-            Err(rustix::io::Errno::NOENT) if private(&at) => return Ok(()),
-            Err(e) => return Err(io(&at, e)),
-        }
+        dir = child;
         at.push(name);
     }
     Ok(())
@@ -340,7 +444,11 @@ mod tests {
             return;
         }
         let base = std::fs::canonicalize(tempfile::tempdir().unwrap().keep()).unwrap();
-        let root_only = |p: &Path| check_dest(p, &[], &[], &[0]);
+        let host = || Mount {
+            dest: PathBuf::from("/"),
+            below: Below::Host,
+        };
+        let root_only = |p: &Path| check_dest(p, &[host()], &[0]);
         // /tmp itself is sticky: an entry root owns is safe, one a user owns is not.
         chmod(&base, 0o1777);
         let theirs = base.join("theirs");
@@ -361,25 +469,30 @@ mod tests {
         let e = root_only(&below).unwrap_err();
         assert!(e.contains("its owner (uid 54321)"), "{e}");
         chmod(&base, 0o777);
-        // Under a private root (a mask), the way is bwrap's own tmpfs...
-        assert!(check_dest(&below, std::slice::from_ref(&base), &[], &[0]).is_ok());
-        // ...unless a bind brings the host's directory back there.
-        let e = check_dest(
-            &below.join("x"),
-            std::slice::from_ref(&base),
-            std::slice::from_ref(&theirs),
-            &[0],
-        )
-        .unwrap_err();
+        // On bwrap's own root, with no mount above, nobody else can change the way...
+        assert!(check_dest(&below, &[], &[0]).is_ok());
+        // ...nor below a private mount (a tmpfs) made after the host's tree...
+        let private = Mount {
+            dest: base.clone(),
+            below: Below::Private,
+        };
+        assert!(check_dest(&below, &[host(), private], &[0]).is_ok());
+        // ...but below a bind of a user's directory, its owner can.
+        let fd = open_dir(&theirs).unwrap();
+        let bind = Mount {
+            dest: theirs.clone(),
+            below: Below::Fd(fd.as_fd()),
+        };
+        let e = check_dest(&below, &[bind], &[0]).unwrap_err();
         assert!(e.contains("uid 54321"), "{e}");
         // The server's own uid counts as root's (without root, user code runs as it anyway).
         assert!(
-            check_dest(&below, &[], &[], &[0, 54_321]).is_err(),
+            check_dest(&below, &[host()], &[0, 54_321]).is_err(),
             "base is 0777"
         );
         chmod(&base, 0o755);
-        assert!(check_dest(&below, &[], &[], &[0, 54_321]).is_ok());
-        assert!(check_dest(Path::new("/a/../b"), &[], &[], &[0]).is_err());
+        assert!(check_dest(&below, &[host()], &[0, 54_321]).is_ok());
+        assert!(check_dest(Path::new("/a/../b"), &[host()], &[0]).is_err());
         std::fs::remove_dir_all(&base).unwrap();
     }
 }

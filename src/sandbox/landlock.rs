@@ -1,10 +1,11 @@
-//! What the helper's Landlock ruleset allows: the read roots at level `landlock` (everything
-//! but the masked directories and the workspace) and, for one spawn, its read and write
-//! rules.
+//! What the helper's Landlock ruleset allows: the read roots at level `landlock` (the view
+//! of the host, without the masked directories and the workspace) and, for one spawn, its
+//! read and write rules.
 
 use std::path::{Path, PathBuf};
 
 use super::Jail;
+use super::view::{Entry, View};
 
 /// Device files every sandbox may open for writing (terminals, sinks, randomness). The
 /// host's /dev/shm is not among them: at level `landlock` the helper gives the program a
@@ -20,11 +21,14 @@ const DEVICES: &[&str] = &[
     "/dev/pts",
 ];
 
-/// The read and write rules of one spawn. Inside bwrap the whole (masked) tree is readable
-/// and its private /tmp and /dev/shm writable; at level `landlock`, the read roots and the
-/// jail's own read-only directories.
+/// The read and write rules of one spawn, by path. Inside bwrap the whole (mounted) tree is
+/// readable and its private /tmp and /dev/shm writable; at level `landlock`, the read roots
+/// and the jail's own read-only directories. A caller's directories (`jail.opened`) get
+/// theirs from their handles at level `landlock` (see `ExecArgs::read_fds`), not here; inside
+/// bwrap their paths are mounts of those handles already.
 pub fn rules(wrapped: bool, read_roots: &[PathBuf], jail: &Jail) -> (Vec<PathBuf>, Vec<PathBuf>) {
-    let mut write: Vec<PathBuf> = jail.rw.clone();
+    let by_path = |p: &&PathBuf| wrapped || jail.opened(p).is_none();
+    let mut write: Vec<PathBuf> = jail.rw.iter().filter(by_path).cloned().collect();
     write.extend(DEVICES.iter().map(PathBuf::from));
     let mut read = Vec::new();
     if wrapped {
@@ -33,26 +37,34 @@ pub fn rules(wrapped: bool, read_roots: &[PathBuf], jail: &Jail) -> (Vec<PathBuf
         write.push("/dev/shm".into());
     } else {
         read.extend(read_roots.iter().cloned());
-        read.extend(jail.ro.iter().cloned());
+        read.extend(jail.ro.iter().filter(by_path).cloned());
     }
     (read, write)
 }
 
-/// The Landlock-level read allowlist: every entry under `/` except the `hidden` trees (the
-/// masks and the workspace), each resolved to where it really is, and dropped when that is
-/// inside (or contains) a hidden tree: Landlock resolves a rule's path once, so a symbolic
-/// link such as `/var/run -> /run` would otherwise re-open a masked tree. Entries inside
-/// another entry are dropped too.
-pub fn read_roots(hidden: &[PathBuf]) -> Vec<PathBuf> {
-    let mut roots: Vec<PathBuf> = all_except(Path::new("/"), hidden)
-        .into_iter()
-        .filter_map(|p| std::fs::canonicalize(p).ok())
-        .filter(|p| !hidden.iter().any(|h| p.starts_with(h) || h.starts_with(p)))
-        .collect();
+/// The Landlock-level read allowlist: the view's trees and files, `/proc` and `/dev`, each
+/// split around the `hidden` trees inside it (the masks and the workspace: Landlock can only
+/// allow, so a tree with a hidden one inside becomes its other entries), and dropped when it
+/// lies inside one. Links are no rules: Landlock checks the file a path resolves to, which
+/// must be in the view itself.
+pub fn read_roots(view: &View, hidden: &[PathBuf]) -> Vec<PathBuf> {
+    let mut roots = Vec::new();
+    let listed = view.entries().iter().filter_map(|e| match e {
+        Entry::Tree(p) | Entry::File(p) => Some(p.clone()),
+        Entry::Link(..) => None,
+    });
+    for p in listed.chain(["/proc", "/dev"].map(PathBuf::from)) {
+        if hidden.iter().any(|h| p.starts_with(h)) {
+            continue;
+        }
+        if hidden.iter().any(|h| h.starts_with(&p)) {
+            roots.extend(all_except(&p, hidden));
+        } else {
+            roots.push(p);
+        }
+    }
     roots.sort();
     roots.dedup();
-    let all = roots.clone();
-    roots.retain(|p| !all.iter().any(|q| q != p && p.starts_with(q)));
     roots
 }
 
@@ -95,26 +107,33 @@ mod tests {
         assert_eq!(got, vec![d.path().join("a/x"), d.path().join("b")]);
     }
 
-    /// Every read root is a real path, outside every hidden tree: `/var/run` (a link to the
-    /// masked `/run` on this kind of system) and links to a hidden tree never become rules.
+    /// Every read root is inside the view (or /proc, /dev), outside every hidden tree; a
+    /// hidden tree inside the view splits it.
     #[test]
-    fn read_roots_never_lead_into_a_hidden_tree() {
-        let hidden: Vec<PathBuf> = ["/run", "/tmp", "/root", "/home"]
-            .iter()
-            .filter_map(|p| std::fs::canonicalize(p).ok())
-            .collect();
-        let roots = read_roots(&hidden);
-        assert!(!roots.is_empty());
-        for r in &roots {
-            assert_eq!(&std::fs::canonicalize(r).expect("exists"), r);
-            assert!(
-                !hidden.iter().any(|h| r.starts_with(h) || h.starts_with(r)),
-                "{r:?}"
-            );
+    fn read_roots_are_the_view_without_hidden_trees() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let base = std::fs::canonicalize(d.path()).expect("canonical");
+        for p in ["tree/a", "tree/secret", "other"] {
+            std::fs::create_dir_all(base.join(p)).expect("mkdir");
         }
-        if std::fs::read_link("/var/run").is_ok() {
-            assert!(!roots.contains(&PathBuf::from("/var/run")));
-        }
-        assert!(roots.contains(&PathBuf::from("/usr")), "{roots:?}");
+        std::fs::write(base.join("file"), "x").expect("write");
+        let view = View::of(vec![
+            Entry::Tree(base.join("tree")),
+            Entry::File(base.join("file")),
+            Entry::Link(base.join("link"), "tree".into()),
+        ]);
+        let roots = read_roots(&view, &[base.join("tree/secret")]);
+        assert!(roots.contains(&base.join("tree/a")), "{roots:?}");
+        assert!(roots.contains(&base.join("file")), "{roots:?}");
+        assert!(!roots.contains(&base.join("tree")), "{roots:?}");
+        assert!(
+            !roots
+                .iter()
+                .any(|r| r.starts_with(base.join("tree/secret")))
+        );
+        assert!(!roots.iter().any(|r| r.starts_with(base.join("other"))));
+        assert!(!roots.contains(&base.join("link")));
+        assert!(roots.contains(&PathBuf::from("/dev")), "{roots:?}");
+        assert!(roots.contains(&PathBuf::from("/proc")), "{roots:?}");
     }
 }

@@ -30,6 +30,7 @@ pub mod landlock;
 pub mod level;
 pub mod probe;
 pub mod uid_pool;
+pub mod view;
 
 pub use level::{Level, Mode};
 pub use probe::Probe;
@@ -89,6 +90,8 @@ pub struct Settings {
     pub limits: Limits,
     /// Directories to hide besides [`DEFAULT_MASKS`].
     pub masks: Vec<PathBuf>,
+    /// Trees (or files) user code may read besides the system's view (`--expose`).
+    pub expose: Vec<PathBuf>,
     pub uid_base: u32,
     pub uids: u32,
     /// Most uids bound to one principal (0: no limit; see [`bound_per_principal`]).
@@ -105,6 +108,10 @@ pub struct Jail {
     /// Directories it may read that the level would otherwise hide (the session's control
     /// directory, the interpreter's installation prefix).
     pub ro: Vec<PathBuf>,
+    /// Directories of `rw` and `ro` opened as the lease's uid when they were decided (a
+    /// caller's `cwd` and `venv`): bound, and given Landlock rules, from these handles, never
+    /// by their paths, so what the sandbox shows is what was checked.
+    pub opened: Vec<(PathBuf, Arc<OwnedFd>)>,
     /// CPU seconds (one-shot runs only).
     pub cpu_s: Option<u64>,
     /// Its way to the egress proxy (the only network it has), when the operator allows one.
@@ -112,6 +119,16 @@ pub struct Jail {
     /// Set by a process that ended without the helper confirming its whole tree gone: the
     /// lease's uid is then swept before reuse.
     pub dirty: Option<Arc<AtomicBool>>,
+}
+
+impl Jail {
+    /// The handle `p` was opened as when it was decided, if it is a caller's directory.
+    pub fn opened(&self, p: &Path) -> Option<&OwnedFd> {
+        self.opened
+            .iter()
+            .find(|(q, _)| q == p)
+            .map(|(_, fd)| fd.as_ref())
+    }
 }
 
 /// A program and its arguments, ready for `Command`.
@@ -140,7 +157,10 @@ pub struct Sandbox {
     bwrap: Option<PathBuf>,
     /// Existing directories hidden from user code.
     masked: Vec<PathBuf>,
-    /// Landlock-level read allowlist (see [`landlock::read_roots`]).
+    /// What user code sees of the host at `bwrap` and `landlock` (see [`view`]).
+    view: view::View,
+    /// Landlock-level read allowlist: the view, split around hidden trees (see
+    /// [`landlock::read_roots`]).
     read_roots: Vec<PathBuf>,
     pool: Option<Arc<UidPool>>,
     /// A remembered bwrap success still to confirm (see [`probe`]).
@@ -223,17 +243,102 @@ impl Sandbox {
         dirs
     }
 
-    /// `prefix` to bind when it lies in a masked tree; `dir` (inside it) instead when
-    /// `prefix` is a whole masked directory, which is never re-exposed (an exe directly in
-    /// /root/bin); nothing outside the masked trees.
+    /// `prefix` to show when the view does not; `dir` (inside it) instead when `prefix` is
+    /// a whole masked directory, which is never shown (an exe directly in /root/bin) or the
+    /// root; nothing the view shows.
     fn visible_prefix(&self, prefix: &Path, dir: &Path) -> Option<PathBuf> {
-        if !self.masked.iter().any(|m| prefix.starts_with(m)) {
+        if self.view.shows(prefix) {
             return None;
         }
-        if self.masked.iter().any(|m| m == prefix) {
-            return (dir != prefix).then(|| dir.to_path_buf());
+        if prefix == Path::new("/") || self.masked.iter().any(|m| m == prefix) {
+            return (dir != prefix && !self.view.shows(dir)).then(|| dir.to_path_buf());
         }
         Some(prefix.to_path_buf())
+    }
+
+    /// The view of the host user code sees (empty at level none, which shows everything).
+    pub fn view(&self) -> &view::View {
+        &self.view
+    }
+
+    /// What the language's `reads` (host trees it reads besides its installation) stand for
+    /// here that the view does not show.
+    pub fn language_reads(&self, reads: &[String]) -> Vec<PathBuf> {
+        if self.level == Level::None || reads.is_empty() {
+            return Vec::new();
+        }
+        view::resolve_reads(reads)
+            .into_iter()
+            .filter(|p| !self.view.shows(p))
+            .collect()
+    }
+
+    /// Why the `.venv` whose writers are `w` could be the doing of code of another
+    /// principal than `principal` (`local`: the stdio principal, or HTTP without tokens):
+    /// None when only the host's accounts (root, the operator, a project's owner) and
+    /// sandbox uids bound to `principal` own it or may change it. As root, user code runs as
+    /// the pool's uids, so one bound to another principal, or to none yet (any principal's
+    /// run may hold it), could have planted it. Not root, every principal's code runs as the
+    /// server's own uid and groups, so only the local principal, who is the server's user,
+    /// may trust them.
+    pub fn foreign_writer(
+        &self,
+        w: &crate::venv::Writers,
+        principal: &str,
+        local: bool,
+    ) -> Option<String> {
+        if let Some(what) = &w.anyone {
+            return Some(what.clone());
+        }
+        let ids = w.uids.iter().map(|u| ("uid", *u));
+        let ids = ids.chain(w.gids.iter().map(|g| ("group", *g)));
+        match &self.pool {
+            Some(pool) => {
+                for (kind, id) in ids {
+                    match pool.principal_of(id) {
+                        None => {}
+                        Some(Some(p)) if p == principal => {}
+                        Some(Some(_)) => {
+                            return Some(format!(
+                                "{kind} {id}, a sandbox user bound to another principal, owns \
+it or may change it"
+                            ));
+                        }
+                        Some(None) => {
+                            return Some(format!(
+                                "{kind} {id}, a sandbox user any principal's code may run as, \
+owns it or may change it"
+                            ));
+                        }
+                    }
+                }
+                None
+            }
+            None if local => None,
+            None => {
+                let uid = rustix::process::geteuid().as_raw();
+                let mut groups: Vec<u32> = rustix::process::getgroups()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|g| g.as_raw())
+                    .collect();
+                groups.push(rustix::process::getegid().as_raw());
+                ids.filter(|(kind, id)| {
+                    if *kind == "uid" {
+                        *id == uid
+                    } else {
+                        groups.contains(id)
+                    }
+                })
+                .map(|(kind, id)| {
+                    format!(
+                        "{kind} {id}, the server's own, as which every principal's code runs, \
+owns it or may change it"
+                    )
+                })
+                .next()
+            }
+        }
     }
 
     /// Check the domains a caller asks for (`allow_domains`) against the operator's
@@ -362,18 +467,15 @@ impl Sandbox {
     }
 
     /// Why the directory `dir` (canonical: a caller's cwd) may not be bound into the sandbox:
-    /// at level bwrap it is mounted by its path, which users other than root must not be able
-    /// to change (see [`bwrap::check_dest`]). Nothing is mounted at the other levels.
+    /// at level bwrap it is mounted onto its path, and when that lies inside a tree the view
+    /// shows, users other than root must not be able to change the way from there (see
+    /// [`bwrap::check_dest`]). Elsewhere the way is bwrap's own; nothing is mounted at the
+    /// other levels.
     pub(crate) fn check_bind(&self, dir: &Path) -> Result<(), String> {
         if !self.wrapped() {
             return Ok(());
         }
-        bwrap::check_dest(
-            dir,
-            &bwrap::private_roots(self),
-            &[],
-            &bwrap::trusted_uids(),
-        )
+        bwrap::check_dest(dir, &bwrap::base_mounts(self), &bwrap::trusted_uids())
     }
 
     /// One line for the server's instructions.
@@ -453,13 +555,30 @@ impl Sandbox {
     /// command line holds nothing a caller chose but `cwd` (which the helper enters only
     /// after the uid drop, and bwrap binds by descriptor).
     pub fn command(&self, jail: &Jail, cwd: &Path, pty: bool) -> std::io::Result<CommandLine> {
-        let args = self.exec_args(jail, cwd, pty);
+        let mut args = self.exec_args(jail, cwd, pty);
         if !self.wrapped() {
+            // A caller's directories get their Landlock rules from the handles opened when
+            // they were decided, passed down to the helper.
+            let mut fds = Vec::new();
+            if args.landlock.is_some() {
+                for (p, fd) in &jail.opened {
+                    let n = bwrap::FIRST_BIND_FD + fds.len() as i32;
+                    fds.push((fd.try_clone()?, n));
+                    if jail.rw.contains(p) {
+                        args.write_fds.push(n);
+                        if p == cwd {
+                            args.chdir_fd = Some(n);
+                        }
+                    } else {
+                        args.read_fds.push(n);
+                    }
+                }
+            }
             return Ok(CommandLine {
                 program: self.helper.clone(),
                 args: args.to_args(),
                 wrapped: false,
-                fds: Vec::new(),
+                fds,
             });
         }
         bwrap::command(self, jail, &args)

@@ -30,6 +30,7 @@ struct Plan {
     helper: PathBuf,
     bwrap: Option<PathBuf>,
     masked: Vec<PathBuf>,
+    view: super::view::View,
     pool: Result<Option<Arc<UidPool>>, String>,
 }
 
@@ -59,6 +60,7 @@ impl Sandbox {
             helper: super::helper_exe().to_path_buf(),
             bwrap,
             masked,
+            view: super::view::View::system(&settings.expose),
             pool: if root {
                 state_dir()
                     .map(|dir| {
@@ -145,6 +147,7 @@ impl Plan {
             helper: self.helper.clone(),
             bwrap: self.bwrap.clone(),
             masked: self.masked.clone(),
+            view: self.view.clone(),
             read_roots: Vec::new(),
             pool: self.pool.clone().ok().flatten(),
             unverified: Mutex::new(None),
@@ -223,6 +226,17 @@ impl Probe {
             // uids with another server's, so refuse rather than weaken the guarantee.
             anyhow::bail!("{e}");
         }
+        // Everything of runs and sessions lives there: nobody but root (or the server's
+        // user) may be able to put another directory in its place.
+        if let Ok(real) = std::fs::canonicalize(workspace) {
+            super::bwrap::check_own(&real).map_err(|e| {
+                anyhow::anyhow!(
+                    "the working area {}: {e}. Give --work-dir a directory whose way only root \
+                     can change",
+                    workspace.display()
+                )
+            })?;
+        }
         let bwrap_ok = bwrap_works(&plan, self.bwrap_probe, self.cached, self.cache.as_ref())?;
         let level = match plan.mode {
             Mode::Bwrap => Level::Bwrap,
@@ -264,7 +278,16 @@ impl Probe {
         if level == Level::Landlock {
             let mut hidden = sandbox.masked.clone();
             hidden.push(std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.into()));
-            sandbox.read_roots = read_roots(&hidden);
+            sandbox.read_roots = read_roots(&sandbox.view, &hidden);
+        }
+        if level == Level::None {
+            sandbox.view = Default::default();
+        } else {
+            tracing::info!(
+                "sandbox view: user code reads only these host paths (read-only), each \
+                 language's installation and reads, and its own directories: {}",
+                sandbox.view.describe()
+            );
         }
         Ok(sandbox)
     }

@@ -221,6 +221,24 @@ impl UidPool {
         )
     }
 
+    /// Whose code may have run as `id` (a uid, or a gid: a pool uid's gid is its uid):
+    /// `Some(None)` for a sandbox id of this server's range or one another server has used
+    /// (a lock file names it), bound to no principal yet; `Some(Some(p))` for one bound to
+    /// `p`; None for an id no sandbox hands out (an account of the host).
+    pub(super) fn principal_of(&self, id: u32) -> Option<Option<String>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(self.lock_dir.join(id.to_string()));
+        let in_range = id >= self.base && id - self.base < self.size;
+        match file {
+            Ok(f) => Some(read_owner(&f)),
+            Err(_) if in_range => Some(None),
+            Err(_) => None,
+        }
+    }
+
     /// Uids of the pool this server holds now.
     pub(super) fn in_use(&self) -> usize {
         let free = self.free.lock().unwrap_or_else(|p| p.into_inner()).len();

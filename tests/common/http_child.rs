@@ -19,7 +19,20 @@ impl HttpChild {
     /// Start with `args` (and no warm pool unless `env` sets `REPLBOX_POOL`), or the log of
     /// a server that stopped before listening.
     pub async fn try_start(args: &[&str], env: &[(&str, &str)]) -> Result<Self, String> {
+        Self::try_start_as(args, env, None).await
+    }
+
+    /// [`try_start`](Self::try_start) as `uid` (and its gid) when given, which needs root.
+    pub async fn try_start_as(
+        args: &[&str],
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+    ) -> Result<Self, String> {
         let mut cmd = tokio::process::Command::new(super::BIN);
+        if let Some(uid) = uid {
+            // std drops the supplementary groups too when it changes the uid as root.
+            cmd.uid(uid).gid(uid);
+        }
         cmd.args(["serve", "--http", "127.0.0.1:0"]).args(args);
         for var in ["REPLBOX_TOKENS", "REPLBOX_TOKENS_FILE", "REPLBOX_LOG"] {
             cmd.env_remove(var);

@@ -75,6 +75,9 @@ pub struct ExecArgs {
     pub program_fd: Option<i32>,
     /// Directory to enter, after the uid drop.
     pub chdir: Option<PathBuf>,
+    /// Enter the directory of this inherited descriptor instead (one of `write_fds`: a
+    /// caller's directory, entered as it was decided, whatever its path leads to now).
+    pub chdir_fd: Option<i32>,
     /// Run the program as this (uid, gid).
     pub ids: Option<(u32, u32)>,
     /// (resource, value) pairs, soft = hard (CPU: hard one second later).
@@ -84,6 +87,11 @@ pub struct ExecArgs {
     pub read: Vec<PathBuf>,
     /// Landlock: writable trees. Opened without following symbolic links.
     pub write: Vec<PathBuf>,
+    /// Landlock: readable trees, as descriptors inherited at these numbers (directories the
+    /// server opened as the session's user when it decided them: no path is resolved again).
+    pub read_fds: Vec<i32>,
+    /// Landlock: writable trees, likewise.
+    pub write_fds: Vec<i32>,
     /// Network allowed (no TCP rules in Landlock, IP sockets allowed by seccomp).
     pub net: bool,
     pub seccomp: bool,
@@ -125,6 +133,9 @@ impl ExecArgs {
         if let Some(d) = &self.chdir {
             flag("--chdir", Some(d.clone().into()));
         }
+        if let Some(fd) = self.chdir_fd {
+            flag("--chdir-fd", Some(fd.to_string().into()));
+        }
         if let Some((uid, gid)) = self.ids {
             flag("--ids", Some(format!("{uid}:{gid}").into()));
         }
@@ -143,6 +154,12 @@ impl ExecArgs {
         }
         for p in &self.write {
             flag("--write", Some(p.clone().into()));
+        }
+        for fd in &self.read_fds {
+            flag("--read-fd", Some(fd.to_string().into()));
+        }
+        for fd in &self.write_fds {
+            flag("--write-fd", Some(fd.to_string().into()));
         }
         if self.net {
             flag("--net", None);
@@ -180,6 +197,7 @@ impl ExecArgs {
                 "--status-fd" => out.status_fd = Some(fd(name, &value()?)?),
                 "--program-fd" => out.program_fd = Some(fd(name, &value()?)?),
                 "--chdir" => out.chdir = Some(value()?.into()),
+                "--chdir-fd" => out.chdir_fd = Some(fd(name, &value()?)?),
                 "--ids" => {
                     let v = value()?;
                     let (u, g) = utf8(name, &v)?
@@ -207,6 +225,8 @@ impl ExecArgs {
                 "--proxy-socket" => out.proxy_socket = Some(value()?.into()),
                 "--read" => out.read.push(value()?.into()),
                 "--write" => out.write.push(value()?.into()),
+                "--read-fd" => out.read_fds.push(fd(name, &value()?)?),
+                "--write-fd" => out.write_fds.push(fd(name, &value()?)?),
                 _ => return Err(format!("unknown option {a:?}")),
             }
         }
@@ -340,6 +360,7 @@ mod tests {
             status_fd: Some(3),
             program_fd: Some(4),
             chdir: Some(PathBuf::from(OsString::from_vec(b"/w \xff--x".to_vec()))),
+            chdir_fd: Some(6),
             ids: Some((100_001, 100_002)),
             rlimits: vec![
                 (Rlimit::Data, 1 << 30),
@@ -352,6 +373,8 @@ mod tests {
             landlock: Some(LandlockMode::BestEffort),
             read: vec!["/usr".into(), "--write".into()],
             write: vec!["/w".into(), "/dev/null".into()],
+            read_fds: vec![5, 7],
+            write_fds: vec![6],
             net: true,
             seccomp: true,
             private_shm: Some(256 << 20),
@@ -383,6 +406,8 @@ mod tests {
             &["--private-shm", "big"],
             &["--proxy-port", "70000"],
             &["--proxy-socket"],
+            &["--read-fd", "2"],
+            &["--write-fd", "x"],
             &["--what"],
             &["--", "true"],
         ] {

@@ -19,6 +19,7 @@ pub struct Confinement {
     private_proc: bool,
     ids: Option<(u32, u32)>,
     chdir: Option<PathBuf>,
+    chdir_fd: Option<i32>,
     landlock: Option<(RulesetCreated, LandlockMode)>,
     seccomp: Vec<BpfProgram>,
 }
@@ -32,6 +33,19 @@ impl Confinement {
             )),
             None => None,
         };
+        // The ruleset holds what the directories' descriptors named: they go, so that
+        // nothing of the server's reaches the program (the child closes the rest).
+        for &fd in args
+            .read_fds
+            .iter()
+            .chain(&args.write_fds)
+            .filter(|&&fd| Some(fd) != args.chdir_fd)
+        {
+            // SAFETY: a descriptor number the server placed for the rules alone, closed once.
+            unsafe {
+                libc::close(fd);
+            }
+        }
         let seccomp = if args.seccomp {
             seccomp::programs(args.net, args.proxy_port.is_some())?
         } else {
@@ -43,6 +57,7 @@ impl Confinement {
             private_proc: args.private_proc,
             ids: args.ids,
             chdir: args.chdir.clone(),
+            chdir_fd: args.chdir_fd,
             landlock,
             seccomp,
         })
@@ -61,7 +76,18 @@ impl Confinement {
         if let Some((uid, gid)) = self.ids {
             drop_to(uid, gid)?;
         }
-        if let Some(dir) = &self.chdir {
+        if let Some(fd) = self.chdir_fd {
+            // SAFETY: a descriptor number the server placed for this; only borrowed.
+            let dir = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            nix::unistd::fchdir(dir).map_err(|e| {
+                format!(
+                    "cannot enter the working directory {} as uid {}: {}",
+                    self.chdir.as_deref().unwrap_or(Path::new("?")).display(),
+                    nix::unistd::getuid(),
+                    std::io::Error::from(e)
+                )
+            })?;
+        } else if let Some(dir) = &self.chdir {
             nix::unistd::chdir(dir).map_err(|e| {
                 format!(
                     "cannot enter the working directory {} as uid {}: {}",

@@ -2,7 +2,7 @@
 //! allowed (then only connecting to the proxy's port, when one is given), and the signal and
 //! abstract-socket scopes.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use landlock::{
@@ -53,6 +53,30 @@ pub fn ruleset(args: &ExecArgs) -> Result<RulesetCreated, RulesetError> {
         for p in paths {
             created = add(created, p, access)?;
         }
+    }
+    for (fds, access) in [(&args.read_fds, read), (&args.write_fds, handled)] {
+        for &fd in fds {
+            // SAFETY: a descriptor number the server placed for this process (checked by
+            // fstat below before use); only borrowed here.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            let Ok(st) = nix::sys::stat::fstat(fd) else {
+                continue;
+            };
+            let access = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                access
+            } else {
+                access & AccessFs::from_file(LANDLOCK_ABI)
+            };
+            created = created.add_rule(PathBeneath::new(fd, access))?;
+        }
+    }
+    // The terminal the program was given (a session's): inside bwrap it lies on the host's
+    // devpts, outside the sandbox's tree, and the program may reopen it (node does, through
+    // /proc/self/fd/0).
+    let stdin = std::io::stdin();
+    if nix::unistd::isatty(&stdin).unwrap_or(false) {
+        let file = handled & AccessFs::from_file(abi);
+        created = created.add_rule(PathBeneath::new(stdin.as_fd(), file))?;
     }
     Ok(created)
 }

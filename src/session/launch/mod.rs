@@ -163,6 +163,8 @@ pub(super) struct Dirs {
     cwd: PathBuf,
     /// The caller's `cwd`, when given (kept at close).
     caller_cwd: Option<PathBuf>,
+    /// Its handle, opened as the session's uid when it was decided: what the sandbox shows.
+    caller_cwd_fd: Option<Arc<OwnedFd>>,
     /// Whose session it is (its egress connections count against the principal's).
     principal: String,
     /// Code mode: its channel to the MCP tools, when it asked for servers.
@@ -406,6 +408,7 @@ files and folders (--max-tracked-files)",
                 .iter()
                 .flat_map(|e| self.sandbox.interpreter_dirs(e))
                 .collect(),
+            shown: self.sandbox.view().trees().map(Path::to_path_buf).collect(),
         }
     }
 
@@ -456,10 +459,25 @@ files and folders (--max-tracked-files)",
             cwd: prepared.caller_cwd.clone().unwrap_or_else(|| work.clone()),
             work,
             caller_cwd: prepared.caller_cwd.clone(),
+            caller_cwd_fd: prepared
+                .caller_cwd
+                .as_ref()
+                .map(|_| prepared.cwd_fd.clone()),
             dir,
             principal: caller.map(|c| c.principal.clone()).unwrap_or_default(),
             tools: None,
         };
+        // A `.venv` found in the cwd, not named by the caller: used only when no other
+        // principal's code could have put it there or changed it.
+        if let (Some(w), Some(c)) = (prepared.venv_writers.take(), caller)
+            && let Some(why) = self.sandbox.foreign_writer(&w, &c.principal, local)
+        {
+            prepared.venv = None;
+            prepared.venv_note = Some(format!(
+                "the .venv in cwd was not used: {why}, so code of another principal could \
+have put it there; this session runs the server's Python. Pass venv to use it anyway"
+            ));
+        }
         let it = match prepared.venv.take() {
             Some((v, why)) => it.in_venv(v, why),
             None => it,
@@ -517,12 +535,16 @@ files and folders (--max-tracked-files)",
         // `venv::inspect`, never looked at with the server's rights).
         let builder = ChildBuilder::new(&self.sandbox, lease, &dirs.work);
         let builder = match &it.venv {
-            Some(v) => builder.venv(&v.root, &v.expose),
+            Some(v) => builder.venv(v),
             None => builder.interpreters(&[&it.exe, &it.detected.exe]),
         };
+        let builder = match (&dirs.caller_cwd, &dirs.caller_cwd_fd) {
+            (Some(p), Some(fd)) => builder.caller_dir(p, fd.clone()),
+            _ => builder,
+        };
         let child = builder
+            .language_reads(&it.lang.spec.reads)
             .writable([dirs.out.clone(), cache_dir])
-            .writable(dirs.caller_cwd.clone())
             .readable([dirs.ctl.clone()])
             .language_env(language.map(|(k, v)| (k.clone(), expand(v, &vars))))
             .caller_env(caller_env)

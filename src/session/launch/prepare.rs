@@ -25,6 +25,9 @@ pub(in crate::session) struct Prepared {
     pub(super) venv: Option<(Venv, Why)>,
     /// Why a `.venv` in the cwd was not used.
     pub(super) venv_note: Option<String>,
+    /// Who could have made or changed the `.venv` found in the cwd (decided by the caller
+    /// of [`prepare_dirs`], which knows whose uids they are).
+    pub(super) venv_writers: Option<venv::Writers>,
 }
 
 /// Which virtual environment a session asks for.
@@ -81,7 +84,7 @@ pub(super) fn prepare_dirs(
         }
         None => (None, work_fd, true),
     };
-    let (mut venv, mut venv_note) = (None, None);
+    let (mut venv, mut venv_note, mut venv_writers) = (None, None, None);
     match (ask, &caller_cwd) {
         (VenvAsk::Given(p), _) => {
             venv = Some((venv::inspect(&venv_policy, &p, uid)?, Why::Venv));
@@ -92,8 +95,15 @@ pub(super) fn prepare_dirs(
         {
             // Not asked for by name: one that cannot be used is said, and the session
             // starts with the server's Python.
-            match venv::inspect(&venv_policy, &dir.join(".venv"), uid) {
-                Ok(v) => venv = Some((v, Why::CwdVenv)),
+            let found = venv::inspect(&venv_policy, &dir.join(".venv"), uid).and_then(|v| {
+                let w = venv::writers(dir, cwd_fd.as_fd(), v.dir.as_fd())?;
+                Ok((v, w))
+            });
+            match found {
+                Ok((v, w)) => {
+                    venv = Some((v, Why::CwdVenv));
+                    venv_writers = Some(w);
+                }
                 Err(e) => {
                     venv_note = Some(format!(
                         "the .venv in cwd was not used ({e}); this session runs the server's \
@@ -123,6 +133,7 @@ Python. Pass venv to name an environment"
         brought: Arc::new(brought),
         venv,
         venv_note,
+        venv_writers,
     })
 }
 
