@@ -1104,7 +1104,7 @@ except OSError as e:
     }
 }
 
-// Issue, 2: as root, user code never runs as root: a pool uid per run and per session,
+// As root, user code never runs as root: a pool uid per run and per session,
 // owning its own directory, unable to list the server's.
 #[tokio::test(flavor = "multi_thread")]
 async fn never_as_root() {
@@ -1151,7 +1151,7 @@ print(os.getuid(), os.geteuid(), os.getgid(), os.getgroups(), os.stat(".").st_ui
     }
 }
 
-// Issue, 1: the level in force is chosen by probing and reported; a required level that is
+// The level in force is chosen by probing and reported; a required level that is
 // not available stops the server before it serves.
 #[tokio::test(flavor = "multi_thread")]
 async fn levels_are_reported_and_requirements_fail_closed() {
@@ -1214,7 +1214,7 @@ async fn levels_are_reported_and_requirements_fail_closed() {
     }
 }
 
-// Issue, 2: a caller's cwd is visible to the session, but the kernel decides what its
+// A caller's cwd is visible to the session, but the kernel decides what its
 // unprivileged user may do there; a directory it cannot enter is refused up front, and the
 // server's own working area can never be a cwd.
 #[tokio::test(flavor = "multi_thread")]
@@ -1276,8 +1276,8 @@ async fn a_callers_cwd_grants_visibility_not_privilege() {
     }
 }
 
-// Issue, 3: CPU time of a run is limited (several busy threads cannot burn more than the
-// limit, whatever the wall-clock timeout).
+// CPU time of a run is limited (several busy threads cannot burn more than the limit,
+// whatever the wall-clock timeout): SIGXCPU, not the 20 s deadline, ends it.
 #[tokio::test(flavor = "multi_thread")]
 async fn cpu_time_of_a_run_is_limited() {
     if !python() {
@@ -1287,10 +1287,9 @@ async fn cpu_time_of_a_run_is_limited() {
         let Some(s) = start(setup, &["--cpu-s", "1"], &[]).await else {
             continue;
         };
-        let t = Instant::now();
         let o = run_t(&s, setup, "python", "while True: pass", 20_000).await;
         assert_eq!(o.structured["signal"], "SIGXCPU", "{setup:?}: {}", o.text);
-        assert!(t.elapsed() < Duration::from_secs(8), "{setup:?}");
+        assert_ne!(o.structured["timed_out"], true, "{setup:?}: {}", o.text);
         s.stop().await;
     }
 }
