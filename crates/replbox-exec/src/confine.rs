@@ -68,6 +68,21 @@ impl Confinement {
         for (r, v) in &self.rlimits {
             set_rlimit(*r, *v)?;
         }
+        // A caller's directory is entered from its handle before any mount namespace of the
+        // helper's own: unshare carries the working directory over into the new one, while
+        // a directory entered afterwards from a handle of the old one is unreachable there
+        // (getcwd fails). The handle was opened, and its way checked, as the session's uid.
+        if let Some(fd) = self.chdir_fd {
+            // SAFETY: a descriptor number the server placed for this; only borrowed.
+            let dir = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            nix::unistd::fchdir(dir).map_err(|e| {
+                format!(
+                    "cannot enter the working directory {}: {}",
+                    self.chdir.as_deref().unwrap_or(Path::new("?")).display(),
+                    std::io::Error::from(e)
+                )
+            })?;
+        }
         let (shm, proc) = if self.private_shm.is_some() || self.private_proc {
             private_mounts(self.private_shm, self.private_proc)?
         } else {
@@ -76,18 +91,9 @@ impl Confinement {
         if let Some((uid, gid)) = self.ids {
             drop_to(uid, gid)?;
         }
-        if let Some(fd) = self.chdir_fd {
-            // SAFETY: a descriptor number the server placed for this; only borrowed.
-            let dir = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-            nix::unistd::fchdir(dir).map_err(|e| {
-                format!(
-                    "cannot enter the working directory {} as uid {}: {}",
-                    self.chdir.as_deref().unwrap_or(Path::new("?")).display(),
-                    nix::unistd::getuid(),
-                    std::io::Error::from(e)
-                )
-            })?;
-        } else if let Some(dir) = &self.chdir {
+        if self.chdir_fd.is_none()
+            && let Some(dir) = &self.chdir
+        {
             nix::unistd::chdir(dir).map_err(|e| {
                 format!(
                     "cannot enter the working directory {} as uid {}: {}",
