@@ -717,28 +717,28 @@ async fn a_uid_one_principal_used_never_goes_to_another() {
             o.text
         );
 
-        // A comes back to its own uid, and its files.
-        let o = until_free(|| {
-            http_call(
-                &a,
-                "run-code",
-                json!({"languageId": "python", "code": read_secrets(Some(&p), &name)}),
-            )
-        })
-        .await;
+        // A comes back to its own uid, and its files: in a session in the same cwd (a run
+        // without one does not see that directory at bwrap or landlock, whose view of the
+        // host holds a caller's directory only for the spawn that named it).
+        let o =
+            until_free(|| http_call(&a, "session_start", json!({"language": "python", "cwd": p})))
+                .await;
         assert!(!o.is_error, "{level}: {}", o.text);
-        assert_eq!(
-            o.text.lines().next(),
-            Some(uid_a.as_str()),
-            "{level}: {}",
-            o.text
-        );
+        let sa = o.s("session_id").to_string();
+        let o = http_call(
+            &a,
+            "session_eval",
+            json!({"session_id": sa, "code": read_secrets(Some(&p), &name)}),
+        )
+        .await;
+        assert_eq!(status(&o), "ok", "{level}: {}", o.text);
+        let out = output(&o).to_string();
+        assert_eq!(out.lines().next(), Some(uid_a.as_str()), "{level}: {out}");
         assert!(
-            o.text
-                .contains(&format!("{} READ {secret}", s(&p.join(&name)))),
-            "{level}: {}",
-            o.text
+            out.contains(&format!("{} READ {secret}", s(&p.join(&name)))),
+            "{level}: {out}"
         );
+        let _ = http_call(&a, "session_close", json!({ "session_id": sa })).await;
         remove_host_secrets(&name);
         for cl in [a, b, c] {
             let _ = cl.cancel().await;
