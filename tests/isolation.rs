@@ -1433,6 +1433,13 @@ async fn a_work_dir_named_through_a_link_works() {
         return;
     }
     let real = world_writable_tempdir();
+    // Sticky, as /tmp is: the server refuses a work dir in which others could rename its
+    // working area.
+    std::fs::set_permissions(
+        real.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .expect("chmod");
     // The link where the sandbox shows it (not under a masked directory).
     let links = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let link = links.path().join("work");

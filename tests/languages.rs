@@ -474,9 +474,11 @@ per_row!(
         let parent = tempfile::tempdir().expect("tempdir");
         let work_dir = parent.path().join(format!("work-{HOSTILE}"));
         let cwd = parent.path().join(format!("cwd-{HOSTILE}"));
-        for d in [&work_dir, &cwd] {
+        // The work dir sticky, as /tmp is: the server refuses one in which others could
+        // rename its working area.
+        for (d, mode) in [(&work_dir, 0o1777), (&cwd, 0o777)] {
             std::fs::create_dir(d).expect("mkdir");
-            std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(mode))
                 .expect("chmod");
         }
         // The session's uid must reach the cwd, which lies in a tree the sandbox hides unless the

@@ -389,6 +389,38 @@ fn egress_sockets(pid: u32) -> Vec<String> {
 // caps (and anything on the host could do the same, at every level). Each endpoint now
 // hands its own program an unguessable secret in the proxy URL and refuses (407) every
 // connection that does not present it, checked in constant time.
+/// The review of the fixes above: at landlock, with a TCP way out to the proxy, `listen` on a
+/// socket never bound picks an ephemeral port of the host's by itself, and Landlock (which
+/// checks `bind`) is never asked: a server anyone reaching the host could connect to.
+/// Refused; inside bwrap's network namespace a listener is the sandbox's own.
+#[tokio::test(flavor = "multi_thread")]
+async fn finding_r3_review_listen_without_bind_opens_no_host_port() {
+    if !require("python", "python3") {
+        return;
+    }
+    let code = "import socket\n\
+                for fam in (socket.AF_INET, socket.AF_INET6, socket.AF_UNIX):\n\
+                \x20   s = socket.socket(fam, socket.SOCK_STREAM)\n\
+                \x20   try:\n\
+                \x20       s.listen(5)\n\
+                \x20       print(int(fam), 'listening', s.getsockname())\n\
+                \x20   except OSError as e:\n\
+                \x20       print(int(fam), 'refused', e.errno)\n";
+    for setup in setups(&["landlock"]) {
+        let l = Listener::open();
+        let host = format!("127.0.0.1:{}", l.port);
+        let Some(s) = start(setup, &["--allow-host", &host]).await else {
+            continue;
+        };
+        let what = format!("{setup:?}");
+        let o = run(&s.client, &what, "python", code).await;
+        let out = o.s("stdout").to_string();
+        assert!(!out.contains("listening"), "{what}: {out}");
+        assert!(out.contains("2 refused 1"), "{what}: {out}");
+        s.stop().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn finding_r3_1_an_egress_endpoint_serves_only_its_own_run_or_session() {
     if !require("python", "python3") {

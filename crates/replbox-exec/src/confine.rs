@@ -47,7 +47,9 @@ impl Confinement {
             }
         }
         let seccomp = if args.seccomp {
-            seccomp::programs(args.net, args.proxy_port.is_some())?
+            // Outside bwrap's network namespace a listening socket is on the host's.
+            let host_net = args.proxy_socket.is_none();
+            seccomp::programs(args.net, args.proxy_port.is_some(), host_net)?
         } else {
             Vec::new()
         };

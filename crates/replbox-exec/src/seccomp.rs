@@ -100,8 +100,10 @@ const TCP_PROTOCOLS: [u64; 2] = [0, libc::IPPROTO_TCP as u64];
 
 /// `net`: any socket family the resolver and clients use. `tcp`: IP stream sockets only,
 /// exactly (`AF_INET` or `AF_INET6`, [`STREAM_TYPES`], [`TCP_PROTOCOLS`]); Landlock decides
-/// which port they may connect to.
-pub fn programs(net: bool, tcp: bool) -> Result<Vec<BpfProgram>, String> {
+/// which port they may connect to. `host_net`: the program shares the host's network
+/// namespace, so with `tcp` it may not `listen` at all: `listen` on an unbound socket binds
+/// an ephemeral port itself, and Landlock, which checks `bind`, is never asked.
+pub fn programs(net: bool, tcp: bool, host_net: bool) -> Result<Vec<BpfProgram>, String> {
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| format!("seccomp: {e}"))?;
     let err = |e: seccompiler::BackendError| format!("seccomp: {e}");
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
@@ -146,6 +148,10 @@ pub fn programs(net: bool, tcp: bool) -> Result<Vec<BpfProgram>, String> {
         }
     }
     rules.insert(libc::SYS_socket, socket_rules);
+    if tcp && !net && host_net {
+        // Any socket: seccomp cannot tell an IP socket from a Unix one by its descriptor.
+        rules.insert(libc::SYS_listen, Vec::new());
+    }
     if !net {
         // TCP Fast Open connects from inside sendto/sendmsg, where Landlock's connect rule
         // is never asked: refused, whatever the socket (connect() then send() is the way).
