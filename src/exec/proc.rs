@@ -191,10 +191,12 @@ mod tests {
         assert_eq!(tree.len(), 1, "{tree:?}");
         assert_eq!(first_child(sh), Some(tree[0]));
         assert_eq!(comm(tree[0]).as_deref(), Some("sleep"));
-        assert!(matches!(
-            syscall(tree[0], tree[0]),
-            Some(Syscall::Blocked { .. })
-        ));
+        // `sleep` has run once its name shows, but may not be in its system call yet.
+        let blocked = || matches!(syscall(tree[0], tree[0]), Some(Syscall::Blocked { .. }));
+        while !blocked() && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert!(blocked());
         let _ = child.kill();
         let _ = child.wait();
         if let Some(pid) = rustix::process::Pid::from_raw(tree[0] as i32) {
