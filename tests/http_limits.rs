@@ -183,6 +183,52 @@ async fn tools_list(addr: &str, token: &str, session: &str) -> Raw {
     raw(addr, "POST", "/mcp", Some(token), Some(session), TOOLS_LIST).await
 }
 
+/// `n` connections of `token`'s kept open after a request each (the first starts an MCP
+/// session, the others list its tools): their statuses and sockets.
+async fn kept_alive_with_statuses(addr: &str, token: &str, n: usize) -> (Vec<u16>, Vec<TcpStream>) {
+    let mut kept = Vec::new();
+    let mut statuses = Vec::new();
+    let mut session: Option<String> = None;
+    for _ in 0..n {
+        let mut sock = TcpStream::connect(addr).await.expect("connect");
+        let req = match &session {
+            None => request(addr, "POST", "/mcp", Some(token), None, INITIALIZE, false),
+            Some(id) => request(
+                addr,
+                "POST",
+                "/mcp",
+                Some(token),
+                Some(id),
+                TOOLS_LIST,
+                false,
+            ),
+        };
+        sock.write_all(req.as_bytes()).await.expect("write");
+        let head = read_head(&mut sock).await;
+        if session.is_none() {
+            session = head.header("mcp-session-id").map(String::from);
+            assert!(session.is_some(), "{head:?}");
+        }
+        if head.status == 429 {
+            assert_eq!(head.header("connection"), Some("close"), "{head:?}");
+            assert!(
+                head.body.contains("--http-max-connections-per-principal"),
+                "{head:?}"
+            );
+        }
+        statuses.push(head.status);
+        kept.push(sock);
+    }
+    (statuses, kept)
+}
+
+/// `n` connections of `token`'s kept open, each served.
+async fn kept_alive(addr: &str, token: &str, n: usize) -> Vec<TcpStream> {
+    let (statuses, kept) = kept_alive_with_statuses(addr, token, n).await;
+    assert!(statuses.iter().all(|&c| c == 200), "{statuses:?}");
+    kept
+}
+
 /// A standalone event stream (`GET /mcp`) held open: its answer's head and the socket.
 async fn open_stream(addr: &str, token: &str, session: &str) -> (Raw, TcpStream) {
     let mut s = TcpStream::connect(addr).await.expect("connect");
@@ -495,47 +541,7 @@ async fn finding_r3_3_a_principal_holds_at_most_its_share_of_connections() {
     let addr = s.addr.clone();
     // Every connection of A's is kept open: the first starts A's MCP session, the others
     // list the tools in it.
-    let mut kept = Vec::new();
-    let mut statuses = Vec::new();
-    let mut session: Option<String> = None;
-    for _ in 0..8 {
-        let mut sock = TcpStream::connect(&addr).await.expect("connect");
-        let req = match &session {
-            None => request(
-                &addr,
-                "POST",
-                "/mcp",
-                Some(TOKEN_A),
-                None,
-                INITIALIZE,
-                false,
-            ),
-            Some(id) => request(
-                &addr,
-                "POST",
-                "/mcp",
-                Some(TOKEN_A),
-                Some(id),
-                TOOLS_LIST,
-                false,
-            ),
-        };
-        sock.write_all(req.as_bytes()).await.expect("write");
-        let head = read_head(&mut sock).await;
-        if session.is_none() {
-            session = head.header("mcp-session-id").map(String::from);
-            assert!(session.is_some(), "{head:?}");
-        }
-        statuses.push(head.status);
-        if head.status == 429 {
-            assert_eq!(head.header("connection"), Some("close"), "{head:?}");
-            assert!(
-                head.body.contains("--http-max-connections-per-principal"),
-                "{head:?}"
-            );
-        }
-        kept.push(sock);
-    }
+    let (statuses, kept) = kept_alive_with_statuses(&addr, TOKEN_A, 8).await;
     assert_eq!(statuses[..4], [200, 200, 200, 200], "{statuses:?}");
     assert!(statuses[4..].iter().all(|&c| c == 429), "{statuses:?}");
     // B has a share of its own.
@@ -546,27 +552,22 @@ async fn finding_r3_3_a_principal_holds_at_most_its_share_of_connections() {
 }
 
 /// Round 3, finding 3: `/healthz` and `/metrics` answer even when every connection slot is
-/// held (here by half-sent requests, which hold theirs for the read timeout); an MCP
-/// request past the cap waits for a slot (as in the kernel's queue before), and past a
-/// quarter of the cap waiting so, is answered 503 at once.
+/// held (here by one principal's kept-alive connections, with a share as large as the cap);
+/// an MCP request past the cap waits for a slot (as in the kernel's queue before), and past
+/// a quarter of the cap waiting so, is answered 503 at once.
 #[tokio::test(flavor = "multi_thread")]
 async fn finding_r3_3_healthz_and_metrics_answer_with_every_slot_taken() {
     let s = server(&[
         "--http-max-connections",
+        "8",
+        "--http-max-connections-per-principal",
         "8",
         "--http-read-timeout-ms",
         "120000",
     ])
     .await;
     let addr = s.addr.clone();
-    let mut hogs = Vec::new();
-    for _ in 0..8 {
-        let mut sock = TcpStream::connect(&addr).await.expect("connect");
-        sock.write_all(b"GET /mcp HTTP/1.1\r\nHost: ")
-            .await
-            .expect("write");
-        hogs.push(sock);
-    }
+    let hogs = kept_alive(&addr, TOKEN_A, 8).await;
     // Wait until the hogs hold every slot: /healthz then counts them and itself.
     let until_open = |n: u64| {
         let addr = addr.clone();
@@ -616,5 +617,79 @@ async fn finding_r3_3_healthz_and_metrics_answer_with_every_slot_taken() {
         let r = w.await.expect("waiting request");
         assert_eq!(r.status, 200, "{r:?}");
     }
+    s.stop().await;
+}
+
+/// Round 3, finding 3 (stalled connections): a connection counts in a principal's share only
+/// once its request arrives, so a client without a token that opens connections and sends
+/// half a request on each, reopening any the server closes, held every slot and every place
+/// past the cap for the read timeout (here two minutes): `/healthz` and real requests went
+/// unanswered. Now a connection silent past a short grace gives up its place to one that
+/// needs it: the probe and B's requests are answered while the attacker keeps trying.
+#[tokio::test(flavor = "multi_thread")]
+async fn finding_r3_3_stalled_connections_cannot_hold_the_server() {
+    let s = server(&[
+        "--http-max-connections",
+        "8",
+        "--http-read-timeout-ms",
+        "120000",
+    ])
+    .await;
+    let addr = s.addr.clone();
+    // Twice the slots and places: the rest waits in the kernel's queue, ahead of the others.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let closed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut attackers = Vec::new();
+    for _ in 0..24 {
+        let (addr, stop, closed) = (addr.clone(), stop.clone(), closed.clone());
+        attackers.push(tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let Ok(mut sock) = TcpStream::connect(&addr).await else {
+                    continue;
+                };
+                if sock
+                    .write_all(b"GET /mcp HTTP/1.1\r\nHost: ")
+                    .await
+                    .is_err()
+                {
+                    continue;
+                }
+                let mut buf = [0u8; 512];
+                tokio::select! {
+                    // The server closed it (or answered): open another at once.
+                    _ = sock.read(&mut buf) => {
+                        closed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    _ = stop.cancelled() => return,
+                }
+            }
+        }));
+    }
+    // The attackers hold everything before the others come.
+    let deadline = Instant::now() + ANSWER;
+    loop {
+        let h = healthz(&addr).await;
+        if h["connections_closed_stalled"].as_u64() >= Some(8) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no stalled connection closed: {h}"
+        );
+    }
+    let m = raw(&addr, "GET", "/metrics", Some(TOKEN_B), None, "").await;
+    assert_eq!(m.status, 200, "{m:?}");
+    let b = initialize(&addr, TOKEN_B).await;
+    assert_eq!(tools_list(&addr, TOKEN_B, &b).await.status, 200);
+    b_is_served(&s).await;
+    let h = healthz(&addr).await;
+    stop.cancel();
+    for a in attackers {
+        a.await.expect("attacker task");
+    }
+    assert!(
+        closed.load(std::sync::atomic::Ordering::Relaxed) >= 8,
+        "the attacker's connections were never closed: {h}"
+    );
     s.stop().await;
 }

@@ -17,6 +17,9 @@
 //!   at once, and any other request waits for a slot (then it is served like any other),
 //!   or, when a quarter of the cap already waits so, is answered 503. [`RESERVED`] of
 //!   them are never taken by waiting requests: a probe gets through a full server.
+//! - A connection that has sent no request yet counts in no share, so one that stays silent
+//!   for [`pending::STALLED`] gives up its slot or place to a connection that needs one
+//!   (`pending`): stalled connections cannot hold a full server against real requests.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -27,11 +30,15 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::identity::Caller;
+
+mod pending;
+
+use pending::{Held, Pending, Slot};
 
 /// Connections accepted past the cap that requests waiting for a slot never take: what a
 /// probe of `/healthz` or `/metrics` finds free on a full server.
@@ -62,6 +69,8 @@ pub(super) struct Limits {
     pub share: usize,
     /// Connections held per principal.
     held: Arc<Mutex<HashMap<Caller, usize>>>,
+    /// Connections that have sent no request yet.
+    pending: Arc<Pending>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -82,7 +91,13 @@ impl Limits {
             waiting_max: waiting,
             share: share.clamp(1, max),
             held: Arc::default(),
+            pending: Arc::default(),
         }
+    }
+
+    /// Connections closed so far because they sent no request while others waited.
+    pub(super) fn stalled_closed(&self) -> u64 {
+        self.pending.closed()
     }
 
     /// How many connections are accepted past the cap.
@@ -157,18 +172,12 @@ tokio::task_local! {
     pub(super) static CONN: Arc<Conn>;
 }
 
-/// Which kind of slot a connection holds.
-enum Slot {
-    General(OwnedSemaphorePermit),
-    Overflow(OwnedSemaphorePermit),
-}
-
 /// A connection accepted past the cap: its place, then, once a request of it needs one, a
 /// slot (held until it closes).
 struct Overflow {
     limits: Limits,
-    place: Mutex<Option<OwnedSemaphorePermit>>,
-    slot: tokio::sync::Mutex<Option<OwnedSemaphorePermit>>,
+    place: Held,
+    slot: tokio::sync::Mutex<Option<Slot>>,
 }
 
 impl Overflow {
@@ -182,15 +191,18 @@ impl Overflow {
         let Ok(_waiting) = self.limits.waiting.clone().try_acquire_owned() else {
             return false;
         };
-        match self.limits.slots.clone().acquire_owned().await {
-            Ok(permit) => {
-                *slot = Some(permit);
-                // Counted as a served connection now, no longer past the cap.
-                lock(&self.place).take();
-                true
-            }
-            Err(_) => false, // the semaphore is never closed
-        }
+        // A slot that frees, or one a stalled connection gives up.
+        let permit = tokio::select! {
+            permit = self.limits.slots.clone().acquire_owned() => match permit {
+                Ok(p) => Slot::General(p),
+                Err(_) => return false, // the semaphore is never closed
+            },
+            taken = self.limits.pending.take(true) => taken,
+        };
+        *slot = Some(permit);
+        // Counted as a served connection now, no longer past the cap.
+        lock(&self.place).take();
+        true
     }
 }
 
@@ -234,30 +246,55 @@ pub(super) async fn serve(
     let mut conns = JoinSet::new();
     loop {
         // A slot first, then the connection: past the cap (and the places past it),
-        // connections wait unaccepted.
-        let slot = tokio::select! {
+        // connections wait unaccepted, unless a stalled connection holds a slot.
+        let (slot, accepted) = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
             slot = limits.slots.clone().acquire_owned() => match slot {
-                Ok(s) => Slot::General(s),
+                Ok(s) => (Slot::General(s), None),
                 Err(_) => break, // the semaphores are never closed
             },
             place = limits.overflow.clone().acquire_owned() => match place {
-                Ok(p) => Slot::Overflow(p),
+                Ok(p) => (Slot::Overflow(p), None),
                 Err(_) => break,
             },
+            accepted = async {
+                limits.pending.stalled().await;
+                listener.accept().await
+            } => {
+                // Everything is held, one place by a connection that sends nothing, and a
+                // client is at the door: it takes that place.
+                let slot = tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => break,
+                    slot = limits.slots.clone().acquire_owned() => match slot {
+                        Ok(s) => Slot::General(s),
+                        Err(_) => break,
+                    },
+                    place = limits.overflow.clone().acquire_owned() => match place {
+                        Ok(p) => Slot::Overflow(p),
+                        Err(_) => break,
+                    },
+                    taken = limits.pending.take(false) => taken,
+                };
+                (slot, Some(accepted))
+            }
         };
-        let stream = tokio::select! {
-            _ = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    // Out of descriptors or memory for a moment: wait rather than spin.
-                    tracing::warn!("accepting a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
+        let accepted = match accepted {
+            Some(a) => a,
+            None => tokio::select! {
+                _ = stop.cancelled() => break,
+                accepted = listener.accept() => accepted,
             },
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors or memory for a moment: wait rather than spin.
+                tracing::warn!("accepting a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
         };
         // A slot freed while this one waited in accept: serve it in full.
         let slot = match slot {
@@ -277,43 +314,59 @@ pub(super) async fn serve(
             held: limits.held.clone(),
             share: limits.share,
         });
-        match slot {
-            Slot::General(permit) => {
-                let conn = graceful
-                    .watch(http.serve_connection(io, TowerToHyperService::new(router.clone())));
-                conns.spawn(CONN.scope(tag, async move {
+        let general = matches!(slot, Slot::General(_));
+        let held: Held = Arc::new(Mutex::new(Some(slot)));
+        let close = CancellationToken::new();
+        let pending = limits.pending.clone();
+        let id = pending.add(held.clone(), close.clone());
+        let inner = TowerToHyperService::new(router.clone());
+        if general {
+            let service = hyper::service::service_fn(move |req| {
+                pending.remove(id);
+                hyper::service::Service::call(&inner, req)
+            });
+            let conn = graceful.watch(http.serve_connection(io, service));
+            let pending = limits.pending.clone();
+            conns.spawn(CONN.scope(tag, async move {
+                tokio::select! {
                     // A timed-out or broken connection is the client's; nothing to report.
-                    if let Err(e) = conn.await {
+                    ended = conn => if let Err(e) = ended {
                         tracing::debug!("HTTP connection ended: {e}");
+                    },
+                    _ = close.cancelled() => {}
+                }
+                pending.remove(id);
+                drop(held);
+            }));
+        } else {
+            let state = Arc::new(Overflow {
+                limits: limits.clone(),
+                place: held,
+                slot: tokio::sync::Mutex::new(None),
+            });
+            let max = limits.max;
+            let service = hyper::service::service_fn(move |req| {
+                pending.remove(id);
+                let state = state.clone();
+                let inner = inner.clone();
+                async move {
+                    if !is_probe(req.uri().path()) && !state.slot().await {
+                        return Ok(busy(max));
                     }
-                    drop(permit);
-                }));
-            }
-            Slot::Overflow(place) => {
-                let state = Arc::new(Overflow {
-                    limits: limits.clone(),
-                    place: Mutex::new(Some(place)),
-                    slot: tokio::sync::Mutex::new(None),
-                });
-                let inner = TowerToHyperService::new(router.clone());
-                let max = limits.max;
-                let service = hyper::service::service_fn(move |req| {
-                    let state = state.clone();
-                    let inner = inner.clone();
-                    async move {
-                        if !is_probe(req.uri().path()) && !state.slot().await {
-                            return Ok(busy(max));
-                        }
-                        hyper::service::Service::call(&inner, req).await
-                    }
-                });
-                let conn = graceful.watch(overflow_http.serve_connection(io, service));
-                conns.spawn(CONN.scope(tag, async move {
-                    if let Err(e) = conn.await {
+                    hyper::service::Service::call(&inner, req).await
+                }
+            });
+            let conn = graceful.watch(overflow_http.serve_connection(io, service));
+            let pending = limits.pending.clone();
+            conns.spawn(CONN.scope(tag, async move {
+                tokio::select! {
+                    ended = conn => if let Err(e) = ended {
                         tracing::debug!("HTTP connection (past the cap) ended: {e}");
-                    }
-                }));
-            }
+                    },
+                    _ = close.cancelled() => {}
+                }
+                pending.remove(id);
+            }));
         }
         // Forget the connections that ended.
         while conns.try_join_next().is_some() {}

@@ -659,6 +659,7 @@ async fn healthz(State(s): State<Arc<Shared>>) -> Response {
         "in_flight": s.app.calls.get(),
         "connections": s.limits.open(),
         "connections_waiting": s.limits.waiting(),
+        "connections_closed_stalled": s.limits.stalled_closed(),
         "auth": if s.tokens.is_empty() { "none" } else { "bearer" },
     });
     let mut r = Response::new(Body::from(body.to_string()));
