@@ -26,6 +26,8 @@ pub struct App {
     pub metrics: Metrics,
     /// Code mode's upstream MCP servers (`--mcp-servers`).
     pub(crate) upstreams: Arc<Upstreams>,
+    /// Tool calls run as MCP tasks, of every connection.
+    pub(crate) tasks: Arc<crate::tasks::Tasks>,
 }
 
 /// A count of work in progress; [`InFlight::enter`] returns a guard that counts while held.
@@ -150,6 +152,8 @@ root: at level none, user code runs as the server's own user and could read the 
         sessions.set_upstreams(upstreams.clone());
         reclaim_uids_from(&sandbox, &runner, &sessions);
         sessions.spawn_reaper();
+        let keep = std::time::Duration::from_secs(config.task_keep_s);
+        let tasks = Arc::new(crate::tasks::Tasks::new(keep));
         Ok(Arc::new(Self {
             config,
             registry,
@@ -159,6 +163,7 @@ root: at level none, user code runs as the server's own user and could read the 
             calls: InFlight::default(),
             metrics,
             upstreams,
+            tasks,
         }))
     }
 

@@ -259,6 +259,12 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_KEEP_JOURNALS_S", default_value_t = 7 * 86_400)]
     pub keep_journals_s: u64,
 
+    /// Seconds the result of a tool call run as an MCP task is kept after it ended, for
+    /// `tasks/get` from any connection of its caller (and for a retry with the same
+    /// `idempotency_key`).
+    #[arg(long, env = "REPLBOX_TASK_KEEP_S", default_value_t = 3600)]
+    pub task_keep_s: u64,
+
     /// Do not restore a suspended session by itself at its first session_eval; only
     /// session_restore does.
     #[arg(long, env = "REPLBOX_NO_AUTO_RESTORE")]
@@ -317,6 +323,7 @@ impl Default for Config {
             state_dir: None,
             journal_max_mb: 16,
             keep_journals_s: 7 * 86_400,
+            task_keep_s: 3600,
             no_auto_restore: false,
             mcp: crate::upstream::Flags::default(),
         }
@@ -439,6 +446,7 @@ impl Config {
             ("--keep-files-s", self.keep_files_s.to_string()),
             ("--journal-max-mb", self.journal_max_mb.to_string()),
             ("--keep-journals-s", self.keep_journals_s.to_string()),
+            ("--task-keep-s", self.task_keep_s.to_string()),
         ] {
             args.push(flag.into());
             args.push(value.into());

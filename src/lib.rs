@@ -60,6 +60,8 @@ pub(crate) mod share;
 #[cfg(target_os = "linux")]
 pub mod stdio;
 #[cfg(target_os = "linux")]
+pub(crate) mod tasks;
+#[cfg(target_os = "linux")]
 pub mod upstream;
 #[cfg(target_os = "linux")]
 pub(crate) mod venv;

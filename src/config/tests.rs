@@ -56,6 +56,7 @@ fn to_args_round_trips() {
         state_dir: Some("/s/tate".into()),
         journal_max_mb: 12,
         keep_journals_s: 13,
+        task_keep_s: 14,
         no_auto_restore: true,
         mcp: crate::upstream::Flags {
             servers: Some("/m/cp.json".into()),

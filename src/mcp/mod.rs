@@ -7,6 +7,7 @@ pub mod client_log;
 mod params;
 mod reply;
 mod schema;
+mod tasks;
 mod tools;
 
 use std::sync::Arc;
@@ -17,10 +18,11 @@ use rmcp::handler::server::tool::{IntoCallToolResult, ToolCallContext};
 #[allow(deprecated)] // MCP logging (SEP-2577) is still what clients use.
 use rmcp::model::SetLevelRequestParams;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation,
-    ListResourceTemplatesResult, ListResourcesResult, PaginatedRequestParams,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
-    ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams,
+    GetTaskResult, Implementation, ListResourceTemplatesResult, ListResourcesResult,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    Resource, ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig,
+    UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool_handler};
@@ -229,6 +231,8 @@ impl ServerHandler for ReplboxServer {
             )
             .into_call_tool_result();
         };
+        let as_task = tasks::client_speaks_tasks(&context)
+            && tasks::TASK_TOOLS.contains(&request.name.as_ref());
         let route = self.tool_router.map.get(request.name.as_ref());
         let audit = audit::Call::begin(&self.app, &caller, &request, route.is_some());
         let peer = context.peer.clone();
@@ -241,6 +245,7 @@ impl ServerHandler for ReplboxServer {
                         .and_then(|()| args::check(&tool, request.arguments.as_ref(), schema))
                     {
                         Err(e) => e.into_call_tool_result(),
+                        Ok(()) if as_task => self.start_task(caller, request, context),
                         Ok(()) => {
                             context.extensions.insert(caller);
                             let tcc = ToolCallContext::new(self, request, context);
@@ -389,6 +394,42 @@ impl ServerHandler for ReplboxServer {
         Ok(ReadResourceResult::new(vec![contents]).into())
     }
 
+    /// `tasks/get`: one of the caller's tasks, from whichever connection started it.
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let caller = self.caller_or_refuse(&context)?;
+        self.task_get(&caller, &request.task_id)
+    }
+
+    /// `tasks/update`: the answer to a task's question (a cell waiting for input).
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let caller = self.caller_or_refuse(&context)?;
+        self.app
+            .tasks
+            .update(&caller, &request.task_id, request.input_responses)
+            .map_err(tasks::task_error)
+    }
+
+    /// `tasks/cancel`: interrupt the task's work (a session keeps its state).
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let caller = self.caller_or_refuse(&context)?;
+        self.app
+            .tasks
+            .cancel(&caller, &request.task_id)
+            .map_err(tasks::task_error)
+    }
+
     #[allow(deprecated)] // enable_logging: see set_level
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
@@ -396,6 +437,7 @@ impl ServerHandler for ReplboxServer {
                 .enable_logging()
                 .enable_tools()
                 .enable_resources()
+                .enable_tasks()
                 .build(),
         )
         .with_server_info(Implementation::new("replbox", env!("CARGO_PKG_VERSION")))

@@ -44,11 +44,23 @@ pub(super) fn eval_result(r: &EvalReport) -> CallToolResult {
 }
 
 /// When the request carries a progress token, a reporter that forwards the latest output
-/// line as a progress notification (in order, through one task).
+/// line as a progress notification (in order, through one task); when it runs as an MCP
+/// task, one that makes the line the task's status message.
 pub(super) fn progress_reporter(
     ctx: &RequestContext<RoleServer>,
     timeout: std::time::Duration,
 ) -> Option<Box<Progress>> {
+    if let Some(task) = ctx.extensions.get::<crate::tasks::TaskHandle>() {
+        let task = task.clone();
+        let started = std::time::Instant::now();
+        return Some(Box::new(move |line: String| {
+            task.status(if line.trim().is_empty() {
+                format!("running for {:.0} s", started.elapsed().as_secs_f64())
+            } else {
+                line
+            })
+        }));
+    }
     let token = ctx.meta.get_progress_token()?;
     let peer = ctx.peer.clone();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<ProgressNotificationParam>();

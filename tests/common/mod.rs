@@ -34,6 +34,8 @@ pub struct Recorder {
     pub progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
     /// Log notifications (`notifications/message`), as their JSON.
     pub logs: Arc<Mutex<Vec<Value>>>,
+    /// Declare the MCP tasks extension (`io.modelcontextprotocol/tasks`).
+    pub tasks: bool,
 }
 
 impl Recorder {
@@ -43,7 +45,25 @@ impl Recorder {
     }
 }
 
+/// A client's configuration that declares the MCP tasks extension.
+pub fn tasks_client() -> rmcp::model::ClientConfig {
+    rmcp::model::ClientConfig::new(
+        rmcp::model::ClientCapabilities::builder()
+            .enable_tasks()
+            .build(),
+        rmcp::model::Implementation::new("replbox-tests", "0"),
+    )
+}
+
 impl ClientHandler for Recorder {
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        if self.tasks {
+            tasks_client()
+        } else {
+            rmcp::model::ClientConfig::default()
+        }
+    }
+
     async fn on_progress(
         &self,
         params: ProgressNotificationParam,

@@ -62,6 +62,7 @@ impl Server {
         StdioBuilder {
             spec: Spec::new(),
             bare: false,
+            tasks: false,
         }
     }
 
@@ -198,6 +199,7 @@ macro_rules! spec_setters {
 pub struct StdioBuilder {
     spec: Spec,
     bare: bool,
+    tasks: bool,
 }
 
 impl StdioBuilder {
@@ -206,6 +208,12 @@ impl StdioBuilder {
     /// Run a bare `replbox` (which serves over stdio), without the `serve` subcommand.
     pub fn bare(mut self) -> Self {
         self.bare = true;
+        self
+    }
+
+    /// Drive it with a client that declares the MCP tasks extension.
+    pub fn tasks(mut self) -> Self {
+        self.tasks = true;
         self
     }
 
@@ -229,7 +237,10 @@ impl StdioBuilder {
         if let Some(stderr) = stderr {
             log.follow(stderr, pid, None);
         }
-        let recorder = Recorder::default();
+        let recorder = Recorder {
+            tasks: self.tasks,
+            ..Recorder::default()
+        };
         match recorder.clone().serve(transport).await {
             Ok(client) => Ok(TestServer {
                 client,
@@ -503,6 +514,21 @@ impl HttpServer {
         ().serve(StreamableHttpClientTransport::from_config(config))
             .await
             .map_err(|e| e.to_string())
+    }
+
+    /// An rmcp client presenting `token` that declares the MCP tasks extension.
+    pub async fn connect_tasks(
+        &self,
+        token: &str,
+    ) -> RunningService<RoleClient, rmcp::model::ClientConfig> {
+        let mut config = StreamableHttpClientTransportConfig::with_uri(self.url());
+        if !token.is_empty() {
+            config = config.auth_header(token.to_string());
+        }
+        super::tasks_client()
+            .serve(StreamableHttpClientTransport::from_config(config))
+            .await
+            .unwrap_or_else(|e| panic!("MCP handshake over HTTP failed: {e}"))
     }
 
     /// Live descendants of the server process.

@@ -1,0 +1,300 @@
+//! `session_eval`, `session_input` and `run-code` as MCP tasks, for clients that declare
+//! the `io.modelcontextprotocol/tasks` extension: the call returns a task at once and the
+//! tool runs on detached from the request (a client that goes away, or polls from another
+//! connection, changes nothing); `tasks/get` shows the latest output line, then the tool's
+//! usual result; `tasks/cancel` cancels it as a client's cancel does (a cell is
+//! interrupted, its session's state kept); a cell that waits for input asks for it as
+//! `input_required`, and `tasks/update` types the answer as `session_input` would.
+
+use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, CreateTaskResult, DetailedTask,
+    GetTaskResult, InputRequest, JsonObject, TaskPayload,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
+use serde_json::{Value, json};
+
+use super::ReplboxServer;
+use crate::identity::Caller;
+use crate::tasks::{TaskError, TaskHandle, result_object};
+
+/// The tools a client that speaks the extension gets as tasks.
+pub(super) const TASK_TOOLS: [&str; 3] = ["session_eval", "session_input", "run-code"];
+
+/// Whether this request's client declared the tasks extension.
+pub(super) fn client_speaks_tasks(ctx: &RequestContext<RoleServer>) -> bool {
+    ctx.client_capabilities()
+        .is_some_and(|c| c.supports_tasks())
+}
+
+/// What a task's status message says of the output a cell printed before it asked.
+const ASKED_TAIL: usize = 2000;
+
+impl ReplboxServer {
+    /// Start `request` as a task of `caller` and answer with it.
+    pub(super) fn start_task(
+        &self,
+        caller: Caller,
+        request: CallToolRequestParams,
+        mut ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let timeout_ms = request
+            .arguments
+            .as_ref()
+            .and_then(|a| a.get("timeout_ms"))
+            .and_then(Value::as_u64);
+        let runs_for = self.app.config.timeout(timeout_ms);
+        let (task, handle) = self
+            .app
+            .tasks
+            .create(&caller, runs_for)
+            .map_err(|e| ErrorData::invalid_request(e.to_string(), None))?;
+        // The work is the task's now: only tasks/cancel stops it, and its progress goes to
+        // the task's status message, not to a request that has been answered.
+        ctx.ct = handle.cancel_token().clone();
+        ctx.meta.remove("progressToken");
+        ctx.extensions.insert(caller.clone());
+        ctx.extensions.insert(handle.clone());
+        let server = self.clone();
+        tracing::debug!(task = %handle.id(), tool = %request.name, "task started");
+        tokio::spawn(async move { server.drive(caller, request, ctx, handle).await });
+        Ok(CreateTaskResult::new(task).into())
+    }
+
+    /// Run the tool, answer its questions through the task, and end the task.
+    async fn drive(
+        self,
+        caller: Caller,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+        handle: TaskHandle,
+    ) {
+        let args = request.arguments.clone().unwrap_or_default();
+        let session_id = args.get("session_id").cloned();
+        let mut response = self.call_route(request, &ctx).await;
+        // A cell waiting for input: ask for it, type the answer, go on.
+        let mut refused: Option<String> = None;
+        while let (Ok(CallToolResponse::Complete(r)), Some(sid)) = (&response, &session_id) {
+            let Some(output) = awaiting_input(r) else {
+                break;
+            };
+            let paused = response.clone();
+            let mut message = asked_message(&output);
+            if let Some(why) = refused.take() {
+                message = format!("the answer was refused: {why}\n{message}");
+            }
+            let Some(question) = input_request(&message) else {
+                response = self.call_route(interrupt_request(sid), &ctx).await;
+                break;
+            };
+            let next = match handle.ask(question, message).await {
+                Ok(answer) => match read_answer(&answer) {
+                    Answer::Text(text, enter) => {
+                        let mut a = JsonObject::new();
+                        a.insert("session_id".into(), sid.clone());
+                        a.insert("text".into(), Value::from(text));
+                        a.insert("enter".into(), Value::from(enter));
+                        if let Some(t) = args.get("timeout_ms") {
+                            a.insert("timeout_ms".into(), t.clone());
+                        }
+                        CallToolRequestParams::new("session_input").with_arguments(a)
+                    }
+                    Answer::Malformed => {
+                        refused = Some("it needs content.text, a string".into());
+                        continue;
+                    }
+                    Answer::Declined => interrupt_request(sid),
+                },
+                Err(()) => interrupt_request(sid),
+            };
+            response = self.call_route(next, &ctx).await;
+            // An answer session_input refuses (a line too long) leaves the cell waiting.
+            if let Some(why) = refused_answer(&response) {
+                refused = Some(why);
+                response = paused;
+            }
+        }
+        let cancelled = handle.cancel_token().is_cancelled();
+        tracing::debug!(task = %handle.id(), principal = %caller.principal, cancelled, "task ended");
+        match response {
+            _ if cancelled => handle.end(
+                TaskPayload::Cancelled,
+                Some("cancelled: the work was interrupted (a session keeps its state)".into()),
+            ),
+            Ok(CallToolResponse::Complete(r)) => {
+                let line = last_line(&r);
+                handle.end(
+                    TaskPayload::Completed {
+                        result: result_object(&r),
+                    },
+                    line,
+                )
+            }
+            Ok(_) => handle.end(
+                TaskPayload::Failed {
+                    error: result_object(&ErrorData::internal_error(
+                        "the tool did not complete",
+                        None,
+                    )),
+                },
+                None,
+            ),
+            Err(e) => handle.end(
+                TaskPayload::Failed {
+                    error: result_object(&e),
+                },
+                None,
+            ),
+        }
+    }
+
+    /// One tool of the router, as `call_tool` would call it.
+    async fn call_route(
+        &self,
+        request: CallToolRequestParams,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let tcc = ToolCallContext::new(self, request, ctx.clone());
+        self.tool_router.call(tcc).await
+    }
+
+    /// `tasks/get`.
+    pub(super) fn task_get(&self, caller: &Caller, id: &str) -> Result<GetTaskResult, ErrorData> {
+        let task: DetailedTask = self.app.tasks.get(caller, id).map_err(task_error)?;
+        Ok(GetTaskResult::new(task))
+    }
+}
+
+/// A refused `tasks/*` request as the protocol error it is.
+pub(super) fn task_error(e: TaskError) -> ErrorData {
+    ErrorData::invalid_params(e.to_string(), None)
+}
+
+/// The output so far of an evaluation that paused for input, if it did.
+fn awaiting_input(r: &CallToolResult) -> Option<String> {
+    let s = r.structured_content.as_ref()?;
+    (s.get("status")?.as_str()? == "awaiting_input")
+        .then(|| s.get("output").and_then(Value::as_str).unwrap_or("").into())
+}
+
+/// What the task says while it waits: the end of what the cell printed (its prompt last).
+fn asked_message(output: &str) -> String {
+    let start = output
+        .char_indices()
+        .rev()
+        .nth(ASKED_TAIL - 1)
+        .map_or(0, |(i, _)| i);
+    format!(
+        "the program is waiting for input; answer with tasks/update (content.text is typed, then \
+Enter unless content.enter is false). It printed:\n{}",
+        &output[start..]
+    )
+}
+
+/// The question, as an elicitation of one text field.
+fn input_request(message: &str) -> Option<InputRequest> {
+    let request = json!({
+        "method": "elicitation/create",
+        "params": {
+            "mode": "form",
+            "message": message,
+            "requestedSchema": {
+                "type": "object",
+                "properties": {
+                    "text": {"type": "string", "description": "typed to the program"},
+                    "enter": {"type": "boolean", "description": "press Enter after it (default true)"}
+                },
+                "required": ["text"]
+            }
+        }
+    });
+    // A constant shape that parses (the unit test below checks it).
+    serde_json::from_value(request).ok()
+}
+
+/// An answer from `tasks/update`.
+#[derive(Debug, PartialEq)]
+enum Answer {
+    /// Type this, then Enter if true.
+    Text(String, bool),
+    /// The client declined or cancelled: the cell is interrupted.
+    Declined,
+    /// Not an answer: asked again.
+    Malformed,
+}
+
+/// An elicitation result (`{"action": "accept", "content": {"text", "enter"}}`).
+fn read_answer(answer: &Value) -> Answer {
+    let action = answer.get("action").and_then(Value::as_str);
+    if matches!(action, Some(a) if a != "accept") {
+        return Answer::Declined;
+    }
+    let content = answer.get("content").unwrap_or(answer);
+    let text = match content.get("text") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => return Answer::Malformed,
+    };
+    let enter = content
+        .get("enter")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    Answer::Text(text, enter)
+}
+
+/// Why session_input refused an answer, when it did for the answer itself.
+fn refused_answer(response: &Result<CallToolResponse, ErrorData>) -> Option<String> {
+    let Ok(CallToolResponse::Complete(r)) = response else {
+        return None;
+    };
+    let error = r.structured_content.as_ref()?.get("error")?;
+    (error.get("kind")?.as_str()? == "invalid_argument").then(|| {
+        error
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .into()
+    })
+}
+
+fn interrupt_request(session_id: &Value) -> CallToolRequestParams {
+    let mut a = JsonObject::new();
+    a.insert("session_id".into(), session_id.clone());
+    CallToolRequestParams::new("session_interrupt").with_arguments(a)
+}
+
+/// The last non-empty line of a result's text, for the ended task's status message.
+fn last_line(r: &CallToolResult) -> Option<String> {
+    let text = r.content.first()?.as_text()?.text.as_str();
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
+    Some(line.chars().take(200).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_question_is_an_elicitation() {
+        let v = serde_json::to_value(input_request("what?").unwrap()).unwrap();
+        assert_eq!(v["method"], "elicitation/create");
+        assert_eq!(v["params"]["message"], "what?");
+        assert_eq!(v["params"]["requestedSchema"]["required"][0], "text");
+    }
+
+    #[test]
+    fn answers_are_read_as_elicitation_results() {
+        let accept = json!({"action": "accept", "content": {"text": "42"}});
+        assert_eq!(read_answer(&accept), Answer::Text("42".into(), true));
+        let no_enter = json!({"action": "accept", "content": {"text": "y", "enter": false}});
+        assert_eq!(read_answer(&no_enter), Answer::Text("y".into(), false));
+        assert_eq!(read_answer(&json!({"action": "decline"})), Answer::Declined);
+        let empty = json!({"action": "accept", "content": {}});
+        assert_eq!(read_answer(&empty), Answer::Malformed);
+        assert_eq!(
+            read_answer(&json!({"text": "bare"})),
+            Answer::Text("bare".into(), true)
+        );
+    }
+}

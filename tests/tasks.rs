@@ -1,0 +1,362 @@
+//! `session_eval`, `session_input` and `run-code` as MCP tasks (the
+//! `io.modelcontextprotocol/tasks` extension), through rmcp's client over stdio and HTTP:
+//! the call returns a task at once; `tasks/get` shows the latest output line, then the
+//! usual result; `tasks/cancel` interrupts the cell and the session keeps its state; a cell
+//! waiting for input is `input_required` until `tasks/update` answers it; tasks belong to
+//! their token and outlive the connection that started them. A client that does not
+//! declare the extension gets plain results, as before.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, GetTaskParams, GetTaskResult,
+    TaskPayload, TaskStatus, UpdateTaskParams,
+};
+use rmcp::{Peer, RoleClient};
+use serde_json::{Value, json};
+
+const TOKEN_A: &str = "tasks-token-a-0123456789abcdef";
+const TOKEN_B: &str = "tasks-token-b-0123456789abcdef";
+
+/// A cell that prints a line, then waits until the test creates `go` in its directory.
+const WAITS_FOR_GO: &str = "import os, time\nprint('halfway 50%', flush=True)\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\nprint('done')";
+
+/// Call `tool` expecting a task; its id.
+async fn start_task(peer: &Peer<RoleClient>, tool: &str, args: Value) -> String {
+    let obj = args.as_object().cloned().expect("object");
+    let r = peer
+        .call_tool_once(CallToolRequestParams::new(tool.to_string()).with_arguments(obj))
+        .await
+        .unwrap_or_else(|e| panic!("{tool} as a task failed at the protocol level: {e}"));
+    match r {
+        CallToolResponse::Task(t) => {
+            assert_eq!(t.task.status, TaskStatus::Working, "{t:?}");
+            t.task.task_id
+        }
+        other => panic!("{tool} did not return a task: {other:?}"),
+    }
+}
+
+/// Poll `tasks/get` (bounded) until `done` holds.
+async fn poll(
+    peer: &Peer<RoleClient>,
+    id: &str,
+    what: &str,
+    done: impl Fn(&GetTaskResult) -> bool,
+) -> GetTaskResult {
+    let mut last = None;
+    for _ in 0..1500 {
+        let t = peer
+            .get_task(GetTaskParams::new(id))
+            .await
+            .expect("tasks/get");
+        if done(&t) {
+            return t;
+        }
+        last = Some(t);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    panic!("task {id} never became {what}: last {last:?}");
+}
+
+fn status_is(s: TaskStatus) -> impl Fn(&GetTaskResult) -> bool {
+    move |t| t.task.status() == s
+}
+
+/// The completed task's tool result, as (structured content, text).
+fn completed(t: &GetTaskResult) -> (Value, String) {
+    let TaskPayload::Completed { result } = &t.task.payload else {
+        panic!("not completed: {t:?}");
+    };
+    let text = result["content"][0]["text"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    (result["structuredContent"].clone(), text)
+}
+
+async fn session(peer: &Peer<RoleClient>) -> (String, PathBuf) {
+    let o = http_call(peer, "session_start", json!({"language": "python"})).await;
+    assert!(!o.is_error, "{}", o.text);
+    (o.s("session_id").to_string(), PathBuf::from(o.s("cwd")))
+}
+
+/// Over stdio: working with the latest line as the status message, then completed with the
+/// usual result; tasks/cancel interrupts a cell and the session keeps its state; run-code
+/// too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cell_as_a_task_shows_its_latest_line_then_its_result_and_cancel_keeps_state() {
+    if !require_language("python") {
+        return;
+    }
+    let s = Server::stdio().tasks().start().await;
+    let peer = s.client.peer();
+    let (sid, cwd) = session(peer).await;
+    // A tasks client gets a task even for a short cell.
+    let id = start_task(
+        peer,
+        "session_eval",
+        json!({"session_id": sid, "code": "x = 41"}),
+    )
+    .await;
+    poll(peer, &id, "completed", status_is(TaskStatus::Completed)).await;
+
+    let id = start_task(
+        peer,
+        "session_eval",
+        json!({"session_id": sid, "code": WAITS_FOR_GO, "timeout_ms": 120_000}),
+    )
+    .await;
+    let working = poll(peer, &id, "working with its line", |t| {
+        t.task.status() == TaskStatus::Working
+            && t.task.task.status_message.as_deref() == Some("halfway 50%")
+    })
+    .await;
+    assert!(working.task.task.ttl_ms.is_some_and(|ms| ms >= 120_000));
+    std::fs::write(cwd.join("go"), "").expect("write go");
+    let done = poll(peer, &id, "completed", status_is(TaskStatus::Completed)).await;
+    let (structured, text) = completed(&done);
+    assert_eq!(structured["status"], "ok", "{structured}");
+    assert_eq!(structured["output"], "halfway 50%\ndone\n", "{structured}");
+    assert!(text.contains("done"), "{text}");
+
+    // tasks/cancel: the cell is interrupted, x survives.
+    let id = start_task(
+        peer,
+        "session_eval",
+        json!({"session_id": sid, "code": "import time\nprint('spinning', flush=True)\nwhile True:\n    time.sleep(0.02)", "timeout_ms": 120_000}),
+    )
+    .await;
+    poll(peer, &id, "spinning", |t| {
+        t.task.task.status_message.as_deref() == Some("spinning")
+    })
+    .await;
+    peer.cancel_task(CancelTaskParams::new(&id))
+        .await
+        .expect("tasks/cancel");
+    poll(peer, &id, "cancelled", status_is(TaskStatus::Cancelled)).await;
+    let again = peer.cancel_task(CancelTaskParams::new(&id)).await;
+    assert!(again.is_err(), "cancelling an ended task is refused");
+    let id = start_task(
+        peer,
+        "session_eval",
+        json!({"session_id": sid, "code": "print(x + 1)"}),
+    )
+    .await;
+    let t = poll(peer, &id, "completed", status_is(TaskStatus::Completed)).await;
+    assert_eq!(completed(&t).0["output"], "42\n");
+
+    // run-code as a task.
+    let id = start_task(
+        peer,
+        "run-code",
+        json!({"languageId": "python", "code": "print('ran once')"}),
+    )
+    .await;
+    let t = poll(peer, &id, "completed", status_is(TaskStatus::Completed)).await;
+    let (structured, text) = completed(&t);
+    assert_eq!(structured["stdout"], "ran once\n", "{structured}");
+    assert_eq!(text, "ran once\n");
+    s.stop().await;
+}
+
+/// A cell waiting for input is input_required with an elicitation for the text; tasks/update
+/// types the answer (as session_input does) and the task completes; an answer without text
+/// is asked again, a declined one interrupts the cell.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cell_waiting_for_input_is_answered_by_tasks_update() {
+    if !require_language("python") {
+        return;
+    }
+    let s = Server::stdio().tasks().start().await;
+    let peer = s.client.peer();
+    let (sid, _) = session(peer).await;
+    let id = start_task(
+        peer,
+        "session_eval",
+        json!({"session_id": sid, "code": "name = input('name? ')\nprint('hello', name)"}),
+    )
+    .await;
+    let asked = poll(
+        peer,
+        &id,
+        "input_required",
+        status_is(TaskStatus::InputRequired),
+    )
+    .await;
+    let TaskPayload::InputRequired { input_requests } = &asked.task.payload else {
+        panic!("{asked:?}");
+    };
+    let (key, request) = input_requests.iter().next().expect("one question");
+    let request = serde_json::to_value(request).expect("json");
+    assert_eq!(request["method"], "elicitation/create", "{request}");
+    let message = request["params"]["message"].as_str().unwrap_or("");
+    assert!(message.ends_with("name? "), "{message}");
+
+    // Not an answer: asked again under a new key.
+    let update =
+        |k: &str, v: Value| UpdateTaskParams::new(&id, [(k.to_string(), v)].into_iter().collect());
+    peer.update_task(update(key, json!({"action": "accept", "content": {}})))
+        .await
+        .expect("tasks/update");
+    let key1 = key.clone();
+    let asked = poll(peer, &id, "asked again", |t| match &t.task.payload {
+        TaskPayload::InputRequired { input_requests } => !input_requests.contains_key(&key1),
+        _ => false,
+    })
+    .await;
+    let TaskPayload::InputRequired { input_requests } = &asked.task.payload else {
+        panic!("{asked:?}");
+    };
+    let key = input_requests.keys().next().expect("a key").clone();
+    peer.update_task(update(
+        &key,
+        json!({"action": "accept", "content": {"text": "Ada"}}),
+    ))
+    .await
+    .expect("tasks/update");
+    let t = poll(peer, &id, "completed", status_is(TaskStatus::Completed)).await;
+    let (structured, _) = completed(&t);
+    assert_eq!(structured["status"], "ok", "{structured}");
+    assert!(
+        structured["output"]
+            .as_str()
+            .unwrap_or("")
+            .contains("hello Ada"),
+        "{structured}"
+    );
+
+    // Declined: the cell is interrupted, the task completes with that result.
+    let id2 = start_task(
+        peer,
+        "session_eval",
+        json!({"session_id": sid, "code": "input('again? ')"}),
+    )
+    .await;
+    let asked = poll(
+        peer,
+        &id2,
+        "input_required",
+        status_is(TaskStatus::InputRequired),
+    )
+    .await;
+    let TaskPayload::InputRequired { input_requests } = &asked.task.payload else {
+        panic!("{asked:?}");
+    };
+    let key = input_requests.keys().next().expect("a key").clone();
+    let decline = UpdateTaskParams::new(
+        &id2,
+        [(key, json!({"action": "decline"}))].into_iter().collect(),
+    );
+    peer.update_task(decline).await.expect("tasks/update");
+    let t = poll(peer, &id2, "completed", status_is(TaskStatus::Completed)).await;
+    let (structured, _) = completed(&t);
+    assert_eq!(structured["interrupted"], true, "{structured}");
+    let o = http_call(peer, "session_list", json!({})).await;
+    assert_eq!(o.structured["sessions"][0]["busy"], false, "{o:?}");
+    s.stop().await;
+}
+
+/// A client that does not declare the extension gets today's results, and no tasks/*.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_without_the_extension_gets_plain_results() {
+    if !require_language("python") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let o = s.run("python", "print(6 * 7)").await;
+    assert_eq!(o.text, "42\n");
+    let id = s.start_session("python").await;
+    let o = s.eval(&id, "print('plain')").await;
+    assert_eq!(status(&o), "ok");
+    assert_eq!(output(&o), "plain\n");
+    let r = s.client.get_task(GetTaskParams::new("anything")).await;
+    assert!(r.is_err(), "tasks/get without the extension: {r:?}");
+    s.stop().await;
+}
+
+/// Over HTTP: another token can neither see, poll, answer nor cancel a task; the owner
+/// polls it from a new connection after the one that started it is gone, while the cell
+/// runs on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_belongs_to_its_token_and_outlives_its_connection() {
+    if !require_language("python") {
+        return;
+    }
+    let h = Server::http().token(TOKEN_A).token(TOKEN_B).start().await;
+    let a = h.connect_tasks(TOKEN_A).await;
+    let (sid, cwd) = session(a.peer()).await;
+    let id = start_task(
+        a.peer(),
+        "session_eval",
+        json!({"session_id": sid, "code": WAITS_FOR_GO, "timeout_ms": 120_000}),
+    )
+    .await;
+    poll(a.peer(), &id, "working", |t| {
+        t.task.task.status_message.as_deref() == Some("halfway 50%")
+    })
+    .await;
+
+    // The attack: B knows the id.
+    let b = h.connect_tasks(TOKEN_B).await;
+    let e = b
+        .peer()
+        .get_task(GetTaskParams::new(&id))
+        .await
+        .expect_err("B polls A's task");
+    assert!(e.to_string().contains("no task"), "{e}");
+    let e = b
+        .peer()
+        .cancel_task(CancelTaskParams::new(&id))
+        .await
+        .expect_err("B cancels");
+    assert!(e.to_string().contains("no task"), "{e}");
+    let answers = [(
+        "input-1".to_string(),
+        json!({"action": "accept", "content": {"text": "x"}}),
+    )];
+    let e = b
+        .peer()
+        .update_task(UpdateTaskParams::new(&id, answers.into_iter().collect()))
+        .await
+        .expect_err("B answers");
+    assert!(e.to_string().contains("no task"), "{e}");
+    // An unknown id reads the same as A's.
+    let e2 = b
+        .peer()
+        .get_task(GetTaskParams::new("no-such-task"))
+        .await
+        .expect_err("unknown");
+    assert_eq!(
+        e.to_string().replace(&id, "ID"),
+        e2.to_string().replace("no-such-task", "ID")
+    );
+
+    // A's connection goes away mid-cell; the cell runs on and A polls from a new one.
+    a.cancel().await.expect("close A's first connection");
+    let a2 = h.connect_tasks(TOKEN_A).await;
+    let t = a2
+        .peer()
+        .get_task(GetTaskParams::new(&id))
+        .await
+        .expect("A polls again");
+    assert_eq!(t.task.status(), TaskStatus::Working, "{t:?}");
+    std::fs::write(cwd.join("go"), "").expect("write go");
+    let t = poll(
+        a2.peer(),
+        &id,
+        "completed",
+        status_is(TaskStatus::Completed),
+    )
+    .await;
+    assert_eq!(completed(&t).0["output"], "halfway 50%\ndone\n");
+    // B still sees nothing of it, ended.
+    assert!(b.peer().get_task(GetTaskParams::new(&id)).await.is_err());
+    drop(b);
+    drop(a2);
+    h.stop().await;
+}
