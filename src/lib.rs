@@ -48,6 +48,8 @@ pub(crate) mod output;
 #[cfg(target_os = "linux")]
 pub(crate) mod pool;
 #[cfg(target_os = "linux")]
+pub(crate) mod proc;
+#[cfg(target_os = "linux")]
 pub(crate) mod progress;
 #[cfg(target_os = "linux")]
 pub mod run;

@@ -3,7 +3,6 @@
 
 pub(crate) mod child;
 pub mod env;
-pub mod proc;
 pub mod pty;
 pub mod spawn;
 

@@ -179,7 +179,7 @@ impl Proc {
     /// The helper's pid (bwrap's child when wrapped; None while bwrap is still starting it).
     pub fn helper_pid(&self) -> Option<u32> {
         if self.wrapped {
-            super::proc::first_child(self.pid)
+            crate::proc::first_child(self.pid)
         } else {
             Some(self.pid)
         }
@@ -187,7 +187,7 @@ impl Proc {
 
     /// The program's pid (the helper's first child).
     pub fn program_pid(&self) -> Option<u32> {
-        self.helper_pid().and_then(super::proc::first_child)
+        self.helper_pid().and_then(crate::proc::first_child)
     }
 
     /// Wait for the end, with the program's exact status.

@@ -242,44 +242,13 @@ pub(super) async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(OVERFLOW_READ_TIMEOUT.min(limits.read_timeout))
         .keep_alive(false);
-    let graceful = GracefulShutdown::new();
+    let builders = Builders {
+        http,
+        overflow_http,
+        graceful: GracefulShutdown::new(),
+    };
     let mut conns = JoinSet::new();
-    loop {
-        // A slot first, then the connection: past the cap (and the places past it),
-        // connections wait unaccepted, unless a stalled connection holds a slot.
-        let (slot, accepted) = tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            slot = limits.slots.clone().acquire_owned() => match slot {
-                Ok(s) => (Slot::General(s), None),
-                Err(_) => break, // the semaphores are never closed
-            },
-            place = limits.overflow.clone().acquire_owned() => match place {
-                Ok(p) => (Slot::Overflow(p), None),
-                Err(_) => break,
-            },
-            accepted = async {
-                limits.pending.stalled().await;
-                listener.accept().await
-            } => {
-                // Everything is held, one place by a connection that sends nothing, and a
-                // client is at the door: it takes that place.
-                let slot = tokio::select! {
-                    biased;
-                    _ = stop.cancelled() => break,
-                    slot = limits.slots.clone().acquire_owned() => match slot {
-                        Ok(s) => Slot::General(s),
-                        Err(_) => break,
-                    },
-                    place = limits.overflow.clone().acquire_owned() => match place {
-                        Ok(p) => Slot::Overflow(p),
-                        Err(_) => break,
-                    },
-                    taken = limits.pending.take(false) => taken,
-                };
-                (slot, Some(accepted))
-            }
-        };
+    while let Some((slot, accepted)) = next_slot(&listener, &limits, &stop).await {
         let accepted = match accepted {
             Some(a) => a,
             None => tokio::select! {
@@ -308,43 +277,99 @@ pub(super) async fn serve(
             general => general,
         };
         let _ = stream.set_nodelay(true);
-        let io = TokioIo::new(stream);
-        let tag = Arc::new(Conn {
-            principal: Mutex::new(None),
-            held: limits.held.clone(),
-            share: limits.share,
-        });
-        let general = matches!(slot, Slot::General(_));
-        let held: Held = Arc::new(Mutex::new(Some(slot)));
-        let close = CancellationToken::new();
-        let pending = limits.pending.clone();
-        let id = pending.add(held.clone(), close.clone());
-        let inner = TowerToHyperService::new(router.clone());
+        conns.spawn(connection(&builders, stream, slot, &router, &limits));
+        // Forget the connections that ended.
+        while conns.try_join_next().is_some() {}
+    }
+    drop(listener);
+    // Open connections finish the request they are serving, then close.
+    builders.graceful.shutdown().await;
+    conns.shutdown().await;
+}
+
+/// The two ways a connection is served, and the shutdown that watches them all.
+struct Builders {
+    http: hyper::server::conn::http1::Builder,
+    overflow_http: hyper::server::conn::http1::Builder,
+    graceful: GracefulShutdown,
+}
+
+type Accepted = std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)>;
+
+/// The slot (or place past the cap) the next connection gets, and the connection when it
+/// was accepted already; None once `stop`. A slot first, then the connection: past the cap
+/// (and the places past it), connections wait unaccepted, unless a connection that sends
+/// nothing holds a slot.
+async fn next_slot(
+    listener: &TcpListener,
+    limits: &Limits,
+    stop: &CancellationToken,
+) -> Option<(Slot, Option<Accepted>)> {
+    let either = || async {
+        tokio::select! {
+            slot = limits.slots.clone().acquire_owned() => slot.map(Slot::General),
+            place = limits.overflow.clone().acquire_owned() => place.map(Slot::Overflow),
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = stop.cancelled() => None,
+        // The semaphores are never closed.
+        slot = either() => Some((slot.ok()?, None)),
+        accepted = async {
+            limits.pending.stalled().await;
+            listener.accept().await
+        } => {
+            // Everything is held, one place by a connection that sends nothing, and a
+            // client is at the door: it takes that place.
+            let slot = tokio::select! {
+                biased;
+                _ = stop.cancelled() => return None,
+                slot = either() => slot.ok()?,
+                taken = limits.pending.take(false) => taken,
+            };
+            Some((slot, Some(accepted)))
+        }
+    }
+}
+
+/// Serve one connection in `slot` until it ends, or, while it has sent no request, until a
+/// connection that waits takes its slot.
+fn connection(
+    b: &Builders,
+    stream: tokio::net::TcpStream,
+    slot: Slot,
+    router: &Router,
+    limits: &Limits,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let io = TokioIo::new(stream);
+    let tag = Arc::new(Conn {
+        principal: Mutex::new(None),
+        held: limits.held.clone(),
+        share: limits.share,
+    });
+    let general = matches!(slot, Slot::General(_));
+    let held: Held = Arc::new(Mutex::new(Some(slot)));
+    let close = CancellationToken::new();
+    let pending = limits.pending.clone();
+    let id = pending.add(held.clone(), close.clone());
+    let inner = TowerToHyperService::new(router.clone());
+    let serving: std::pin::Pin<Box<dyn std::future::Future<Output = hyper::Result<()>> + Send>> =
         if general {
+            let pending = pending.clone();
             let service = hyper::service::service_fn(move |req| {
                 pending.remove(id);
                 hyper::service::Service::call(&inner, req)
             });
-            let conn = graceful.watch(http.serve_connection(io, service));
-            let pending = limits.pending.clone();
-            conns.spawn(CONN.scope(tag, async move {
-                tokio::select! {
-                    // A timed-out or broken connection is the client's; nothing to report.
-                    ended = conn => if let Err(e) = ended {
-                        tracing::debug!("HTTP connection ended: {e}");
-                    },
-                    _ = close.cancelled() => {}
-                }
-                pending.remove(id);
-                drop(held);
-            }));
+            Box::pin(b.graceful.watch(b.http.serve_connection(io, service)))
         } else {
             let state = Arc::new(Overflow {
                 limits: limits.clone(),
-                place: held,
+                place: held.clone(),
                 slot: tokio::sync::Mutex::new(None),
             });
             let max = limits.max;
+            let pending = pending.clone();
             let service = hyper::service::service_fn(move |req| {
                 pending.remove(id);
                 let state = state.clone();
@@ -356,23 +381,22 @@ pub(super) async fn serve(
                     hyper::service::Service::call(&inner, req).await
                 }
             });
-            let conn = graceful.watch(overflow_http.serve_connection(io, service));
-            let pending = limits.pending.clone();
-            conns.spawn(CONN.scope(tag, async move {
-                tokio::select! {
-                    ended = conn => if let Err(e) = ended {
-                        tracing::debug!("HTTP connection (past the cap) ended: {e}");
-                    },
-                    _ = close.cancelled() => {}
-                }
-                pending.remove(id);
-            }));
+            Box::pin(
+                b.graceful
+                    .watch(b.overflow_http.serve_connection(io, service)),
+            )
+        };
+    CONN.scope(tag, async move {
+        tokio::select! {
+            // A timed-out or broken connection is the client's; nothing to report.
+            ended = serving => if let Err(e) = ended {
+                tracing::debug!("HTTP connection ended: {e}");
+            },
+            _ = close.cancelled() => {}
         }
-        // Forget the connections that ended.
-        while conns.try_join_next().is_some() {}
-    }
-    drop(listener);
-    // Open connections finish the request they are serving, then close.
-    graceful.shutdown().await;
-    conns.shutdown().await;
+        pending.remove(id);
+        // The slot (or the place, if an overflow connection's request never took a slot)
+        // frees here, unless a waiting connection took it.
+        drop(held);
+    })
 }

@@ -604,7 +604,7 @@ owns it or may change it"
             let nproc = if jail.uid.is_some() || self.wrapped() {
                 l.processes
             } else {
-                l.processes + crate::exec::proc::tasks_of_uid(rustix::process::getuid().as_raw())
+                l.processes + crate::proc::tasks_of_uid(rustix::process::getuid().as_raw())
             };
             rlimits.push((Rlimit::Nproc, nproc));
         }

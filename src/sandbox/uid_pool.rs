@@ -402,7 +402,7 @@ impl Drop for Lease {
 /// catches anything that got away, so a reused uid starts clean).
 pub fn kill_uid(uid: u32) {
     for _ in 0..50 {
-        let pids = crate::exec::proc::pids_of_uid(uid);
+        let pids = crate::proc::pids_of_uid(uid);
         if pids.is_empty() {
             return;
         }

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use procfs::process::Syscall;
 
-use crate::exec::proc;
+use crate::proc;
 
 use crate::lang::spec::InputWait;
 

@@ -19,6 +19,7 @@ use tokio::sync::Semaphore;
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::endpoint::{Inner, Scope, State, refusal};
 use super::record::CallRecord;
 use super::relay;
 use super::{Access, Shared, modules};
@@ -27,8 +28,6 @@ use super::{Access, Shared, modules};
 const MAX_REQUEST: usize = 1024 * 1024;
 /// Connections of one channel open at once; more are closed at once.
 const MAX_CONNECTIONS: usize = 64;
-/// Bytes of results a cell keeps in the journal for its replay.
-pub const JOURNAL_RESULTS_PER_CELL: usize = 4 * 1024 * 1024;
 /// The socket's name in the channel's directory.
 pub const SOCKET: &str = "sock";
 /// The secret's file in the channel's directory.
@@ -39,47 +38,6 @@ pub struct Channel {
     dir: PathBuf,
     inner: Arc<Inner>,
     task: AbortHandle,
-}
-
-pub(super) struct Inner {
-    pub(super) access: Arc<Access>,
-    pub(super) shared: Arc<Shared>,
-    /// Names the session or run in the log and the audit.
-    pub(super) who: String,
-    uid: Option<u32>,
-    secret: String,
-    state: Mutex<State>,
-    pub(super) concurrent: Arc<Semaphore>,
-}
-
-#[derive(Default)]
-struct State {
-    scope: Option<Arc<Scope>>,
-    /// The evaluation the calls below belong to.
-    eval_id: u64,
-    calls: Vec<CallRecord>,
-    /// Result bytes kept in `calls` for the journal.
-    kept: usize,
-}
-
-/// The evaluation in flight: its deadline, what interrupts it, its count of calls and, on
-/// a replay, the calls the journal recorded for it.
-pub(super) struct Scope {
-    pub(super) deadline: tokio::time::Instant,
-    pub(super) cancel: CancellationToken,
-    made: AtomicU32,
-    replay: Mutex<Vec<CallRecord>>,
-}
-
-impl Scope {
-    /// The recorded call that answers this one (same server, tool and arguments), taken.
-    pub(super) fn recorded(&self, server: &str, tool: &str, args_sha: &str) -> Option<CallRecord> {
-        let mut r = self.replay.lock().unwrap_or_else(|p| p.into_inner());
-        let i = r
-            .iter()
-            .position(|c| c.server == server && c.tool == tool && c.arguments_sha256 == args_sha)?;
-        Some(r.remove(i))
-    }
 }
 
 /// While held, calls are answered for one evaluation; dropping it ends that (calls still in
@@ -110,42 +68,6 @@ impl Drop for Channel {
             s.cancel.cancel();
         }
         crate::workspace::remove_tree(&self.dir);
-    }
-}
-
-impl Inner {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(super) fn scope(&self) -> Option<Arc<Scope>> {
-        self.lock().scope.clone()
-    }
-
-    /// Keep a finished call for the evaluation's record (its result only while the cell's
-    /// budget for the journal lasts).
-    pub(super) fn keep(&self, mut rec: CallRecord) {
-        let mut st = self.lock();
-        if let Some(r) = &rec.result {
-            let n = r.to_string().len();
-            if st.kept + n > JOURNAL_RESULTS_PER_CELL {
-                rec.result = None;
-            } else {
-                st.kept += n;
-            }
-        }
-        st.calls.push(rec);
-    }
-
-    /// Whether the upstream's uid may use this channel.
-    fn peer_allowed(&self, stream: &UnixStream) -> bool {
-        let Ok(cred) = stream.peer_cred() else {
-            return false;
-        };
-        match self.uid {
-            Some(uid) => cred.uid() == uid,
-            None => cred.uid() == rustix::process::geteuid().as_raw(),
-        }
     }
 }
 
@@ -283,13 +205,6 @@ impl Channel {
         }
         st.kept = 0;
         std::mem::take(&mut st.calls)
-    }
-}
-
-impl Scope {
-    /// Count one more call; false when the evaluation has made its most.
-    pub(super) fn count(&self, max: u32) -> bool {
-        self.made.fetch_add(1, Ordering::Relaxed) < max
     }
 }
 
@@ -466,11 +381,6 @@ async fn closed<R: tokio::io::AsyncRead + Unpin>(r: &mut R) {
             Ok(_) => {}
         }
     }
-}
-
-/// A refusal before anything was called.
-pub(super) fn refusal(message: String) -> Value {
-    json!({"ok": false, "error": {"kind": "refused", "message": message}})
 }
 
 fn reply_line(v: &Value) -> Vec<u8> {

@@ -14,6 +14,7 @@
 //! (`identity`, `error`, `metrics`, `workspace`).
 
 pub mod channel;
+mod endpoint;
 pub mod flags;
 mod instance;
 pub(crate) mod modules;

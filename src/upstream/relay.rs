@@ -9,7 +9,7 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::service::ServiceError;
 use serde_json::{Value, json};
 
-use super::channel::{Inner, refusal};
+use super::endpoint::{Inner, refusal};
 use super::record::{CallRecord, CallStatus, KEPT_ARGUMENTS, canonical, sha256};
 
 /// How long past the evaluation's deadline a call may still run (the interrupt acts first).

@@ -181,7 +181,7 @@ impl Interp {
             _ => format!("did not answer within {} ms", timeout.as_millis()),
         };
         tracing::warn!(
-            tree = %crate::exec::proc::describe_tree(self.helper_pid),
+            tree = %crate::proc::describe_tree(self.helper_pid),
             "interpreter did not start"
         );
         self.kill().await;
