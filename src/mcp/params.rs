@@ -23,10 +23,10 @@ pub struct RunCodeParams {
     pub args: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Python only: a virtual environment's directory (absolute path).
+    /// As in session_start.
     #[serde(default)]
     pub venv: Option<String>,
-    /// Domains the code may reach through the server's proxy (e.g. pypi.org), if allowed.
+    /// As in session_start.
     #[serde(default)]
     pub allow_domains: Vec<String>,
     /// As in session_start.
@@ -52,8 +52,7 @@ pub struct SessionStartParams {
     /// Seconds without use before the session is closed (default 1800).
     #[serde(default)]
     pub idle_timeout_s: Option<u64>,
-    /// Files put into the directory first (never overwriting): a server file copied
-    /// (`path`, local clients only) or text written (`content` with `name`).
+    /// Files put into the directory first, never overwriting.
     #[serde(default)]
     pub files: Vec<SessionFile>,
     /// Domains the code may reach through the server's proxy (e.g. pypi.org), if allowed.
@@ -68,7 +67,7 @@ pub struct SessionStartParams {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionFile {
-    /// Absolute path of a server file to copy.
+    /// Absolute path of a server file to copy (local clients only).
     #[serde(default)]
     pub path: Option<String>,
     /// Text to write (instead of `path`).
@@ -100,9 +99,8 @@ pub struct SessionIdParams {
 #[serde(deny_unknown_fields)]
 pub struct SessionInputParams {
     pub session_id: String,
-    /// The answer; several lines answer several reads. Keys are characters: Ctrl-C
-    /// \u0003, Ctrl-D \u0004 (end of input), Escape \u001b, arrows \u001b[A to \u001b[D,
-    /// Tab \t, Backspace \u007f, Enter \r.
+    /// The answer; several lines answer several reads. Keys as characters: Ctrl-C \u0003,
+    /// Ctrl-D \u0004 (EOF), Esc \u001b, arrows \u001b[A..D, Tab \t, Enter \r.
     pub text: String,
     /// Add Enter unless the text ends a line or with Ctrl-D (default true); false types
     /// it exactly, e.g. a single key.
@@ -113,8 +111,8 @@ pub struct SessionInputParams {
     pub timeout_ms: Option<u64>,
 }
 
-/// What `session_export` writes (the tool's description says what each holds; plain
-/// comments here keep the schema a plain `enum`).
+// What `session_export` writes (the tool's description says what each holds; plain
+// comments keep the schema a plain `enum`, without a description).
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ExportFormat {

@@ -102,6 +102,7 @@ fn fields_only(schema: &mut Schema) {
     }
 }
 
+/// A field's type (an array's items are the result's to say, as a nested object's fields).
 fn field(p: &Value) -> Value {
     let mut out = JsonObject::new();
     // An enum's values say its type.
@@ -116,12 +117,6 @@ fn field(p: &Value) -> Value {
     }
     if let Some(Value::Array(alts)) = p.get("oneOf") {
         out.insert("oneOf".into(), alts.iter().map(field).collect());
-    }
-    // Items that are objects say nothing more than the array.
-    if let Some(items) = p.get("items").map(field)
-        && items.get("type").and_then(Value::as_str) != Some("object")
-    {
-        out.insert("items".into(), items);
     }
     Value::Object(out)
 }

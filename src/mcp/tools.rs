@@ -307,8 +307,8 @@ closed session succeeds.",
 suspended.",
         input_schema = schema::input::<SessionIdParams>(),
         output_schema = schema::output::<HistoryReport>(),
-        annotations(title = "History", read_only_hint = true, destructive_hint = false,
-                    idempotent_hint = true, open_world_hint = false)
+        annotations(title = "History", read_only_hint = true,
+                    open_world_hint = false)
     )]
     async fn session_history(
         &self,
@@ -326,8 +326,8 @@ suspended.",
 resource (also replbox://sessions/{id}/export.ipynb, .py, …).",
         input_schema = schema::input::<SessionExportParams>(),
         output_schema = schema::output::<ExportReport>(),
-        annotations(title = "Export", read_only_hint = true, destructive_hint = false,
-                    idempotent_hint = true, open_world_hint = false)
+        annotations(title = "Export", read_only_hint = true,
+                    open_world_hint = false)
     )]
     async fn session_export(
         &self,
@@ -383,8 +383,8 @@ cells in order, side effects included.",
 and size, printing nothing in the session.",
         input_schema = schema::input::<SessionVarsParams>(),
         output_schema = schema::output::<VarsReport>(),
-        annotations(title = "Variables", read_only_hint = true, destructive_hint = false,
-                    idempotent_hint = true, open_world_hint = false)
+        annotations(title = "Variables", read_only_hint = true,
+                    open_world_hint = false)
     )]
     async fn session_vars(
         &self,
@@ -409,8 +409,8 @@ and size, printing nothing in the session.",
         description = "Open sessions (language, pid, directory, idle time, busy), then recently ended (files kept a \
 while) and suspended ones (`ended`).",
         output_schema = schema::output::<ListReport>(),
-        annotations(title = "List sessions", read_only_hint = true, destructive_hint = false,
-                    idempotent_hint = true, open_world_hint = false)
+        annotations(title = "List sessions", read_only_hint = true,
+                    open_world_hint = false)
     )]
     async fn session_list(&self, Extension(caller): Extension<Caller>) -> CallToolResult {
         let r = self.app.sessions.list(&caller);
