@@ -52,7 +52,8 @@ def __rbx_setup():
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     max_images = {max_images}
     user_limit = {sync_base}  # internal evaluations (resynchronisation) are numbered from here
-    cell = {"n": 0, "shots": [], "omitted": 0, "force": None, "extra": {}}
+    cell = {"n": 0, "shots": [], "omitted": 0, "force": None, "extra": {}, "displays": [],
+            "displays_omitted": 0}
     tuned = set()
 
     # --- tables: pandas and numpy print for a wide terminal (the PTY has 200 columns) ---
@@ -174,11 +175,166 @@ def __rbx_setup():
         logging.getLogger("matplotlib.font_manager").addFilter(
             lambda r: not str(r.msg).startswith("Matplotlib is building the font cache"))
 
+    # --- rich display: the Jupyter display protocol without IPython. display(obj), and a
+    # cell's value, with _repr_*_ methods leave a MIME bundle (JSON, as in a notebook) in
+    # out/, which the end marker names; replbox returns each kind as content. The reprs are
+    # user code: what they return is checked and bounded here, and again by replbox. ---
+    max_displays, max_bundle = 16, 4 << 20
+    reprs = (("text/html", "_repr_html_"), ("text/markdown", "_repr_markdown_"),
+             ("text/latex", "_repr_latex_"), ("image/svg+xml", "_repr_svg_"),
+             ("image/png", "_repr_png_"), ("image/jpeg", "_repr_jpeg_"),
+             ("application/json", "_repr_json_"))
+
+    def real_method(obj, name):
+        # As IPython does: an object whose __getattr__ answers any name has no reprs.
+        try:
+            if inspect.isclass(obj) or inspect.ismodule(obj):
+                return None
+            if getattr(obj, "_ipython_canary_method_should_not_exist_", None) is not None:
+                return None
+            m = getattr(obj, name, None)
+        except Exception:
+            return None
+        return m if callable(m) else None
+
+    def bundle_of(obj):
+        data, used = {}, [0]
+
+        def put(mime, v):
+            if not isinstance(mime, str) or mime in data or mime == "text/plain" or v is None:
+                return
+            if isinstance(v, tuple) and len(v) == 2:
+                v = v[0]  # (data, metadata)
+            if isinstance(v, (bytes, bytearray)):
+                v = base64.b64encode(bytes(v)).decode() if mime.startswith("image/") \
+                    else bytes(v).decode("utf-8", "replace")
+            if isinstance(v, str):
+                size = len(v)
+            elif isinstance(v, (dict, list)) and mime.endswith("json"):
+                try:
+                    size = len(json.dumps(v))
+                except Exception:
+                    return
+            else:
+                return
+            if used[0] + size > max_bundle:
+                return
+            used[0] += size
+            data[mime] = v
+
+        m = real_method(obj, "_repr_mimebundle_")
+        if m is not None:
+            try:
+                got = m(include=None, exclude=None)
+                if isinstance(got, tuple) and len(got) == 2:
+                    got = got[0]
+                if isinstance(got, dict):
+                    for mime, v in list(got.items())[:32]:
+                        put(mime, v)
+            except Exception:
+                pass
+        for mime, name in reprs:
+            if mime in data:
+                continue
+            m = real_method(obj, name)
+            if m is not None:
+                try:
+                    put(mime, m())
+                except Exception:
+                    pass
+        return data
+
+    def frame_of(obj):
+        # A pandas table as data the agent reads exactly: shape, columns with dtypes, and
+        # the first and last rows as records (few, bounded by replbox again).
+        t = type(obj)
+        if t.__module__.split(".")[0] != "pandas" or t.__name__ not in ("DataFrame", "Series"):
+            return None
+        try:
+            df = obj.to_frame() if t.__name__ == "Series" else obj
+            n, cols = len(df), df.iloc[:, :50]
+            if not (type(df.index).__name__ == "RangeIndex" and df.index.name is None):
+                cols = cols.reset_index()
+
+            def records(part):
+                return json.loads(part.to_json(orient="records", date_format="iso",
+                                               default_handler=str))
+            frame = {"type": t.__module__.split(".")[0] + "." + t.__name__,
+                     "shape": list(obj.shape),
+                     "columns": [{"name": str(c)[:200], "dtype": str(d)}
+                                 for c, d in list(df.dtypes.items())[:50]]}
+            if n <= 10:
+                frame["head"] = records(cols)
+            else:
+                frame["head"], frame["tail"] = records(cols.head(5)), records(cols.tail(5))
+            return frame
+        except Exception:
+            return None
+
+    def publish(obj, text_shown):
+        # The bundle of `obj` into out/ when it has more than text; False when it has not.
+        data = bundle_of(obj)
+        frame = frame_of(obj)
+        if not data and frame is None:
+            return False
+        if len(cell["displays"]) >= max_displays:
+            cell["displays_omitted"] += 1
+            return True
+        name = "disp-%d-%d.json" % (cell["n"], len(cell["displays"]) + 1)
+        body = {"data": data}
+        if frame is not None:
+            body["frame"] = frame
+        try:
+            with open(os.path.join(out, name), "w", encoding="utf-8") as f:
+                json.dump(body, f)
+            cell["displays"].append({"file": name})
+        except Exception as e:
+            print("[replbox: display could not be kept: %s: %s]" % (type(e).__name__, e),
+                  file=sys.stderr)
+        return True
+
+    def user_display(*objs, raw=False, **kwargs):
+        # Jupyter's display(): each object's text is printed, its rich forms returned.
+        for obj in objs:
+            mf = sys.modules.get("matplotlib.figure")
+            if mf is not None and isinstance(obj, mf.Figure):
+                save(obj, getattr(obj, "number", None))
+                continue
+            if raw and isinstance(obj, dict):
+                text = obj.get("text/plain")
+                if isinstance(text, str):
+                    print(text)
+                holder = type("Raw", (), {"_repr_mimebundle_":
+                                          lambda self, include=None, exclude=None: obj})()
+                publish(holder, True)
+                continue
+            try:
+                text = repr(obj)
+            except Exception as e:
+                text = "<%s: repr failed: %s>" % (type(obj).__name__, type(e).__name__)
+            print(text)
+            publish(obj, True)
+
+    def on_plotly_io(module):
+        # Plotly and Altair pick a browser or HTML renderer outside a notebook: in a session
+        # they return their JSON (the user's own choice, made after the import, wins).
+        module.renderers.default = "plotly_mimetype"
+
+    def on_altair(module):
+        module.renderers.enable("mimetype")
+
+    def on_ipython_display(module):
+        # IPython's display() prints only a repr outside its own shell: ours returns the
+        # rich forms; `from IPython.display import display` then finds it.
+        module.display = user_display
+
     # An import hook for the modules above: adjusts each right after the user's code
     # imports it (so `import pandas; print(df)` in one cell already prints wide, and user
     # settings made after the import win). Other imports only cost a dict lookup.
     watch = {"pandas": lambda m: tune(), "numpy": lambda m: tune(),
-             "matplotlib": on_matplotlib, "matplotlib.pyplot": on_pyplot}
+             "matplotlib": on_matplotlib, "matplotlib.pyplot": on_pyplot,
+             "IPython.core.display_functions": on_ipython_display,
+             "plotly.io": on_plotly_io, "altair": on_altair}
 
     class After:
         def __init__(self, real, then):
@@ -225,6 +381,10 @@ def __rbx_setup():
             extra["images"] = cell["shots"]
         if cell["omitted"]:
             extra["images_omitted"] = cell["omitted"]
+        if cell["displays"]:
+            extra["displays"] = cell["displays"]
+        if cell["displays_omitted"]:
+            extra["displays_omitted"] = cell["displays_omitted"]
         return extra or None
 
     def emit(n, status, err, extra=None):
@@ -335,7 +495,8 @@ def __rbx_setup():
         user_site()
         name = "<cell %d>" % n
         status, err, exiting = "ok", None, False
-        cell.update(n=n, shots=[], omitted=0, force=None, extra={})
+        cell.update(n=n, shots=[], omitted=0, force=None, extra={}, displays=[],
+                    displays_omitted=0)
         owner = os.getpid()
         sys.ps1, sys.ps2 = user_ps
         tell("\x1b_rbx;%s;s;%d\x1b\\" % (nonce, n))
@@ -361,6 +522,8 @@ def __rbx_setup():
                     cell["force"] = value  # a figure as the cell's value: show it, as notebooks do
                 tune()
                 display(value)
+                if value is not None and cell["force"] is None:
+                    publish(value, True)
         except SystemExit:
             exiting = True
             raise
@@ -484,6 +647,8 @@ def __rbx_setup():
         if failed:
             print("replbox-preload-failed: " + " ".join(failed))
 
+    if not hasattr(builtins, "display"):
+        builtins.display = user_display
     builtins.__rbx_eval = run
     builtins.__rbx_vars = list_vars
     builtins.__rbx_preload = preload

@@ -3,7 +3,9 @@
 
 use base64::Engine;
 use rmcp::handler::server::tool::IntoCallToolResult;
-use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, ProgressNotificationParam};
+use rmcp::model::{
+    CallToolResponse, CallToolResult, ContentBlock, ProgressNotificationParam, ResourceContents,
+};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
 use serde::Serialize;
@@ -12,6 +14,7 @@ use serde_json::Value;
 use crate::error::ToolError;
 use crate::progress::Progress;
 use crate::session::EvalReport;
+use crate::session::report::RichContent;
 
 /// A result with both a text and a structured form.
 pub(super) fn result<T: Serialize>(text: String, structured: &T, is_error: bool) -> CallToolResult {
@@ -39,6 +42,16 @@ pub(super) fn eval_result(r: &EvalReport) -> CallToolResult {
             b64.encode(&a.data),
             a.mime_type.clone(),
         ));
+    }
+    for block in &r.rich {
+        out.content.push(match &block.content {
+            RichContent::Image(data) => {
+                ContentBlock::image(b64.encode(data), block.mime_type.clone())
+            }
+            RichContent::Text { uri, text } => ContentBlock::resource(
+                ResourceContents::text(text.clone(), uri.clone()).with_mime_type(&block.mime_type),
+            ),
+        });
     }
     out
 }

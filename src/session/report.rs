@@ -58,6 +58,11 @@ pub struct EvalReport {
     /// Figures left out because of the per-evaluation caps (the notes say which cap).
     #[serde(skip_serializing_if = "is_zero")]
     pub images_omitted: u64,
+    /// Rich displays (Python's `display()`, a value with `_repr_*_` methods): each one's
+    /// MIME types, in the order of its content blocks, and a table's shape, columns and
+    /// first and last rows as records.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub displays: Vec<DisplayInfo>,
     /// Files in the session's directory created, modified or deleted since the previous
     /// evaluation (hidden files and directories are not tracked). Each readable one has the
     /// `uri` of an MCP resource.
@@ -85,6 +90,18 @@ pub struct EvalReport {
     #[serde(skip)]
     #[schemars(skip)]
     pub attachments: Vec<Attachment>,
+    /// The displays' content blocks (not part of the structured result).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub rich: Vec<RichBlock>,
+    /// Displays the end marker announced, still to be read from `out/`.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub(crate) pending_displays: Vec<DisplayRef>,
+    /// Displays the bootstrap left out over its count cap.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub(crate) displays_omitted: u64,
     /// Images the end marker announced, still to be read from the control directory.
     #[serde(skip)]
     #[schemars(skip)]
@@ -130,6 +147,33 @@ pub struct Attachment {
     pub data: Vec<u8>,
 }
 
+/// One rich display of an evaluation.
+#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+pub struct DisplayInfo {
+    pub mime_types: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frame: Option<serde_json::Value>,
+}
+
+/// A display's content block: an image, or a text resource (HTML, Markdown, JSON, …).
+#[derive(Debug, Clone)]
+pub struct RichBlock {
+    pub mime_type: String,
+    pub content: RichContent,
+}
+
+#[derive(Debug, Clone)]
+pub enum RichContent {
+    Image(Vec<u8>),
+    Text { uri: String, text: String },
+}
+
+/// A bundle file the bootstrap wrote into `out/`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub(crate) struct DisplayRef {
+    pub file: String,
+}
+
 /// An image file the bootstrap wrote into the control directory.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 pub(crate) struct ImageRef {
@@ -153,6 +197,10 @@ struct MarkerPayload {
     images: Vec<ImageRef>,
     #[serde(default)]
     images_omitted: u64,
+    #[serde(default)]
+    displays: Vec<DisplayRef>,
+    #[serde(default)]
+    displays_omitted: u64,
     /// Bytes of typed input the bootstrap found unread, and discarded, at the end.
     #[serde(default)]
     unread: u64,
@@ -178,6 +226,10 @@ impl EvalReport {
             error: None,
             images: Vec::new(),
             images_omitted: 0,
+            displays: Vec::new(),
+            rich: Vec::new(),
+            pending_displays: Vec::new(),
+            displays_omitted: 0,
             files: Vec::new(),
             files_omitted: 0,
             discarded_input: None,
@@ -257,6 +309,16 @@ impl EvalReport {
                 .map(|i| format!("{} ({}x{})", i.name, i.width, i.height))
                 .collect();
             lines.push(format!("[images attached: {}]", list.join(", ")));
+        }
+        for d in &self.displays {
+            let mut what = d.mime_types.join(", ");
+            if let Some(shape) = d.frame.as_ref().and_then(|f| f.get("shape")) {
+                if !what.is_empty() {
+                    what.push_str("; ");
+                }
+                what.push_str(&format!("a table of shape {shape} in structuredContent"));
+            }
+            lines.push(format!("[display: {what}]"));
         }
         if !self.files.is_empty() {
             lines.push(files_line(&self.files, self.files_omitted));
@@ -523,6 +585,8 @@ pub fn apply_marker(
     let extras = decode_payload(&marker.payload);
     report.pending_images = extras.images;
     report.images_omitted = extras.images_omitted;
+    report.pending_displays = extras.displays;
+    report.displays_omitted = extras.displays_omitted;
     report.unread = extras.unread;
     report.split = OutputSplit {
         value_lines: extras.value_lines,

@@ -4,7 +4,7 @@
 
 use std::os::fd::AsFd;
 
-use super::Evaluator;
+use super::{Evaluator, display};
 use crate::hostfs;
 use crate::session::files;
 use crate::session::live::{Session, lock};
@@ -16,11 +16,19 @@ impl Evaluator {
     /// deleted. The file work runs off the async workers.
     pub(super) async fn collect(&self, session: &Session, report: &mut EvalReport) {
         let refs = std::mem::take(&mut report.pending_images);
+        let display_refs = std::mem::take(&mut report.pending_displays);
         let old = lock(&session.files).take();
         let was_tracked = old.is_some();
-        if refs.is_empty() && old.is_none() {
+        if refs.is_empty() && display_refs.is_empty() && old.is_none() {
+            if report.displays_omitted > 0 {
+                report
+                    .notes
+                    .push(displays_left_out(report.displays_omitted));
+            }
             return;
         }
+        let eval_id = report.eval_id;
+        let text_bytes = self.config.output_cap;
         let out = session.out_fd.clone();
         let cwd = session.cwd_fd.clone();
         let skip = self.skip.clone();
@@ -31,13 +39,20 @@ impl Evaluator {
         // As the session's uid: both directories are the session code's to write.
         let job = hostfs::as_uid(session.uid, move || {
             let images = read_images(out.as_fd(), refs, max_images, max_bytes);
+            let caps = display::Caps {
+                images: max_images.saturating_sub(images.images.len()),
+                image_bytes: max_bytes,
+                text_bytes,
+                frame_bytes: text_bytes / 4,
+            };
+            let displays = display::read_displays(out.as_fd(), display_refs, &id, eval_id, caps);
             let tracked = old.map(|mut tracked| {
                 let changes = tracked.refresh(cwd.as_fd(), max_entries, &skip, &id);
                 (tracked, changes)
             });
-            (images, tracked)
+            (images, displays, tracked)
         });
-        let Ok((images, tracked)) = job.await else {
+        let Ok((images, displays, tracked)) = job.await else {
             tracing::warn!(session = %session.id, "collecting files and images failed");
             return;
         };
@@ -53,6 +68,13 @@ impl Evaluator {
 resources",
                 report.images_omitted, self.config.max_images
             ));
+        }
+        report.displays = displays.infos;
+        report.rich = displays.blocks;
+        report.notes.extend(displays.notes);
+        let omitted = report.displays_omitted + displays.omitted;
+        if omitted > 0 {
+            report.notes.push(displays_left_out(omitted));
         }
         for (name, size) in &images.too_big {
             report.images_omitted += 1;
@@ -84,6 +106,15 @@ more than {} files and folders (--max-tracked-files)",
             _ => {}
         }
     }
+}
+
+/// The note for displays left out.
+fn displays_left_out(n: u64) -> String {
+    format!(
+        "{n} display(s) not returned: at most {} per evaluation, each within the caps on images \
+and on rich text",
+        display::MAX_DISPLAYS
+    )
 }
 
 #[derive(Default)]

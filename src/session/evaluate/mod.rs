@@ -6,6 +6,7 @@
 //! interpreter exited); what follows an ending (keeping its files) is the caller's.
 
 mod artifacts;
+mod display;
 mod vars;
 
 use std::sync::Arc;

@@ -1,0 +1,376 @@
+//! Rich displays: the MIME bundles a bootstrap wrote into `out/` (Python's `display()` and a
+//! cell's value with `_repr_*_` methods, as Jupyter defines them), read within caps and made
+//! into what the result carries: images, text resources with their MIME type, and a table's
+//! records. Every byte of a bundle is user code's: a name is a plain file name opened
+//! beneath `out/` through no link, a file is read up to a cap, a MIME type is checked
+//! against a closed set, and each kind of content has a budget per evaluation.
+
+use std::os::fd::BorrowedFd;
+
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::hostfs;
+use crate::session::report::{DisplayInfo, DisplayRef, RichBlock, RichContent};
+
+/// Largest bundle file read, in bytes (a bootstrap writes at most 4 MiB of data in one).
+pub(super) const MAX_BUNDLE_BYTES: u64 = 6 << 20;
+/// Bundles read per evaluation; more are counted as left out.
+pub(super) const MAX_DISPLAYS: usize = 16;
+
+/// The caps of one evaluation's displays.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Caps {
+    /// Images the evaluation may still return (figures count too).
+    pub images: usize,
+    /// Largest image, in bytes.
+    pub image_bytes: u64,
+    /// Bytes of text resources (HTML, Markdown, LaTeX, JSON) for the whole evaluation.
+    pub text_bytes: usize,
+    /// Bytes of a table's records (serialized) in the structured result.
+    pub frame_bytes: usize,
+}
+
+/// What the displays of one evaluation became.
+#[derive(Debug, Default)]
+pub(super) struct Displays {
+    pub infos: Vec<DisplayInfo>,
+    pub blocks: Vec<RichBlock>,
+    /// Images among `blocks`.
+    pub images: usize,
+    /// Why something was left out, for the result's notes.
+    pub notes: Vec<String>,
+    pub omitted: u64,
+}
+
+/// A bundle as a bootstrap writes it: `{"data": {mime: value}, "frame": {...}}`.
+#[derive(Debug, Default, Deserialize)]
+struct Bundle {
+    #[serde(default)]
+    data: serde_json::Map<String, Value>,
+    #[serde(default)]
+    frame: Option<Value>,
+}
+
+/// What becomes of one MIME type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Base64 of these bytes, which must start with the magic.
+    Raster(&'static [u8]),
+    Svg,
+    /// Text, returned as an embedded resource with the given file extension.
+    Text(&'static str),
+}
+
+/// The MIME types returned (others, text/plain among them, are not: the text is already in
+/// the output), in the order their blocks go into the result.
+fn kind(mime: &str) -> Option<Kind> {
+    Some(match mime {
+        "image/png" => Kind::Raster(b"\x89PNG\r\n\x1a\n"),
+        "image/jpeg" => Kind::Raster(b"\xff\xd8\xff"),
+        "image/gif" => Kind::Raster(b"GIF8"),
+        "image/svg+xml" => Kind::Svg,
+        "text/html" => Kind::Text("html"),
+        "text/markdown" => Kind::Text("md"),
+        "text/latex" => Kind::Text("tex"),
+        "application/json" | "application/geo+json" => Kind::Text("json"),
+        // Vega, Vega-Lite, Plotly and other JSON formats of the notebook world (Vega-Lite 6
+        // names its own `application/vnd.vegalite.v6.json`).
+        m if m.starts_with("application/vnd.")
+            && (m.ends_with("+json") || m.ends_with(".json"))
+            && m.len() <= 80
+            && m[16..]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"+.-".contains(&b)) =>
+        {
+            Kind::Text("json")
+        }
+        _ => return None,
+    })
+}
+
+/// Read the bundles an end marker named, within the caps, removing each file once read.
+pub(super) fn read_displays(
+    out_dir: BorrowedFd<'_>,
+    refs: Vec<DisplayRef>,
+    session_id: &str,
+    eval_id: u64,
+    caps: Caps,
+) -> Displays {
+    let mut out = Displays::default();
+    let mut text_left = caps.text_bytes;
+    for (k, r) in refs.into_iter().enumerate() {
+        let file = r.file.as_str();
+        if file.is_empty() || file.contains('/') || file.starts_with('.') || file.len() > 255 {
+            tracing::warn!("ignored a display name that is not a plain file name");
+            continue;
+        }
+        if k >= MAX_DISPLAYS {
+            out.omitted += 1;
+        } else {
+            let read = hostfs::open_beneath(out_dir, &[file], &hostfs::Walk::default())
+                .and_then(|f| crate::workspace::read_capped(f, MAX_BUNDLE_BYTES));
+            match read {
+                Ok(Ok(data)) => {
+                    let prefix = format!(
+                        "replbox://sessions/{session_id}/displays/{eval_id}-{}",
+                        k + 1
+                    );
+                    bundle(&data, &prefix, caps, &mut text_left, &mut out);
+                }
+                Ok(Err(size)) => {
+                    out.omitted += 1;
+                    out.notes.push(format!(
+                        "a display of {} was not returned: over the {} read per display",
+                        crate::session::files::human_size(size),
+                        crate::session::files::human_size(MAX_BUNDLE_BYTES)
+                    ));
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read a display"),
+            }
+        }
+        let _ = hostfs::remove_beneath(out_dir, &[file], false);
+    }
+    out
+}
+
+/// One bundle's bytes (user code's) into `out`.
+pub(super) fn bundle(
+    data: &[u8],
+    uri_prefix: &str,
+    caps: Caps,
+    text_left: &mut usize,
+    out: &mut Displays,
+) {
+    // serde_json bounds nesting (128 levels); the size is bounded by the read.
+    let Ok(b) = serde_json::from_slice::<Bundle>(data) else {
+        tracing::warn!("ignored a display that is not a bundle");
+        return;
+    };
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut info = DisplayInfo::default();
+    let mut entries: Vec<(&String, &Value, Kind)> = b
+        .data
+        .iter()
+        .take(32)
+        .filter_map(|(m, v)| kind(m).map(|k| (m, v, k)))
+        .collect();
+    // Images first, then text, each in a fixed order whatever the bundle's.
+    let image = |k: &Kind| matches!(k, Kind::Raster(_) | Kind::Svg);
+    entries.sort_by(|a, b| (!image(&a.2), a.0).cmp(&(!image(&b.2), b.0)));
+    for (mime, value, kind) in entries {
+        match kind {
+            Kind::Raster(magic) => {
+                let Some(s) = value.as_str() else { continue };
+                let clean: String = s.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+                let Ok(bytes) = b64.decode(clean.as_bytes()) else {
+                    continue;
+                };
+                if !bytes.starts_with(magic) {
+                    continue;
+                }
+                if !take_image(out, caps, bytes.len() as u64, mime) {
+                    continue;
+                }
+                out.blocks.push(RichBlock {
+                    mime_type: mime.clone(),
+                    content: RichContent::Image(bytes),
+                });
+            }
+            Kind::Svg => {
+                let Some(s) = value.as_str() else { continue };
+                if !s.contains("<svg") || !take_image(out, caps, s.len() as u64, mime) {
+                    continue;
+                }
+                out.blocks.push(RichBlock {
+                    mime_type: mime.clone(),
+                    content: RichContent::Image(s.as_bytes().to_vec()),
+                });
+            }
+            Kind::Text(ext) => {
+                let text = match value {
+                    Value::String(s) => s.clone(),
+                    v if ext == "json" => v.to_string(),
+                    _ => continue,
+                };
+                if text.len() > *text_left {
+                    out.omitted += 1;
+                    out.notes.push(format!(
+                        "a display's {mime} ({}) was not returned: over what is left of the \
+evaluation's budget for rich text (--output-cap); its text form is in the output",
+                        crate::session::files::human_size(text.len() as u64)
+                    ));
+                    continue;
+                }
+                *text_left -= text.len();
+                out.blocks.push(RichBlock {
+                    mime_type: mime.clone(),
+                    content: RichContent::Text {
+                        uri: format!("{uri_prefix}.{ext}"),
+                        text,
+                    },
+                });
+            }
+        }
+        info.mime_types.push(mime.clone());
+    }
+    info.frame = b.frame.and_then(|f| frame(f, caps.frame_bytes));
+    if !info.mime_types.is_empty() || info.frame.is_some() {
+        out.infos.push(info);
+    }
+}
+
+/// Whether one more image fits; a note when it does not.
+fn take_image(out: &mut Displays, caps: Caps, bytes: u64, mime: &str) -> bool {
+    if out.images >= caps.images {
+        out.omitted += 1;
+        out.notes.push(format!(
+            "a display's {mime} was not returned: the evaluation has returned all its images \
+(--max-images)"
+        ));
+        return false;
+    }
+    if bytes > caps.image_bytes {
+        out.omitted += 1;
+        out.notes.push(format!(
+            "a display's {mime} ({}) was not returned: over the {} cap per image \
+(--max-image-bytes)",
+            crate::session::files::human_size(bytes),
+            crate::session::files::human_size(caps.image_bytes)
+        ));
+        return false;
+    }
+    out.images += 1;
+    true
+}
+
+/// A table's description, its known fields only; past `budget` bytes its records are left
+/// out (`records_omitted`), past it even without them it is dropped.
+fn frame(f: Value, budget: usize) -> Option<Value> {
+    let Value::Object(mut o) = f else {
+        return None;
+    };
+    let mut kept = serde_json::Map::new();
+    for key in ["type", "shape", "columns", "head", "tail"] {
+        if let Some(v) = o.remove(key) {
+            kept.insert(key.into(), v);
+        }
+    }
+    let size = |m: &serde_json::Map<String, Value>| Value::Object(m.clone()).to_string().len();
+    if size(&kept) > budget {
+        kept.remove("head");
+        kept.remove("tail");
+        kept.insert("records_omitted".into(), Value::Bool(true));
+        if size(&kept) > budget {
+            return None;
+        }
+    }
+    Some(Value::Object(kept))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const CAPS: Caps = Caps {
+        images: 2,
+        image_bytes: 1000,
+        text_bytes: 100,
+        frame_bytes: 200,
+    };
+
+    fn run(v: Value) -> Displays {
+        let mut out = Displays::default();
+        let mut left = CAPS.text_bytes;
+        bundle(
+            v.to_string().as_bytes(),
+            "replbox://sessions/s/displays/1-1",
+            CAPS,
+            &mut left,
+            &mut out,
+        );
+        out
+    }
+
+    #[test]
+    fn known_types_become_blocks_images_first() {
+        let png = base64::engine::general_purpose::STANDARD.encode(b"\x89PNG\r\n\x1a\nrest");
+        let d = run(json!({"data": {
+            "text/html": "<b>x</b>", "text/plain": "x", "image/png": png,
+            "application/vnd.vegalite.v5+json": {"mark": "bar"},
+            "application/x-evil": "no", "image/svg+xml": "<svg/>"
+        }}));
+        let mimes: Vec<&str> = d.blocks.iter().map(|b| b.mime_type.as_str()).collect();
+        assert_eq!(
+            mimes,
+            [
+                "image/png",
+                "image/svg+xml",
+                "application/vnd.vegalite.v5+json",
+                "text/html"
+            ]
+        );
+        assert_eq!(d.infos.len(), 1);
+        assert_eq!(d.infos[0].mime_types, mimes);
+        match &d.blocks[2].content {
+            RichContent::Text { uri, text } => {
+                assert_eq!(uri, "replbox://sessions/s/displays/1-1.json");
+                assert_eq!(text, r#"{"mark":"bar"}"#);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn forged_and_oversized_parts_are_left_out() {
+        // Not a PNG behind the label, not base64, a type with a path in it, text over the
+        // budget, and not a bundle at all.
+        let fake = base64::engine::general_purpose::STANDARD.encode(b"GIF89a");
+        let d = run(json!({"data": {
+            "image/png": fake, "image/jpeg": "!!!", "application/vnd./../x+json": "{}",
+            "text/markdown": "m".repeat(101)
+        }}));
+        assert!(d.blocks.is_empty(), "{:?}", d.blocks);
+        assert_eq!(d.omitted, 1);
+        assert!(d.notes[0].contains("budget"), "{:?}", d.notes);
+        let mut out = Displays::default();
+        let mut left = 100;
+        bundle(b"[1,2", "u", CAPS, &mut left, &mut out);
+        bundle(&b"[".repeat(10_000), "u", CAPS, &mut left, &mut out);
+        assert!(out.infos.is_empty() && out.blocks.is_empty());
+    }
+
+    #[test]
+    fn a_frame_keeps_its_fields_and_drops_records_over_budget() {
+        let d = run(json!({"data": {}, "frame": {
+            "type": "pandas.DataFrame", "shape": [2, 1], "columns": [{"name": "a", "dtype": "int64"}],
+            "head": [{"a": 1}, {"a": 2}], "extra": "x"
+        }}));
+        assert_eq!(
+            d.infos[0].frame,
+            Some(json!({"type": "pandas.DataFrame", "shape": [2, 1],
+                        "columns": [{"name": "a", "dtype": "int64"}],
+                        "head": [{"a": 1}, {"a": 2}]}))
+        );
+        let d = run(json!({"data": {}, "frame": {"shape": [9, 1], "head": ["x".repeat(300)]}}));
+        assert_eq!(
+            d.infos[0].frame,
+            Some(json!({"shape": [9, 1], "records_omitted": true}))
+        );
+    }
+
+    #[test]
+    fn images_count_against_the_cap() {
+        let png = base64::engine::general_purpose::STANDARD.encode(b"\x89PNG\r\n\x1a\n");
+        let mut out = Displays::default();
+        let mut left = 100;
+        for _ in 0..3 {
+            let b = json!({"data": {"image/png": png}}).to_string();
+            bundle(b.as_bytes(), "u", CAPS, &mut left, &mut out);
+        }
+        assert_eq!(out.images, 2);
+        assert_eq!(out.omitted, 1);
+    }
+}

@@ -1,0 +1,379 @@
+//! Rich display in Python sessions, as Jupyter defines it but without IPython: `display()`
+//! and a cell's value with `_repr_*_` methods come back as MCP content (images as image
+//! blocks, HTML/Markdown/LaTeX/JSON/Vega/Plotly as embedded resources with their MIME type)
+//! beside their text, a pandas table also as records; and what user code can forge (names,
+//! links, sizes, types) is refused.
+
+mod common;
+
+use common::*;
+use rmcp::model::CallToolRequestParams;
+use serde_json::{Value, json};
+
+/// An evaluation's result: its text, its content blocks as JSON, its structured content.
+struct Shown {
+    text: String,
+    blocks: Vec<Value>,
+    structured: Value,
+}
+
+impl Shown {
+    /// The blocks other than text: (type, MIME type).
+    fn kinds(&self) -> Vec<(String, String)> {
+        self.blocks
+            .iter()
+            .filter(|b| b["type"] != "text")
+            .map(|b| {
+                let mime = match b["type"].as_str() {
+                    Some("resource") => &b["resource"]["mimeType"],
+                    _ => &b["mimeType"],
+                };
+                (
+                    b["type"].as_str().unwrap_or("").to_string(),
+                    mime.as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// The embedded resource of a MIME type: (uri, text).
+    fn resource(&self, mime: &str) -> (String, String) {
+        let b = self
+            .blocks
+            .iter()
+            .find(|b| b["type"] == "resource" && b["resource"]["mimeType"] == mime)
+            .unwrap_or_else(|| panic!("no {mime} resource in {:?}", self.kinds()));
+        (
+            b["resource"]["uri"].as_str().unwrap_or("").to_string(),
+            b["resource"]["text"].as_str().unwrap_or("").to_string(),
+        )
+    }
+}
+
+async fn eval(s: &TestServer, id: &str, code: &str) -> Shown {
+    let args = json!({"session_id": id, "code": code});
+    let r = s
+        .client
+        .call_tool(
+            CallToolRequestParams::new("session_eval")
+                .with_arguments(args.as_object().cloned().expect("object")),
+        )
+        .await
+        .expect("session_eval");
+    let blocks: Vec<Value> = r
+        .content
+        .iter()
+        .map(|c| serde_json::to_value(c).expect("a content block"))
+        .collect();
+    let text = blocks
+        .iter()
+        .filter(|b| b["type"] == "text")
+        .filter_map(|b| b["text"].as_str())
+        .collect();
+    let structured = r.structured_content.clone().unwrap_or(Value::Null);
+    assert_eq!(structured["status"], "ok", "{code}\n{text}\n{structured}");
+    Shown {
+        text,
+        blocks,
+        structured,
+    }
+}
+
+/// A class with every `_repr_*_` method, a real 1x1 PNG among them.
+const EVERY_REPR: &str = r##"
+import base64, struct, zlib
+def _chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+PNG = (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
+       + _chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00")) + _chunk(b"IEND", b""))
+class Every:
+    def __repr__(self): return "Every(text form)"
+    def _repr_html_(self): return "<b>bold</b>"
+    def _repr_markdown_(self): return "# Title"
+    def _repr_latex_(self): return r"$x^2$"
+    def _repr_json_(self): return {"k": [1, 2]}
+    def _repr_svg_(self): return '<svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"/>'
+    def _repr_png_(self): return PNG
+"##;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn display_and_a_value_return_each_mime_type_as_its_content_block() {
+    if !require("python", "python3") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("python").await;
+    eval(&s, &id, EVERY_REPR).await;
+
+    // display() with no import, as in a notebook: the text form printed, each rich form a
+    // block of its kind, images first.
+    let shown = eval(&s, &id, "display(Every())\nprint('after')").await;
+    assert!(
+        shown.text.starts_with("Every(text form)\nafter\n"),
+        "{}",
+        shown.text
+    );
+    assert_eq!(
+        shown.kinds(),
+        [
+            ("image", "image/png"),
+            ("image", "image/svg+xml"),
+            ("resource", "application/json"),
+            ("resource", "text/html"),
+            ("resource", "text/latex"),
+            ("resource", "text/markdown"),
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    assert_eq!(shown.resource("text/html").1, "<b>bold</b>");
+    assert_eq!(shown.resource("text/markdown").1, "# Title");
+    assert_eq!(shown.resource("text/latex").1, "$x^2$");
+    assert_eq!(
+        serde_json::from_str::<Value>(&shown.resource("application/json").1).expect("json"),
+        json!({"k": [1, 2]})
+    );
+    let (uri, _) = shown.resource("text/html");
+    assert!(
+        uri.starts_with(&format!("replbox://sessions/{id}/displays/")),
+        "{uri}"
+    );
+    let png = shown
+        .blocks
+        .iter()
+        .find(|b| b["mimeType"] == "image/png")
+        .expect("png");
+    assert!(
+        png["data"]
+            .as_str()
+            .expect("data")
+            .starts_with("iVBORw0KGgo")
+    );
+    assert_eq!(
+        shown.structured["displays"][0]["mime_types"],
+        json!([
+            "image/png",
+            "image/svg+xml",
+            "application/json",
+            "text/html",
+            "text/latex",
+            "text/markdown"
+        ])
+    );
+    assert!(
+        shown.text.contains("[display: image/png, image/svg+xml"),
+        "{}",
+        shown.text
+    );
+
+    // The cell's value: the same, after the REPL's own text of it.
+    let shown = eval(&s, &id, "Every()").await;
+    assert!(
+        shown.text.starts_with("Every(text form)\n"),
+        "{}",
+        shown.text
+    );
+    assert_eq!(shown.kinds().len(), 6, "{:?}", shown.kinds());
+
+    // A value with nothing but text adds nothing; nor does a class (its methods are
+    // unbound), nor an object that answers every attribute.
+    let shown = eval(
+        &s,
+        &id,
+        "class Any:\n    def __getattr__(self, n): return lambda *a, **k: '<i>x</i>'\n\
+         display(Every, Any(), 42)",
+    )
+    .await;
+    assert!(shown.kinds().is_empty(), "{:?}", shown.kinds());
+    assert!(
+        shown.structured.get("displays").is_none(),
+        "{}",
+        shown.structured
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pandas_frame_comes_back_as_html_and_as_records() {
+    if !require_data_stack() {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("python").await;
+    let shown = eval(
+        &s,
+        &id,
+        "import pandas as pd\n\
+         df = pd.DataFrame({'n': range(20), 'x': [i / 2 for i in range(20)], \
+         'name': [chr(97 + i) for i in range(20)]})\n\
+         df",
+    )
+    .await;
+    // The text form as the REPL prints it, the HTML as a resource, the records structured.
+    assert!(shown.text.contains("19  19  9.5    t"), "{}", shown.text);
+    assert_eq!(
+        shown.kinds(),
+        [("resource".to_string(), "text/html".to_string())]
+    );
+    assert!(shown.resource("text/html").1.contains("<table"));
+    let frame = &shown.structured["displays"][0]["frame"];
+    assert_eq!(frame["type"], "pandas.DataFrame");
+    assert_eq!(frame["shape"], json!([20, 3]));
+    assert_eq!(frame["columns"][0], json!({"name": "n", "dtype": "int64"}));
+    assert_eq!(
+        frame["columns"][1],
+        json!({"name": "x", "dtype": "float64"})
+    );
+    // Strings are `object` before pandas 3, `str` from it.
+    assert!(
+        ["object", "str"].contains(&frame["columns"][2]["dtype"].as_str().unwrap_or("")),
+        "{frame}"
+    );
+    assert_eq!(frame["head"][0], json!({"n": 0, "x": 0.0, "name": "a"}));
+    assert_eq!(frame["head"].as_array().map(Vec::len), Some(5));
+    assert_eq!(frame["tail"][4], json!({"n": 19, "x": 9.5, "name": "t"}));
+    assert!(
+        shown
+            .text
+            .contains("[display: text/html; a table of shape [20,3] in structuredContent]"),
+        "{}",
+        shown.text
+    );
+    // A grouped frame keeps its index in the records; a series is a table of one column.
+    let shown = eval(&s, &id, "df.groupby(df.n % 2).x.sum()").await;
+    let frame = &shown.structured["displays"][0]["frame"];
+    assert_eq!(frame["type"], "pandas.Series");
+    assert_eq!(
+        frame["head"],
+        json!([{"n": 0, "x": 45.0}, {"n": 1, "x": 50.0}])
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn libraries_rich_forms_ipython_sympy_plotly_altair() {
+    if !require("python", "python3") {
+        return;
+    }
+    let importable = |m: &str| {
+        std::process::Command::new("python3")
+            .args(["-c", &format!("import {m}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let s = TestServer::start().await;
+    let id = s.start_session("python").await;
+    if importable("IPython") || skip("IPython display objects: python3 cannot import IPython") {
+        // IPython's display(), imported, returns the rich forms too (outside its own shell
+        // it would print only a repr).
+        let shown = eval(
+            &s,
+            &id,
+            "from IPython.display import display, HTML, Markdown\n\
+             display(HTML('<p>hi</p>'), Markdown('*md*'))",
+        )
+        .await;
+        assert_eq!(shown.resource("text/html").1, "<p>hi</p>");
+        assert_eq!(shown.resource("text/markdown").1, "*md*");
+        assert!(shown.text.contains("<IPython.core.display.HTML object>"));
+    }
+    if importable("sympy") || skip("sympy's LaTeX: python3 cannot import sympy") {
+        let shown = eval(
+            &s,
+            &id,
+            "import sympy\nx = sympy.Symbol('x')\nsympy.sqrt(x) / 2",
+        )
+        .await;
+        assert!(shown.text.starts_with("sqrt(x)/2"), "{}", shown.text);
+        assert_eq!(
+            shown.resource("text/latex").1,
+            "$\\displaystyle \\frac{\\sqrt{x}}{2}$"
+        );
+    }
+    if importable("plotly") || skip("Plotly's JSON: python3 cannot import plotly") {
+        let shown = eval(
+            &s,
+            &id,
+            "import plotly.graph_objects as go\ngo.Figure(go.Bar(x=[1, 2], y=[3, 4]))",
+        )
+        .await;
+        let (_, text) = shown.resource("application/vnd.plotly.v1+json");
+        let v: Value = serde_json::from_str(&text).expect("plotly json");
+        assert_eq!(v["data"][0]["y"], json!([3, 4]), "{v}");
+    }
+    if importable("altair") || skip("Altair's Vega-Lite: python3 cannot import altair") {
+        let shown = eval(
+            &s,
+            &id,
+            "import altair as alt, pandas as pd\n\
+             alt.Chart(pd.DataFrame({'a': [1, 2]})).mark_bar().encode(x='a')",
+        )
+        .await;
+        let (mime, _) = shown
+            .kinds()
+            .into_iter()
+            .find(|(_, m)| m.contains("vegalite"))
+            .map(|(t, m)| (m, t))
+            .expect("a Vega-Lite resource");
+        let (_, text) = shown.resource(&mime);
+        let v: Value = serde_json::from_str(&text).expect("vega-lite json");
+        assert_eq!(v["mark"]["type"], "bar", "{v}");
+    }
+    s.stop().await;
+}
+
+/// The bundles are user code's: code that reaches the bootstrap's own lists can name any
+/// file, link one, write a huge one or label anything with any type. None of it leaves
+/// `out/`, follows a link or passes the caps; the session goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_display_names_links_sizes_and_types_are_refused() {
+    if !require("python", "python3") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("python").await;
+    let canary = token();
+    let shown = eval(
+        &s,
+        &id,
+        &format!(
+            r#"
+import builtins, json, os
+def free(f, name):
+    return dict(zip(f.__code__.co_freevars, (c.cell_contents for c in f.__closure__)))[name]
+publish = free(builtins.display, "publish")
+out, cell = free(publish, "out"), free(publish, "cell")
+bundle = json.dumps({{"data": {{"text/html": "{canary}"}}}})
+open("outside.json", "w").write(bundle)
+os.symlink(os.path.abspath("outside.json"), os.path.join(out, "link.json"))
+open(os.path.join(out, "big.json"), "w").write(" " * (7 << 20))
+open(os.path.join(out, "typed.json"), "w").write(json.dumps({{"data": {{
+    "image/png": "bm90IGEgcG5n", "application/x-sh": "rm -rf /",
+    "text/html/../../x": "{canary}", "text/markdown": "m" * (100 << 10)}}}}))
+cell["displays"] += [{{"file": "../outside.json"}}, {{"file": "link.json"}}, {{"file": "big.json"}},
+                     {{"file": "/etc/passwd"}}, {{"file": "typed.json"}}]
+"#
+        ),
+    )
+    .await;
+    let all = serde_json::to_string(&shown.blocks).expect("json");
+    assert!(!all.contains(&canary), "{all}");
+    assert!(shown.kinds().is_empty(), "{:?}", shown.kinds());
+    assert!(
+        shown.text.contains("over the 6.0 MiB read per display"),
+        "{}",
+        shown.text
+    );
+    assert!(
+        shown
+            .text
+            .contains("text/markdown (100.0 KiB) was not returned"),
+        "{}",
+        shown.text
+    );
+    // Read, then removed: the next evaluation finds none of them.
+    let shown = eval(&s, &id, "sorted(os.listdir(out))").await;
+    assert!(shown.text.starts_with("[]"), "{}", shown.text);
+    s.stop().await;
+}
