@@ -28,6 +28,8 @@ pub struct App {
     pub(crate) upstreams: Arc<Upstreams>,
     /// Tool calls run as MCP tasks, of every connection.
     pub(crate) tasks: Arc<crate::tasks::Tasks>,
+    /// The cluster this server is a node of (`--cluster`).
+    pub(crate) cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 /// A count of work in progress; [`InFlight::enter`] returns a guard that counts while held.
@@ -85,6 +87,8 @@ impl App {
             .as_deref()
             .map(crate::session::journal::StateDir::open)
             .transpose()?;
+        let cluster = crate::cluster::Cluster::new(&config.cluster, config.state_dir.as_deref())?
+            .map(Arc::new);
         let probe = Sandbox::probe(&config.sandbox_settings());
         let mut registry = Registry::load(config.prompts.as_deref())?;
         if let Some(python) = &config.python {
@@ -150,6 +154,9 @@ root: at level none, user code runs as the server's own user and could read the 
             shares,
         ));
         sessions.set_upstreams(upstreams.clone());
+        if let Some(c) = &cluster {
+            sessions.set_cluster(c.clone());
+        }
         reclaim_uids_from(&sandbox, &runner, &sessions);
         sessions.spawn_reaper();
         let keep = std::time::Duration::from_secs(config.task_keep_s);
@@ -164,6 +171,7 @@ root: at level none, user code runs as the server's own user and could read the 
             metrics,
             upstreams,
             tasks,
+            cluster,
         }))
     }
 
@@ -221,6 +229,16 @@ root: at level none, user code runs as the server's own user and could read the 
             uids = c.uids,
             "sandbox and limits"
         );
+    }
+
+    /// Join the cluster (`--cluster`) before serving: a registry out of reach is retried in
+    /// the background, and sessions wait for it.
+    pub async fn join_cluster(&self) {
+        if let Some(c) = &self.cluster
+            && let Err(e) = c.join().await
+        {
+            tracing::error!("cluster: cannot join yet ({e}); retrying every second");
+        }
     }
 
     /// Stop everything the server started.

@@ -273,6 +273,10 @@ pub struct Config {
     /// Code mode: the MCP servers code may call, who may call them, and the bounds.
     #[command(flatten)]
     pub mcp: crate::upstream::Flags,
+
+    /// Several servers as one: the etcd registry and this node's id.
+    #[command(flatten)]
+    pub cluster: crate::cluster::ClusterFlags,
 }
 
 impl Default for Config {
@@ -326,11 +330,23 @@ impl Default for Config {
             task_keep_s: 3600,
             no_auto_restore: false,
             mcp: crate::upstream::Flags::default(),
+            cluster: crate::cluster::ClusterFlags::default(),
         }
     }
 }
 
 impl Config {
+    /// With --cluster, the directory of every node's state directory (`SHARED`).
+    pub fn shared_journals(&self) -> Option<PathBuf> {
+        if self.cluster.cluster.is_empty() {
+            return None;
+        }
+        self.state_dir
+            .as_deref()
+            .and_then(std::path::Path::parent)
+            .map(std::path::Path::to_path_buf)
+    }
+
     /// The egress policy of the flags (`App::new` reports a bad entry).
     pub fn egress_policy(&self) -> Result<Policy, String> {
         Policy::new(
@@ -381,7 +397,14 @@ impl Config {
                 tmpfs_mb: self.tmpfs_mb.max(1),
             },
             // The journals are the server's: hidden like the masked trees.
-            masks: self.mask.iter().chain(&self.state_dir).cloned().collect(),
+            // In a cluster every node's journals are beside this one's: all hidden.
+            masks: self
+                .mask
+                .iter()
+                .chain(&self.state_dir)
+                .cloned()
+                .chain(self.shared_journals())
+                .collect(),
             expose: self.expose.clone(),
             uid_base: self.uid_base,
             uids: self.uids,
@@ -477,6 +500,7 @@ impl Config {
             args.push(value);
         }
         args.extend(self.mcp.to_args());
+        args.extend(self.cluster.to_args());
         args
     }
 

@@ -35,6 +35,10 @@ pub enum ErrorKind {
     StartFailed,
     /// The server could not do its part (a directory, a file it writes, a task).
     Internal,
+    /// Another server of the cluster holds the session (`--cluster`).
+    SessionElsewhere,
+    /// The server cannot serve this now (its cluster registry is out of reach): try again.
+    Unavailable,
 }
 
 /// A failed tool call: its kind, the message for the agent, and what it is about.

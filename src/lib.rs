@@ -18,6 +18,8 @@ pub mod app;
 #[cfg(target_os = "linux")]
 pub mod clients;
 #[cfg(target_os = "linux")]
+pub mod cluster;
+#[cfg(target_os = "linux")]
 pub mod config;
 #[cfg(target_os = "linux")]
 pub mod doctor;

@@ -346,6 +346,9 @@ fn hint_if_terminal() {
 
 async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     hint_if_terminal();
+    if !config.cluster.cluster.is_empty() {
+        anyhow::bail!("--cluster needs --http: the nodes of a cluster serve MCP over HTTP");
+    }
     let app = App::new(config)?;
     app.log_settings();
     let server = ReplboxServer::new(app.clone());
@@ -386,6 +389,7 @@ async fn serve_http(
     }
     let app = App::new(config)?;
     app.log_settings();
+    app.join_cluster().await;
     replbox::http::serve(app, &http, &addr, wait_for_termination()).await?;
     Ok(ExitCode::SUCCESS)
 }

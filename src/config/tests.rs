@@ -66,6 +66,10 @@ fn to_args_round_trips() {
             call_timeout_ms: 99,
             max_result_bytes: 1234,
         },
+        cluster: crate::cluster::ClusterFlags {
+            cluster: vec!["http://e1:2379".into(), "http://e2:2379".into()],
+            node_id: Some("n-1".into()),
+        },
     };
     let argv = std::iter::once(OsString::from("x")).chain(config.to_args());
     let parsed = Wrapper::try_parse_from(argv).expect("to_args output parses");

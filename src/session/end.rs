@@ -43,7 +43,9 @@ impl SessionManager {
     /// Close a session: kill its interpreter's tree and remove its directory (after the
     /// files are kept a while) and its journal. A suspended session's journal is deleted.
     pub async fn close(&self, caller: &Caller, id: &str) -> Result<CloseReport, ToolError> {
+        self.cluster_gate(caller, id).await?;
         if self.journals.discard(&self.table, caller, id).await {
+            self.cluster_release(id).await;
             return Ok(CloseReport {
                 session_id: id.to_string(),
                 closed: true,
@@ -52,6 +54,7 @@ impl SessionManager {
         }
         let session = self.lookup(caller, id)?;
         let exit_code = self.end(session, End::Closed).await;
+        self.cluster_release(id).await;
         Ok(CloseReport {
             session_id: id.to_string(),
             closed: true,
@@ -136,12 +139,13 @@ impl SessionManager {
             let _ = t.await;
         }
         self.table.take_all_kept().release().await;
+        self.cluster_leave().await;
     }
 }
 
 /// Kill a gone session's tree; then, unless a call still holds it, remove its directory and
 /// return its uid.
-async fn finish(session: Arc<Session>) -> Option<i32> {
+pub(super) async fn finish(session: Arc<Session>) -> Option<i32> {
     let exit_code = kill_session(&session).await;
     session.dispose().await;
     exit_code

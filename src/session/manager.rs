@@ -2,7 +2,7 @@
 //! tools make, each checked against the caller (another principal's session is unknown).
 
 use std::collections::HashSet;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -43,6 +43,8 @@ pub struct SessionManager {
     pub(super) journals: Journals,
     /// Every principal's share of sessions and runs (shared with `run-code`).
     pub(super) shares: Arc<Shares>,
+    /// The cluster this server is a node of (`--cluster`).
+    pub(super) cluster: OnceLock<Arc<crate::cluster::Cluster>>,
 }
 
 impl SessionManager {
@@ -82,6 +84,7 @@ impl SessionManager {
             launcher,
             warm,
             shares,
+            cluster: OnceLock::new(),
         };
         me.journals.load(&me.table);
         me
@@ -191,6 +194,7 @@ has returned."
         cancel: &CancellationToken,
         progress: Option<&Progress>,
     ) -> Result<EvalReport, ToolError> {
+        self.cluster_gate(caller, id).await?;
         let restored = if self.journals.restores_on_eval(&self.table, caller, id) {
             Some(self.restore(caller, id).await?)
         } else {
@@ -234,6 +238,7 @@ ms{})",
         cancel: &CancellationToken,
         progress: Option<&Progress>,
     ) -> Result<EvalReport, ToolError> {
+        self.cluster_gate(caller, id).await?;
         let session = self.lookup(caller, id)?;
         let text = (answer.text, answer.enter);
         let report = self
@@ -246,6 +251,7 @@ ms{})",
 
     /// Interrupt the evaluation that is waiting for input, or the one running in another call.
     pub async fn interrupt(&self, caller: &Caller, id: &str) -> Result<InterruptReport, ToolError> {
+        self.cluster_gate(caller, id).await?;
         let session = self.lookup(caller, id)?;
         let report = self.evaluator.interrupt(&self.table, &session).await;
         self.after_call(&session).await;
@@ -259,6 +265,7 @@ ms{})",
         id: &str,
         timeout: Duration,
     ) -> Result<VarsReport, ToolError> {
+        self.cluster_gate(caller, id).await?;
         let session = self.lookup(caller, id)?;
         let report = self.evaluator.vars(&self.table, &session, timeout).await;
         self.after_call(&session).await;

@@ -17,6 +17,7 @@
 //!    make), [`start`], [`end`], [`restore`]; then [`present`] (lists, history, exports,
 //!    resources).
 
+mod adopt;
 mod end;
 pub mod evaluate;
 pub mod files;

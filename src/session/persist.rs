@@ -75,6 +75,11 @@ impl Journals {
         }
     }
 
+    /// Where session `id`'s journal is written here (with `--state-dir`).
+    pub(super) fn path_of(&self, id: &str) -> Option<PathBuf> {
+        self.state.as_ref().map(|s| s.journal_path(id))
+    }
+
     /// The most bytes of one journal (`--journal-max-mb`).
     pub(super) fn max(&self) -> u64 {
         self.config.journal_max_mb.saturating_mul(1 << 20)

@@ -20,6 +20,7 @@ impl SessionManager {
     /// Restore the caller's suspended session `id`: start its interpreter again (every
     /// check and limit of a new session applies) and replay the cells that succeeded.
     pub async fn restore(&self, caller: &Caller, id: &str) -> Result<RestoreReport, ToolError> {
+        self.cluster_gate(caller, id).await?;
         let Some(s) = self.table.suspended(caller, id) else {
             return Err(self.not_restorable(caller, id));
         };

@@ -25,6 +25,7 @@ impl SessionManager {
         let id = uuid::Uuid::new_v4().to_string();
         let slot = self.admit(caller, &id, false).await?;
         let (report, _) = self.start_as(caller, req, slot, None).await?;
+        self.claim_new(caller, &report.session_id).await?;
         Ok(report)
     }
 

@@ -61,6 +61,7 @@ impl SessionManager {
     /// The caller's session `id` as a history source: open, ended while its record is
     /// kept, or suspended (from its journal).
     pub(super) async fn source(&self, caller: &Caller, id: &str) -> Result<Source, ToolError> {
+        self.cluster_gate(caller, id).await?;
         let from = |record: &std::sync::Mutex<Record>| {
             let r = lock(record);
             let mut notes = Vec::new();

@@ -1,0 +1,175 @@
+//! The etcd registry, over etcd's JSON gateway (`/v3/...`, keys and values in base64) with
+//! the HTTP client the server already has: no gRPC stack, no protoc. Each call goes to the
+//! first endpoint that answers.
+
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde_json::{Value, json};
+
+use super::{Fut, Registry};
+
+/// Longest one registry call may take on one endpoint.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub struct Etcd {
+    endpoints: Vec<String>,
+    http: reqwest::Client,
+}
+
+impl Etcd {
+    pub fn new(endpoints: &[String]) -> anyhow::Result<Self> {
+        let mut out = Vec::new();
+        for e in endpoints {
+            let e = e.trim().trim_end_matches('/');
+            if !e.starts_with("http://") && !e.starts_with("https://") {
+                anyhow::bail!("--cluster {e:?}: an etcd client URL, such as http://127.0.0.1:2379");
+            }
+            out.push(e.to_string());
+        }
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(CALL_TIMEOUT)
+            .build()?;
+        Ok(Self {
+            endpoints: out,
+            http,
+        })
+    }
+
+    /// POST `body` to `path` on the first endpoint that answers; etcd's error as an error.
+    async fn call(&self, path: &str, body: Value) -> anyhow::Result<Value> {
+        let body = serde_json::to_vec(&body)?;
+        let mut last = None;
+        for e in &self.endpoints {
+            let sent = self
+                .http
+                .post(format!("{e}{path}"))
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await;
+            let resp = match sent {
+                Ok(r) => r,
+                Err(err) => {
+                    last = Some(anyhow::anyhow!("etcd {e}: {err}"));
+                    continue;
+                }
+            };
+            let bytes = resp.bytes().await?;
+            let v: Value = serde_json::from_slice(&bytes)
+                .map_err(|err| anyhow::anyhow!("etcd {e}{path}: not JSON ({err})"))?;
+            if let Some(msg) = v.get("error").and_then(Value::as_str) {
+                anyhow::bail!("etcd {e}{path}: {msg}");
+            }
+            return Ok(v);
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("no etcd endpoint")))
+    }
+}
+
+/// An int64 of the gateway's JSON (a string), 0 when absent.
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn b64(s: &[u8]) -> String {
+    B64.encode(s)
+}
+
+impl Registry for Etcd {
+    fn grant(&self, ttl: Duration) -> Fut<'_, i64> {
+        Box::pin(async move {
+            let v = self
+                .call("/v3/lease/grant", json!({"TTL": ttl.as_secs().to_string()}))
+                .await?;
+            match int(&v["ID"]) {
+                0 => anyhow::bail!("etcd granted no lease"),
+                id => Ok(id),
+            }
+        })
+    }
+
+    fn keep_alive(&self, lease: i64) -> Fut<'_, bool> {
+        Box::pin(async move {
+            let v = self
+                .call("/v3/lease/keepalive", json!({"ID": lease.to_string()}))
+                .await?;
+            // A lease that is gone is renewed with no TTL.
+            Ok(int(&v["result"]["TTL"]) > 0)
+        })
+    }
+
+    fn revoke(&self, lease: i64) -> Fut<'_, ()> {
+        Box::pin(async move {
+            self.call("/v3/lease/revoke", json!({"ID": lease.to_string()}))
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn put(&self, key: String, value: Vec<u8>, lease: i64) -> Fut<'_, ()> {
+        Box::pin(async move {
+            self.call(
+                "/v3/kv/put",
+                json!({"key": b64(key.as_bytes()), "value": b64(&value), "lease": lease.to_string()}),
+            )
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn get(&self, key: String) -> Fut<'_, Option<Vec<u8>>> {
+        Box::pin(async move {
+            let v = self
+                .call("/v3/kv/range", json!({"key": b64(key.as_bytes())}))
+                .await?;
+            let Some(kv) = v["kvs"].as_array().and_then(|a| a.first()) else {
+                return Ok(None);
+            };
+            let value = kv["value"].as_str().unwrap_or("");
+            Ok(Some(B64.decode(value)?))
+        })
+    }
+
+    fn create(&self, key: String, value: Vec<u8>, lease: i64) -> Fut<'_, Option<i64>> {
+        Box::pin(async move {
+            let k = b64(key.as_bytes());
+            let v = self
+                .call(
+                    "/v3/kv/txn",
+                    json!({
+                        "compare": [{"target": "CREATE", "key": k, "create_revision": "0", "result": "EQUAL"}],
+                        "success": [{"request_put": {"key": k, "value": b64(&value), "lease": lease.to_string()}}],
+                    }),
+                )
+                .await?;
+            // proto3 JSON leaves a false `succeeded` out.
+            if v["succeeded"].as_bool() == Some(true) {
+                Ok(Some(int(&v["header"]["revision"])))
+            } else {
+                Ok(None)
+            }
+        })
+    }
+
+    fn delete_held(&self, key: String, lease: i64) -> Fut<'_, ()> {
+        Box::pin(async move {
+            let k = b64(key.as_bytes());
+            self.call(
+                "/v3/kv/txn",
+                json!({
+                    "compare": [{"target": "LEASE", "key": k, "lease": lease.to_string(), "result": "EQUAL"}],
+                    "success": [{"request_delete_range": {"key": k}}],
+                }),
+            )
+            .await?;
+            Ok(())
+        })
+    }
+}

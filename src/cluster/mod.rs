@@ -1,0 +1,343 @@
+//! Several servers as one (`--cluster`): a registry (etcd) says which node holds which
+//! session, and journals on a shared filesystem let another node adopt the sessions of a
+//! node that died. A leaf below `session`: it knows keys, leases and node ids, not sessions.
+//!
+//! Each node holds a lease ([`LEASE_TTL`]) renewed every [`RENEW_EVERY`] and registers
+//! `nodes/<id>` under it; each session is `sessions/<id>` under its owner's lease, created
+//! only where absent (a compare-and-swap), so its key vanishes with its owner and exactly
+//! one node can claim it afterwards. A node that cannot renew its lease in time stops
+//! serving its sessions' evaluations ([`Cluster::fenced`]) before others may adopt them.
+
+pub mod etcd;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// How long a node's lease lives without renewal: its sessions are adoptable this long
+/// after it died.
+pub const LEASE_TTL: Duration = Duration::from_secs(5);
+/// How often the lease is renewed.
+pub const RENEW_EVERY: Duration = Duration::from_secs(1);
+/// A node stops evaluating when its last renewal is older than the TTL less this margin,
+/// so it has stopped before the registry lets another node adopt.
+const FENCE_MARGIN: Duration = Duration::from_millis(1500);
+
+/// The cluster flags (a leaf: `config` flattens them into the server's settings).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ClusterFlags {
+    /// Join a cluster of replbox servers coordinated by etcd: its client URLs
+    /// (`http://host:2379`, comma-separated). Needs --http and --state-dir SHARED/NODE-ID on
+    /// a filesystem every node shares. See docs/cluster.md.
+    #[arg(
+        long,
+        env = "REPLBOX_CLUSTER",
+        value_name = "URL[,URL]",
+        value_delimiter = ','
+    )]
+    pub cluster: Vec<String>,
+
+    /// This node's name in the cluster (default: the host name); the last component of
+    /// --state-dir.
+    #[arg(long, env = "REPLBOX_NODE_ID", value_name = "ID")]
+    pub node_id: Option<String>,
+}
+
+impl ClusterFlags {
+    /// The same flags on a command line.
+    pub fn to_args(&self) -> Vec<std::ffi::OsString> {
+        let mut args = Vec::new();
+        if !self.cluster.is_empty() {
+            args.push("--cluster".into());
+            args.push(self.cluster.join(",").into());
+        }
+        if let Some(id) = &self.node_id {
+            args.push("--node-id".into());
+            args.push(id.into());
+        }
+        args
+    }
+}
+
+/// What the registry holds for a session: never a token, only the principal's name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub node: String,
+    pub principal: String,
+    /// The registry's revision of the claim: it grows with every adoption.
+    #[serde(default)]
+    pub generation: i64,
+}
+
+/// A registry's answer, boxed so the trait has implementations chosen at run time.
+pub type Fut<'a, T> = Pin<Box<dyn Future<Output = anyhow::Result<T>> + Send + 'a>>;
+
+/// The few operations a coordination store must offer: leases and keys bound to them,
+/// created only where absent. etcd implements it ([`etcd::Etcd`]); a Kubernetes `Lease`
+/// backend can follow.
+pub trait Registry: Send + Sync {
+    /// A new lease of `ttl`: its id.
+    fn grant(&self, ttl: Duration) -> Fut<'_, i64>;
+    /// Renew a lease; `false` when it is gone (expired or revoked).
+    fn keep_alive(&self, lease: i64) -> Fut<'_, bool>;
+    /// End a lease now: its keys go with it.
+    fn revoke(&self, lease: i64) -> Fut<'_, ()>;
+    /// Put `key` under `lease`, whatever was there.
+    fn put(&self, key: String, value: Vec<u8>, lease: i64) -> Fut<'_, ()>;
+    /// The value of `key`, if any.
+    fn get(&self, key: String) -> Fut<'_, Option<Vec<u8>>>;
+    /// Create `key` under `lease` only where it does not exist: the revision of the
+    /// creation, or `None` when it exists.
+    fn create(&self, key: String, value: Vec<u8>, lease: i64) -> Fut<'_, Option<i64>>;
+    /// Delete `key` if it is held under `lease`.
+    fn delete_held(&self, key: String, lease: i64) -> Fut<'_, ()>;
+}
+
+/// A node id: a file name on the shared filesystem and a registry key, so 1-64 of
+/// `A-Z a-z 0-9 - _ .`, not starting with a dot.
+pub fn check_node_id(id: &str) -> anyhow::Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "--node-id {id:?}: a node id is 1-64 characters of A-Z a-z 0-9 - _ . (not starting \
+with a dot)"
+        )
+    }
+}
+
+/// The host's name, the default node id.
+fn hostname() -> anyhow::Result<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")?;
+    Ok(name.trim().to_string())
+}
+
+/// This node in its cluster: its id, the shared directory of every node's journals, the
+/// registry and its lease.
+pub struct Cluster {
+    pub node: String,
+    /// The directory every node's state directory is in (`SHARED/<node-id>`).
+    pub shared: PathBuf,
+    registry: Box<dyn Registry>,
+    /// The lease held now; 0 while none is.
+    lease: AtomicI64,
+    /// When the last renewal that succeeded was sent.
+    renewed: Mutex<Instant>,
+    /// Held while a lease is taken, so that two joins never hold two leases.
+    joining: tokio::sync::Mutex<()>,
+}
+
+impl Cluster {
+    /// The node of these flags, with `state_dir` its own directory on the shared
+    /// filesystem; `None` without --cluster. Nothing is contacted yet ([`Cluster::join`]).
+    pub fn new(flags: &ClusterFlags, state_dir: Option<&Path>) -> anyhow::Result<Option<Self>> {
+        if flags.cluster.is_empty() {
+            if flags.node_id.is_some() {
+                anyhow::bail!("--node-id needs --cluster");
+            }
+            return Ok(None);
+        }
+        let node = match &flags.node_id {
+            Some(id) => id.clone(),
+            None => hostname()?,
+        };
+        check_node_id(&node)?;
+        let Some(dir) = state_dir else {
+            anyhow::bail!(
+                "--cluster needs --state-dir SHARED/{node}: the journals other nodes adopt \
+sessions from, on a filesystem every node shares"
+            );
+        };
+        let shared = match (dir.file_name(), dir.parent()) {
+            (Some(name), Some(parent)) if name == node.as_str() => parent.to_path_buf(),
+            _ => anyhow::bail!(
+                "--cluster: --state-dir must be SHARED/{node} (its last component the node id), \
+not {}",
+                dir.display()
+            ),
+        };
+        let registry = etcd::Etcd::new(&flags.cluster)?;
+        Ok(Some(Self {
+            node,
+            shared,
+            registry: Box::new(registry),
+            lease: AtomicI64::new(0),
+            renewed: Mutex::new(Instant::now()),
+            joining: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    /// A node with this registry (for tests of the logic above the registry).
+    pub fn with_registry(node: String, shared: PathBuf, registry: Box<dyn Registry>) -> Self {
+        Self {
+            node,
+            shared,
+            registry,
+            lease: AtomicI64::new(0),
+            renewed: Mutex::new(Instant::now()),
+            joining: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Take a lease and register this node under it (nothing when one is held).
+    pub async fn join(&self) -> anyhow::Result<()> {
+        let _one = self.joining.lock().await;
+        if self.lease.load(Ordering::SeqCst) != 0 {
+            return Ok(());
+        }
+        let sent = Instant::now();
+        let lease = self.registry.grant(LEASE_TTL).await?;
+        self.registry
+            .put(node_key(&self.node), Vec::new(), lease)
+            .await?;
+        *self.renewed.lock().unwrap_or_else(|e| e.into_inner()) = sent;
+        self.lease.store(lease, Ordering::SeqCst);
+        tracing::info!(node = %self.node, lease, "joined the cluster");
+        Ok(())
+    }
+
+    /// Renew the lease once. `Ok(false)`: it was gone, a new one is held now, and every
+    /// session this node held may have been adopted elsewhere.
+    pub async fn renew(&self) -> anyhow::Result<bool> {
+        let lease = self.lease.load(Ordering::SeqCst);
+        if lease == 0 {
+            // Not joined yet (the registry was out of reach at start): nothing was held.
+            self.join().await?;
+            return Ok(true);
+        }
+        let sent = Instant::now();
+        if self.registry.keep_alive(lease).await? {
+            *self.renewed.lock().unwrap_or_else(|e| e.into_inner()) = sent;
+            return Ok(true);
+        }
+        self.lease.store(0, Ordering::SeqCst);
+        tracing::error!(node = %self.node, "the cluster lease was lost: this node's sessions may be adopted by others");
+        self.join().await?;
+        Ok(false)
+    }
+
+    /// Whether this node may not have its lease any more: then it serves none of its
+    /// sessions' evaluations, since another node may adopt them.
+    pub fn fenced(&self) -> bool {
+        self.lease.load(Ordering::SeqCst) == 0
+            || self
+                .renewed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .elapsed()
+                > LEASE_TTL.saturating_sub(FENCE_MARGIN)
+    }
+
+    /// Leave: revoke the lease, so other nodes may adopt this node's sessions at once.
+    pub async fn leave(&self) {
+        let lease = self.lease.swap(0, Ordering::SeqCst);
+        if lease != 0 {
+            match self.registry.revoke(lease).await {
+                Ok(()) => tracing::info!(node = %self.node, "left the cluster"),
+                Err(e) => tracing::warn!(node = %self.node, "cannot revoke the lease: {e}"),
+            }
+        }
+    }
+
+    /// Who holds session `id` (`None`: no live node does).
+    pub async fn owner(&self, id: &str) -> anyhow::Result<Option<Record>> {
+        let Some(v) = self.registry.get(session_key(id)).await? else {
+            return Ok(None);
+        };
+        Ok(Some(serde_json::from_slice(&v).map_err(|e| {
+            anyhow::anyhow!("the registry's record of session {id} is not readable: {e}")
+        })?))
+    }
+
+    /// Claim session `id` for this node where no live node holds it: the record written, or
+    /// `None` when another node holds it.
+    pub async fn claim(&self, id: &str, principal: &str) -> anyhow::Result<Option<Record>> {
+        let lease = self.lease()?;
+        let mut record = Record {
+            node: self.node.clone(),
+            principal: principal.to_string(),
+            generation: 0,
+        };
+        let value = serde_json::to_vec(&record)?;
+        let Some(rev) = self.registry.create(session_key(id), value, lease).await? else {
+            return Ok(None);
+        };
+        record.generation = rev;
+        Ok(Some(record))
+    }
+
+    /// Give session `id` up (it was closed, or a start failed).
+    pub async fn release(&self, id: &str) {
+        let lease = self.lease.load(Ordering::SeqCst);
+        if lease == 0 {
+            return;
+        }
+        if let Err(e) = self.registry.delete_held(session_key(id), lease).await {
+            tracing::warn!(session = %id, "cannot remove the session from the cluster registry: {e}");
+        }
+    }
+
+    fn lease(&self) -> anyhow::Result<i64> {
+        match self.lease.load(Ordering::SeqCst) {
+            0 => anyhow::bail!("this node holds no cluster lease now"),
+            l => Ok(l),
+        }
+    }
+}
+
+fn node_key(node: &str) -> String {
+    format!("replbox/nodes/{node}")
+}
+
+fn session_key(id: &str) -> String {
+    format!("replbox/sessions/{id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_ids_are_names_not_paths() {
+        for bad in ["", "..", ".x", "a/b", "a b", &"x".repeat(65), "é"] {
+            assert!(check_node_id(bad).is_err(), "{bad:?}");
+        }
+        for good in ["node-1", "replbox-0.eu", "A_b"] {
+            check_node_id(good).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_state_dir_must_be_shared_slash_node_id() {
+        let flags = |id: &str| ClusterFlags {
+            cluster: vec!["http://127.0.0.1:1".into()],
+            node_id: Some(id.into()),
+        };
+        let c = Cluster::new(&flags("n1"), Some(Path::new("/s/n1")))
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.shared, Path::new("/s"));
+        let e = Cluster::new(&flags("n1"), Some(Path::new("/s/other")))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("SHARED/n1"), "{e}");
+        assert!(Cluster::new(&flags("n1"), None).is_err());
+        assert!(Cluster::new(&flags("../x"), Some(Path::new("/s/../x"))).is_err());
+        let none = ClusterFlags {
+            cluster: vec![],
+            node_id: Some("n".into()),
+        };
+        assert!(Cluster::new(&none, None).is_err());
+    }
+}

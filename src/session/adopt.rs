@@ -1,0 +1,315 @@
+//! Sessions of a cluster (`--cluster`): each one claimed in the registry by the node that
+//! holds it; a call naming a session no live node holds adopts it here from its journal on
+//! the shared filesystem (claimed first, then moved into this node's state directory, then
+//! suspended: the first evaluation replays it). See docs/cluster.md.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+
+use super::journal::{self, Journaled};
+use super::live::End;
+use super::manager::SessionManager;
+use super::table::Entry;
+use crate::cluster::{Cluster, RENEW_EVERY, check_node_id};
+use crate::error::{ErrorKind, ToolError};
+use crate::identity::Caller;
+
+fn unavailable(why: impl std::fmt::Display) -> ToolError {
+    tracing::warn!("cluster: {why}");
+    ToolError::new(
+        ErrorKind::Unavailable,
+        "this server cannot reach its cluster registry now, so it cannot tell who holds this \
+session. Try again in a few seconds.",
+    )
+}
+
+fn elsewhere(id: &str) -> ToolError {
+    ToolError::new(
+        ErrorKind::SessionElsewhere,
+        format!(
+            "session {id} is held by another server of this cluster: send the call to the server \
+your requests are routed to (the same token reaches the same server), or try again later."
+        ),
+    )
+    .session(id)
+}
+
+fn taking_over(id: &str) -> ToolError {
+    ToolError::new(
+        ErrorKind::Busy,
+        format!(
+            "session {id} is being taken over by a server of this cluster. Try again in a moment."
+        ),
+    )
+    .session(id)
+}
+
+impl SessionManager {
+    /// Join this manager to its cluster: journals read at start are left to adoption (this
+    /// node claims them like any other when they are asked for), and the lease is renewed
+    /// in the background for as long as the manager lives.
+    pub fn set_cluster(self: &Arc<Self>, cluster: Arc<Cluster>) {
+        let loaded: Vec<String> = self.table.read(|st| {
+            st.entries()
+                .filter(|(_, e)| matches!(e, Entry::Suspended(_)))
+                .map(|(id, _)| id.clone())
+                .collect()
+        });
+        for id in loaded {
+            self.table.unsuspend(None, &id);
+        }
+        if self.cluster.set(cluster).is_err() {
+            return;
+        }
+        let weak: Weak<Self> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RENEW_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(me) = weak.upgrade() else { return };
+                let Some(cluster) = me.cluster.get() else {
+                    return;
+                };
+                match cluster.renew().await {
+                    Ok(true) => {}
+                    Ok(false) => me.lease_lost().await,
+                    Err(e) => tracing::warn!("cluster: cannot renew the lease: {e}"),
+                }
+            }
+        });
+    }
+
+    /// The lease was lost: other nodes may have adopted this node's sessions. The open ones
+    /// are ended here (their journals untouched) and everything is left to adoption.
+    async fn lease_lost(&self) {
+        for s in self.table.open_sessions(None) {
+            if self.table.mark_ended(&s, End::Closed) {
+                tokio::spawn(super::end::finish(s));
+            }
+        }
+        let suspended: Vec<String> = self.table.read(|st| {
+            st.entries()
+                .filter(|(_, e)| matches!(e, Entry::Suspended(_)))
+                .map(|(id, _)| id.clone())
+                .collect()
+        });
+        for id in suspended {
+            self.table.unsuspend(None, &id);
+        }
+    }
+
+    /// A new session's claim in the cluster (a no-op without one); on failure the session
+    /// is closed again.
+    pub(super) async fn claim_new(&self, caller: &Caller, id: &str) -> Result<(), ToolError> {
+        let Some(cluster) = self.cluster.get() else {
+            return Ok(());
+        };
+        let claimed = cluster.claim(id, &caller.principal).await;
+        if let Ok(Some(_)) = claimed {
+            return Ok(());
+        }
+        if let Ok(session) = self.table.open(caller, id) {
+            self.end(session, End::Closed).await;
+        }
+        Err(match claimed {
+            Err(e) => unavailable(e),
+            _ => ToolError::internal("a new session id is held in the cluster already"),
+        })
+    }
+
+    /// Before any call on session `id`: refuse while fenced (this node may have lost its
+    /// lease); adopt it when no live node holds it and its journal is the caller's; say so
+    /// when another node holds it. Without a cluster, nothing.
+    pub(super) async fn cluster_gate(&self, caller: &Caller, id: &str) -> Result<(), ToolError> {
+        let Some(cluster) = self.cluster.get() else {
+            return Ok(());
+        };
+        let here = self.table.read(|st| {
+            matches!(
+                st.get(id),
+                Some(Entry::Open(_) | Entry::Suspended(_) | Entry::Starting { .. })
+            )
+        });
+        if cluster.fenced() {
+            return Err(ToolError::new(
+                ErrorKind::Unavailable,
+                "this server lost contact with its cluster registry: it serves no session until \
+it is back (another server may take its sessions over). Try again in a few seconds.",
+            )
+            .session(id));
+        }
+        // Only a session id names a journal: anything else is unknown, no file looked at.
+        if here || uuid::Uuid::parse_str(id).map_or(true, |u| u.to_string() != id) {
+            return Ok(());
+        }
+        match cluster.owner(id).await.map_err(unavailable)? {
+            Some(r) if r.principal != caller.principal => return Ok(()),
+            Some(r) if r.node != cluster.node => return Err(elsewhere(id)),
+            // Ours in the registry, not in the table: adopted from its journal below.
+            Some(_) => {}
+            None => {
+                let Some(from) = self.orphan(cluster, id, caller).await else {
+                    // Moved by a node that claimed it meanwhile, or no journal at all.
+                    return match cluster.owner(id).await.map_err(unavailable)? {
+                        Some(r) if r.principal != caller.principal => Ok(()),
+                        Some(r) if r.node != cluster.node => Err(elsewhere(id)),
+                        Some(_) => Err(taking_over(id)),
+                        None => Ok(()),
+                    };
+                };
+                match cluster.claim(id, &caller.principal).await {
+                    Ok(Some(r)) => {
+                        tracing::info!(session = %id, from = %from.display(), generation = r.generation, "adopting a session");
+                    }
+                    Ok(None) => return Err(taking_over(id)),
+                    Err(e) => return Err(unavailable(e)),
+                }
+            }
+        }
+        self.take_journal(cluster, caller, id).await
+    }
+
+    /// The journal of `id` on the shared filesystem if it is the caller's session: where it
+    /// is, and what it says.
+    async fn orphan(&self, cluster: &Cluster, id: &str, caller: &Caller) -> Option<PathBuf> {
+        let (shared, mine, id_, max) = (
+            cluster.shared.clone(),
+            cluster.node.clone(),
+            id.to_string(),
+            self.journals.max(),
+        );
+        let caller_ = caller.principal.clone();
+        tokio::task::spawn_blocking(move || {
+            let path = find_journal(&shared, &mine, &id_)?;
+            let j = journal::read(&path, &id_, max).ok()?;
+            (j.owner == caller_).then_some(path)
+        })
+        .await
+        .ok()?
+    }
+
+    /// Move the claimed session's journal into this node's state directory (wherever an
+    /// earlier adopter left it) and make it a suspended session here.
+    async fn take_journal(
+        &self,
+        cluster: &Cluster,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<(), ToolError> {
+        let Some(dest) = self.journals.path_of(id) else {
+            return Ok(());
+        };
+        let (shared, mine, id_, max) = (
+            cluster.shared.clone(),
+            cluster.node.clone(),
+            id.to_string(),
+            self.journals.max(),
+        );
+        let moved =
+            tokio::task::spawn_blocking(move || -> Result<Option<journal::Journal>, String> {
+                let Some(from) = find_journal(&shared, &mine, &id_) else {
+                    return Ok(None);
+                };
+                if from != dest {
+                    std::fs::rename(&from, &dest).map_err(|e| {
+                        format!("cannot move {} to {}: {e}", from.display(), dest.display())
+                    })?;
+                }
+                journal::read(&dest, &id_, max).map(Some)
+            })
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+        match moved {
+            Ok(Some(j)) if j.owner == caller.principal => {
+                let path = self.journals.path_of(id).unwrap_or_default();
+                self.table.load(Journaled::of(&j, path));
+                Ok(())
+            }
+            Ok(_) => {
+                cluster.release(id).await;
+                Ok(())
+            }
+            Err(why) => {
+                cluster.release(id).await;
+                Err(
+                    ToolError::internal(format!("session {id} cannot be taken over: {why}"))
+                        .session(id),
+                )
+            }
+        }
+    }
+
+    /// A session closed: out of the cluster's registry.
+    pub(super) async fn cluster_release(&self, id: &str) {
+        if let Some(cluster) = self.cluster.get() {
+            cluster.release(id).await;
+        }
+    }
+
+    /// Leave the cluster (shutdown, after the sessions were stopped with their journals
+    /// kept): other nodes adopt them without waiting for the lease to expire.
+    pub(super) async fn cluster_leave(&self) {
+        if let Some(cluster) = self.cluster.get() {
+            cluster.leave().await;
+        }
+    }
+}
+
+/// Where the journal of session `id` is among the nodes' directories of `shared` (this
+/// node's first); entries that are not plain directories named like a node are skipped,
+/// links never followed.
+fn find_journal(shared: &Path, mine: &str, id: &str) -> Option<PathBuf> {
+    let name = format!("{id}.{}", super::state_dir::SUFFIX);
+    let is_file = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_file());
+    let own = shared.join(mine).join(&name);
+    if is_file(&own) {
+        return Some(own);
+    }
+    for e in std::fs::read_dir(shared).ok()?.flatten() {
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let node = e.file_name();
+        let Some(node) = node.to_str() else { continue };
+        if check_node_id(node).is_err() {
+            continue;
+        }
+        let p = e.path().join(&name);
+        if is_file(&p) {
+            return Some(p);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journals_are_found_in_node_directories_only() {
+        let d = tempfile::tempdir().unwrap();
+        let id = "6f1c2b4e-8a43-4d8e-9d0e-2b9a1c5e7f10";
+        for n in ["a", "b", ".hidden"] {
+            std::fs::create_dir(d.path().join(n)).unwrap();
+        }
+        assert_eq!(find_journal(d.path(), "a", id), None);
+        std::fs::write(d.path().join(".hidden").join(format!("{id}.journal")), "").unwrap();
+        assert_eq!(find_journal(d.path(), "a", id), None);
+        // A link to a journal is no journal.
+        std::os::unix::fs::symlink(
+            d.path().join(".hidden").join(format!("{id}.journal")),
+            d.path().join("b").join(format!("{id}.journal")),
+        )
+        .unwrap();
+        assert_eq!(find_journal(d.path(), "a", id), None);
+        std::fs::remove_file(d.path().join("b").join(format!("{id}.journal"))).unwrap();
+        std::fs::write(d.path().join("b").join(format!("{id}.journal")), "").unwrap();
+        assert_eq!(
+            find_journal(d.path(), "a", id),
+            Some(d.path().join("b").join(format!("{id}.journal")))
+        );
+    }
+}

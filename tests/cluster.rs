@@ -1,0 +1,326 @@
+//! Several servers as one cluster (`--cluster`): each test starts its own etcd on loopback
+//! ports and two or three `replbox serve --http` nodes with one shared directory of
+//! journals, and drives them through rmcp's HTTP client. A node killed with SIGKILL, or
+//! stopped, leaves its sessions to the others: the owner's next call on another node adopts
+//! the session and replays it; another principal never sees it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use common::*;
+use rmcp::ServiceExt;
+use rmcp::model::CallToolRequestParams;
+use rmcp::transport::StreamableHttpClientTransport;
+use serde_json::{Value, json};
+
+const ALICE: &str = "alice-token-0123456789abcdef";
+const BOB: &str = "bob-token-fedcba9876543210";
+
+/// A free loopback port (released for the program that binds it next).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// An etcd of the test's own: loopback ports, a temporary data directory; killed on drop.
+struct Etcd {
+    _child: tokio::process::Child,
+    url: String,
+    _data: tempfile::TempDir,
+}
+
+impl Etcd {
+    /// Started and answering, or `None` (skipped with the reason) where etcd is missing.
+    async fn start() -> Option<Self> {
+        if !on_path("etcd") {
+            skip("cluster tests skipped: etcd is not on PATH (apt-get install etcd-server)");
+            return None;
+        }
+        let data = tempfile::tempdir().expect("tempdir");
+        let (client, peer) = (free_port(), free_port());
+        let url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = tokio::process::Command::new("etcd")
+            .arg("--data-dir")
+            .arg(data.path().join("etcd"))
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+            ])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("default={peer_url}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn etcd");
+        let me = Self {
+            _child: child,
+            url,
+            _data: data,
+        };
+        // Ready when it answers a read.
+        for _ in 0..300 {
+            if me.get("replbox/ready").await.is_ok() {
+                return Some(me);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("etcd did not answer on {}", me.url);
+    }
+
+    /// The value of `key` (through etcd's JSON gateway, as replbox talks to it).
+    async fn get(&self, key: &str) -> Result<Option<String>, String> {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let body = json!({"key": b64.encode(key)}).to_string();
+        let r = reqwest::Client::new()
+            .post(format!("{}/v3/kv/range", self.url))
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let v: Value = serde_json::from_slice(&r.bytes().await.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+        Ok(v["kvs"][0]["value"]
+            .as_str()
+            .map(|s| String::from_utf8_lossy(&b64.decode(s).unwrap_or_default()).into_owned()))
+    }
+
+    /// Wait (bounded) until `key` is gone: a dead node's lease has expired.
+    async fn wait_gone(&self, key: &str, within: Duration) {
+        let t0 = Instant::now();
+        while self.get(key).await.ok().flatten().is_some() {
+            assert!(t0.elapsed() < within, "{key} still held after {within:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The shared directory of journals and the tokens file.
+struct Shared {
+    _t: tempfile::TempDir,
+    dir: PathBuf,
+    tokens: PathBuf,
+}
+
+fn shared() -> Shared {
+    let t = tempfile::tempdir().expect("tempdir");
+    let root = std::fs::canonicalize(t.path()).expect("real path");
+    let dir = root.join("shared");
+    std::fs::create_dir(&dir).unwrap();
+    let tokens = root.join("tokens");
+    std::fs::write(&tokens, format!("alice:{ALICE}\nbob:{BOB}\n")).unwrap();
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    Shared { _t: t, dir, tokens }
+}
+
+/// A node of the cluster.
+async fn node(etcd: &Etcd, sh: &Shared, id: &str) -> HttpServer {
+    Server::http()
+        .arg("--tokens-file")
+        .arg(&sh.tokens)
+        .args(["--cluster", &etcd.url, "--node-id", id])
+        .arg("--state-dir")
+        .arg(sh.dir.join(id))
+        .env_remove("REPLBOX_LOG")
+        .start()
+        .await
+}
+
+/// One tool call through a fresh HTTP client presenting `token`.
+async fn call(s: &HttpServer, token: &str, tool: &str, args: Value) -> Out {
+    let config =
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+            s.url(),
+        )
+        .auth_header(token);
+    let client =
+        ().serve(StreamableHttpClientTransport::from_config(config))
+            .await
+            .expect("handshake");
+    let r = client
+        .call_tool(
+            CallToolRequestParams::new(tool.to_string())
+                .with_arguments(args.as_object().cloned().unwrap()),
+        )
+        .await
+        .expect("call");
+    let _ = client.cancel().await;
+    Out {
+        text: r
+            .content
+            .iter()
+            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+            .collect(),
+        structured: r.structured_content.unwrap_or(Value::Null),
+        is_error: r.is_error.unwrap_or(false),
+        images: Vec::new(),
+    }
+}
+
+async fn eval(s: &HttpServer, token: &str, id: &str, code: &str) -> Out {
+    call(
+        s,
+        token,
+        "session_eval",
+        json!({"session_id": id, "code": code}),
+    )
+    .await
+}
+
+/// Alice's python session on `s` with two cells run: `x = 41`, `y = x + 1`.
+async fn alices_session(s: &HttpServer) -> String {
+    let o = call(s, ALICE, "session_start", json!({"language": "python"})).await;
+    assert!(!o.is_error, "{}", o.text);
+    let id = o.s("session_id").to_string();
+    for code in ["x = 41", "y = x + 1"] {
+        let o = eval(s, ALICE, &id, code).await;
+        assert_eq!(status(&o), "ok", "{}", o.text);
+    }
+    id
+}
+
+fn journal(dir: &Path, node: &str, id: &str) -> PathBuf {
+    dir.join(node).join(format!("{id}.journal"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_nodes_session_is_adopted_once_and_only_by_its_owner() {
+    if !require("python", "python3") {
+        return;
+    }
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let sh = shared();
+    let (mut a, b, c) = tokio::join!(
+        node(&etcd, &sh, "a"),
+        node(&etcd, &sh, "b"),
+        node(&etcd, &sh, "c")
+    );
+    let id = alices_session(&a).await;
+    let key = format!("replbox/sessions/{id}");
+
+    // The registry names the node and the principal, never a token.
+    let record = etcd.get(&key).await.unwrap().expect("the session's key");
+    let record: Value = serde_json::from_str(&record).unwrap();
+    assert_eq!(record["node"], "a", "{record}");
+    assert_eq!(record["principal"], "alice", "{record}");
+    assert!(!record.to_string().contains("token"), "{record}");
+
+    // While its node lives: elsewhere for its owner, unknown for anyone else.
+    let o = eval(&b, ALICE, &id, "y").await;
+    assert_eq!(o.error_kind(), "session_elsewhere", "{}", o.text);
+    assert!(!o.text.contains("\"a\""), "names no node: {}", o.text);
+    let o = eval(&b, BOB, &id, "y").await;
+    assert_eq!(o.error_kind(), "unknown_session", "{}", o.text);
+    // A session id that is a path names no journal.
+    for bad in ["../a/x", "a", &format!("../a/{id}")] {
+        let o = eval(&b, ALICE, bad, "y").await;
+        assert_eq!(o.error_kind(), "unknown_session", "{bad}: {}", o.text);
+    }
+
+    a.kill().await;
+    let killed = Instant::now();
+    etcd.wait_gone(&key, Duration::from_secs(30)).await;
+
+    // Orphaned now: another principal still sees nothing, and moves nothing.
+    let o = eval(&b, BOB, &id, "y").await;
+    assert_eq!(o.error_kind(), "unknown_session", "{}", o.text);
+    let l = call(&b, BOB, "session_list", json!({})).await;
+    assert!(!l.structured.to_string().contains(&id), "{}", l.structured);
+    assert!(journal(&sh.dir, "a", &id).is_file());
+
+    // Its owner's calls race on two nodes: exactly one adopts and serves it.
+    let (ob, oc) = tokio::join!(eval(&b, ALICE, &id, "y"), eval(&c, ALICE, &id, "y"));
+    let served = Instant::now();
+    let (won, lost, winner) = match (ob.is_error, oc.is_error) {
+        (false, true) => (ob, oc, "b"),
+        (true, false) => (oc, ob, "c"),
+        _ => panic!(
+            "exactly one node serves it:\nb: {}\nc: {}",
+            ob.text, oc.text
+        ),
+    };
+    assert_eq!(output(&won), "42\n", "{}", won.text);
+    assert_eq!(won.structured["replayed"], 2, "{}", won.structured);
+    assert!(
+        ["session_elsewhere", "busy"].contains(&lost.error_kind()),
+        "{}",
+        lost.text
+    );
+    eprintln!(
+        "adoption: {} ms from SIGKILL to the first answer (lease TTL included)",
+        served.duration_since(killed).as_millis()
+    );
+    // The journal moved to the winner; the registry says so.
+    assert!(journal(&sh.dir, winner, &id).is_file());
+    assert!(!journal(&sh.dir, "a", &id).exists());
+    let record: Value = serde_json::from_str(&etcd.get(&key).await.unwrap().unwrap()).unwrap();
+    assert_eq!(record["node"], winner, "{record}");
+    let (w, other) = if winner == "b" { (&b, &c) } else { (&c, &b) };
+    let o = eval(w, ALICE, &id, "x + y").await;
+    assert_eq!(output(&o), "83\n", "{}", o.text);
+    let o = eval(other, ALICE, &id, "x").await;
+    assert_eq!(o.error_kind(), "session_elsewhere", "{}", o.text);
+    let o = eval(w, BOB, &id, "x").await;
+    assert_eq!(o.error_kind(), "unknown_session", "{}", o.text);
+    // Closed: out of the registry and off the disk.
+    let o = call(w, ALICE, "session_close", json!({"session_id": id})).await;
+    assert!(!o.is_error, "{}", o.text);
+    assert_eq!(etcd.get(&key).await.unwrap(), None);
+    assert!(!journal(&sh.dir, winner, &id).exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_node_hands_its_sessions_over_at_once() {
+    if !require("python", "python3") {
+        return;
+    }
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let sh = shared();
+    let (a, b) = tokio::join!(node(&etcd, &sh, "a"), node(&etcd, &sh, "b"));
+    let id = alices_session(&a).await;
+    // SIGTERM: the node revokes its lease as it leaves, so nothing waits for the TTL.
+    a.stop().await;
+    let o = eval(&b, ALICE, &id, "y").await;
+    assert_eq!(output(&o), "42\n", "{}", o.text);
+    assert_eq!(o.structured["replayed"], 2, "{}", o.structured);
+    assert!(journal(&sh.dir, "b", &id).is_file());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_flags_are_checked_at_start() {
+    let sh = shared();
+    for (args, says) in [
+        (
+            vec!["--cluster", "http://127.0.0.1:1", "--node-id", "../x"],
+            "--node-id",
+        ),
+        (
+            vec!["--cluster", "http://127.0.0.1:1", "--node-id", "n"],
+            "--state-dir",
+        ),
+        (vec!["--node-id", "n"], "needs --cluster"),
+    ] {
+        let e = Server::http()
+            .arg("--tokens-file")
+            .arg(&sh.tokens)
+            .args(&args)
+            .try_start()
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{args:?} started"));
+        assert!(e.log.contains(says), "{args:?}: {}", e.log);
+    }
+}
