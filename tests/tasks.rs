@@ -354,9 +354,129 @@ async fn a_task_belongs_to_its_token_and_outlives_its_connection() {
     )
     .await;
     assert_eq!(completed(&t).0["output"], "halfway 50%\ndone\n");
+    // Idempotency keys are per token too: B's call with A's key and arguments runs anew.
+    let run = json!({"languageId": "python", "code": "import uuid\nprint(uuid.uuid4())", "idempotency_key": "shared-key"});
+    let ta = start_task(a2.peer(), "run-code", run.clone()).await;
+    assert_eq!(
+        start_task(a2.peer(), "run-code", run.clone()).await,
+        ta,
+        "A's retry"
+    );
+    let tb = start_task(b.peer(), "run-code", run.clone()).await;
+    assert_ne!(ta, tb);
+    let ra = poll(
+        a2.peer(),
+        &ta,
+        "completed",
+        status_is(TaskStatus::Completed),
+    )
+    .await;
+    let rb = poll(b.peer(), &tb, "completed", status_is(TaskStatus::Completed)).await;
+    assert_ne!(completed(&ra).0["stdout"], completed(&rb).0["stdout"]);
+
     // B still sees nothing of it, ended.
     assert!(b.peer().get_task(GetTaskParams::new(&id)).await.is_err());
     drop(b);
     drop(a2);
     h.stop().await;
+}
+
+/// A retry with the same idempotency_key returns the first call's result instead of running
+/// the cell again, during the cell and after it (the cell appends a line to a file, which
+/// holds one); the same key with other arguments is refused. A client without the
+/// extension.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retry_with_the_same_key_never_runs_twice() {
+    if !require_language("python") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let peer = s.client.peer().clone();
+    let (sid, cwd) = session(&peer).await;
+    let appends =
+        "open('log.txt', 'a').write('ran\\n')\nprint(len(open('log.txt').read().splitlines()))";
+    let call = json!({"session_id": sid, "code": appends, "idempotency_key": "k-after"});
+    let first = http_call(&peer, "session_eval", call.clone()).await;
+    assert_eq!(output(&first), "1\n", "{first:?}");
+    let retry = http_call(&peer, "session_eval", call).await;
+    assert_eq!(retry.structured, first.structured);
+    assert_eq!(
+        std::fs::read_to_string(cwd.join("log.txt")).unwrap(),
+        "ran\n"
+    );
+
+    // During the cell: the retry waits for the first call's result.
+    let code = format!("open('log2.txt', 'a').write('ran\\n')\n{WAITS_FOR_GO}");
+    let call = json!({"session_id": sid, "code": code, "idempotency_key": "k-during", "timeout_ms": 120_000});
+    let (p1, c1) = (peer.clone(), call.clone());
+    let first = tokio::spawn(async move { http_call(&p1, "session_eval", c1).await });
+    for _ in 0..1500 {
+        if cwd.join("log2.txt").exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (p2, c2) = (peer.clone(), call.clone());
+    let retry = tokio::spawn(async move { http_call(&p2, "session_eval", c2).await });
+    // The first call still runs its cell: another one is refused as busy.
+    let other = http_call(
+        &peer,
+        "session_eval",
+        json!({"session_id": sid, "code": "1"}),
+    )
+    .await;
+    assert_eq!(other.error_kind(), "busy", "{other:?}");
+    std::fs::write(cwd.join("go"), "").expect("write go");
+    let (first, retry) = (first.await.unwrap(), retry.await.unwrap());
+    assert_eq!(status(&first), "ok", "{first:?}");
+    assert_eq!(retry.structured, first.structured);
+    assert_eq!(
+        std::fs::read_to_string(cwd.join("log2.txt")).unwrap(),
+        "ran\n"
+    );
+
+    // The same key for another call.
+    let other = json!({"session_id": sid, "code": "print(2)", "idempotency_key": "k-after"});
+    let refused = http_call(&peer, "session_eval", other).await;
+    assert_eq!(refused.error_kind(), "invalid_argument", "{refused:?}");
+    assert!(refused.text.contains("idempotency_key"), "{}", refused.text);
+    s.stop().await;
+}
+
+/// `--task-keep-s`: an ended task is forgotten once its retention has passed (0: at the
+/// first look after it ended), and says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ended_task_is_forgotten_after_task_keep_s() {
+    if !require_language("python") {
+        return;
+    }
+    let s = Server::stdio()
+        .tasks()
+        .args(["--task-keep-s", "0"])
+        .start()
+        .await;
+    let peer = s.client.peer();
+    let id = start_task(
+        peer,
+        "run-code",
+        json!({"languageId": "python", "code": "print(1)"}),
+    )
+    .await;
+    let mut gone = None;
+    for _ in 0..1500 {
+        match peer.get_task(GetTaskParams::new(&id)).await {
+            Ok(t) => assert_eq!(t.task.status(), TaskStatus::Working, "{t:?}"),
+            Err(e) => {
+                gone = Some(e.to_string());
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let gone = gone.expect("the task was forgotten");
+    assert!(
+        gone.contains("no task") && gone.contains("forgotten"),
+        "{gone}"
+    );
+    s.stop().await;
 }

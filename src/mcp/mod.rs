@@ -231,8 +231,13 @@ impl ServerHandler for ReplboxServer {
             )
             .into_call_tool_result();
         };
-        let as_task = tasks::client_speaks_tasks(&context)
-            && tasks::TASK_TOOLS.contains(&request.name.as_ref());
+        let long = tasks::TASK_TOOLS.contains(&request.name.as_ref());
+        let as_task = long && tasks::client_speaks_tasks(&context);
+        let keyed = long
+            && request
+                .arguments
+                .as_ref()
+                .is_some_and(|a| a.contains_key("idempotency_key"));
         let route = self.tool_router.map.get(request.name.as_ref());
         let audit = audit::Call::begin(&self.app, &caller, &request, route.is_some());
         let peer = context.peer.clone();
@@ -245,7 +250,9 @@ impl ServerHandler for ReplboxServer {
                         .and_then(|()| args::check(&tool, request.arguments.as_ref(), schema))
                     {
                         Err(e) => e.into_call_tool_result(),
-                        Ok(()) if as_task => self.start_task(caller, request, context),
+                        Ok(()) if as_task || keyed => {
+                            self.call_tracked(caller, request, context, as_task).await
+                        }
                         Ok(()) => {
                             context.extensions.insert(caller);
                             let tcc = ToolCallContext::new(self, request, context);

@@ -32,6 +32,9 @@ pub struct RunCodeParams {
     /// As in session_start.
     #[serde(default)]
     pub mcp_servers: Vec<String>,
+    /// A retry with the same key returns the first call's result, never runs twice.
+    #[serde(default, rename = "idempotency_key")]
+    pub _idempotency_key: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -87,6 +90,9 @@ pub struct SessionEvalParams {
     /// Deadline in milliseconds: then the code is interrupted (Ctrl-C), state kept.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// As in run-code.
+    #[serde(default, rename = "idempotency_key")]
+    pub _idempotency_key: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -109,6 +115,9 @@ pub struct SessionInputParams {
     /// Deadline in milliseconds for the continued evaluation.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// As in run-code.
+    #[serde(default, rename = "idempotency_key")]
+    pub _idempotency_key: Option<String>,
 }
 
 // What `session_export` writes (the tool's description says what each holds; plain

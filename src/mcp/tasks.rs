@@ -16,8 +16,10 @@ use rmcp::{ErrorData, RoleServer};
 use serde_json::{Value, json};
 
 use super::ReplboxServer;
+use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
-use crate::tasks::{TaskError, TaskHandle, result_object};
+use crate::tasks::{Claim, TaskError, TaskHandle, result_object};
+use rmcp::handler::server::tool::IntoCallToolResult;
 
 /// The tools a client that speaks the extension gets as tasks.
 pub(super) const TASK_TOOLS: [&str; 3] = ["session_eval", "session_input", "run-code"];
@@ -32,34 +34,99 @@ pub(super) fn client_speaks_tasks(ctx: &RequestContext<RoleServer>) -> bool {
 const ASKED_TAIL: usize = 2000;
 
 impl ReplboxServer {
-    /// Start `request` as a task of `caller` and answer with it.
-    pub(super) fn start_task(
+    /// A call of one of [`TASK_TOOLS`] that runs as a task (`as_task`) or carries an
+    /// idempotency key: a retry with the key gets the first call's task or result.
+    pub(super) async fn call_tracked(
         &self,
         caller: Caller,
-        request: CallToolRequestParams,
+        mut request: CallToolRequestParams,
         mut ctx: RequestContext<RoleServer>,
+        as_task: bool,
     ) -> Result<CallToolResponse, ErrorData> {
-        let timeout_ms = request
-            .arguments
-            .as_ref()
-            .and_then(|a| a.get("timeout_ms"))
-            .and_then(Value::as_u64);
+        let args = request.arguments.get_or_insert_with(JsonObject::new);
+        let key = match args.remove("idempotency_key") {
+            Some(Value::String(k)) => Some(k),
+            _ => None,
+        };
+        if let Some(k) = &key
+            && (k.is_empty() || k.len() > MAX_KEY_BYTES)
+        {
+            return ToolError::invalid(format!(
+                "idempotency_key must be 1 to {MAX_KEY_BYTES} bytes (it is {}); a UUID is a \
+good key",
+                k.len()
+            ))
+            .into_call_tool_result();
+        }
+        let timeout_ms = args.get("timeout_ms").and_then(Value::as_u64);
         let runs_for = self.app.config.timeout(timeout_ms);
-        let (task, handle) = self
-            .app
-            .tasks
-            .create(&caller, runs_for)
-            .map_err(|e| ErrorData::invalid_request(e.to_string(), None))?;
+        let fingerprint = key.map(|k| (k, fingerprint(&request)));
+        let claim = self.app.tasks.claim(&caller, runs_for, fingerprint.clone());
+        let (task, handle) = match claim {
+            Err(e) => {
+                return ToolError::new(ErrorKind::Limit, e.to_string()).into_call_tool_result();
+            }
+            Ok(Claim::Existing { same: false, .. }) => {
+                let k = fingerprint.map(|f| f.0).unwrap_or_default();
+                return ToolError::invalid(format!(
+                    "idempotency_key {k:?} was given to another call (another tool or other \
+arguments) that is still remembered; a retry must repeat the call exactly, and a new call \
+needs a new key"
+                ))
+                .into_call_tool_result();
+            }
+            Ok(Claim::Existing { task, .. }) if as_task => {
+                return Ok(CreateTaskResult::new(task).into());
+            }
+            Ok(Claim::Existing { task, mut done, .. }) => {
+                // A retry without the extension waits for the first call's result.
+                tokio::select! {
+                    _ = done.wait_for(|d| *d) => {}
+                    _ = ctx.ct.cancelled() => {
+                        return Err(ErrorData::internal_error("cancelled", None));
+                    }
+                }
+                return self.replay_outcome(&caller, &task.task_id);
+            }
+            Ok(Claim::New(task, handle)) => (task, handle),
+        };
+        ctx.extensions.insert(caller.clone());
+        if !as_task {
+            // Run as a plain call (cancelled with its request), the result kept for retries.
+            let response = self.call_route(request, &ctx).await;
+            end_with(&handle, &response, ctx.ct.is_cancelled());
+            return response;
+        }
         // The work is the task's now: only tasks/cancel stops it, and its progress goes to
         // the task's status message, not to a request that has been answered.
         ctx.ct = handle.cancel_token().clone();
         ctx.meta.remove("progressToken");
-        ctx.extensions.insert(caller.clone());
         ctx.extensions.insert(handle.clone());
         let server = self.clone();
         tracing::debug!(task = %handle.id(), tool = %request.name, "task started");
         tokio::spawn(async move { server.drive(caller, request, ctx, handle).await });
         Ok(CreateTaskResult::new(task).into())
+    }
+
+    /// The first call's answer, for a retry with its idempotency key.
+    fn replay_outcome(&self, caller: &Caller, id: &str) -> Result<CallToolResponse, ErrorData> {
+        match self.app.tasks.outcome(caller, id) {
+            Some(TaskPayload::Completed { result }) => {
+                serde_json::from_value::<CallToolResult>(Value::Object(result))
+                    .map(Into::into)
+                    .map_err(|e| ErrorData::internal_error(e.to_string(), None))
+            }
+            Some(TaskPayload::Failed { error }) => {
+                Err(serde_json::from_value(Value::Object(error))
+                    .unwrap_or_else(|_| ErrorData::internal_error("the first call failed", None)))
+            }
+            _ => ToolError::new(
+                ErrorKind::Internal,
+                "the first call with this idempotency_key was cancelled before it ended; use a \
+new key to run it again",
+            )
+            .into_call_tool_result(),
+        }
     }
 
     /// Run the tool, answer its questions through the task, and end the task.
@@ -117,36 +184,7 @@ impl ReplboxServer {
         }
         let cancelled = handle.cancel_token().is_cancelled();
         tracing::debug!(task = %handle.id(), principal = %caller.principal, cancelled, "task ended");
-        match response {
-            _ if cancelled => handle.end(
-                TaskPayload::Cancelled,
-                Some("cancelled: the work was interrupted (a session keeps its state)".into()),
-            ),
-            Ok(CallToolResponse::Complete(r)) => {
-                let line = last_line(&r);
-                handle.end(
-                    TaskPayload::Completed {
-                        result: result_object(&r),
-                    },
-                    line,
-                )
-            }
-            Ok(_) => handle.end(
-                TaskPayload::Failed {
-                    error: result_object(&ErrorData::internal_error(
-                        "the tool did not complete",
-                        None,
-                    )),
-                },
-                None,
-            ),
-            Err(e) => handle.end(
-                TaskPayload::Failed {
-                    error: result_object(&e),
-                },
-                None,
-            ),
-        }
+        end_with(&handle, &response, cancelled);
     }
 
     /// One tool of the router, as `call_tool` would call it.
@@ -164,6 +202,79 @@ impl ReplboxServer {
         let task: DetailedTask = self.app.tasks.get(caller, id).map_err(task_error)?;
         Ok(GetTaskResult::new(task))
     }
+}
+
+/// End the task with the tool's answer (or as cancelled).
+fn end_with(handle: &TaskHandle, response: &Result<CallToolResponse, ErrorData>, cancelled: bool) {
+    match response {
+        _ if cancelled => handle.end(
+            TaskPayload::Cancelled,
+            Some("cancelled: the work was interrupted (a session keeps its state)".into()),
+        ),
+        Ok(CallToolResponse::Complete(r)) => handle.end(
+            TaskPayload::Completed {
+                result: result_object(r),
+            },
+            last_line(r),
+        ),
+        Ok(_) => handle.end(
+            TaskPayload::Failed {
+                error: result_object(&ErrorData::internal_error(
+                    "the tool did not complete",
+                    None,
+                )),
+            },
+            None,
+        ),
+        Err(e) => handle.end(
+            TaskPayload::Failed {
+                error: result_object(e),
+            },
+            None,
+        ),
+    }
+}
+
+/// The longest idempotency key taken.
+const MAX_KEY_BYTES: usize = 200;
+
+/// What identifies a call for its idempotency key: the tool and its arguments (the key
+/// aside), objects' keys in order.
+fn fingerprint(request: &CallToolRequestParams) -> u64 {
+    use std::hash::{Hash, Hasher};
+    fn canonical(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(o) => {
+                let mut keys: Vec<&String> = o.keys().collect();
+                keys.sort();
+                out.push('{');
+                for k in keys {
+                    out.push_str(&Value::from(k.as_str()).to_string());
+                    out.push(':');
+                    canonical(&o[k.as_str()], out);
+                    out.push(',');
+                }
+                out.push('}');
+            }
+            Value::Array(a) => {
+                out.push('[');
+                for x in a {
+                    canonical(x, out);
+                    out.push(',');
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut s = String::new();
+    s.push_str(&request.name);
+    if let Some(a) = &request.arguments {
+        canonical(&Value::Object(a.clone()), &mut s);
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    s.hash(&mut h);
+    h.finish()
 }
 
 /// A refused `tasks/*` request as the protocol error it is.

@@ -50,6 +50,21 @@ struct Entry {
     asked: u64,
     /// Flips to true when the task ends (for callers waiting on its result).
     done: watch::Sender<bool>,
+    /// The caller's idempotency key and the fingerprint of the call it was given with.
+    key: Option<(String, u64)>,
+}
+
+/// What [`Tasks::claim`] found or made.
+pub enum Claim {
+    /// A new task: the caller runs the work and reports through the handle.
+    New(Task, TaskHandle),
+    /// The caller's task with that idempotency key: `same` when it was given to the same
+    /// call (tool and arguments); `done` flips when it ends.
+    Existing {
+        task: Task,
+        same: bool,
+        done: watch::Receiver<bool>,
+    },
 }
 
 enum State {
@@ -118,20 +133,40 @@ impl Tasks {
     }
 
     /// A new working task of `owner`, whose work should end within `runs_for`.
+    #[cfg(test)]
     pub fn create(
         self: &Arc<Self>,
         owner: &Caller,
         runs_for: Duration,
     ) -> Result<(Task, TaskHandle), TaskError> {
-        let id = uuid::Uuid::new_v4().to_string();
-        let now = current_timestamp();
-        let mut task = Task::new(id.clone(), TaskStatus::Working, now.clone(), now)
-            .with_poll_interval_ms(POLL_INTERVAL_MS)
-            .with_ttl_ms(millis(runs_for + self.keep));
-        task.status_message = Some("started".into());
-        let cancel = CancellationToken::new();
+        match self.claim(owner, runs_for, None)? {
+            Claim::New(task, handle) => Ok((task, handle)),
+            Claim::Existing { .. } => Err(TaskError::Unknown(String::new())),
+        }
+    }
+
+    /// A new task of `owner`, or, when `key` (an idempotency key and the fingerprint of the
+    /// call) names one of its tasks still kept, that task.
+    pub fn claim(
+        self: &Arc<Self>,
+        owner: &Caller,
+        runs_for: Duration,
+        key: Option<(String, u64)>,
+    ) -> Result<Claim, TaskError> {
         let mut map = lock(&self.inner);
         self.sweep(&mut map, owner);
+        if let Some((k, fingerprint)) = &key
+            && let Some(e) = map
+                .values()
+                .find(|e| e.owner == *owner && e.key.as_ref().is_some_and(|(ek, _)| ek == k))
+        {
+            let same = e.key.as_ref().is_some_and(|(_, f)| f == fingerprint);
+            return Ok(Claim::Existing {
+                task: e.task.clone(),
+                same,
+                done: e.done.subscribe(),
+            });
+        }
         let running = map
             .values()
             .filter(|e| e.owner == *owner && e.ended.is_none())
@@ -139,6 +174,13 @@ impl Tasks {
         if running >= RUNNING_PER_PRINCIPAL {
             return Err(TaskError::TooMany(running));
         }
+        let id = uuid::Uuid::new_v4().to_string();
+        let now = current_timestamp();
+        let mut task = Task::new(id.clone(), TaskStatus::Working, now.clone(), now)
+            .with_poll_interval_ms(POLL_INTERVAL_MS)
+            .with_ttl_ms(millis(runs_for + self.keep));
+        task.status_message = Some("started".into());
+        let cancel = CancellationToken::new();
         map.insert(
             id.clone(),
             Entry {
@@ -150,16 +192,24 @@ impl Tasks {
                 ended: None,
                 asked: 0,
                 done: watch::channel(false).0,
+                key,
             },
         );
-        Ok((
-            task,
-            TaskHandle {
-                id,
-                tasks: self.clone(),
-                cancel,
-            },
-        ))
+        let handle = TaskHandle {
+            id,
+            tasks: self.clone(),
+            cancel,
+        };
+        Ok(Claim::New(task, handle))
+    }
+
+    /// How the caller's task `id` ended, once it has.
+    pub fn outcome(&self, caller: &Caller, id: &str) -> Option<TaskPayload> {
+        let mut map = lock(&self.inner);
+        match &owned(&mut map, caller, id).ok()?.state {
+            State::Ended(p) => Some(p.clone()),
+            _ => None,
+        }
     }
 
     /// Forget ended tasks past their retention, and `owner`'s oldest ended ones past
