@@ -32,7 +32,7 @@ pub struct RunCodeParams {
     /// As in session_start.
     #[serde(default)]
     pub mcp_servers: Vec<String>,
-    /// A retry with the same key returns the first call's result, never runs twice.
+    /// A retry with this key returns the first call's result; it never runs twice.
     #[serde(default, rename = "idempotency_key")]
     pub _idempotency_key: Option<String>,
 }
