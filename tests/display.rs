@@ -18,11 +18,11 @@ struct Shown {
 }
 
 impl Shown {
-    /// The blocks other than text: (type, MIME type).
+    /// The blocks other than text and links: (type, MIME type).
     fn kinds(&self) -> Vec<(String, String)> {
         self.blocks
             .iter()
-            .filter(|b| b["type"] != "text")
+            .filter(|b| b["type"] != "text" && b["type"] != "resource_link")
             .map(|b| {
                 let mime = match b["type"].as_str() {
                     Some("resource") => &b["resource"]["mimeType"],
@@ -375,5 +375,68 @@ cell["displays"] += [{{"file": "../outside.json"}}, {{"file": "link.json"}}, {{"
     // Read, then removed: the next evaluation finds none of them.
     let shown = eval(&s, &id, "sorted(os.listdir(out))").await;
     assert!(shown.text.starts_with("[]"), "{}", shown.text);
+    s.stop().await;
+}
+
+/// Files an evaluation writes come back as `resource_link` blocks (links, not copies) that
+/// `resources/read` resolves and `resources/list` lists, and the client is told its list
+/// changed; a file merely modified changes no list.
+#[tokio::test(flavor = "multi_thread")]
+async fn written_files_are_resource_links_and_the_list_changes() {
+    use rmcp::model::ReadResourceRequestParams;
+    use std::sync::atomic::Ordering;
+    if !require("python", "python3") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("python").await;
+    let shown = eval(
+        &s,
+        &id,
+        "open('out.csv', 'w').write('a,b\\n1,2\\n')\nopen('note.txt', 'w').write('hi')",
+    )
+    .await;
+    let links: Vec<&Value> = shown
+        .blocks
+        .iter()
+        .filter(|b| b["type"] == "resource_link")
+        .collect();
+    assert_eq!(links.len(), 2, "{:?}", shown.blocks);
+    let csv = format!("replbox://sessions/{id}/files/out.csv");
+    assert_eq!(links[1]["uri"], csv.as_str(), "{links:?}");
+    assert_eq!(links[1]["name"], "out.csv");
+    assert_eq!(links[1]["mimeType"], "text/csv");
+    assert_eq!(links[1]["size"], 8);
+    assert_eq!(links[0]["name"], "note.txt");
+    let read = s
+        .client
+        .read_resource(ReadResourceRequestParams::new(csv.clone()))
+        .await
+        .expect("resources/read");
+    let body = serde_json::to_value(&read.contents[0]).expect("json");
+    assert_eq!(body["text"], "a,b\n1,2\n");
+    let listed = s.client.list_all_resources().await.expect("resources/list");
+    assert!(listed.iter().any(|r| r.uri == csv), "{listed:?}");
+    // The notification comes before the result; the client hands it over on its own task.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while s.recorder.resources_changed.load(Ordering::SeqCst) == 0
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(s.recorder.resources_changed.load(Ordering::SeqCst), 1);
+    // Modified, not created: a link, and no notification.
+    let shown = eval(&s, &id, "open('note.txt', 'a').write('!')").await;
+    assert_eq!(
+        shown
+            .blocks
+            .iter()
+            .filter(|b| b["type"] == "resource_link")
+            .count(),
+        1
+    );
+    let again = eval(&s, &id, "1").await;
+    assert!(again.kinds().is_empty());
+    assert_eq!(s.recorder.resources_changed.load(Ordering::SeqCst), 1);
     s.stop().await;
 }

@@ -444,6 +444,7 @@ impl ServerHandler for ReplboxServer {
                 .enable_logging()
                 .enable_tools()
                 .enable_resources()
+                .enable_resources_list_changed()
                 .enable_tasks()
                 .build(),
         )

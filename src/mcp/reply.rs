@@ -43,6 +43,18 @@ pub(super) fn eval_result(r: &EvalReport) -> CallToolResult {
             a.mime_type.clone(),
         ));
     }
+    // Files the evaluation created or changed, as links the client can read (`resources/read`)
+    // instead of copies; at most the ten the text names.
+    for f in r.files.iter().take(10) {
+        if let Some(uri) = &f.uri {
+            let mut link =
+                rmcp::model::Resource::new(uri.clone(), f.path.clone()).with_size(f.size);
+            if let Some(m) = crate::session::files::mime_for(&f.path) {
+                link = link.with_mime_type(m);
+            }
+            out.content.push(ContentBlock::resource_link(link));
+        }
+    }
     for block in &r.rich {
         out.content.push(match &block.content {
             RichContent::Image(data) => {
@@ -54,6 +66,18 @@ pub(super) fn eval_result(r: &EvalReport) -> CallToolResult {
         });
     }
     out
+}
+
+/// Tell the client its resource list changed when the evaluation created or deleted files
+/// (`notifications/resources/list_changed`); a client that cannot take it is not an error.
+pub(super) async fn announce_files(ctx: &RequestContext<RoleServer>, r: &EvalReport) {
+    use crate::session::files::Change;
+    if r.files
+        .iter()
+        .any(|f| matches!(f.change, Change::Created | Change::Deleted))
+    {
+        let _ = ctx.peer.notify_resource_list_changed().await;
+    }
 }
 
 /// When the request carries a progress token, a reporter that forwards the latest output

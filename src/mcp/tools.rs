@@ -11,7 +11,7 @@ use super::params::{
     ExportFormat, RunCodeParams, SessionEvalParams, SessionExportParams, SessionIdParams,
     SessionInputParams, SessionStartParams, SessionVarsParams,
 };
-use super::reply::{eval_result, progress_reporter, result, structured_value};
+use super::reply::{announce_files, eval_result, progress_reporter, result, structured_value};
 use super::{ReplboxServer, schema};
 use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
@@ -196,6 +196,7 @@ trailing expression's value) and a status: ok, error, timeout (interrupted, stat
                 progress.as_deref(),
             )
             .await?;
+        announce_files(&ctx, &r).await;
         Ok(eval_result(&r))
     }
 
@@ -232,6 +233,7 @@ continues and returns as in session_eval. Input left unread is discarded, never 
                 progress.as_deref(),
             )
             .await?;
+        announce_files(&ctx, &r).await;
         Ok(eval_result(&r))
     }
 

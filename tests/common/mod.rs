@@ -36,6 +36,8 @@ pub struct Recorder {
     pub logs: Arc<Mutex<Vec<Value>>>,
     /// Declare the MCP tasks extension (`io.modelcontextprotocol/tasks`).
     pub tasks: bool,
+    /// `notifications/resources/list_changed` received.
+    pub resources_changed: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Recorder {
@@ -72,6 +74,11 @@ impl ClientHandler for Recorder {
         if let Ok(mut p) = self.progress.lock() {
             p.push(params);
         }
+    }
+
+    async fn on_resource_list_changed(&self, _ctx: NotificationContext<RoleClient>) {
+        self.resources_changed
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     #[allow(deprecated)] // MCP logging (SEP-2577)
