@@ -1015,9 +1015,10 @@ async fn ruby_rescue_interrupt_catches_a_timeout() {
             1000,
         )
         .await;
+    // Caught, the interrupt ends in an ordinary finished cell that says it was interrupted.
     assert_eq!(
-        (status(&o), output(&o)),
-        ("timeout", "rescued Interrupt\n"),
+        (status(&o), output(&o), &o.structured["interrupted"]),
+        ("ok", "rescued Interrupt\n", &json!(true)),
         "{}",
         o.text
     );
@@ -1028,7 +1029,8 @@ async fn ruby_rescue_interrupt_catches_a_timeout() {
     s.stop().await;
 }
 
-/// R's timeout is the interrupt condition that `tryCatch(..., interrupt = )` catches.
+/// R's timeout is the interrupt condition that `tryCatch(..., interrupt = )` catches; the
+/// cell then finishes as an ordinary one.
 #[tokio::test(flavor = "multi_thread")]
 async fn r_try_catch_interrupt_catches_a_timeout() {
     if !here("r") {
@@ -1044,8 +1046,8 @@ async fn r_try_catch_interrupt_catches_a_timeout() {
         )
         .await;
     assert_eq!(
-        (status(&o), output(&o)),
-        ("timeout", "caught interrupt \n"),
+        (status(&o), output(&o), &o.structured["interrupted"]),
+        ("ok", "caught interrupt \n", &json!(true)),
         "{}",
         o.text
     );
@@ -1116,3 +1118,47 @@ async fn r_forked_workers_leave_one_repl() {
     }
     s.stop().await;
 }
+
+// ---- A cell that ends inside a quote leaves the next one to run as at a prompt ----------
+
+/// (language, a cell that ends inside a quote, what its error says)
+const UNTERMINATED: &[(&str, &str, &str)] = &[
+    (
+        "shellscript",
+        "echo 'unterminated",
+        "unexpected EOF while looking for matching `''",
+    ),
+    (
+        "shellscript",
+        "echo \"unterminated",
+        "unexpected EOF while looking for matching `\"'",
+    ),
+    (
+        "shellscript",
+        "echo `unterminated",
+        "unexpected EOF while looking for matching ``'",
+    ),
+    (
+        "shellscript",
+        "echo $(unterminated",
+        "unexpected EOF while looking for matching `)'",
+    ),
+];
+
+per_row!(
+    /// The cell is an error; the next runs at once (bash's parser, left inside the quote,
+    /// once took the next line's `{` for a word and waited out its deadline).
+    an_unterminated_quote_leaves_the_next_cell_alone,
+    UNTERMINATED,
+    [shellscript],
+    |&(lang, code, says)| {
+        let s = Server::stdio().start().await;
+        let id = s.start_session(lang).await;
+        let o = s.eval(&id, code).await;
+        assert_eq!(status(&o), "error", "{lang}: {code}: {}", o.text);
+        assert!(output(&o).contains(says), "{lang}: {code}: {}", o.text);
+        prints(&s, &id, lang, "echo after", "after\n").await;
+        prints(&s, &id, lang, "{ echo braces; }", "braces\n").await;
+        s.stop().await;
+    }
+);

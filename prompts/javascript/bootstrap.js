@@ -224,15 +224,28 @@ function main(require) {
   // one resets SIGINT to its default, disarming the watchdog). While an evaluation
   // awaits, the interrupt goes to the REPL's queue, which rejects the awaited promise.
   // Between evaluations it is ignored (after the watchdog, node's default is to exit).
+  //
+  // Only the user's code is ever interrupted. The watchdog, once stopped, leaves node's
+  // default (exit) in place, and removing the last listener does too: so the listener is
+  // taken away only just before the script, and put back first thing after it (adding it
+  // installs the handler again), before anything else can run. The REPL's own answer to
+  // an interrupt (a new line and "(To exit, press Ctrl+C again...)", and the REPL closed at
+  // the second) is replaced: an interrupt that came as the script ended, or between
+  // evaluations, is too late for the cell and changes nothing.
   let awaiting = false;
   const onSigint = () => {
     if (awaiting) r.emit("SIGINT");
   };
   function armSigint() {
-    process.removeListener("SIGINT", onSigint);
-    process.on("SIGINT", onSigint);
+    if (!process.listeners("SIGINT").includes(onSigint)) process.on("SIGINT", onSigint);
   }
   armSigint();
+  const replSigint = r.listeners("SIGINT");
+  r.removeAllListeners("SIGINT");
+  r.on("SIGINT", () => {
+    // While a cell awaits, the REPL's handler rejects the awaited promise.
+    if (awaiting) for (const l of replSigint) l.call(r);
+  });
   // The REPL's evaluator arms V8's SIGINT watchdog, then switches the terminal out of raw
   // mode (a method of the REPL, looked up on it) and runs the script: that switch is the
   // moment the cell starts, and the server may interrupt it from then on. The code itself
@@ -338,7 +351,6 @@ function main(require) {
     // With the REPL's descriptor closed, something must keep the event loop alive while
     // the evaluation awaits.
     c.alive = setInterval(() => {}, 1 << 30);
-    process.removeListener("SIGINT", onSigint);
     let src;
     try {
       src = fs.readFileSync(path.join(CTL, CELL_FILE.replace("{n}", c.n)), "utf8");
@@ -369,7 +381,9 @@ function main(require) {
       }
     }
     try {
+      process.removeListener("SIGINT", onSigint);
       defaultEval.call(this, code, context, "<cell " + c.n + ">", (e, res) => {
+        armSigint();
         if (e instanceof repl.Recoverable) e = e.err;
         unstick(e);
         if (e) fail(c, e);
@@ -378,14 +392,13 @@ function main(require) {
         finish(c);
       });
     } catch (e) {
+      armSigint();
       fail(c, e);
       ownPrompt();
       cb(e);
       finish(c);
     }
-    if (!c.done) {
-      awaiting = true;
-      armSigint();
-    }
+    armSigint();
+    if (!c.done) awaiting = true;
   };
 }

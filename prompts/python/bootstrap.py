@@ -2,7 +2,8 @@
 # into the session's control directory, replbox replaces the placeholders below: text ones,
 # marked `:json`, by Python string literals; numbers by numbers.
 def __rbx_setup():
-    import ast, asyncio, base64, builtins, inspect, json, linecache, os, stat, sys, termios
+    import ast, asyncio, base64, builtins, inspect, json, linecache, os, signal, stat, sys
+    import termios
     import traceback
     nonce, ctl, out, cell_file = {nonce:json}, {ctl:json}, {out:json}, {cell_file:json}
     input_file = {input_file:json}
@@ -491,79 +492,128 @@ def __rbx_setup():
         except Exception:
             pass
 
+    # --- interrupts: Ctrl-C stops the user's code and never this bootstrap's. In this file's
+    # own frames (reading the cell, showing the value, figures, the end marker) an interrupt
+    # is only noted: one that comes after the start marker stops the code as it begins; one
+    # that comes once the code is over is too late for it and changes nothing. At the REPL's
+    # own prompt (no Python frame runs) it does what it does there: drops the line. ---
+    intr = {"armed": False, "pending": False}
+
+    def on_sigint(signum, frame):
+        if frame is None:
+            raise KeyboardInterrupt
+        if intr["armed"] and frame.f_code.co_filename != boot:
+            intr["armed"] = False  # one KeyboardInterrupt per cell
+            raise KeyboardInterrupt
+        intr["pending"] = True
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+    def reclaim_sigint():
+        # A handler the cell installed stays the cell's: it is called while user code runs.
+        h = signal.getsignal(signal.SIGINT)
+        if h is not on_sigint:
+            user_sigint[0] = h
+            signal.signal(signal.SIGINT, on_sigint)
+
+    user_sigint = [None]
+
+    def armed(fn):
+        # fn() with interrupts armed; the exception it ended with (None if it returned).
+        # Never raises: a KeyboardInterrupt taken as fn returns is caught here too, and once
+        # disarmed none is raised.
+        try:
+            intr["armed"] = True
+            try:
+                if intr["pending"]:
+                    intr["pending"] = False
+                    raise KeyboardInterrupt
+                fn()
+            finally:
+                reclaim_sigint()
+                intr["armed"] = False
+        except BaseException as e:
+            return e
+        return None
+
     def run(n):
         user_site()
         name = "<cell %d>" % n
         status, err, exiting = "ok", None, False
         cell.update(n=n, shots=[], omitted=0, force=None, extra={}, displays=[],
                     displays_omitted=0)
+        intr.update(armed=False, pending=False)  # earlier ones were not for this cell
         owner = os.getpid()
         sys.ps1, sys.ps2 = user_ps
         tell("\x1b_rbx;%s;s;%d\x1b\\" % (nonce, n))
+        failure = None
         try:
             path = os.path.join(ctl, cell_file.replace("{n}", str(n)))
             with open(path, encoding="utf-8") as f:
                 src = f.read()
             linecache.cache[name] = (len(src), None, src.splitlines(True), name)
-            try:
-                tree = ast.parse(src, name, "exec")
-            except SyntaxError as e:
-                status, err = "error", {"type": type(e).__name__, "message": str(e)}
-                print_tb(e, None)
-                return
+            tree = ast.parse(src, name, "exec")
+        except BaseException as e:
+            # Not the user's frames: a syntax error shows as the REPL shows one.
+            failure, tree = e.with_traceback(None), None
+        if tree is not None:
             last = None
             if tree.body and isinstance(tree.body[-1], ast.Expr):
                 last = ast.Expression(tree.body.pop().value)
-            run_maybe_async(compile(tree, name, "exec", flags=flags))
-            if last is not None:
-                value = run_maybe_async(compile(last, name, "eval", flags=flags))
-                mf = sys.modules.get("matplotlib.figure")
-                if mf is not None and isinstance(value, mf.Figure):
-                    cell["force"] = value  # a figure as the cell's value: show it, as notebooks do
-                tune()
-                display(value)
-                if value is not None and cell["force"] is None:
-                    publish(value, True)
-        except SystemExit:
+
+            def user():
+                handler = user_sigint[0]
+                if handler is not None and signal.getsignal(signal.SIGINT) is on_sigint:
+                    signal.signal(signal.SIGINT, handler)
+                run_maybe_async(compile(tree, name, "exec", flags=flags))
+                if last is not None:
+                    value = run_maybe_async(compile(last, name, "eval", flags=flags))
+                    mf = sys.modules.get("matplotlib.figure")
+                    if mf is not None and isinstance(value, mf.Figure):
+                        cell["force"] = value  # a figure as the cell's value: show it, as notebooks do
+                    tune()
+                    display(value)
+                    if value is not None and cell["force"] is None:
+                        publish(value, True)
+            failure = armed(user)
+        if isinstance(failure, SystemExit):
             exiting = True
-            raise
-        except KeyboardInterrupt as e:
+        elif isinstance(failure, KeyboardInterrupt):
             status = "interrupted"
-            print_tb(e, user_tb(e.__traceback__))
-        except BaseException as e:
+            print_tb(failure, user_tb(failure.__traceback__))
+        elif failure is not None:
+            e = failure
             status = "error"
             err = {"type": type(e).__name__, "message": str(e)[:2000]}
             tb = user_tb(e.__traceback__)
-            sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
+            if tree is not None:
+                sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
             print_tb(e, tb)
-        finally:
-            if os.getpid() != owner and not exiting:
-                # A process the cell forked (os.fork()) ends with the cell (sys.exit() in it
-                # ends it too): only the REPL's own process goes back to reading the terminal
-                # and reports the end.
-                for stream in (sys.stdout, sys.stderr):
-                    try:
-                        stream.flush()
-                    except Exception:
-                        pass
-                os._exit(0 if status == "ok" else 1)
-            user_ps[:] = [getattr(sys, "ps1", ""), getattr(sys, "ps2", "")]
-            sys.ps1, sys.ps2 = ours
-            if not exiting:
-                user_site()
-                extra = None
+        if os.getpid() != owner and not exiting:
+            # A process the cell forked (os.fork()) ends with the cell (sys.exit() in it
+            # ends it too): only the REPL's own process goes back to reading the terminal
+            # and reports the end.
+            for stream in (sys.stdout, sys.stderr):
                 try:
-                    extra = after_cell(n)
-                except KeyboardInterrupt:
-                    if status == "ok":
-                        status = "interrupted"
-                except BaseException as e:
-                    print("[replbox: collecting figures failed: %s: %s]"
-                          % (type(e).__name__, e), file=sys.stderr)
-                unread = discard_unread(n)
-                if unread:
-                    extra = dict(extra or {}, unread=unread)
-                emit(n, status, err, extra)
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(0 if status == "ok" else 1)
+        user_ps[:] = [getattr(sys, "ps1", ""), getattr(sys, "ps2", "")]
+        sys.ps1, sys.ps2 = ours
+        if exiting:
+            raise failure
+        user_site()
+        extra = None
+        try:
+            extra = after_cell(n)
+        except BaseException as e:
+            print("[replbox: collecting figures failed: %s: %s]"
+                  % (type(e).__name__, e), file=sys.stderr)
+        unread = discard_unread(n)
+        if unread:
+            extra = dict(extra or {}, unread=unread)
+        emit(n, status, err, extra)
 
     # --- session_vars: the names the user defined, each with a short summary ---
     def summary(v):

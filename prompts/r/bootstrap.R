@@ -214,7 +214,20 @@ local({
 
   # --- one cell: each expression evaluated in the global environment as if typed, a
   # visible value printed as the REPL prints it; the first error ends the cell ---
+  # Interrupts: only the cell's code takes them. run() suspends them from its first
+  # expression and allows them around the code only; the end (finish) runs suspended, and
+  # an interrupt still pending once the end marker is out came too late for the cell: it is
+  # taken there, where it stops nothing.
+  suspend <- function() .Internal(interruptsSuspended(TRUE))
+  drop_late <- function() {
+    tryCatch({
+      .Internal(interruptsSuspended(FALSE))
+      for (i in 1:2) NULL  # a point where R looks for a pending interrupt
+    }, interrupt = function(c) NULL)
+  }
   finish <- function(n, state) {
+    suspend()
+    on.exit(drop_late())
     fields <- character()
     try(print_warnings(if (state$status == "error") "In addition: " else ""), silent = TRUE)
     if (n < user_limit) {
@@ -248,6 +261,7 @@ local({
     if (isS4(value)) methods::show(value) else print(value)
   }
   run <- function(n) {
+    suspend()
     state <- new.env()
     state$status <- "ok"
     cell$n <- n
@@ -273,7 +287,7 @@ local({
       cat("Error: ", conditionMessage(exprs), "\n", sep = "", file = stderr())
       return(invisible(last))
     }
-    withCallingHandlers({
+    withCallingHandlers(allowInterrupts({
       for (expr in exprs) {
         res <- withVisible(eval(expr, envir = globalenv()))
         last <- res$value
@@ -281,7 +295,7 @@ local({
         if (res$visible) show(res$value)
         print_warnings()
       }
-    },
+    }),
     warning = function(w) {
       if (isTRUE(getOption("warn", 0) == 0)) {
         cell$warns[[length(cell$warns) + 1]] <- w

@@ -74,15 +74,21 @@ to_ours = lambda do |ctx|
 end
 # Ctrl-C raises Interrupt in the cell, as in a Ruby program (irb's own handler raises
 # IRB::Abort, which `rescue Interrupt` does not catch); a trap the code sets is kept.
+# The interrupt goes through the main thread's queue of asynchronous exceptions (ruby's
+# default handler raises at once, wherever the thread is), so that __rbx_eval can keep it
+# out of its own code. Between cells an interrupt comes too late for any cell and does
+# nothing (irb's handler would drop the line it is reading: the next cell's).
 irb_int = nil
+quiet = proc {}
+to_code = proc { Thread.main.raise(Interrupt) }
 int_to_user = lambda do
-  prev = trap("INT", "DEFAULT")
+  prev = trap("INT", to_code)
   irb_int ||= prev
-  trap("INT", prev) unless prev.equal?(irb_int)
+  trap("INT", prev) unless prev.equal?(irb_int) || prev.equal?(quiet)
 end
 int_to_irb = lambda do
-  now = trap("INT", irb_int)
-  trap("INT", now) unless now == "DEFAULT"
+  now = trap("INT", quiet)
+  trap("INT", now) unless now.equal?(to_code)
 end
 # Print an exception as ruby does, without the frames of this bootstrap and irb.
 report = lambda do |e|
@@ -111,47 +117,66 @@ show = lambda do |ctx, src, value|
     puts "=> #{value.inspect}"
   end
 end
-Object.send(:define_method, :__rbx_eval) do |n|
-  ctx = IRB.CurrentContext
-  to_user.(ctx)
-  int_to_user.()
-  tell.("\e_rbx;#{nc};s;#{n}\e\\")
-  status, err, value, exiting = "ok", nil, nil, false
-  owner = Process.pid
-  begin
-    src = File.read(File.join(dir, cell_file.sub("{n}", n.to_s)), encoding: "UTF-8")
-    done = false
-    # irb's `exit` throws :IRB_EXIT, and irb then exits 0 whatever the argument.
-    code = catch(:IRB_EXIT) do
-      value = eval(src, ctx.workspace.binding, "<cell #{n}>", 1)
-      done = true
+# Interrupts (Ctrl-C raises Interrupt, irb's handler raises IRB::Abort, both through the
+# main thread's queue of asynchronous exceptions) reach the user's code only: around it,
+# this method runs with them deferred, and one that comes once the code is over is dropped
+# (too late for it) before the end marker.
+late = lambda do
+  while Thread.pending_interrupt?(Interrupt) || Thread.pending_interrupt?(IRB::Abort)
+    begin
+      Thread.handle_interrupt(Interrupt => :immediate, IRB::Abort => :immediate) { nil }
+    rescue Interrupt, IRB::Abort
+      nil
     end
-    unless done
-      exiting = true
-      Kernel.exit([true, false].include?(code) || code.is_a?(Integer) ? code : 0)
-    end
-    show.(ctx, src, value) if Process.pid == owner
-  rescue SystemExit
-    exiting = true
-    raise
-  rescue IRB::Abort, Interrupt
-    status, err = "interrupted", ["Interrupt", ""]
-    $stderr.puts "Interrupt"
-  rescue Exception => e
-    status, err = "error", [e.class.name || e.class.inspect, e.message.to_s[0, 2000]]
-    report.(e)
-  ensure
-    if Process.pid != owner && !exiting
-      # A process the cell forked (a bare `fork`) ends with the cell: only irb's own
-      # process goes back to reading the terminal and reports the end.
-      [$stdout, $stderr].each { |s| s.flush rescue nil }
-      exit!(status == "ok" ? 0 : 1)
-    end
-    int_to_irb.()
-    to_ours.(ctx)
-    emit.(n, status, err, discard_unread.(n)) unless exiting
   end
-  value
+end
+Object.send(:define_method, :__rbx_eval) do |n|
+  Thread.handle_interrupt(Interrupt => :never, IRB::Abort => :never) do
+    ctx = IRB.CurrentContext
+    to_user.(ctx)
+    int_to_user.()
+    tell.("\e_rbx;#{nc};s;#{n}\e\\")
+    status, err, value, exiting = "ok", nil, nil, false
+    owner = Process.pid
+    begin
+      src = File.read(File.join(dir, cell_file.sub("{n}", n.to_s)), encoding: "UTF-8")
+      done = false
+      Thread.handle_interrupt(Interrupt => :immediate, IRB::Abort => :immediate) do
+        # irb's `exit` throws :IRB_EXIT, and irb then exits 0 whatever the argument.
+        code = catch(:IRB_EXIT) do
+          value = eval(src, ctx.workspace.binding, "<cell #{n}>", 1)
+          done = true
+        end
+        unless done
+          exiting = true
+          Kernel.exit([true, false].include?(code) || code.is_a?(Integer) ? code : 0)
+        end
+        show.(ctx, src, value) if Process.pid == owner
+      end
+    rescue SystemExit
+      exiting = true
+      raise
+    rescue IRB::Abort, Interrupt
+      status, err = "interrupted", ["Interrupt", ""]
+      $stderr.puts "Interrupt"
+    rescue Exception => e
+      status, err = "error", [e.class.name || e.class.inspect, e.message.to_s[0, 2000]]
+      report.(e)
+    ensure
+      if Process.pid != owner && !exiting
+        # A process the cell forked (a bare `fork`) ends with the cell: only irb's own
+        # process goes back to reading the terminal and reports the end.
+        [$stdout, $stderr].each { |s| s.flush rescue nil }
+        exit!(status == "ok" ? 0 : 1)
+      end
+      int_to_irb.()
+      to_ours.(ctx)
+      late.()
+      emit.(n, status, err, discard_unread.(n)) unless exiting
+      late.()
+    end
+    value
+  end
 end
 Object.send(:private, :__rbx_eval)
 # session_vars: irb's local variables and main's instance variables, each with its class, a

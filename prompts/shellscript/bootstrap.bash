@@ -11,24 +11,25 @@ __rbx_status=0
 # runs: `PS1='>>> '` or `source venv/bin/activate` set them for the cell, never printed.
 # __rbx_u holds the user's PS1, PS2, PS0 and PROMPT_COMMAND while ours are in place.
 __rbx_u=('\s-\v\$ ' '> ' '' '')
-__rbx_mine=1
 PS1=$__rbx_p1
 PS2=$__rbx_p2
 # Run before every prompt, also the one after Ctrl-C, when the cell's end was skipped. An
 # element of its own, so that `PROMPT_COMMAND=...` (element 0) keeps it.
 PROMPT_COMMAND=([9]='{ __rbx_own; } 2> /dev/null')
+# An interrupt can stop either function anywhere: PS1 is set last by __rbx_give and first
+# by __rbx_own, and says whose prompts are in place.
 __rbx_own() {
-  [[ -n $__rbx_mine ]] && return 0
+  [[ ${PS1-} == "$__rbx_p1" ]] && return 0
   __rbx_u=("${PS1-}" "${PS2-}" "${PS0-}" "${PROMPT_COMMAND[0]-}")
-  PS1=$__rbx_p1 PS2=$__rbx_p2
+  PS1=$__rbx_p1
+  PS2=$__rbx_p2
   unset PS0 'PROMPT_COMMAND[0]'
-  __rbx_mine=1
 }
 __rbx_give() {
-  [[ -z $__rbx_mine ]] && return 0
-  PS1=${__rbx_u[0]} PS2=${__rbx_u[1]} PS0=${__rbx_u[2]}
+  [[ ${PS1-} != "$__rbx_p1" ]] && return 0
   PROMPT_COMMAND[0]=${__rbx_u[3]}
-  __rbx_mine=
+  PS2=${__rbx_u[1]} PS0=${__rbx_u[2]}
+  PS1=${__rbx_u[0]}
 }
 # __rbx_b64 STRING VAR: VAR = base64 of the ASCII STRING (no external program: the code
 # may have changed PATH).
@@ -56,8 +57,9 @@ __rbx_load() {
   [[ $- == *v* ]] && { set +v; __rbx_v=1; }
   { builtin printf '\e_rbx;%s;s;%s\e\\' "$__rbx_n" "$1" > /dev/tty; } 2> /dev/null || builtin printf '\e_rbx;%s;s;%s\e\\' "$__rbx_n" "$1"
   __rbx_give
-  __rbx_code=
-  IFS= builtin read -r -d '' __rbx_code < "$__rbx_c/${__rbx_cell/"{n}"/$1}" || :
+  # Not the read builtin: interrupted, it keeps what it had buffered of the file and hands
+  # that to its next read, the next cell's.
+  __rbx_code=$(< "$__rbx_c/${__rbx_cell/"{n}"/$1}") || :
   # xtrace would show `eval` itself: the code turns it on (its first line stays line 1);
   # verbose shows the code as eval reads it.
   [[ -n $__rbx_x ]] && __rbx_code="set -x; $__rbx_code"

@@ -41,8 +41,12 @@ pub fn open() -> io::Result<(PtyMaster, OwnedFd)> {
     )?;
     // Echo off before the child starts: the one line we type per evaluation must not come
     // back as output.
+    // NOFLSH: an interrupt (Ctrl-C) must not make the kernel drop what the interpreter wrote
+    // and the server has not read yet (an end marker written as the interrupt came), nor
+    // typed input; the server discards typed input itself before each line it types.
     let mut t = termios::tcgetattr(&slave)?;
     t.local_modes.remove(LocalModes::ECHO | LocalModes::ECHONL);
+    t.local_modes.insert(LocalModes::NOFLSH);
     termios::tcsetattr(&slave, OptionalActions::Now, &t)?;
     rustix::fs::fcntl_setfl(
         &master,

@@ -83,7 +83,7 @@ empty stderr, else stdout, stderr and a trailer ([exit code 3], [timed out after
             .registry
             .get(&p.language_id)
             .map_err(|e| self.lookup_error(&e))?;
-        let timeout = self.app.config.timeout(p.timeout_ms);
+        let timeout = deadline(&self.app.config, p.timeout_ms)?;
         let req = RunRequest {
             code: p.code,
             stdin: p.stdin,
@@ -182,7 +182,7 @@ trailing expression's value) and a status: ok, error, timeout (interrupted, stat
         Extension(caller): Extension<Caller>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
-        let timeout = self.app.config.timeout(p.timeout_ms);
+        let timeout = deadline(&self.app.config, p.timeout_ms)?;
         let progress = progress_reporter(&ctx, timeout);
         let r = self
             .app
@@ -216,7 +216,7 @@ continues and returns as in session_eval. Input left unread is discarded, never 
         Extension(caller): Extension<Caller>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
-        let timeout = self.app.config.timeout(p.timeout_ms);
+        let timeout = deadline(&self.app.config, p.timeout_ms)?;
         let progress = progress_reporter(&ctx, timeout);
         let r = self
             .app
@@ -393,10 +393,7 @@ and size, printing nothing in the session.",
         Parameters(p): Parameters<SessionVarsParams>,
         Extension(caller): Extension<Caller>,
     ) -> Result<CallToolResult, ToolError> {
-        let timeout = self
-            .app
-            .config
-            .timeout(Some(p.timeout_ms.unwrap_or(10_000)));
+        let timeout = deadline(&self.app.config, Some(p.timeout_ms.unwrap_or(10_000)))?;
         let r = self
             .app
             .sessions
@@ -447,4 +444,21 @@ while) and suspended ones (`ended`).",
         }
         result(text, &r, false)
     }
+}
+
+/// A caller's `timeout_ms`, clamped to the operator's maximum. 0 is refused: it would
+/// interrupt the code before it could start, and a caller who sends it mostly means "no
+/// limit", which no deadline gives (docs/tools.md, Deadlines).
+fn deadline(
+    config: &crate::config::Config,
+    timeout_ms: Option<u64>,
+) -> Result<std::time::Duration, ToolError> {
+    if timeout_ms == Some(0) {
+        return Err(ToolError::invalid(format!(
+            "`timeout_ms` must be at least 1 (milliseconds), not 0: leave it out for the \
+             default of {} ms, or ask for up to {} ms",
+            config.default_timeout_ms, config.max_timeout_ms
+        )));
+    }
+    Ok(config.timeout(timeout_ms))
 }

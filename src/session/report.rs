@@ -51,6 +51,10 @@ pub struct EvalReport {
     /// The error the code raised, where the language tells.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
+    /// True when the deadline passed and the code was interrupted, but finished all the same
+    /// (it caught the interrupt, or was ending as it came): the status is the code's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<bool>,
     /// Figures the evaluation drew or changed (Python with matplotlib), attached to the
     /// result as PNG image contents in this order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -223,6 +227,7 @@ impl EvalReport {
             exit_code: None,
             signal: None,
             restarted: None,
+            interrupted: None,
             error: None,
             images: Vec::new(),
             images_omitted: 0,
@@ -537,6 +542,15 @@ pub(super) fn apply_ending(
     };
     match ending {
         Ending::Done(marker) => apply_marker(report, marker, error_pattern),
+        // The code caught the interrupt and finished (or finished as it came): its own
+        // status, not a timeout. A bootstrap that cannot tell (`?`, ghci) leaves it a timeout.
+        Ending::TimedOut { marker: Some(m) } if m.status != "interrupted" && m.status != "?" => {
+            apply_marker(report, m, error_pattern);
+            report.interrupted = Some(true);
+            report
+                .notes
+                .push("the deadline passed and the code was interrupted, but it finished".into());
+        }
         Ending::TimedOut { marker } => {
             report.status = EvalStatus::Timeout;
             // The interrupted code may still have drawn figures before its marker.

@@ -446,6 +446,10 @@ impl Interp {
     /// The deadline passed (`timed_out`) or the call was cancelled: interrupt evaluation
     /// `n` and get the REPL back. An internal evaluation does not recover by itself.
     async fn stop(&mut self, n: u64, timed_out: bool) -> Ending {
+        // The cell may have ended as the deadline passed: then it is over, not interrupted.
+        if let Check::End(end) = self.check(n) {
+            return Ending::Done(end);
+        }
         if self.in_sync {
             return if timed_out {
                 Ending::TimedOut { marker: None }

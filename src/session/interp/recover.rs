@@ -121,6 +121,9 @@ impl Interp {
         // interrupt (a REPL that was already idle prints its own notice) with an empty
         // evaluation whose output is thrown away.
         let kept = std::mem::replace(&mut self.shared.lock().out, Renderer::new(0));
+        // What was typed into the interrupted code and not read (a line without Enter) must
+        // not prefix the resynchronising line (the terminal keeps it: NOFLSH).
+        self.master.flush_input();
         let sync = self
             .sync(Instant::now() + grace, &CancellationToken::new())
             .await;

@@ -1,0 +1,125 @@
+//! Interrupts never cost a session its state: a deadline that fires at any moment of a cell
+//! (before the user's code, inside it, while the bootstrap writes the end marker, after the
+//! cell is over) leaves the interpreter running with its variables, and no output ever shows
+//! the bootstrap's own code. A cell that catches the interrupt and finishes is an ordinary
+//! finished cell. Every check runs through the MCP client, one test per language.
+
+mod common;
+
+use common::*;
+
+/// (language, code that sets state, a quick cell, what it prints, a cell that reads the state
+/// back, what that prints, what an interrupted quick cell may print)
+type Race = (
+    &'static str,
+    (&'static str, &'static str, &'static str),
+    (&'static str, &'static str),
+    &'static str,
+);
+
+const RACE: &[Race] = &[
+    (
+        "python",
+        ("x = 41", "x + 1", "42\n"),
+        ("print(x)", "41\n"),
+        "KeyboardInterrupt\n",
+    ),
+    (
+        "shellscript",
+        ("x=41; cd /", "echo $((x + 1))", "42\n"),
+        ("echo $x $PWD", "41 /\n"),
+        "\n",
+    ),
+    (
+        "ruby",
+        ("x = 41", "x + 1", "=> 42\n"),
+        ("puts x", "41\n"),
+        "Interrupt\n",
+    ),
+    (
+        "r",
+        ("x <- 41", "x + 1", "[1] 42\n"),
+        ("print(x)", "[1] 41\n"),
+        "\n",
+    ),
+];
+
+/// Evaluations per language: deadlines of 1, 2 and 3 ms in turn, each landing somewhere in
+/// a cell that takes about as long (enough to cover the start, the code and the end marker
+/// on a loaded machine, few enough for the suite's time).
+const ROUNDS: u64 = 30;
+
+/// What must never appear in a cell's output: the bootstrap's files, functions and markers.
+const MACHINERY: &[&str] = &[
+    "bootstrap",
+    "__rbx",
+    "rbx;",
+    "/ctl/",
+    "(To exit, press",
+    "replbox",
+];
+
+per_row!(
+    /// Deadlines of 1–3 ms, again and again: every result is the cell's value (`ok`) or an
+    /// interrupt of the cell itself (`timeout`), never a restart, never the bootstrap's own
+    /// output; the state set before is still there afterwards. A deadline of 0 is refused.
+    deadlines_race_the_cell_end,
+    RACE,
+    [python, ruby, shellscript, r],
+    |&(lang, (set, quick, value), (read, state), interrupted)| {
+        let s = Server::stdio().start().await;
+        let id = s.start_session(lang).await;
+        let o = s.eval(&id, set).await;
+        assert_eq!(status(&o), "ok", "{lang}: {set}: {}", o.text);
+        let zero = s.eval_t(&id, quick, 0).await;
+        assert!(
+            zero.is_error && zero.text.contains("timeout_ms") && zero.text.contains("at least 1"),
+            "{lang}: a deadline of 0 is refused, saying what to do: {}",
+            zero.text
+        );
+        let (mut oks, mut timeouts) = (0, 0);
+        for i in 0..ROUNDS {
+            let ms = 1 + i % 3;
+            let o = s.eval_t(&id, quick, ms).await;
+            let out = output(&o);
+            assert!(
+                o.structured.get("restarted").is_none(),
+                "{lang}: round {i} ({ms} ms) restarted the interpreter: {}",
+                o.text
+            );
+            for m in MACHINERY {
+                assert!(
+                    !out.contains(m),
+                    "{lang}: round {i} ({ms} ms) shows the bootstrap ({m}): {}",
+                    o.text
+                );
+            }
+            match status(&o) {
+                "ok" => {
+                    oks += 1;
+                    assert_eq!(out, value, "{lang}: round {i} ({ms} ms): {}", o.text);
+                }
+                "timeout" => {
+                    timeouts += 1;
+                    // Interrupted at its start, within, or once it had printed its value.
+                    let rest = out.strip_prefix(value).unwrap_or(out);
+                    assert!(
+                        rest.is_empty() || rest == interrupted,
+                        "{lang}: round {i} ({ms} ms): a timeout shows only the cell's own \
+                         interrupt: {out:?}"
+                    );
+                }
+                other => panic!("{lang}: round {i} ({ms} ms): status {other}: {}", o.text),
+            }
+        }
+        eprintln!("{lang}: {ROUNDS} deadlines of 1-3 ms: {oks} ok, {timeouts} timeout, 0 restarts");
+        let o = s.eval(&id, read).await;
+        assert_eq!(
+            (status(&o), output(&o)),
+            ("ok", state),
+            "{lang}: the state survives: {}",
+            o.text
+        );
+        s.stop().await;
+    }
+);
