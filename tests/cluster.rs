@@ -29,7 +29,7 @@ fn free_port() -> u16 {
 
 /// An etcd of the test's own: loopback ports, a temporary data directory; killed on drop.
 struct Etcd {
-    _child: tokio::process::Child,
+    child: tokio::process::Child,
     url: String,
     _data: tempfile::TempDir,
 }
@@ -63,7 +63,7 @@ impl Etcd {
             .spawn()
             .expect("spawn etcd");
         let me = Self {
-            _child: child,
+            child,
             url,
             _data: data,
         };
@@ -92,6 +92,12 @@ impl Etcd {
         Ok(v["kvs"][0]["value"]
             .as_str()
             .map(|s| String::from_utf8_lossy(&b64.decode(s).unwrap_or_default()).into_owned()))
+    }
+
+    /// Freeze or thaw etcd (SIGSTOP, SIGCONT): out of reach without losing its state.
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = self.child.id().expect("etcd runs") as i32;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).expect("signal etcd");
     }
 
     /// Wait (bounded) until `key` is gone: a dead node's lease has expired.
@@ -240,6 +246,7 @@ async fn a_killed_nodes_session_is_adopted_once_and_only_by_its_owner() {
     assert!(journal(&sh.dir, "a", &id).is_file());
 
     // Its owner's calls race on two nodes: exactly one adopts and serves it.
+    let asked = Instant::now();
     let (ob, oc) = tokio::join!(eval(&b, ALICE, &id, "y"), eval(&c, ALICE, &id, "y"));
     let served = Instant::now();
     let (won, lost, winner) = match (ob.is_error, oc.is_error) {
@@ -258,8 +265,10 @@ async fn a_killed_nodes_session_is_adopted_once_and_only_by_its_owner() {
         lost.text
     );
     eprintln!(
-        "adoption: {} ms from SIGKILL to the first answer (lease TTL included)",
-        served.duration_since(killed).as_millis()
+        "adoption: {} ms from SIGKILL to the first answer (lease TTL included), {} ms of it \
+claim, move and replay",
+        served.duration_since(killed).as_millis(),
+        served.duration_since(asked).as_millis()
     );
     // The journal moved to the winner; the registry says so.
     assert!(journal(&sh.dir, winner, &id).is_file());
@@ -323,4 +332,56 @@ async fn cluster_flags_are_checked_at_start() {
             .unwrap_or_else(|| panic!("{args:?} started"));
         assert!(e.log.contains(says), "{args:?}: {}", e.log);
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_cut_off_from_etcd_serves_nothing_until_it_is_back() {
+    if !require("python", "python3") {
+        return;
+    }
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let sh = shared();
+    let a = node(&etcd, &sh, "a").await;
+    let id = alices_session(&a).await;
+    etcd.signal(nix::sys::signal::Signal::SIGSTOP);
+    // Fenced once its lease may have expired: no evaluation, no new session, a clear error.
+    let t0 = Instant::now();
+    let refused = loop {
+        let o = eval(&a, ALICE, &id, "y").await;
+        if o.is_error {
+            break o;
+        }
+        assert_eq!(output(&o), "42\n", "{}", o.text);
+        assert!(t0.elapsed() < Duration::from_secs(30), "still serving");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let started = call(&a, ALICE, "session_start", json!({"language": "python"})).await;
+    etcd.signal(nix::sys::signal::Signal::SIGCONT);
+    assert_eq!(started.error_kind(), "unavailable", "{}", started.text);
+    assert_eq!(refused.error_kind(), "unavailable", "{}", refused.text);
+    assert!(
+        refused.text.contains("cluster registry"),
+        "{}",
+        refused.text
+    );
+    // Back: the session is served again, from memory or replayed from its journal.
+    let t0 = Instant::now();
+    loop {
+        let o = eval(&a, ALICE, &id, "x + y").await;
+        if !o.is_error {
+            assert_eq!(output(&o), "83\n", "{}", o.text);
+            break;
+        }
+        assert_eq!(o.error_kind(), "unavailable", "{}", o.text);
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "not back: {}",
+            o.text
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let o = call(&a, ALICE, "session_start", json!({"language": "python"})).await;
+    assert!(!o.is_error, "{}", o.text);
 }
