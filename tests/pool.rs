@@ -583,8 +583,8 @@ async fn pair(level: &str, default_timeout_ms: &str) -> Option<(TestServer, Test
     }
 }
 
-/// Every program of `lang` cold and pooled, at every level.
-async fn same_cold_and_warm(lang: &str) {
+/// Every program of `lang` cold and pooled, at `level`.
+async fn same_cold_and_warm(lang: &str, level: &str) {
     let Some((_, program, _)) = POOLED.iter().find(|(l, _, _)| *l == lang) else {
         panic!("{lang} is not pooled");
     };
@@ -598,71 +598,82 @@ async fn same_cold_and_warm(lang: &str) {
     } else {
         "30000"
     };
-    for level in ["bwrap", "landlock", "none"] {
-        let Some((cold, warm)) = pair(level, default_timeout).await else {
-            continue;
-        };
-        let wpid = warm.pid as i32;
-        // As root at level none there is no warm pool: a run's uid is bound to its caller
-        // before it runs (docs/security.md, Uids and principals). Its runs are cold ones.
-        let no_pool = level == "none" && nix::unistd::geteuid().is_root();
-        let mut failures = Vec::new();
-        for (what, args) in programs(lang) {
-            let c = cold.call("run-code", args.clone()).await;
-            if no_pool {
-                let idle = pool_helpers(wpid, lang);
-                assert!(
-                    idle.is_empty(),
-                    "{level}: interpreters started ahead: {idle:?}"
-                );
-            }
-            let ready = if no_pool {
-                BTreeSet::new()
-            } else {
-                wait_ready(&warm, lang, 2).await
-            };
-            let w = warm.call("run-code", args.clone()).await;
-            // The run used one of the interpreters that were ready (its helper is gone).
-            let still = pool_helpers(wpid, lang);
+    let Some((cold, warm)) = pair(level, default_timeout).await else {
+        return;
+    };
+    let wpid = warm.pid as i32;
+    // As root at level none there is no warm pool: a run's uid is bound to its caller
+    // before it runs (docs/security.md, Uids and principals). Its runs are cold ones.
+    let no_pool = level == "none" && nix::unistd::geteuid().is_root();
+    let mut failures = Vec::new();
+    for (what, args) in programs(lang) {
+        let c = cold.call("run-code", args.clone()).await;
+        if no_pool {
+            let idle = pool_helpers(wpid, lang);
             assert!(
-                no_pool || ready.iter().any(|h| !still.contains(h)),
-                "{lang} {level} {what}: the run did not use the pool (ready {ready:?}, now {still:?})"
+                idle.is_empty(),
+                "{level}: interpreters started ahead: {idle:?}"
             );
-            assert_eq!(c.structured["sandbox"], level, "{}", c.text);
-            let (nc, nw) = (normalized(&c), normalized(&w));
-            if nc != nw {
-                failures.push(format!(
-                    "{lang} {level} {what}:\n  cold {}\n  warm {}",
-                    serde_json::to_string(&nc).unwrap_or_default(),
-                    serde_json::to_string(&nw).unwrap_or_default()
-                ));
+        }
+        let ready = if no_pool {
+            BTreeSet::new()
+        } else {
+            wait_ready(&warm, lang, 2).await
+        };
+        let w = warm.call("run-code", args.clone()).await;
+        // The run used one of the interpreters that were ready (its helper is gone).
+        let still = pool_helpers(wpid, lang);
+        assert!(
+            no_pool || ready.iter().any(|h| !still.contains(h)),
+            "{lang} {level} {what}: the run did not use the pool (ready {ready:?}, now {still:?})"
+        );
+        assert_eq!(c.structured["sandbox"], level, "{}", c.text);
+        let (nc, nw) = (normalized(&c), normalized(&w));
+        if nc != nw {
+            failures.push(format!(
+                "{lang} {level} {what}:\n  cold {}\n  warm {}",
+                serde_json::to_string(&nc).unwrap_or_default(),
+                serde_json::to_string(&nw).unwrap_or_default()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    cold.stop().await;
+    warm.stop().await;
+}
+
+/// `pooled_runs!(name, lang)`: a module `name` with one test per sandbox level (each starts
+/// its processes differently: bwrap, the helper's Landlock, neither), side by side.
+macro_rules! pooled_runs {
+    ($name:ident, $lang:literal) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn bwrap() {
+                same_cold_and_warm($lang, "bwrap").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn landlock() {
+                same_cold_and_warm($lang, "landlock").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn none() {
+                same_cold_and_warm($lang, "none").await;
             }
         }
-        assert!(failures.is_empty(), "{}", failures.join("\n"));
-        cold.stop().await;
-        warm.stop().await;
-    }
+    };
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn pooled_python_runs_give_exactly_the_cold_results() {
-    same_cold_and_warm("python").await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn pooled_node_runs_give_exactly_the_cold_results() {
-    same_cold_and_warm("javascript").await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn pooled_ruby_runs_give_exactly_the_cold_results() {
-    same_cold_and_warm("ruby").await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn pooled_bash_runs_give_exactly_the_cold_results() {
-    same_cold_and_warm("shellscript").await;
-}
+pooled_runs!(pooled_python_runs_give_exactly_the_cold_results, "python");
+pooled_runs!(pooled_node_runs_give_exactly_the_cold_results, "javascript");
+pooled_runs!(pooled_ruby_runs_give_exactly_the_cold_results, "ruby");
+pooled_runs!(
+    pooled_bash_runs_give_exactly_the_cold_results,
+    "shellscript"
+);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn what_the_pool_cannot_honour_runs_cold() {
