@@ -693,3 +693,53 @@ async fn finding_r3_3_stalled_connections_cannot_hold_the_server() {
     );
     s.stop().await;
 }
+
+/// Requests for no route: a client without a token sent one complete request to a path or
+/// method nothing serves (404, 405) on each connection and kept it alive, resending every
+/// few seconds: past its first request a connection is no longer pending, and it counted
+/// in no principal's share, so such connections held every slot unbounded and B's request
+/// waited forever. Now every connection that carries no principal closes after its answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn finding_r3_3_requests_for_no_route_do_not_keep_slots() {
+    let s = server(&[
+        "--http-max-connections",
+        "8",
+        "--http-read-timeout-ms",
+        "120000",
+    ])
+    .await;
+    let addr = s.addr.clone();
+    let routes = [
+        ("GET", "/nope"),
+        ("GET", "/mcp/"),
+        ("POST", "/healthz"),
+        ("OPTIONS", "/metrics"),
+    ];
+    let mut kept = Vec::new();
+    for i in 0..8 {
+        let (method, path) = routes[i % routes.len()];
+        let mut sock = tokio::time::timeout(ANSWER, TcpStream::connect(&addr))
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        sock.write_all(request(&addr, method, path, None, None, "", false).as_bytes())
+            .await
+            .expect("write");
+        let r = read_head(&mut sock).await;
+        assert!(matches!(r.status, 404 | 405), "{method} {path}: {r:?}");
+        assert_eq!(
+            r.header("connection"),
+            Some("close"),
+            "{method} {path}: {r:?}"
+        );
+        // The server closes it (the read timeout, two minutes, is past ANSWER).
+        let mut rest = Vec::new();
+        let eof = tokio::time::timeout(ANSWER, sock.read_to_end(&mut rest)).await;
+        assert!(eof.is_ok(), "{method} {path}: the connection was kept open");
+        kept.push(sock);
+    }
+    let b = initialize(&addr, TOKEN_B).await;
+    assert_eq!(tools_list(&addr, TOKEN_B, &b).await.status, 200);
+    drop(kept);
+    s.stop().await;
+}

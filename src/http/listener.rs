@@ -11,7 +11,8 @@
 //! - A connection counts in the share of the principal whose request it last carried, until
 //!   it closes (`--http-max-connections-per-principal`): the guard asks [`Conn::attribute`]
 //!   and refuses a request past its principal's share. Requests that carry no principal
-//!   (`/healthz`, refusals before the token) close their connection after the answer.
+//!   (`/healthz`, refusals before the token, paths and methods with no route) close their
+//!   connection after the answer.
 //! - Past the cap, a few more connections are accepted ([`Limits::overflow`]): each has
 //!   [`OVERFLOW_READ_TIMEOUT`] to send its request, `/healthz` and `/metrics` are answered
 //!   at once, and any other request waits for a slot (then it is served like any other),
@@ -359,7 +360,23 @@ fn connection(
             let pending = pending.clone();
             let service = hyper::service::service_fn(move |req| {
                 pending.remove(id);
-                hyper::service::Service::call(&inner, req)
+                let call = hyper::service::Service::call(&inner, req);
+                async move {
+                    let mut response = call.await?;
+                    // Kept open, a connection that counts in no principal's share (a probe's,
+                    // a refusal's, a request for no route) would hold its slot unbounded,
+                    // and it is no longer pending: it closes after its answer.
+                    if CONN
+                        .try_with(|c| lock(&c.principal).is_none())
+                        .unwrap_or(true)
+                    {
+                        response.headers_mut().insert(
+                            axum::http::header::CONNECTION,
+                            axum::http::HeaderValue::from_static("close"),
+                        );
+                    }
+                    Ok::<_, std::convert::Infallible>(response)
+                }
             });
             Box::pin(b.graceful.watch(b.http.serve_connection(io, service)))
         } else {
