@@ -586,6 +586,13 @@ async fn finding_r3_3_healthz_and_metrics_answer_with_every_slot_taken() {
     until_open(9).await;
     let m = raw(&addr, "GET", "/metrics", Some(TOKEN_B), None, "").await;
     assert_eq!(m.status, 200, "{m:?}");
+    // Requests without a token are refused at once: they never wait for a slot (two of them
+    // held both waiting places, for nobody, until a slot freed).
+    for _ in 0..3 {
+        let r = raw(&addr, "POST", "/mcp", None, None, INITIALIZE).await;
+        assert_eq!(r.status, 401, "{r:?}");
+    }
+    assert_eq!(healthz(&addr).await["connections_waiting"], 0);
     // Two MCP requests wait for a slot (a quarter of 8); a third is told to come back.
     let waiting: Vec<_> = (0..2)
         .map(|_| {

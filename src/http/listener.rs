@@ -39,7 +39,7 @@ use crate::identity::Caller;
 
 mod pending;
 
-use pending::{Held, Pending, Slot};
+use pending::{Clocked, Held, Pending, Slot};
 
 /// Connections accepted past the cap that requests waiting for a slot never take: what a
 /// probe of `/healthz` or `/metrics` finds free on a full server.
@@ -48,6 +48,10 @@ pub(super) const RESERVED: usize = 2;
 /// How long a connection accepted past the cap may take to send its request's headers (a
 /// client sends them at once; a slow one holds the place no longer than this).
 const OVERFLOW_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Whether a request carries a principal: one that does not is answered (refused) at once
+/// past the cap, never waiting for a slot (it would hold a waiting place for nobody).
+pub(super) type Admits = Arc<dyn Fn(&axum::http::HeaderMap) -> bool + Send + Sync>;
 
 /// Paths answered on a connection accepted past the cap without waiting for a slot.
 fn is_probe(path: &str) -> bool {
@@ -232,6 +236,7 @@ pub(super) async fn serve(
     listener: TcpListener,
     router: Router,
     limits: Limits,
+    admits: Admits,
     stop: CancellationToken,
 ) {
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -247,6 +252,7 @@ pub(super) async fn serve(
         http,
         overflow_http,
         graceful: GracefulShutdown::new(),
+        admits,
     };
     let mut conns = JoinSet::new();
     while let Some((slot, accepted)) = next_slot(&listener, &limits, &stop).await {
@@ -293,6 +299,7 @@ struct Builders {
     http: hyper::server::conn::http1::Builder,
     overflow_http: hyper::server::conn::http1::Builder,
     graceful: GracefulShutdown,
+    admits: Admits,
 }
 
 type Accepted = std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)>;
@@ -343,7 +350,6 @@ fn connection(
     router: &Router,
     limits: &Limits,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let io = TokioIo::new(stream);
     let tag = Arc::new(Conn {
         principal: Mutex::new(None),
         held: limits.held.clone(),
@@ -354,6 +360,7 @@ fn connection(
     let close = CancellationToken::new();
     let pending = limits.pending.clone();
     let id = pending.add(held.clone(), close.clone());
+    let io = TokioIo::new(Clocked::new(stream, pending.clone(), id));
     let inner = TowerToHyperService::new(router.clone());
     let serving: std::pin::Pin<Box<dyn std::future::Future<Output = hyper::Result<()>> + Send>> =
         if general {
@@ -387,12 +394,14 @@ fn connection(
             });
             let max = limits.max;
             let pending = pending.clone();
+            let admits = b.admits.clone();
             let service = hyper::service::service_fn(move |req| {
                 pending.remove(id);
                 let state = state.clone();
                 let inner = inner.clone();
+                let waits = !is_probe(req.uri().path()) && admits(req.headers());
                 async move {
-                    if !is_probe(req.uri().path()) && !state.slot().await {
+                    if waits && !state.slot().await {
                         return Ok(busy(max));
                     }
                     hyper::service::Service::call(&inner, req).await

@@ -125,10 +125,15 @@ pub async fn serve(
     let router = router(&shared, cfg, &allowed_origins, mcp_ct.child_token());
 
     let stop_accepting = CancellationToken::new();
+    let admits = {
+        let shared = shared.clone();
+        Arc::new(move |h: &HeaderMap| carries_principal(&shared.tokens, h)) as listener::Admits
+    };
     let mut server = tokio::spawn(listener::serve(
         listener,
         router,
         shared.limits.clone(),
+        admits,
         stop_accepting.clone(),
     ));
     announce(&shared.tokens, local, cfg);
@@ -552,6 +557,19 @@ fn authenticate(tokens: &Tokens, headers: &HeaderMap) -> Result<Caller, Refused>
             tracing::warn!("refused a request with an unknown token");
             Refused::Unauthorized(Some("invalid_token"))
         }),
+    }
+}
+
+/// Whether the request carries a principal (a known token, or none needed), without the
+/// log line a refusal writes: what a request past the cap must show to wait for a slot.
+fn carries_principal(tokens: &Tokens, headers: &HeaderMap) -> bool {
+    if tokens.is_empty() {
+        return true;
+    }
+    let value = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    match auth::presented(value) {
+        Presented::Bearer(token) => tokens.verify(token).is_some(),
+        Presented::Missing | Presented::Malformed => false,
     }
 }
 

@@ -5,7 +5,9 @@
 //! one has been stalled for [`STALLED`], it gives up its slot to a connection that needs
 //! one: a request waiting for a slot, or a new connection when nothing is free. A client
 //! sends its headers with the connection (they arrive with the handshake's last packet),
-//! so only a stalled one is ever closed, and only when someone else waits.
+//! so only a stalled one is ever closed, and only when someone else waits. The clock starts
+//! when the server first reads the connection ([`Clocked`]), not when it accepted it: a
+//! server slow to get to a connection (a loaded host) does not count against its client.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,7 +46,8 @@ impl Slot {
 pub(super) type Held = Arc<Mutex<Option<Slot>>>;
 
 struct Entry {
-    since: Instant,
+    /// When the server first read it; None until then.
+    since: Option<Instant>,
     close: CancellationToken,
     held: Held,
 }
@@ -66,7 +69,7 @@ impl Pending {
         g.1.insert(
             id,
             Entry {
-                since: Instant::now(),
+                since: None,
                 close,
                 held,
             },
@@ -74,6 +77,14 @@ impl Pending {
         drop(g);
         self.added.notify_waiters();
         id
+    }
+
+    /// The server reads the connection for the first time: its clock starts.
+    fn start(&self, id: u64) {
+        if let Some(e) = lock(&self.entries).1.get_mut(&id) {
+            e.since.get_or_insert_with(Instant::now);
+        }
+        self.added.notify_waiters();
     }
 
     /// The connection sent a request (or ended): it is no longer pending.
@@ -91,24 +102,23 @@ impl Pending {
     fn try_take(&self, general: bool) -> Result<Slot, Option<Instant>> {
         let mut g = lock(&self.entries);
         let now = Instant::now();
-        let mut next = None;
-        let mut found = None;
-        for (id, e) in g.1.iter() {
-            let held = lock(&e.held);
-            match held.as_ref() {
-                Some(s) if !general || s.is_general() => {}
-                _ => continue,
-            }
-            if now.duration_since(e.since) >= STALLED {
-                found = Some(*id);
-            } else {
-                next = Some(e.since + STALLED);
-            }
-            break;
+        // The connection silent the longest, among those holding a slot of the kind.
+        let oldest =
+            g.1.iter()
+                .filter(|(_, e)| match lock(&e.held).as_ref() {
+                    Some(s) => !general || s.is_general(),
+                    None => false,
+                })
+                .filter_map(|(id, e)| Some((e.since?, *id)))
+                .min();
+        let Some((since, id)) = oldest else {
+            return Err(None);
+        };
+        if now.duration_since(since) < STALLED {
+            return Err(Some(since + STALLED));
         }
-        let Some(id) = found else { return Err(next) };
         let Some(e) = g.1.remove(&id) else {
-            return Err(next);
+            return Err(Some(now));
         };
         drop(g);
         e.close.cancel();
@@ -154,8 +164,10 @@ impl Pending {
             let next = {
                 let g = lock(&self.entries);
                 g.1.values()
-                    .find(|e| lock(&e.held).is_some())
-                    .map(|e| e.since + STALLED)
+                    .filter(|e| lock(&e.held).is_some())
+                    .filter_map(|e| e.since)
+                    .min()
+                    .map(|since| since + STALLED)
             };
             match next {
                 Some(at) if at <= Instant::now() => return,
@@ -168,5 +180,70 @@ impl Pending {
                 None => added.await,
             }
         }
+    }
+}
+
+/// A connection's socket that starts its pending clock at the server's first read of it.
+pub(super) struct Clocked {
+    inner: tokio::net::TcpStream,
+    start: Option<(Arc<Pending>, u64)>,
+}
+
+impl Clocked {
+    pub(super) fn new(inner: tokio::net::TcpStream, pending: Arc<Pending>, id: u64) -> Self {
+        Self {
+            inner,
+            start: Some((pending, id)),
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for Clocked {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if let Some((pending, id)) = this.start.take() {
+            pending.start(id);
+        }
+        std::pin::Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Clocked {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
