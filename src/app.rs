@@ -135,7 +135,10 @@ root: at level none, user code runs as the server's own user and could read the 
             workspace.root(),
             Some(metrics.upstream()),
         )?);
+        let packages =
+            crate::packages::Packages::new(&config.packages, config.uid_base, sandbox.clone())?;
         let runner = Runner {
+            packages: packages.clone(),
             upstreams: upstreams.clone(),
             config: config.clone(),
             workspace: workspace.clone(),
@@ -157,6 +160,7 @@ root: at level none, user code runs as the server's own user and could read the 
         if let Some(c) = &cluster {
             sessions.set_cluster(c.clone());
         }
+        sessions.set_packages(packages);
         reclaim_uids_from(&sandbox, &runner, &sessions);
         sessions.spawn_reaper();
         let keep = std::time::Duration::from_secs(config.task_keep_s);

@@ -277,6 +277,9 @@ pub struct Config {
     /// Several servers as one: the etcd registry and this node's id.
     #[command(flatten)]
     pub cluster: crate::cluster::ClusterFlags,
+    /// Packages on demand: `packages` and `%pip install`, the installer and its cache.
+    #[command(flatten)]
+    pub packages: crate::packages::Flags,
 }
 
 impl Default for Config {
@@ -331,6 +334,7 @@ impl Default for Config {
             no_auto_restore: false,
             mcp: crate::upstream::Flags::default(),
             cluster: crate::cluster::ClusterFlags::default(),
+            packages: crate::packages::Flags::default(),
         }
     }
 }
@@ -501,6 +505,7 @@ impl Config {
         }
         args.extend(self.mcp.to_args());
         args.extend(self.cluster.to_args());
+        args.extend(self.packages.to_args());
         args
     }
 

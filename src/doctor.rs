@@ -240,6 +240,7 @@ async fn probe_run(app: &Arc<App>, language: &str, code: &str) -> Result<String,
         principal: "local".into(),
         allow_domains: Vec::new(),
         mcp_servers: Vec::new(),
+        packages: Vec::new(),
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let report = app

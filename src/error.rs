@@ -33,6 +33,9 @@ pub enum ErrorKind {
     NotInstalled,
     /// The interpreter did not start (it exited, or did not answer in time).
     StartFailed,
+    /// A package asked for (`packages`, `%pip install`) could not be installed: the message
+    /// names it and says why.
+    PackageUnavailable,
     /// The server could not do its part (a directory, a file it writes, a task).
     Internal,
     /// Another server of the cluster holds the session (`--cluster`).

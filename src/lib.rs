@@ -48,6 +48,8 @@ pub mod metrics;
 #[cfg(target_os = "linux")]
 pub(crate) mod output;
 #[cfg(target_os = "linux")]
+pub(crate) mod packages;
+#[cfg(target_os = "linux")]
 pub(crate) mod pool;
 #[cfg(target_os = "linux")]
 pub(crate) mod proc;

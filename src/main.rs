@@ -441,6 +441,7 @@ async fn run(
         principal: "local".into(),
         allow_domains: Vec::new(),
         mcp_servers: Vec::new(),
+        packages: Vec::new(),
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let c2 = cancel.clone();

@@ -70,6 +70,14 @@ fn to_args_round_trips() {
             cluster: vec!["http://e1:2379".into(), "http://e2:2379".into()],
             node_id: Some("n-1".into()),
         },
+        packages: crate::packages::Flags {
+            no_packages: true,
+            package_index: Some("https://i/simple".into()),
+            package_cache: Some("/p/c".into()),
+            installer_uid: Some(7),
+            package_timeout_s: Some(9),
+            uv: Some("/u/v".into()),
+        },
     };
     let argv = std::iter::once(OsString::from("x")).chain(config.to_args());
     let parsed = Wrapper::try_parse_from(argv).expect("to_args output parses");

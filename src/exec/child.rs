@@ -67,6 +67,24 @@ impl Child {
         self
     }
 
+    /// Give it its packages: a directory readable to it, and the variables that name it
+    /// (PYTHONPATH) set by the server.
+    pub fn with_packages(mut self, layer: Option<(PathBuf, Vec<(String, String)>)>) -> Self {
+        let Some((dir, vars)) = layer else {
+            return self;
+        };
+        for (k, v) in vars {
+            // In front of a search path set already (code mode's module), not instead.
+            let v = match self.env.server.iter().find(|(n, _)| *n == k) {
+                Some((_, old)) if !old.is_empty() => format!("{v}:{old}"),
+                _ => v,
+            };
+            cenv::set(&mut self.env.server, &k, v);
+        }
+        self.jail.ro.push(dir);
+        self
+    }
+
     /// Give it its way to its MCP tools (code mode): the channel's directory readable, and
     /// the variables by which each language's module (and `replbox-tool`) finds it.
     pub fn with_tools(mut self, channel: Option<&crate::upstream::Channel>) -> Self {

@@ -35,6 +35,9 @@ pub struct RunCodeParams {
     /// A retry with this key returns the first call's result; it never runs twice.
     #[serde(default, rename = "idempotency_key")]
     pub _idempotency_key: Option<String>,
+    /// As in session_start.
+    #[serde(default)]
+    pub packages: Vec<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -64,6 +67,9 @@ pub struct SessionStartParams {
     /// Configured MCP servers whose tools the code may call (`from replbox import tools`).
     #[serde(default)]
     pub mcp_servers: Vec<String>,
+    /// Python: packages to install first, as pip takes them ("six", "polars==1.*").
+    #[serde(default)]
+    pub packages: Vec<String>,
 }
 
 // One file `session_start` brings in (a plain comment: the field says it).

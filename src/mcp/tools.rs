@@ -94,6 +94,7 @@ empty stderr, else stdout, stderr and a trailer ([exit code 3], [timed out after
             principal: caller.principal.clone(),
             allow_domains: p.allow_domains,
             mcp_servers: p.mcp_servers,
+            packages: p.packages,
         };
         let progress = progress_reporter(&ctx, timeout);
         let report = self
@@ -136,6 +137,7 @@ empty stderr, else stdout, stderr and a trailer ([exit code 3], [timed out after
                 .collect(),
             allow_domains: p.allow_domains,
             mcp_servers: p.mcp_servers,
+            packages: p.packages,
         };
         let r = self.app.sessions.start(&caller, req).await?;
         let mut text = format!(
@@ -151,6 +153,10 @@ empty stderr, else stdout, stderr and a trailer ([exit code 3], [timed out after
         );
         if !r.files.is_empty() {
             text.push_str(&format!("\nfiles brought in: {}", r.files.join(", ")));
+        }
+        if let Some(p) = &r.packages {
+            text.push('\n');
+            text.push_str(&p.line());
         }
         for s in &r.mcp_servers {
             text.push_str(&format!(

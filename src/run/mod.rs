@@ -44,6 +44,8 @@ pub struct RunRequest {
     pub allow_domains: Vec<String>,
     /// Code mode: the MCP servers the code may call (among those granted to the principal).
     pub mcp_servers: Vec<String>,
+    /// Python packages to install for this run (PEP 508 specifiers).
+    pub packages: Vec<String>,
 }
 
 impl RunRequest {
@@ -51,6 +53,10 @@ impl RunRequest {
     /// language that takes none.
     pub(crate) fn check(&self, lang: &Language) -> Result<(), ToolError> {
         check_caller_env(&self.env).map_err(ToolError::invalid)?;
+        if !self.packages.is_empty() {
+            crate::packages::check_request(lang.id(), self.venv.is_some(), &self.packages)
+                .map_err(crate::packages::PackageError::into_tool)?;
+        }
         if self.venv.is_some() && !lang.spec.venv {
             return Err(ToolError::invalid(format!(
                 "venv is a Python virtual environment, and {} takes none; leave venv out",
@@ -75,6 +81,8 @@ pub struct Runner {
     pub(crate) shares: Arc<Shares>,
     /// Code mode's upstream MCP servers.
     pub(crate) upstreams: Arc<crate::upstream::Upstreams>,
+    /// Packages on demand (None: `--no-packages`).
+    pub(crate) packages: Option<Arc<crate::packages::Packages>>,
 }
 
 /// Why there is no place to run in.
@@ -213,10 +221,22 @@ impl Runner {
         }
         let vars = place.vars(lang);
         let who = format!("run {}", place.dir_s);
+        let layer = match self.install(&place, &req, cancel).await {
+            Ok(Some((layer, installed))) => {
+                report.packages = Some(installed);
+                Some(layer)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                place.release().await;
+                return Err(e.into_tool());
+            }
+        };
         let child = match self.sandbox.egress_endpoint(&who, &req.principal, &domains) {
             Ok(ep) => self.child(&place, lang, &req.env).with_egress(ep),
             Err(m) => return Ok(fail(report, m)),
         };
+        let child = child.with_packages(layer.as_ref().map(crate::packages::Layer::view));
         // Code mode: the run's own channel to its tools, answering for the whole run.
         let uid = place.lease.as_ref().map(|l| l.uid);
         let channel = match access {
@@ -276,6 +296,27 @@ impl Runner {
         // Replace what this run used (or what the pool dropped), now that the run is over.
         self.refill(lang);
         Ok(report)
+    }
+
+    /// The run's packages installed into a layer of its own (None when it asks for none).
+    async fn install(
+        &self,
+        place: &Place,
+        req: &RunRequest,
+        cancel: &CancellationToken,
+    ) -> Result<
+        Option<(crate::packages::Layer, crate::packages::Installed)>,
+        crate::packages::PackageError,
+    > {
+        if req.packages.is_empty() {
+            return Ok(None);
+        }
+        let pk = crate::packages::enabled(self.packages.as_ref())?;
+        let layer = pk.layer()?;
+        let installed = pk
+            .install(&place.exe, &req.packages, &layer, &req.principal, cancel)
+            .await?;
+        Ok(Some((layer, installed)))
     }
 
     /// Where to run: a pooled interpreter's place when the pool can honour the request

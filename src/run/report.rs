@@ -50,6 +50,9 @@ pub struct RunReport {
     /// Tool calls made, in the order they ended.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<crate::upstream::CallSummary>,
+    /// The packages installed for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub packages: Option<crate::packages::Installed>,
 }
 
 impl RunReport {
@@ -70,6 +73,7 @@ impl RunReport {
             interpreter: None,
             mcp_servers: Vec::new(),
             tool_calls: Vec::new(),
+            packages: None,
         }
     }
 
@@ -96,6 +100,15 @@ impl RunReport {
     /// The text content: exactly stdout on a clean success (as mcp-server-code-runner
     /// returns it), else stdout, stderr and a trailer saying how it ended.
     pub fn text(&self) -> String {
+        let mut t = self.text_of_run();
+        if let Some(p) = &self.packages {
+            end_line(&mut t);
+            t.push_str(&format!("[{}]", p.line()));
+        }
+        t
+    }
+
+    fn text_of_run(&self) -> String {
         if self.success() && self.stderr.is_empty() {
             return self.stdout.clone();
         }
@@ -161,6 +174,7 @@ mod tests {
             interpreter: None,
             mcp_servers: Vec::new(),
             tool_calls: Vec::new(),
+            packages: None,
         }
     }
 

@@ -100,6 +100,8 @@ impl Runner {
             && self.sandbox.egress.is_none()
             // So is the way to its MCP tools (code mode), with the variables that find it.
             && req.mcp_servers.is_empty()
+            // A run's packages are a directory of its own on its PYTHONPATH.
+            && req.packages.is_empty()
             && !req
                 .env
                 .keys()

@@ -546,7 +546,7 @@ owns it or may change it"
     }
 
     /// Whether spawns go through bwrap.
-    fn wrapped(&self) -> bool {
+    pub(crate) fn wrapped(&self) -> bool {
         self.level == Level::Bwrap && self.bwrap.is_some()
     }
 

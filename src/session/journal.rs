@@ -56,6 +56,9 @@ pub struct StartEntry {
     /// Code mode: the MCP servers asked for (granted again on restore).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mcp_servers: Vec<String>,
+    /// Packages asked for at the start (installed again on restore).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packages: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -438,6 +441,7 @@ mod tests {
                 files: Vec::new(),
                 allow_domains: Vec::new(),
                 mcp_servers: Vec::new(),
+                packages: Vec::new(),
             },
         }
     }

@@ -135,6 +135,8 @@ pub struct Session {
     pub(super) share: Mutex<Option<Share>>,
     /// Code mode: its channel to the MCP tools it may call.
     pub(super) tools: Option<Arc<crate::upstream::Channel>>,
+    /// Its package layer (Python outside a caller's venv, packages on).
+    pub(super) packages: Option<Arc<crate::packages::SessionPackages>>,
 }
 
 /// What a session holds on the host besides its processes: its private directory (work,
@@ -179,6 +181,7 @@ pub(super) struct Parts {
     pub journal: Option<Arc<Writer>>,
     pub share: Option<Share>,
     pub tools: Option<Arc<crate::upstream::Channel>>,
+    pub packages: Option<Arc<crate::packages::SessionPackages>>,
 }
 
 impl Session {
@@ -207,6 +210,7 @@ impl Session {
             journal: p.journal,
             share: Mutex::new(p.share),
             tools: p.tools,
+            packages: p.packages,
         }
     }
 

@@ -95,6 +95,11 @@ impl SessionManager {
         let _ = self.launcher.upstreams.set(upstreams);
     }
 
+    /// Give sessions their packages service.
+    pub fn set_packages(&self, packages: Option<Arc<crate::packages::Packages>>) {
+        let _ = self.launcher.packages.set(packages);
+    }
+
     pub fn count(&self) -> usize {
         self.table.read(|st| st.open().count())
     }

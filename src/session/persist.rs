@@ -106,6 +106,7 @@ impl Journals {
                 venv: req.venv.as_ref().map(|p| p.display().to_string()),
                 allow_domains: req.allow_domains.clone(),
                 mcp_servers: req.mcp_servers.clone(),
+                packages: req.packages.clone(),
                 env: req.env.clone(),
                 idle_timeout_s: req.idle_timeout_s,
                 files: req

@@ -392,6 +392,9 @@ pub struct StartReport {
     /// MCP servers the code may call.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub mcp_servers: Vec<crate::upstream::ServerTools>,
+    /// The packages installed for it (`packages`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub packages: Option<crate::packages::Installed>,
 }
 
 /// What `session_close` returns.

@@ -71,6 +71,7 @@ without --state-dir there is none).",
             venv: req.venv.as_ref().map(PathBuf::from),
             allow_domains: req.allow_domains.clone(),
             mcp_servers: req.mcp_servers.clone(),
+            packages: req.packages.clone(),
             env: req.env.clone(),
             idle_timeout_s: req.idle_timeout_s,
             // Files brought into a caller's cwd are still there; a private directory is new.

@@ -42,7 +42,7 @@ impl SessionManager {
     ) -> Result<(StartReport, Arc<Session>), ToolError> {
         let id = slot.id.clone();
         let (lang, spec) = self.launcher.session_language(&req.language)?;
-        let domains = self.launcher.check_request(&req)?;
+        let domains = self.launcher.check_request(&lang, &req)?;
         let upstreams = self.launcher.upstreams.get();
         let access = super::tools::access(upstreams, caller, &req.mcp_servers).await?;
         let journaled = restoring.is_none().then(|| req.clone());

@@ -7,6 +7,7 @@
 
 mod artifacts;
 mod display;
+mod pip;
 mod vars;
 
 use std::sync::Arc;
@@ -101,10 +102,18 @@ or stop it with session_interrupt, before evaluating more code.",
         if guard.is_none() {
             return Err(session.ended_error());
         }
+        // `%pip install` lines: installed by the server (under the interpreter's lock, so
+        // the session is busy meanwhile), the rest of the cell evaluated after them.
+        let (pip_note, evaluated) = match pip::install(&self.config, session, code, cancel).await {
+            Ok(Some((note, rest))) => (Some(note), rest),
+            Ok(None) => (None, code.to_string()),
+            Err(e) => return Err(e.session(id)),
+        };
+        let (typed, code) = (code, evaluated.as_str());
         let eval_id = session.evals.fetch_add(1, Ordering::Relaxed) + 1;
         lock(&session.record).pending = Some(Pending {
             eval_id,
-            code: code.to_string(),
+            code: typed.to_string(),
             started_at: unix(SystemTime::now()),
             started: Instant::now(),
             timeout_ms: timeout.as_millis() as u64,
@@ -123,9 +132,11 @@ or stop it with session_interrupt, before evaluating more code.",
             None => return Err(session.ended_error()),
         };
         drop(scope);
-        Ok(self
+        let mut report = self
             .complete(table, session, &mut guard, (eval_id, started), outcome)
-            .await)
+            .await;
+        report.notes.extend(pip_note);
+        Ok(report)
     }
 
     /// Answer the evaluation of `session` that is waiting for input.

@@ -49,6 +49,8 @@ pub struct StartRequest {
     pub allow_domains: Vec<String>,
     /// Code mode: the MCP servers its code may call (among those granted to the principal).
     pub mcp_servers: Vec<String>,
+    /// Python packages installed into the session's own layer before it starts.
+    pub packages: Vec<String>,
 }
 
 /// The interpreter a session runs: its language, REPL driver, what detection found, and
@@ -128,6 +130,7 @@ impl Up {
             notes,
             warm,
             mcp_servers: dirs.tools.as_ref().map(|t| t.listing()).unwrap_or_default(),
+            packages: dirs.installed,
         };
         let parts = Parts {
             id,
@@ -147,6 +150,7 @@ impl Up {
             journal,
             share,
             tools: dirs.tools,
+            packages: dirs.packages,
         };
         (report, parts)
     }
@@ -169,6 +173,9 @@ pub(super) struct Dirs {
     principal: String,
     /// Code mode: its channel to the MCP tools, when it asked for servers.
     pub(super) tools: Option<Arc<crate::upstream::Channel>>,
+    /// Its package layer, and what `packages` installed into it at the start.
+    pub(super) packages: Option<Arc<crate::packages::SessionPackages>>,
+    installed: Option<crate::packages::Installed>,
 }
 
 /// Starts sessions' interpreters: from a request to an interpreter up and running in its
@@ -182,6 +189,8 @@ pub(super) struct Launcher {
     cwd_policy: Arc<CwdPolicy>,
     /// Code mode's upstream MCP servers (set once by the App).
     pub(super) upstreams: std::sync::OnceLock<Arc<crate::upstream::Upstreams>>,
+    /// Packages on demand (set once by the App; None: `--no-packages`).
+    pub(super) packages: std::sync::OnceLock<Option<Arc<crate::packages::Packages>>>,
 }
 
 impl Launcher {
@@ -199,6 +208,7 @@ impl Launcher {
             sandbox,
             cwd_policy,
             upstreams: std::sync::OnceLock::new(),
+            packages: std::sync::OnceLock::new(),
         }
     }
 
@@ -236,6 +246,9 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
             .dirs(&id, uid, req.cwd, req.files, (ask, it), Some(caller))
             .await?;
         dirs.tools = crate::session::tools::channel(self.upstreams.get(), access, &id, uid)?;
+        if !req.packages.is_empty() {
+            dirs.installed = Some(self.install_at_start(&dirs, &req.packages, caller).await?);
+        }
         let interp = self
             .bring_up(&it, &dirs, &prepared, lease.as_ref(), (&req.env, domains))
             .await?;
@@ -292,8 +305,18 @@ files and folders (--max-tracked-files)",
 
     /// Refuse what no session can take: an invalid variable, domains the operator does not
     /// let callers ask for. The domains, checked.
-    pub(super) fn check_request(&self, req: &StartRequest) -> Result<Vec<String>, ToolError> {
+    pub(super) fn check_request(
+        &self,
+        lang: &Language,
+        req: &StartRequest,
+    ) -> Result<Vec<String>, ToolError> {
         check_caller_env(&req.env).map_err(ToolError::invalid)?;
+        if !req.packages.is_empty() {
+            crate::packages::check_request(lang.id(), req.venv.is_some(), &req.packages)
+                .map_err(crate::packages::PackageError::into_tool)?;
+            crate::packages::enabled(self.packages.get().and_then(Option::as_ref))
+                .map_err(|e| e.into_tool())?;
+        }
         self.sandbox
             .check_caller_domains(&req.allow_domains)
             .map_err(ToolError::invalid)
@@ -453,7 +476,7 @@ files and folders (--max-tracked-files)",
         .await
         .map_err(ToolError::internal)?
         .map_err(ToolError::invalid)?;
-        let dirs = Dirs {
+        let mut dirs = Dirs {
             ctl: dir.path().join("ctl"),
             out,
             cwd: prepared.caller_cwd.clone().unwrap_or_else(|| work.clone()),
@@ -466,6 +489,8 @@ files and folders (--max-tracked-files)",
             dir,
             principal: caller.map(|c| c.principal.clone()).unwrap_or_default(),
             tools: None,
+            packages: None,
+            installed: None,
         };
         // A `.venv` found in the cwd, not named by the caller: used only when no other
         // principal's code could have put it there or changed it.
@@ -482,7 +507,50 @@ have put it there; this session runs the server's Python. Pass venv to use it an
             Some((v, why)) => it.in_venv(v, why),
             None => it,
         };
+        dirs.packages = self.package_layer(&it);
         Ok((dirs, prepared, it))
+    }
+
+    /// A Python session's package layer (none in a caller's venv: its interpreter is never
+    /// run by the installer; none with packages off).
+    fn package_layer(&self, it: &Interpreter) -> Option<Arc<crate::packages::SessionPackages>> {
+        let pk = self.packages.get()?.as_ref()?;
+        if it.lang.id() != "python" || it.venv.is_some() {
+            return None;
+        }
+        match pk.layer() {
+            Ok(layer) => Some(Arc::new(crate::packages::SessionPackages {
+                service: pk.clone(),
+                layer,
+                python: it.exe.clone(),
+            })),
+            Err(e) => {
+                tracing::warn!(error = e.message(), "no package layer for a session");
+                None
+            }
+        }
+    }
+
+    /// `packages` installed into the session's layer before its interpreter starts.
+    async fn install_at_start(
+        &self,
+        dirs: &Dirs,
+        packages: &[String],
+        caller: &Caller,
+    ) -> Result<crate::packages::Installed, ToolError> {
+        let pk = crate::packages::enabled(self.packages.get().and_then(Option::as_ref))
+            .map_err(|e| e.into_tool())?;
+        let Some(sp) = &dirs.packages else {
+            return Err(ToolError::invalid(
+                "packages: this session runs in a virtual environment (the `.venv` of its \
+                 cwd); packages are not installed into a caller's environment: install them \
+                 there, or start without packages",
+            ));
+        };
+        let cancel = tokio_util::sync::CancellationToken::new();
+        pk.install(&sp.python, packages, &sp.layer, &caller.principal, &cancel)
+            .await
+            .map_err(|e| e.into_tool())
     }
 
     /// How to start (and restart) the interpreter: its bootstrap, written into `ctl/`, its
@@ -556,7 +624,8 @@ have put it there; this session runs the server's Python. Pass venv to use it an
             .map_err(ToolError::internal)?;
         let child = child
             .with_egress(endpoint)
-            .with_tools(dirs.tools.as_deref());
+            .with_tools(dirs.tools.as_deref())
+            .with_packages(dirs.packages.as_ref().map(|p| p.layer.view()));
         Ok(Arc::new(Launch {
             sandbox: self.sandbox.clone(),
             jail: child.jail,

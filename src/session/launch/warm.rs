@@ -224,6 +224,8 @@ impl WarmSessions {
             && req.allow_domains.is_empty()
             // Code mode's channel and variables are made with the session (cold).
             && req.mcp_servers.is_empty()
+            // Packages are installed before the interpreter starts.
+            && req.packages.is_empty()
     }
 
     /// A warm session of `lang`, its uid left unbound (see the module's documentation);

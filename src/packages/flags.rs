@@ -1,0 +1,178 @@
+//! The operator's package settings (a leaf: `config` flattens them into its flags).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// Packages on demand: what `packages` and `%pip install` may get.
+#[derive(clap::Args, Debug, Clone, Default)]
+#[group(id = "package-flags")]
+pub struct Flags {
+    /// Turn packages off: `packages` and `%pip install` are refused.
+    #[arg(long, env = "REPLBOX_NO_PACKAGES")]
+    pub no_packages: bool,
+
+    /// Python index the installer uses: `pypi` (pypi.org and files.pythonhosted.org, the
+    /// default) or the URL of a simple index, reached whatever it resolves to.
+    #[arg(long, env = "REPLBOX_PACKAGE_INDEX", value_name = "pypi|URL")]
+    pub package_index: Option<String>,
+
+    /// The shared package cache (default: /var/cache/replbox/packages as root, else
+    /// $XDG_CACHE_HOME/replbox/packages or ~/.cache/replbox/packages).
+    #[arg(long, env = "REPLBOX_PACKAGE_CACHE", value_name = "DIR")]
+    pub package_cache: Option<PathBuf>,
+
+    /// The uid (and gid) the installer runs as when the server runs as root; it alone
+    /// writes the cache (default: --uid-base minus 1).
+    #[arg(long, env = "REPLBOX_INSTALLER_UID", value_name = "UID")]
+    pub installer_uid: Option<u32>,
+
+    /// Longest one installation may take, in seconds (default 300).
+    #[arg(long, env = "REPLBOX_PACKAGE_TIMEOUT_S")]
+    pub package_timeout_s: Option<u64>,
+
+    /// The `uv` binary (default: beside the Python sessions run, else on PATH).
+    #[arg(long, env = "REPLBOX_UV", value_name = "PATH")]
+    pub uv: Option<PathBuf>,
+}
+
+/// Where an index is, as the installer's egress policy needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Index {
+    /// What the installer is given (`--index-url`).
+    pub url: String,
+    /// Names reached at public addresses only (the public indexes).
+    pub domains: Vec<String>,
+    /// An operator's own host, reached whatever it resolves to.
+    pub host: Option<(String, u16)>,
+}
+
+/// The public Python index.
+const PYPI: &str = "https://pypi.org/simple";
+
+impl Flags {
+    /// The Python index in force.
+    pub fn python_index(&self) -> Result<Index, String> {
+        index(
+            "--package-index",
+            self.package_index.as_deref(),
+            ("pypi", PYPI, &["pypi.org", "files.pythonhosted.org"]),
+        )
+    }
+
+    /// The flags that give another process these settings.
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        if self.no_packages {
+            a.push("--no-packages".into());
+        }
+        if let Some(v) = &self.package_index {
+            a.extend(["--package-index".into(), v.into()]);
+        }
+        if let Some(v) = &self.package_cache {
+            a.extend(["--package-cache".into(), v.into()]);
+        }
+        if let Some(u) = self.installer_uid {
+            a.extend(["--installer-uid".into(), u.to_string().into()]);
+        }
+        if let Some(t) = self.package_timeout_s {
+            a.extend(["--package-timeout-s".into(), t.to_string().into()]);
+        }
+        if let Some(v) = &self.uv {
+            a.extend(["--uv".into(), v.into()]);
+        }
+        a
+    }
+
+    /// Check the values a server cannot run with.
+    pub fn check(&self) -> Result<(), String> {
+        self.python_index()?;
+        if self.package_timeout_s == Some(0) {
+            return Err("--package-timeout-s must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// `value` (a public index's short name, else a URL) as an [`Index`].
+fn index(
+    flag: &str,
+    value: Option<&str>,
+    (short, url, domains): (&str, &str, &[&str]),
+) -> Result<Index, String> {
+    let v = value.map(str::trim).unwrap_or(short);
+    if v == short {
+        return Ok(Index {
+            url: url.to_string(),
+            domains: domains.iter().map(|d| d.to_string()).collect(),
+            host: None,
+        });
+    }
+    let (scheme, rest) = v
+        .split_once("://")
+        .ok_or_else(|| format!("{flag}: {v:?} is neither {short} nor an http(s) URL"))?;
+    let default_port = match scheme {
+        "https" => 443,
+        "http" => 80,
+        _ => return Err(format!("{flag}: {v:?}: only http and https URLs")),
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.contains('@') {
+        return Err(format!(
+            "{flag}: {v:?}: credentials in the URL are not supported"
+        ));
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => (
+            h,
+            p.parse::<u16>()
+                .map_err(|_| format!("{flag}: {v:?}: bad port"))?,
+        ),
+        _ => (authority, default_port),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty()
+        || !host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | ':'))
+    {
+        return Err(format!("{flag}: {v:?}: no host name"));
+    }
+    Ok(Index {
+        url: v.to_string(),
+        domains: Vec::new(),
+        host: Some((host.to_ascii_lowercase(), port)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indexes_are_the_public_ones_or_an_operators_url() {
+        let f = Flags::default();
+        let py = f.python_index().unwrap();
+        assert_eq!(py.url, PYPI);
+        assert_eq!(py.domains, ["pypi.org", "files.pythonhosted.org"]);
+        let f = Flags {
+            package_index: Some("http://10.0.0.5:8080/simple".into()),
+            ..Flags::default()
+        };
+        assert_eq!(
+            f.python_index().unwrap().host,
+            Some(("10.0.0.5".into(), 8080))
+        );
+        for bad in [
+            "ftp://x/simple",
+            "pypi.org",
+            "https://user:pw@x/simple",
+            "https:///x",
+        ] {
+            let f = Flags {
+                package_index: Some(bad.into()),
+                ..Flags::default()
+            };
+            assert!(f.check().is_err(), "{bad}");
+        }
+    }
+}

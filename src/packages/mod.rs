@@ -1,0 +1,534 @@
+//! Packages on demand: `packages` in `run-code` and `session_start`, `%pip install` in a
+//! Python session. User code never installs anything and gets no network for it: the server
+//! runs the installer (uv) confined as the installer's uid, with network only to the
+//! operator's index, wheels only (`--no-build`: installing runs no package code).
+//!
+//! ```text
+//! ROOT/            the server's, 0711
+//!   uv/            installer 0700: uv's content-addressed cache, shared by every install
+//!   layers/ID/     installer 0755: one run's or session's packages (`--target`, on its
+//!                  PYTHONPATH, read-only to it), hard links into uv/ where it can
+//!   tmp/ID/        installer 0700: one installation's home, removed after it
+//!   egress/        the installer's proxy sockets
+//! ```
+//!
+//! The installer writes the whole tree through one mount, so uv links files from its cache
+//! into a layer rather than copying them; a layer is read by its run or session only
+//! through a read-only view of that one directory.
+
+mod flags;
+mod install;
+mod spec;
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::egress::{Egress, Policy};
+use crate::sandbox::Sandbox;
+pub use flags::Flags;
+
+/// Longest one installation may take unless the operator says otherwise.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// One package installed, with its version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct Package {
+    pub name: String,
+    pub version: String,
+}
+
+/// What an installation did (the `packages` of a result).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct Installed {
+    /// Packages added to the environment (dependencies included), with their versions.
+    pub installed: Vec<Package>,
+    /// How many the installer had to download (0: all from the server's shared cache).
+    pub downloaded: u32,
+    pub duration_ms: u64,
+}
+
+impl Installed {
+    /// One line for a result's text.
+    pub fn line(&self) -> String {
+        let names: Vec<String> = self
+            .installed
+            .iter()
+            .map(|p| format!("{}=={}", p.name, p.version))
+            .collect();
+        let what = if names.is_empty() {
+            "nothing new (already installed)".to_string()
+        } else {
+            names.join(", ")
+        };
+        let from = match self.downloaded {
+            0 => "all from the cache".to_string(),
+            n => format!("{n} downloaded"),
+        };
+        format!("packages: {what} in {} ms ({from})", self.duration_ms)
+    }
+}
+
+/// Why packages could not be had.
+#[derive(Debug, Clone)]
+pub enum PackageError {
+    /// The request cannot be taken (a specifier, a language without packages, the feature
+    /// turned off): the caller's to fix.
+    Refused(String),
+    /// A package cannot be had from the index, or the installer failed (named, with why).
+    Failed(String),
+}
+
+impl PackageError {
+    pub fn message(&self) -> &str {
+        match self {
+            Self::Refused(m) | Self::Failed(m) => m,
+        }
+    }
+
+    /// As a refused tool call (nothing of the request was started).
+    pub fn into_tool(self) -> crate::error::ToolError {
+        use crate::error::{ErrorKind, ToolError};
+        match self {
+            Self::Refused(m) => ToolError::invalid(m),
+            Self::Failed(m) => ToolError::new(ErrorKind::PackageUnavailable, m),
+        }
+    }
+}
+
+/// Refuse a request's `packages` that no server could take: a language other than Python,
+/// a caller's virtual environment (its interpreter is never run by the installer), a
+/// specifier that is not a plain requirement.
+pub fn check_request(language: &str, venv: bool, specs: &[String]) -> Result<(), PackageError> {
+    if language != "python" {
+        return Err(PackageError::Refused(format!(
+            "packages: only python takes packages here, not {language}; leave packages out"
+        )));
+    }
+    if venv {
+        return Err(PackageError::Refused(
+            "packages and venv cannot go together: install into the virtual environment \
+             itself, or leave venv out"
+                .into(),
+        ));
+    }
+    Packages::check(specs)
+}
+
+/// The service, or why there is none.
+pub fn enabled(p: Option<&Arc<Packages>>) -> Result<&Arc<Packages>, PackageError> {
+    p.ok_or_else(|| {
+        PackageError::Refused(
+            "packages: this server installs no packages (its operator turned them off with \
+             --no-packages); leave packages out"
+                .into(),
+        )
+    })
+}
+
+/// The packages service: one per server (None when `--no-packages`).
+pub struct Packages {
+    sandbox: Arc<Sandbox>,
+    /// The installer's own proxy: only the operator's index.
+    egress: Egress,
+    index: flags::Index,
+    root: PathBuf,
+    /// The installer's uid (and gid) when the server is root.
+    installer: Option<u32>,
+    uv_flag: Option<PathBuf>,
+    timeout: Duration,
+}
+
+/// One run's or session's packages: a directory on its PYTHONPATH, removed when dropped.
+#[derive(Debug)]
+pub struct Layer {
+    pub dir: PathBuf,
+}
+
+impl Drop for Layer {
+    fn drop(&mut self) {
+        let dir = std::mem::take(&mut self.dir);
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(move || crate::workspace::remove_tree(&dir));
+            }
+            Err(_) => crate::workspace::remove_tree(&dir),
+        }
+    }
+}
+
+/// A Python session's packages: its layer (on its PYTHONPATH from the start, so `%pip
+/// install` can fill it while it runs) and the operator's interpreter the installs are for.
+pub struct SessionPackages {
+    /// The installer `%pip` runs.
+    pub service: Arc<Packages>,
+    pub layer: Layer,
+    pub python: PathBuf,
+}
+
+impl Layer {
+    /// What a child is given to import its packages: the directory, readable, and the
+    /// variables naming it.
+    pub fn view(&self) -> (PathBuf, Vec<(String, String)>) {
+        let path = self.dir.display().to_string();
+        (self.dir.clone(), vec![("PYTHONPATH".into(), path)])
+    }
+}
+
+impl Packages {
+    /// The service for `flags` (None when turned off): its directories made (the
+    /// installer's `installer_uid` when the server is root).
+    pub fn new(
+        flags: &Flags,
+        uid_base: u32,
+        sandbox: Arc<Sandbox>,
+    ) -> anyhow::Result<Option<Arc<Self>>> {
+        if flags.no_packages {
+            return Ok(None);
+        }
+        flags.check().map_err(|e| anyhow::anyhow!(e))?;
+        let index = flags.python_index().map_err(|e| anyhow::anyhow!(e))?;
+        let root = flags.package_cache.clone().unwrap_or_else(default_cache);
+        let installer = sandbox
+            .root
+            .then(|| flags.installer_uid.unwrap_or(uid_base.saturating_sub(1)));
+        let err = |what: &str, e: std::io::Error| {
+            anyhow::anyhow!("package cache {}: {what}: {e}", root.display())
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(&root)
+            .map_err(|e| err("cannot create it", e))?;
+        set_mode(&root, 0o711).map_err(|e| err("cannot set its mode", e))?;
+        own_dir(&root.join("uv"), 0o700, installer).map_err(|e| err("uv", e))?;
+        for d in ["layers", "tmp"] {
+            own_dir(&root.join(d), 0o711, None).map_err(|e| err(d, e))?;
+        }
+        // The index's hosts by name and port, reached whatever they resolve to: the
+        // installer is the server's own program, its only caller input the checked
+        // specifiers (an operator's index may be private; a mirror may answer for PyPI).
+        let mut hosts: Vec<String> = index.domains.iter().map(|d| format!("{d}:443")).collect();
+        if let Some((h, p)) = &index.host {
+            hosts.push(format!("{h}:{p}"));
+        }
+        let policy = Policy::new(false, &[], &hosts, &[]).map_err(|e| anyhow::anyhow!(e))?;
+        let egress = Egress::new(policy, &root.join("egress"))
+            .map_err(|e| anyhow::anyhow!("cannot set up the installer's proxy: {e}"))?;
+        Ok(Some(Arc::new(Self {
+            sandbox,
+            egress,
+            index,
+            root,
+            installer,
+            uv_flag: flags.uv.clone(),
+            timeout: flags
+                .package_timeout_s
+                .map(|s| Duration::from_secs(s.max(1)))
+                .unwrap_or(DEFAULT_TIMEOUT),
+        })))
+    }
+
+    /// Check a request's specifiers before anything is started for it.
+    pub fn check(specs: &[String]) -> Result<(), PackageError> {
+        spec::check(specs)
+            .map(|_| ())
+            .map_err(PackageError::Refused)
+    }
+
+    /// A new, empty layer (the installer's, readable by all: it holds public packages).
+    pub fn layer(&self) -> Result<Layer, PackageError> {
+        let dir = self
+            .root
+            .join("layers")
+            .join(uuid::Uuid::new_v4().simple().to_string());
+        own_dir(&dir, 0o755, self.installer)
+            .map_err(|e| PackageError::Failed(format!("cannot make a package layer: {e}")))?;
+        Ok(Layer { dir })
+    }
+
+    /// Install `specs` (checked here) into `layer` for the interpreter `python`, as
+    /// `principal` asked. Refused specifiers are an error before anything runs.
+    pub async fn install(
+        &self,
+        python: &Path,
+        specs: &[String],
+        layer: &Layer,
+        principal: &str,
+        cancel: &CancellationToken,
+    ) -> Result<Installed, PackageError> {
+        let started = Instant::now();
+        let specs = spec::check(specs).map_err(PackageError::Refused)?;
+        if specs.is_empty() {
+            return Ok(Installed {
+                installed: Vec::new(),
+                downloaded: 0,
+                duration_ms: 0,
+            });
+        }
+        let uv = self.uv_for(python).ok_or_else(|| {
+            PackageError::Failed(
+                "packages: the installer (uv) is not installed on this server; its operator \
+                 can install it (pip install uv) or name it with --uv"
+                    .into(),
+            )
+        })?;
+        let home = self
+            .root
+            .join("tmp")
+            .join(uuid::Uuid::new_v4().simple().to_string());
+        own_dir(&home, 0o700, self.installer)
+            .map_err(|e| PackageError::Failed(format!("cannot make the installer's home: {e}")))?;
+        let mut argv: Vec<String> = [
+            uv.display().to_string(),
+            "pip".into(),
+            "install".into(),
+            "--no-config".into(),
+            "--no-progress".into(),
+            "--color".into(),
+            "never".into(),
+            "--no-build".into(),
+            "--python".into(),
+            python.display().to_string(),
+            "--index-url".into(),
+            self.index.url.clone(),
+            "--cache-dir".into(),
+            self.root.join("uv").display().to_string(),
+            "--target".into(),
+            layer.dir.display().to_string(),
+            "--".into(),
+        ]
+        .into();
+        argv.extend(specs.iter().map(|s| s.text.clone()));
+        let job = install::Job {
+            argv,
+            env: installer_env(),
+            exes: vec![uv, python.to_path_buf()],
+            // One mount for the cache and the layer, so uv links rather than copies.
+            rw: vec![self.root.clone()],
+            home: home.clone(),
+        };
+        let ask = install::Ask {
+            principal,
+            deadline: tokio::time::Instant::now() + self.timeout,
+            cancel,
+        };
+        let done = self.run_installer(job, &ask).await;
+        let h = home.clone();
+        let _ = tokio::task::spawn_blocking(move || crate::workspace::remove_tree(&h)).await;
+        let names: Vec<&str> = specs.iter().map(|s| s.text.as_str()).collect();
+        if let Some(why) = done.stopped {
+            return Err(PackageError::Failed(format!(
+                "packages: could not install {}: {why}",
+                names.join(", ")
+            )));
+        }
+        if !done.ok {
+            let (reason, text) = install::uv_failure(&done.stderr);
+            return Err(PackageError::Failed(format!(
+                "packages: could not install {}: {}.\n{text}",
+                names.join(", "),
+                reason.says()
+            )));
+        }
+        let mut out = parse_uv(&done.stderr);
+        out.duration_ms = started.elapsed().as_millis() as u64;
+        Ok(out)
+    }
+
+    /// The uv to run: the operator's, else the one installed beside `python`, else the
+    /// first on PATH that is a real program (not a version manager's shim).
+    fn uv_for(&self, python: &Path) -> Option<PathBuf> {
+        if let Some(u) = &self.uv_flag {
+            return Some(u.clone());
+        }
+        let real = std::fs::canonicalize(python).unwrap_or_else(|_| python.to_path_buf());
+        for dir in [python.parent(), real.parent()].into_iter().flatten() {
+            let u = dir.join("uv");
+            if u.is_file() {
+                return Some(u);
+            }
+        }
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .filter(|d| !d.ends_with("shims"))
+            .map(|d| d.join("uv"))
+            .find(|u| u.is_file())
+    }
+}
+
+/// The installer's variables: no colour, no Python downloads, and the operator's own CA
+/// bundle when the server was given one (a TLS-inspecting network's, say).
+fn installer_env() -> Vec<(String, String)> {
+    let mut env = vec![
+        ("NO_COLOR".to_string(), "1".to_string()),
+        ("UV_PYTHON_DOWNLOADS".to_string(), "never".to_string()),
+    ];
+    for k in ["SSL_CERT_FILE", "SSL_CERT_DIR"] {
+        if let Ok(v) = std::env::var(k) {
+            env.push((k.to_string(), v));
+        }
+    }
+    env
+}
+
+/// What uv's summary says: ` + name==version` per package added, `Prepared N packages`
+/// when it had to download (or unpack) any.
+fn parse_uv(stderr: &str) -> Installed {
+    let mut out = Installed {
+        installed: Vec::new(),
+        downloaded: 0,
+        duration_ms: 0,
+    };
+    for line in stderr.lines() {
+        if let Some(p) = line.strip_prefix(" + ")
+            && let Some((name, version)) = p.trim().split_once("==")
+        {
+            out.installed.push(Package {
+                name: name.to_string(),
+                version: version.to_string(),
+            });
+        } else if let Some(rest) = line.strip_prefix("Prepared ") {
+            out.downloaded = rest
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(1);
+        }
+    }
+    out
+}
+
+/// `%pip install ...` / `!pip install ...` lines at the top of a Python cell: the
+/// specifiers they ask for and the rest of the cell (None when the cell has none).
+/// Options are refused as specifiers are (only names and versions are accepted).
+pub fn pip_lines(code: &str) -> Option<(Vec<String>, String)> {
+    let mut specs = Vec::new();
+    let mut rest_at = 0;
+    let mut any = false;
+    for line in code.split_inclusive('\n') {
+        let t = line.trim();
+        if t.is_empty() || t.starts_with('#') {
+            rest_at += line.len();
+            continue;
+        }
+        // Quoted as a shell would take them (`%pip install "pandas>=2"`); a line that
+        // does not split is passed on whole, to be refused as a specifier.
+        let owned = shlex::split(t).unwrap_or_else(|| vec![t.to_string()]);
+        let words: Vec<&str> = owned.iter().map(String::as_str).collect();
+        let is_pip = matches!(
+            words.as_slice(),
+            ["%pip" | "!pip" | "!pip3" | "%pip3", "install", ..]
+                | ["!python" | "!python3", "-m", "pip", "install", ..]
+        );
+        if !is_pip {
+            break;
+        }
+        any = true;
+        let skip = if words[0].starts_with("!python") {
+            4
+        } else {
+            2
+        };
+        // `-q`/`--quiet` and `-U`/`--upgrade` mean nothing here; any other option is
+        // passed on as a specifier, to be refused by name.
+        specs.extend(
+            words[skip..]
+                .iter()
+                .filter(|w| !matches!(**w, "-q" | "--quiet" | "-U" | "--upgrade"))
+                .map(|w| w.to_string()),
+        );
+        rest_at += line.len();
+    }
+    any.then(|| (specs, code[rest_at..].to_string()))
+}
+
+/// A directory of `mode` owned by `uid` (the server's own when None), made if missing.
+fn own_dir(dir: &Path, mode: u32, uid: Option<u32>) -> std::io::Result<()> {
+    match std::fs::DirBuilder::new().mode(mode).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(std::io::Error::other("not a directory"));
+    }
+    let id = uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw());
+    std::os::unix::fs::lchown(dir, Some(id), Some(id))?;
+    set_mode(dir, mode)
+}
+
+fn set_mode(dir: &Path, mode: u32) -> std::io::Result<()> {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+}
+
+/// The cache's place when the operator names none: the system's as root, else the user's.
+fn default_cache() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        return PathBuf::from("/var/cache/replbox/packages");
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("replbox/packages")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uv_summary_gives_packages_and_downloads() {
+        let first = "Using CPython 3.11.7\nResolved 2 packages in 401ms\nPrepared 2 packages \
+                     in 36ms\nInstalled 2 packages in 7ms\n + iniconfig==2.3.1\n + six==1.17.0\n";
+        let i = parse_uv(first);
+        assert_eq!(i.downloaded, 2);
+        assert_eq!(
+            i.installed,
+            [
+                Package {
+                    name: "iniconfig".into(),
+                    version: "2.3.1".into()
+                },
+                Package {
+                    name: "six".into(),
+                    version: "1.17.0".into()
+                },
+            ]
+        );
+        let again = "Resolved 1 package in 3ms\nInstalled 1 package in 2ms\n + six==1.17.0\n";
+        assert_eq!(parse_uv(again).downloaded, 0);
+    }
+
+    #[test]
+    fn pip_lines_are_found_at_the_top_of_a_cell_only() {
+        assert_eq!(
+            pip_lines("%pip install six tomli\nimport six\n"),
+            Some((vec!["six".into(), "tomli".into()], "import six\n".into()))
+        );
+        assert_eq!(
+            pip_lines("!pip install -q six\n"),
+            Some((vec!["six".into()], String::new()))
+        );
+        assert_eq!(
+            pip_lines("!pip install --index-url=https://evil six").map(|p| p.0),
+            Some(vec!["--index-url=https://evil".into(), "six".into()])
+        );
+        assert_eq!(
+            pip_lines("%pip install \"six>=1\" 'tomli; python_version < \"3.11\"'\n").map(|p| p.0),
+            Some(vec![
+                "six>=1".into(),
+                "tomli; python_version < \"3.11\"".into()
+            ])
+        );
+        assert_eq!(pip_lines("import six\n%pip install six"), None);
+        assert_eq!(pip_lines("print('%pip install six')"), None);
+    }
+}
