@@ -6,15 +6,17 @@
 //! ```text
 //! ROOT/            the server's, 0711
 //!   uv/            installer 0700: uv's content-addressed cache, shared by every install
-//!   layers/ID/     installer 0755: one run's or session's packages (`--target`, on its
-//!                  PYTHONPATH, read-only to it), hard links into uv/ where it can
+//!   layers/ID/     installer 0755: one run's packages (`--target`, on its PYTHONPATH,
+//!                  read-only to it), removed after it
 //!   tmp/ID/        installer 0700: one installation's home, removed after it
 //!   egress/        the installer's proxy sockets
+//! SESSION_DIR/packages/  installer 0755: a session's packages, gone with the session
 //! ```
 //!
-//! The installer writes the whole tree through one mount, so uv links files from its cache
-//! into a layer rather than copying them; a layer is read by its run or session only
-//! through a read-only view of that one directory.
+//! An installation may write the cache and its own layer, nothing else: never another
+//! run's or session's layer (separate mounts at bwrap, so uv copies out of its cache
+//! there; separate rules at Landlock). A layer is read by its run or session only, through
+//! a read-only view of that one directory.
 
 mod flags;
 mod install;
@@ -144,14 +146,20 @@ pub struct Packages {
     timeout: Duration,
 }
 
-/// One run's or session's packages: a directory on its PYTHONPATH, removed when dropped.
+/// One run's or session's packages: a directory on its PYTHONPATH. A run's is in the
+/// cache's `layers/` and removed when dropped; a session's is in the session's own
+/// directory and goes with it.
 #[derive(Debug)]
 pub struct Layer {
     pub dir: PathBuf,
+    remove: bool,
 }
 
 impl Drop for Layer {
     fn drop(&mut self) {
+        if !self.remove {
+            return;
+        }
         let dir = std::mem::take(&mut self.dir);
         match tokio::runtime::Handle::try_current() {
             Ok(h) => {
@@ -241,15 +249,22 @@ impl Packages {
             .map_err(PackageError::Refused)
     }
 
-    /// A new, empty layer (the installer's, readable by all: it holds public packages).
-    pub fn layer(&self) -> Result<Layer, PackageError> {
-        let dir = self
-            .root
-            .join("layers")
-            .join(uuid::Uuid::new_v4().simple().to_string());
+    /// A new, empty layer (the installer's, readable by all: it holds public packages):
+    /// `packages/` in `parent` (a session's own directory, which no user code writes), else
+    /// one of the cache's `layers/` (a run's, removed when dropped).
+    pub fn layer(&self, parent: Option<&Path>) -> Result<Layer, PackageError> {
+        let (dir, remove) = match parent {
+            Some(p) => (p.join("packages"), false),
+            None => (
+                self.root
+                    .join("layers")
+                    .join(uuid::Uuid::new_v4().simple().to_string()),
+                true,
+            ),
+        };
         own_dir(&dir, 0o755, self.installer)
             .map_err(|e| PackageError::Failed(format!("cannot make a package layer: {e}")))?;
-        Ok(Layer { dir })
+        Ok(Layer { dir, remove })
     }
 
     /// Install `specs` (checked here) into `layer` for the interpreter `python`, as
@@ -309,8 +324,8 @@ impl Packages {
             argv,
             env: installer_env(),
             exes: vec![uv, python.to_path_buf()],
-            // One mount for the cache and the layer, so uv links rather than copies.
-            rw: vec![self.root.clone()],
+            // The shared cache and this one layer: never another run's or session's.
+            rw: vec![self.root.join("uv"), layer.dir.clone()],
             home: home.clone(),
         };
         let ask = install::Ask {

@@ -312,7 +312,7 @@ impl Runner {
             return Ok(None);
         }
         let pk = crate::packages::enabled(self.packages.as_ref())?;
-        let layer = pk.layer()?;
+        let layer = pk.layer(None)?;
         let installed = pk
             .install(&place.exe, &req.packages, &layer, &req.principal, cancel)
             .await?;

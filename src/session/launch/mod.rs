@@ -507,18 +507,22 @@ have put it there; this session runs the server's Python. Pass venv to use it an
             Some((v, why)) => it.in_venv(v, why),
             None => it,
         };
-        dirs.packages = self.package_layer(&it);
+        dirs.packages = self.package_layer(&it, dirs.dir.path());
         Ok((dirs, prepared, it))
     }
 
     /// A Python session's package layer (none in a caller's venv: its interpreter is never
     /// run by the installer; none with packages off).
-    fn package_layer(&self, it: &Interpreter) -> Option<Arc<crate::packages::SessionPackages>> {
+    fn package_layer(
+        &self,
+        it: &Interpreter,
+        dir: &Path,
+    ) -> Option<Arc<crate::packages::SessionPackages>> {
         let pk = self.packages.get()?.as_ref()?;
         if it.lang.id() != "python" || it.venv.is_some() {
             return None;
         }
-        match pk.layer() {
+        match pk.layer(Some(dir)) {
             Ok(layer) => Some(Arc::new(crate::packages::SessionPackages {
                 service: pk.clone(),
                 layer,
