@@ -37,6 +37,12 @@ const RACE: &[Race] = &[
         "Interrupt\n",
     ),
     (
+        "haskell",
+        ("let x = 41 :: Int", "x + 1", "42\n"),
+        ("print x", "41\n"),
+        "Interrupted.\n",
+    ),
+    (
         "r",
         ("x <- 41", "x + 1", "[1] 42\n"),
         ("print(x)", "[1] 41\n"),
@@ -65,7 +71,7 @@ per_row!(
     /// output; the state set before is still there afterwards. A deadline of 0 is refused.
     deadlines_race_the_cell_end,
     RACE,
-    [python, ruby, shellscript, r],
+    [python, ruby, shellscript, r, haskell],
     |&(lang, (set, quick, value), (read, state), interrupted)| {
         let s = Server::stdio().start().await;
         let id = s.start_session(lang).await;

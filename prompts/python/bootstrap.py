@@ -495,14 +495,12 @@ def __rbx_setup():
     # --- interrupts: Ctrl-C stops the user's code and never this bootstrap's. In this file's
     # own frames (reading the cell, showing the value, figures, the end marker) an interrupt
     # is only noted: one that comes after the start marker stops the code as it begins; one
-    # that comes once the code is over is too late for it and changes nothing. At the REPL's
-    # own prompt (no Python frame runs) it does what it does there: drops the line. ---
+    # that comes once the code is over, or at the REPL's prompt, is too late for any cell and
+    # changes nothing. ---
     intr = {"armed": False, "pending": False}
 
     def on_sigint(signum, frame):
-        if frame is None:
-            raise KeyboardInterrupt
-        if intr["armed"] and frame.f_code.co_filename != boot:
+        if intr["armed"] and frame is not None and frame.f_code.co_filename != boot:
             intr["armed"] = False  # one KeyboardInterrupt per cell
             raise KeyboardInterrupt
         intr["pending"] = True

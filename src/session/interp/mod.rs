@@ -67,6 +67,11 @@ pub enum Ending {
 
 /// How often a running evaluation checks whether it is blocked reading the terminal.
 const INPUT_POLL: Duration = Duration::from_millis(200);
+/// How long an end marker may follow a prompt that came before it (see `drop_watch`).
+const DROPPED_GRACE: Duration = Duration::from_millis(300);
+/// How a resynchronising evaluation whose line the REPL dropped ends.
+const LINE_DROPPED: &str = "the REPL dropped the line";
+
 /// How often progress is reported.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
@@ -111,6 +116,10 @@ pub struct Interp {
     paused: Option<u64>,
     /// An internal evaluation is running (see [`sync`](Self::sync)).
     in_sync: bool,
+    /// Resynchronising after an interrupt: the prompts counted when the line was typed. A
+    /// prompt after them with no end marker means the REPL dropped the line (a late
+    /// interrupt reached it): the evaluation then ends as [`LINE_DROPPED`].
+    drop_watch: Option<u64>,
     /// Files of finished evaluations (cells, interrupt flags), removed with the next cell's
     /// write: one trip to the blocking pool per evaluation.
     finished: Vec<PathBuf>,
@@ -149,6 +158,7 @@ impl Interp {
             tty,
             paused: None,
             in_sync: false,
+            drop_watch: None,
             finished: Vec::new(),
             typed: Vec::new(),
             typed_flag: false,
@@ -294,6 +304,9 @@ impl Interp {
             self.master.flush_input();
         }
         let line = spec.eval_line(n, &cell);
+        if self.drop_watch.is_some() {
+            self.drop_watch = Some(self.shared.lock().prompts);
+        }
         let ending = match self.type_line(&line).await {
             Err(_) => self.wait_exit().await,
             Ok(()) => self.wait(n, deadline, cancel, progress, detect_input).await,
@@ -372,9 +385,19 @@ impl Interp {
         // A first sighting of "waiting for input", with the output version at that moment
         // (see `input::confirm`).
         let mut suspected: Option<input::Suspicion> = None;
+        // When a prompt came instead of the end marker (see `drop_watch`): the marker may
+        // still be on its way, for a moment.
+        let mut dropped: Option<Instant> = None;
         loop {
-            match self.check(n) {
+            let check = match self.drop_watch {
+                Some(p) => self.check_since(n, p),
+                None => self.check(n),
+            };
+            match check {
                 Check::End(end) => return Ending::Done(end),
+                Check::Prompt if dropped.is_none() && self.drop_watch.is_some() => {
+                    dropped = Some(Instant::now() + DROPPED_GRACE);
+                }
                 Check::Closed => return self.wait_exit().await,
                 Check::Continuation => {
                     if !self.in_sync {
@@ -401,6 +424,9 @@ impl Interp {
                     if let Some(report) = progress {
                         report(self.last_line());
                     }
+                }
+                _ = tokio::time::sleep_until(dropped.unwrap_or(deadline)), if dropped.is_some() => {
+                    return Ending::Failed(LINE_DROPPED.into());
                 }
                 _ = tokio::time::sleep_until(deadline) => return self.stop(n, true).await,
                 _ = cancel.cancelled() => return self.stop(n, false).await,

@@ -13,6 +13,8 @@ use crate::session::scan::EndMarker;
 
 /// How often an unanswered interrupt is repeated.
 const REPEAT_INTERRUPT: Duration = Duration::from_secs(1);
+/// How many times more a resynchronising line the REPL dropped is typed.
+const RESYNC_TRIES: usize = 3;
 /// How often an interrupted REPL whose prompt did not come is looked at under /proc.
 const LOOK_AGAIN: Duration = Duration::from_millis(150);
 
@@ -124,9 +126,18 @@ impl Interp {
         // What was typed into the interrupted code and not read (a line without Enter) must
         // not prefix the resynchronising line (the terminal keeps it: NOFLSH).
         self.master.flush_input();
-        let sync = self
-            .sync(Instant::now() + grace, &CancellationToken::new())
-            .await;
+        // An interrupt the REPL takes late (bash, ghci and irb act on it between commands)
+        // can drop the resynchronising line itself: it is typed again, a few times.
+        let until = Instant::now() + grace;
+        self.drop_watch = Some(0);
+        let mut sync = self.sync(until, &CancellationToken::new()).await;
+        for _ in 0..RESYNC_TRIES {
+            if !matches!(&sync.ending, Ending::Failed(e) if e == super::LINE_DROPPED) {
+                break;
+            }
+            sync = self.sync(until, &CancellationToken::new()).await;
+        }
+        self.drop_watch = None;
         self.shared.lock().out = kept;
         match sync.ending {
             Ending::Done(_) => {
