@@ -32,7 +32,7 @@ pub struct RunCodeParams {
     /// As in session_start.
     #[serde(default)]
     pub mcp_servers: Vec<String>,
-    /// A retry with this key returns the first call's result; it never runs twice.
+    /// Retries with this key get the first call's result.
     #[serde(default, rename = "idempotency_key")]
     pub _idempotency_key: Option<String>,
     /// As in session_start.
@@ -96,7 +96,7 @@ pub struct SessionEvalParams {
     /// Deadline in milliseconds: then the code is interrupted (Ctrl-C), state kept.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
-    /// As in run-code.
+    // As in run-code (no description: tools/list is bounded).
     #[serde(default, rename = "idempotency_key")]
     pub _idempotency_key: Option<String>,
 }
@@ -121,7 +121,7 @@ pub struct SessionInputParams {
     /// Deadline in milliseconds for the continued evaluation.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
-    /// As in run-code.
+    // As in run-code (no description: tools/list is bounded).
     #[serde(default, rename = "idempotency_key")]
     pub _idempotency_key: Option<String>,
 }
