@@ -350,9 +350,15 @@ impl Raw {
         stdin.write_all(line.as_bytes()).await.expect("write");
     }
 
+    /// The next answer (notifications, which carry no id, passed over).
     async fn read(&mut self) -> serde_json::Value {
-        let line = self.lines.next_line().await.expect("read").expect("a line");
-        serde_json::from_str(&line).expect("JSON")
+        loop {
+            let line = self.lines.next_line().await.expect("read").expect("a line");
+            let v: serde_json::Value = serde_json::from_str(&line).expect("JSON");
+            if v.get("id").is_some() {
+                return v;
+            }
+        }
     }
 
     async fn call(&mut self, v: serde_json::Value) -> serde_json::Value {

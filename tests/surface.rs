@@ -909,9 +909,18 @@ fn readme_default(cell: &str) -> Option<String> {
     })
 }
 
+/// The documents of features with flags of their own, beside docs/configuration.md.
+const FEATURE_DOCS: [&str; 5] = [
+    "http.md",
+    "code-mode.md",
+    "packages.md",
+    "tasks.md",
+    "cluster.md",
+];
+
 /// The documentation's tables say what the program does: the configuration defaults
-/// (docs/configuration.md) are those of `serve --help`, every flag is documented there, in
-/// docs/http.md or in docs/code-mode.md, and the session languages' aliases
+/// (docs/configuration.md) are those of `serve --help`, every flag is documented there or
+/// in the document of its feature (`FEATURE_DOCS`), and the session languages' aliases
 /// (docs/session-languages.md) are the registry's.
 #[test]
 fn readme_matches_help_and_the_registry() {
@@ -920,9 +929,10 @@ fn readme_matches_help_and_the_registry() {
         std::fs::read_to_string(format!("{root}/docs/configuration.md")).expect("configuration");
     let languages_doc = std::fs::read_to_string(format!("{root}/docs/session-languages.md"))
         .expect("session-languages.md");
-    let http_doc = std::fs::read_to_string(format!("{root}/docs/http.md")).expect("http.md");
-    let code_mode =
-        std::fs::read_to_string(format!("{root}/docs/code-mode.md")).expect("code-mode.md");
+    let feature_docs: Vec<String> = FEATURE_DOCS
+        .iter()
+        .map(|d| std::fs::read_to_string(format!("{root}/docs/{d}")).expect(d))
+        .collect();
     let help = help_defaults();
     assert!(
         help.contains_key("--cpu-s") && help.contains_key("--log-format"),
@@ -956,11 +966,10 @@ fn readme_matches_help_and_the_registry() {
         .keys()
         .filter(|f| !["--help", "--version"].contains(&f.as_str()))
     {
+        let mark = format!("`{f}");
         assert!(
-            readme.contains(&format!("`{f}"))
-                || http_doc.contains(&format!("`{f}"))
-                || code_mode.contains(&format!("`{f}")),
-            "{f} is documented in none of docs/configuration.md, docs/http.md, docs/code-mode.md"
+            readme.contains(&mark) || feature_docs.iter().any(|d| d.contains(&mark)),
+            "{f} is documented in none of docs/configuration.md, {FEATURE_DOCS:?} (under docs/)"
         );
     }
 

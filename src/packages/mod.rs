@@ -127,7 +127,7 @@ pub fn enabled(p: Option<&Arc<Packages>>) -> Result<&Arc<Packages>, PackageError
     p.ok_or_else(|| {
         PackageError::Refused(
             "packages: this server installs no packages (its operator turned them off with \
-             --no-packages); leave packages out"
+             --no-packages, or it has no package cache: see its log); leave packages out"
                 .into(),
         )
     })
@@ -208,11 +208,23 @@ impl Packages {
         let err = |what: &str, e: std::io::Error| {
             anyhow::anyhow!("package cache {}: {what}: {e}", root.display())
         };
-        std::fs::DirBuilder::new()
+        if let Err(e) = std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o711)
             .create(&root)
-            .map_err(|e| err("cannot create it", e))?;
+        {
+            // The operator's own directory must work; the default one is a convenience: a
+            // server that cannot make it (a home it may not write) serves without packages.
+            if flags.package_cache.is_some() {
+                return Err(err("cannot create it", e));
+            }
+            tracing::warn!(
+                "packages on demand are off: the default package cache {} cannot be \
+                 created ({e}); name one with --package-cache DIR",
+                root.display()
+            );
+            return Ok(None);
+        }
         set_mode(&root, 0o711).map_err(|e| err("cannot set its mode", e))?;
         own_dir(&root.join("uv"), 0o700, installer).map_err(|e| err("uv", e))?;
         for d in ["layers", "tmp"] {
