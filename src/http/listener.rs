@@ -360,13 +360,23 @@ fn connection(
     let close = CancellationToken::new();
     let pending = limits.pending.clone();
     let id = pending.add(held.clone(), close.clone());
+    // Its first request ends its pending state: later ones skip the registry's lock.
+    let sent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let first_request = {
+        let pending = pending.clone();
+        move || {
+            if !sent.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                pending.remove(id);
+            }
+        }
+    };
     let io = TokioIo::new(Clocked::new(stream, pending.clone(), id));
     let inner = TowerToHyperService::new(router.clone());
     let serving: std::pin::Pin<Box<dyn std::future::Future<Output = hyper::Result<()>> + Send>> =
         if general {
-            let pending = pending.clone();
+            let first_request = first_request.clone();
             let service = hyper::service::service_fn(move |req| {
-                pending.remove(id);
+                first_request();
                 let call = hyper::service::Service::call(&inner, req);
                 async move {
                     let mut response = call.await?;
@@ -393,10 +403,10 @@ fn connection(
                 slot: tokio::sync::Mutex::new(None),
             });
             let max = limits.max;
-            let pending = pending.clone();
+            let first_request = first_request.clone();
             let admits = b.admits.clone();
             let service = hyper::service::service_fn(move |req| {
-                pending.remove(id);
+                first_request();
                 let state = state.clone();
                 let inner = inner.clone();
                 let waits = !is_probe(req.uri().path()) && admits(req.headers());
