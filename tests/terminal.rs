@@ -1162,3 +1162,92 @@ per_row!(
         s.stop().await;
     }
 );
+
+// ---- Warnings show in the cell that caused them ------------------------------------------
+
+/// (language, a cell that causes a warning, what the warning says, a cell printing `after`)
+const WARNS: &[(&str, &str, &str, &str)] = &[
+    (
+        "javascript",
+        "process.emitWarning('careful')",
+        "Warning: careful",
+        "console.log('after')",
+    ),
+    (
+        "javascript",
+        "new Buffer(1).length",
+        "DeprecationWarning: Buffer() is deprecated",
+        "console.log('after')",
+    ),
+    (
+        "python",
+        "import warnings\nwarnings.warn('careful')",
+        "UserWarning: careful",
+        "print('after')",
+    ),
+    ("ruby", "warn 'careful'", "careful", "puts 'after'"),
+    (
+        "r",
+        "f <- function() warning('careful')\nf()",
+        "careful",
+        "cat('after\\n')",
+    ),
+];
+
+per_row!(
+    /// A warning is shown as the REPL shows it, in the cell that caused it, and nothing of it
+    /// reaches the next cell (node's were switched off altogether).
+    a_warning_shows_in_its_own_cell,
+    WARNS,
+    [javascript, python, ruby, r],
+    |&(lang, code, says, after)| {
+        let s = Server::stdio().start().await;
+        let id = s.start_session(lang).await;
+        let o = s.eval(&id, code).await;
+        assert_eq!(status(&o), "ok", "{lang}: {code}: {}", o.text);
+        assert!(output(&o).contains(says), "{lang}: {code}: {}", o.text);
+        prints(&s, &id, lang, after, "after\n").await;
+        s.stop().await;
+    }
+);
+
+// ---- A cell's asynchronous error and later output stay in that cell ----------------------
+
+/// (language, a cell whose callback throws while the cell still awaits and which then
+/// prints `after`, what the error says, a cell printing `next`)
+const ASYNC_ERRORS: &[(&str, &str, &str, &str)] = &[
+    (
+        "javascript",
+        "setTimeout(() => { throw new Error('boom') }, 20)\nawait new Promise((r) => setTimeout(r, 200))\nconsole.log('after')\n6 * 7",
+        "Uncaught Error: boom",
+        "console.log('next')",
+    ),
+    (
+        "javascript",
+        "Promise.reject(new Error('nobody waits'))\nawait new Promise((r) => setTimeout(r, 200))\nconsole.log('after')\n6 * 7",
+        "Uncaught Error: nobody waits",
+        "console.log('next')",
+    ),
+];
+
+per_row!(
+    /// The error is the cell's (`error`, shown in it); the cell still runs to its end, its
+    /// later output and value in its own result; the next cell shows only its own output.
+    an_async_error_stays_in_its_cell,
+    ASYNC_ERRORS,
+    [javascript],
+    |&(lang, code, says, next)| {
+        let s = Server::stdio().start().await;
+        let id = s.start_session(lang).await;
+        let o = s.eval(&id, code).await;
+        let out = output(&o);
+        assert_eq!(status(&o), "error", "{lang}: {}", o.text);
+        let (err, after) = (out.find(says), out.find("after\n"));
+        assert!(
+            matches!((err, after), (Some(e), Some(a)) if e < a) && out.ends_with("42\n"),
+            "{lang}: the error, then the rest of the cell: {out:?}"
+        );
+        prints(&s, &id, lang, next, "next\n").await;
+        s.stop().await;
+    }
+);

@@ -329,13 +329,45 @@ function main(require) {
       tell("\x1b_rbx;" + NONCE + ";e;" + c.n + ";" + c.status + ";" + payload + "\x1b\\");
     });
   }
-  // Thrown errors and unhandled rejections reach the REPL's domain, not the callback.
+  // Thrown errors and unhandled rejections reach the REPL's domain, not the callback. One
+  // thrown by a callback (a timer, an event) while the cell still awaits is the cell's
+  // error, shown in it as the REPL shows it, and the cell goes on to its own end: its later
+  // output and value belong to it, not to whichever cell runs next. The REPL's answer to
+  // it ends by showing the prompt, which would land in the cell's output: not then.
+  let promptHeld = false;
+  const displayPrompt = r.displayPrompt;
+  r.displayPrompt = function (...args) {
+    if (promptHeld) return;
+    return displayPrompt.apply(this, args);
+  };
+  // The REPL itself reports the cell's own error (thrown, or the awaited promise's
+  // rejection); anything else (a callback's throw, a rejection nobody handled) comes from
+  // the event loop.
+  function fromRepl() {
+    const saved = Error.prepareStackTrace;
+    const limit = Error.stackTraceLimit;
+    const here = {};
+    try {
+      Error.prepareStackTrace = (_, frames) => frames;
+      Error.stackTraceLimit = 16;
+      Error.captureStackTrace(here, fromRepl);
+      return here.stack.some((f) => f.getFileName() === "node:repl");
+    } catch {
+      return true;
+    } finally {
+      Error.prepareStackTrace = saved;
+      Error.stackTraceLimit = limit;
+    }
+  }
   r._domain.prependListener("error", (e) => {
     unstick(e);
-    if (cur) {
-      fail(cur, e);
-      finish(cur);
-    }
+    if (!cur) return;
+    fail(cur, e);
+    if (awaiting && !cur.done && !fromRepl()) promptHeld = true;
+    else finish(cur);
+  });
+  r._domain.on("error", () => {
+    promptHeld = false;
   });
 
   listen();
