@@ -441,9 +441,14 @@ def __rbx_setup():
         return tb
 
     def print_tb(e, tb):
-        # As traceback.print_exception prints it; the end marker says how many lines it
-        # took, so a notebook export can tell the traceback from what the cell printed.
-        text = "".join(traceback.format_exception(type(e), e, tb))
+        # As traceback.print_exception prints it, without this file's frames anywhere in
+        # it (the interrupt handler's own frame ends every KeyboardInterrupt's stack); the
+        # end marker says how many lines it took, so a notebook export can tell the
+        # traceback from what the cell printed.
+        te = traceback.TracebackException(type(e), e, tb)
+        te.stack = traceback.StackSummary.from_list(
+            [f for f in te.stack if f.filename != boot])
+        text = "".join(te.format())
         sys.stderr.write(text)
         cell["extra"]["traceback_lines"] = text.count("\n")
 
@@ -498,9 +503,30 @@ def __rbx_setup():
     # that comes once the code is over, or at the REPL's prompt, is too late for any cell and
     # changes nothing. ---
     intr = {"armed": False, "pending": False}
+    # Where the interpreter's own libraries live: a frame there that this file called
+    # directly (inspect, while the value's rich forms are looked up) is still this file's
+    # work, and an interrupt landing in it is only noted.
+    lib_dirs = tuple(sorted({os.path.join(d, "")
+                             for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)
+                             for d in (p, os.path.realpath(p))}))
+
+    def in_user_code(frame):
+        # Walk out from the interrupted frame to the first of this file's frames: the
+        # frames between are the user's when one of them is the user's own code, or when
+        # this file called them to run the cell (an event loop running a top-level await).
+        seen = False
+        while frame is not None:
+            f = frame.f_code.co_filename
+            if f == boot:
+                return seen and frame.f_code.co_name == "run_maybe_async"
+            if f.startswith("<") or not f.startswith(lib_dirs):
+                return True
+            seen = True
+            frame = frame.f_back
+        return False
 
     def on_sigint(signum, frame):
-        if intr["armed"] and frame is not None and frame.f_code.co_filename != boot:
+        if intr["armed"] and in_user_code(frame):
             intr["armed"] = False  # one KeyboardInterrupt per cell
             raise KeyboardInterrupt
         intr["pending"] = True
