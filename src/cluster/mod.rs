@@ -207,8 +207,8 @@ not {}",
         Ok(())
     }
 
-    /// Renew the lease once. `Ok(false)`: it was gone, a new one is held now, and every
-    /// session this node held may have been adopted elsewhere.
+    /// Renew the lease once. `Ok(false)`: it was gone, every session this node held may
+    /// have been adopted elsewhere, and none is held now (fenced) until [`Cluster::join`].
     pub async fn renew(&self) -> anyhow::Result<bool> {
         let lease = self.lease.load(Ordering::SeqCst);
         if lease == 0 {
@@ -223,7 +223,6 @@ not {}",
         }
         self.lease.store(0, Ordering::SeqCst);
         tracing::error!(node = %self.node, "the cluster lease was lost: this node's sessions may be adopted by others");
-        self.join().await?;
         Ok(false)
     }
 

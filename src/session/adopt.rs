@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
 use super::journal::{self, Journaled};
-use super::live::End;
+use super::live::{End, Session};
 use super::manager::SessionManager;
 use super::table::Entry;
 use crate::cluster::{Cluster, RENEW_EVERY, check_node_id};
@@ -73,7 +73,15 @@ impl SessionManager {
                 };
                 match cluster.renew().await {
                     Ok(true) => {}
-                    Ok(false) => me.lease_lost().await,
+                    Ok(false) => {
+                        // Fenced (no lease) until every session it held is stopped here: a
+                        // call between a new lease and their end would run on a session
+                        // another node may hold.
+                        me.lease_lost().await;
+                        if let Err(e) = cluster.join().await {
+                            tracing::warn!("cluster: cannot take a new lease yet: {e}");
+                        }
+                    }
                     Err(e) => tracing::warn!("cluster: cannot renew the lease: {e}"),
                 }
             }
@@ -81,13 +89,24 @@ impl SessionManager {
     }
 
     /// The lease was lost: other nodes may have adopted this node's sessions. The open ones
-    /// are ended here (their journals untouched) and everything is left to adoption.
+    /// are ended here (handed over: a call in flight answers `unavailable`), their journals
+    /// sealed as they are, their interpreters killed and their directories removed (an
+    /// adoption here starts one again under the same id), and everything is left to
+    /// adoption.
     async fn lease_lost(&self) {
+        let mut stops = tokio::task::JoinSet::new();
         for s in self.table.open_sessions(None) {
-            if self.table.mark_ended(&s, End::Closed) {
-                tokio::spawn(super::end::finish(s));
+            // Ended first, then sealed: a cell journaled before the seal is answered, one
+            // refused by it is not (see `handover_error`).
+            let first = self.table.mark_ended(&s, End::HandedOver);
+            if let Some(w) = &s.journal {
+                w.seal();
+            }
+            if first {
+                stops.spawn(super::end::stop_handed_over(s));
             }
         }
+        while stops.join_next().await.is_some() {}
         let suspended: Vec<String> = self.table.read(|st| {
             st.entries()
                 .filter(|(_, e)| matches!(e, Entry::Suspended(_)))
@@ -255,6 +274,17 @@ it is back (another server may take its sessions over). Try again in a few secon
             cluster.leave().await;
         }
     }
+}
+
+/// The error for a call that ran while its session was handed over (its node lost its
+/// lease): its interpreter was killed for that (`exited`), or its cell's journal line was
+/// refused. The caller calls again and is served from the journal, here or elsewhere.
+pub(super) fn handover_error(session: &Session, exited: bool) -> Option<ToolError> {
+    if !matches!(session.ended(), Some(End::HandedOver)) {
+        return None;
+    }
+    let refused = session.journal.as_ref().is_some_and(|w| w.refused());
+    (exited || refused).then(|| session.ended_error())
 }
 
 /// Where the journal of session `id` is among the nodes' directories of `shared` (this

@@ -151,6 +151,18 @@ pub(super) async fn finish(session: Arc<Session>) -> Option<i32> {
     exit_code
 }
 
+/// Stop a session handed over to the cluster: kill its tree and remove its directory and
+/// return its uid now, even while a call still holds it.
+pub(super) async fn stop_handed_over(session: Arc<Session>) {
+    kill_session(&session).await;
+    let s = session.clone();
+    let files = tokio::task::spawn_blocking(move || s.take_footprint()).await;
+    if let Some(task) = files.ok().flatten().and_then(|f| f.release()) {
+        let _ = task.await;
+    }
+    session.dispose().await;
+}
+
 /// Kill a session's interpreter tree, even while an evaluation holds it.
 async fn kill_session(session: &Session) -> Option<i32> {
     let mut guard = match session.interp.try_lock() {

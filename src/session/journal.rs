@@ -144,6 +144,10 @@ pub struct Writer {
     written: AtomicU64,
     max: u64,
     full: AtomicBool,
+    /// Sealed: nothing more is written (set under `file`'s lock).
+    sealed: AtomicBool,
+    /// An append was refused because the journal was sealed.
+    refused: AtomicBool,
 }
 
 /// What an append did.
@@ -154,6 +158,8 @@ pub enum Appended {
     Full,
     /// The journal was removed (the session was closed).
     Removed,
+    /// The journal was sealed: its session may be another node's now.
+    Sealed,
 }
 
 impl Writer {
@@ -178,6 +184,8 @@ impl Writer {
             written: AtomicU64::new(line.len() as u64),
             max,
             full: AtomicBool::new(false),
+            sealed: AtomicBool::new(false),
+            refused: AtomicBool::new(false),
         })
     }
 
@@ -194,6 +202,8 @@ impl Writer {
             written: AtomicU64::new(written),
             max,
             full: AtomicBool::new(full),
+            sealed: AtomicBool::new(false),
+            refused: AtomicBool::new(false),
         })
     }
 
@@ -206,6 +216,10 @@ impl Writer {
     pub fn append(&self, entry: &Entry) -> io::Result<Appended> {
         let mut guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
         let Some(file) = guard.as_mut() else {
+            if self.sealed.load(Ordering::Relaxed) {
+                self.refused.store(true, Ordering::Relaxed);
+                return Ok(Appended::Sealed);
+            }
             return Ok(Appended::Removed);
         };
         let mut line = line_of(entry)?;
@@ -227,6 +241,19 @@ impl Writer {
         file.sync_data()?;
         self.written.fetch_add(line.len() as u64, Ordering::Relaxed);
         Ok(Appended::Written)
+    }
+
+    /// Write nothing more, leaving the file as it is (its session may be adopted by another
+    /// node now): an append in progress finishes first, later ones are refused.
+    pub fn seal(&self) {
+        let mut guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        self.sealed.store(true, Ordering::Relaxed);
+        guard.take();
+    }
+
+    /// Whether an append was refused because the journal was sealed.
+    pub fn refused(&self) -> bool {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// Delete the journal (the session was closed); later appends do nothing.

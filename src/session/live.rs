@@ -59,16 +59,19 @@ pub(super) enum End {
         at: SystemTime,
         idle: Duration,
     },
+    /// Its node lost its cluster lease: another node may hold it now (from its journal).
+    HandedOver,
 }
 
 impl End {
-    /// One word for lists: `closed`, `exited`, `reaped`, `evicted`.
+    /// One word for lists: `closed`, `exited`, `reaped`, `evicted`, `handed_over`.
     pub(super) fn reason(&self) -> &'static str {
         match self {
             End::Closed => "closed",
             End::Exited { .. } => "exited",
             End::Reaped { .. } => "reaped",
             End::Evicted { .. } => "evicted",
+            End::HandedOver => "handed_over",
         }
     }
 
@@ -90,6 +93,11 @@ Start a new one with session_start (and pass idle_timeout_s to keep it longer)."
 under the session limit. Start a new one with session_start.",
                 unix(*at),
                 idle.as_secs()
+            ),
+            End::HandedOver => format!(
+                "this server lost contact with its cluster registry, so session {id} was stopped \
+here (its journal is kept; the cell in flight, if any, is not in it). Call again in a few \
+seconds: it is restored from its journal."
             ),
         }
     }
@@ -309,7 +317,12 @@ impl Session {
     /// The error for a call on it once it has ended.
     pub(super) fn ended_error(&self) -> ToolError {
         let how = self.ended().unwrap_or(End::Closed);
-        ToolError::new(ErrorKind::EndedSession, how.message(&self.id)).session(&self.id)
+        // Not ended for its owner: served again once adopted, so a retry is the answer.
+        let kind = match how {
+            End::HandedOver => ErrorKind::Unavailable,
+            _ => ErrorKind::EndedSession,
+        };
+        ToolError::new(kind, how.message(&self.id)).session(&self.id)
     }
 
     /// Whether this caller is the one to deal with what it leaves now that it ended

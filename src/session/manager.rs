@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::adopt::handover_error;
 use super::evaluate::{Answer, Evaluator, VarsReport};
 use super::journal::StateDir;
 use super::launch::Launcher;
 use super::launch::warm::{SessionPool, WarmSessions};
 use super::live::Session;
 use super::persist::Journals;
-use super::report::{EvalReport, InterruptReport};
+use super::report::{EvalReport, EvalStatus, InterruptReport};
 use super::table::{Miss, Table};
 use crate::config::Config;
 use crate::error::{ErrorKind, ToolError};
@@ -212,6 +213,9 @@ has returned."
             .await;
         self.after_call(&session).await;
         let mut report = report?;
+        if let Some(e) = handover_error(&session, report.status == EvalStatus::Exited) {
+            return Err(e);
+        }
         if let Some(r) = restored {
             report.notes.insert(
                 0,
@@ -251,7 +255,11 @@ ms{})",
             .input(&self.table, &session, text, timeout, cancel, progress)
             .await;
         self.after_call(&session).await;
-        report
+        let report = report?;
+        match handover_error(&session, report.status == EvalStatus::Exited) {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
     }
 
     /// Interrupt the evaluation that is waiting for input, or the one running in another call.
@@ -260,7 +268,15 @@ ms{})",
         let session = self.lookup(caller, id)?;
         let report = self.evaluator.interrupt(&self.table, &session).await;
         self.after_call(&session).await;
-        report
+        let report = report?;
+        let exited = report
+            .result
+            .as_ref()
+            .is_some_and(|r| r.status == EvalStatus::Exited);
+        match handover_error(&session, exited) {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
     }
 
     /// List the names the user defined in the caller's session `id`.

@@ -444,7 +444,8 @@ pub struct EndedInfo {
     pub language: String,
     /// `ended`, or `suspended`: restorable with session_restore (its journal is kept).
     pub state: String,
-    /// How it ended: `closed`, `exited`, `reaped`, `evicted`, or `server_stopped`.
+    /// How it ended: `closed`, `exited`, `reaped`, `evicted`, `handed_over`, or
+    /// `server_stopped`.
     pub reason: String,
     /// Unix time it ended, when known.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -429,6 +429,7 @@ async fn journal_cell(session: &Session, done: (Cell, Vec<String>, Vec<usize>, u
         return;
     };
     let (cell, inputs, no_enter, timeout_ms) = done;
+    let eval_id = cell.eval_id;
     let entry = Entry::Cell(CellEntry {
         eval_id: cell.eval_id,
         code: cell.code,
@@ -446,6 +447,9 @@ async fn journal_cell(session: &Session, done: (Cell, Vec<String>, Vec<usize>, u
     match r {
         Ok(Ok(journal::Appended::Full)) if !was_full => {
             tracing::warn!(session = %session.id, "the session's journal is full");
+        }
+        Ok(Ok(journal::Appended::Sealed)) => {
+            tracing::warn!(session = %session.id, eval_id, "a cell finished after its session was handed over: not journaled");
         }
         Ok(Err(e)) => {
             tracing::error!(session = %session.id, error = %e, "cannot write the session's journal")
