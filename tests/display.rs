@@ -36,6 +36,28 @@ impl Shown {
             .collect()
     }
 
+    /// The `resource_link` blocks: (uri, name, MIME type).
+    fn links(&self) -> Vec<(String, String, String)> {
+        self.blocks
+            .iter()
+            .filter(|b| b["type"] == "resource_link")
+            .map(|b| {
+                let s = |k: &str| b[k].as_str().unwrap_or("").to_string();
+                (s("uri"), s("name"), s("mimeType"))
+            })
+            .collect()
+    }
+
+    /// The base64 data of the image block of a MIME type.
+    fn image(&self, mime: &str) -> String {
+        self.blocks
+            .iter()
+            .find(|b| b["type"] == "image" && b["mimeType"] == mime)
+            .and_then(|b| b["data"].as_str())
+            .unwrap_or_else(|| panic!("no {mime} image in {:?}", self.kinds()))
+            .to_string()
+    }
+
     /// The embedded resource of a MIME type: (uri, text).
     fn resource(&self, mime: &str) -> (String, String) {
         let b = self
@@ -51,9 +73,13 @@ impl Shown {
 }
 
 async fn eval(s: &TestServer, id: &str, code: &str) -> Shown {
+    eval_on(s.client.peer(), id, code).await
+}
+
+/// [`eval`] through any client (stdio or HTTP).
+async fn eval_on(peer: &rmcp::Peer<rmcp::RoleClient>, id: &str, code: &str) -> Shown {
     let args = json!({"session_id": id, "code": code});
-    let r = s
-        .client
+    let r = peer
         .call_tool(
             CallToolRequestParams::new("session_eval")
                 .with_arguments(args.as_object().cloned().expect("object")),
@@ -438,5 +464,179 @@ async fn written_files_are_resource_links_and_the_list_changes() {
     let again = eval(&s, &id, "1").await;
     assert!(again.kinds().is_empty());
     assert_eq!(s.recorder.resources_changed.load(Ordering::SeqCst), 1);
+    s.stop().await;
+}
+
+/// `resources/read` of a URI: each content as JSON, or the error's text.
+async fn read_on(peer: &rmcp::Peer<rmcp::RoleClient>, uri: &str) -> Result<Vec<Value>, String> {
+    let r = peer
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(uri))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(r.contents
+        .iter()
+        .map(|c| serde_json::to_value(c).expect("json"))
+        .collect())
+}
+
+/// Every figure and display a cell returned has a URI its owner can read again later
+/// (`resources/read` gives back the same bytes, `resources/list` lists it); another token's
+/// principal cannot read or list it, and no URI made up from one reaches anything else: no
+/// other session, no file, no path out of the server's own store.
+#[tokio::test(flavor = "multi_thread")]
+async fn shown_outputs_are_resources_only_their_owner_reads() {
+    if !require("python", "python3") {
+        return;
+    }
+    let (ta, tb) = (token(), token());
+    let s = Server::http().token(&ta).token(&tb).start().await;
+    let (a, b) = (s.connect(&ta).await, s.connect(&tb).await);
+    let id = http_call(a.peer(), "session_start", json!({"language": "python"}))
+        .await
+        .s("session_id")
+        .to_string();
+    let other = http_call(b.peer(), "session_start", json!({"language": "python"}))
+        .await
+        .s("session_id")
+        .to_string();
+    eval_on(a.peer(), &id, EVERY_REPR).await;
+    eval_on(b.peer(), &other, EVERY_REPR).await;
+    // A file of the same name as a stored output, in the session's own directory.
+    let shown = eval_on(
+        a.peer(),
+        &id,
+        "import os; os.makedirs('displays', exist_ok=True); open('secret.txt','w').write('S3')\n\
+         display(Every())",
+    )
+    .await;
+
+    // Images come with a link to read them again; text resources carry their URI.
+    let links: Vec<_> = shown
+        .links()
+        .into_iter()
+        .filter(|l| l.0.contains("/displays/"))
+        .collect();
+    assert_eq!(
+        links.iter().map(|l| l.2.as_str()).collect::<Vec<_>>(),
+        ["image/png", "image/svg+xml"],
+        "{:?}",
+        shown.blocks
+    );
+    let png = &links[0].0;
+    let read = read_on(a.peer(), png).await.expect("read the png");
+    assert_eq!(read[0]["mimeType"], "image/png");
+    assert_eq!(read[0]["blob"], shown.image("image/png").as_str());
+    let svg = read_on(a.peer(), &links[1].0).await.expect("read the svg");
+    assert!(svg[0]["text"].as_str().unwrap_or("").starts_with("<svg"));
+    let (html, text) = shown.resource("text/html");
+    let read = read_on(a.peer(), &html).await.expect("read the html");
+    assert_eq!(read[0]["text"], text.as_str());
+    assert_eq!(read[0]["mimeType"], "text/html");
+    assert_eq!(
+        shown.structured["displays"][0]["uris"][0].as_str(),
+        Some(png.as_str())
+    );
+    let listed: Vec<String> = a
+        .list_all_resources()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|r| r.uri)
+        .collect();
+    assert!(listed.contains(png) && listed.contains(&html), "{listed:?}");
+
+    // Another principal: not readable, not listed, the same error as for no such session.
+    for uri in [png, &html] {
+        let e = read_on(b.peer(), uri)
+            .await
+            .expect_err("another token read it");
+        assert!(e.contains("no session"), "{e}");
+    }
+    let theirs: Vec<String> = b
+        .list_all_resources()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|r| r.uri)
+        .collect();
+    assert!(
+        theirs.iter().all(|u| !u.contains(&id)),
+        "{theirs:?} lists {id}"
+    );
+
+    // Made-up URIs: other names, traversal, encodings, another session's numbering.
+    let name = png.rsplit('/').next().expect("name");
+    let base = format!("replbox://sessions/{id}");
+    for uri in [
+        format!("{base}/displays/../files/secret.txt"),
+        format!("{base}/displays/..%2Ffiles%2Fsecret.txt"),
+        format!("{base}/displays/%2e%2e/files/secret.txt"),
+        format!("{base}/displays/{name}/../../files/secret.txt"),
+        format!("{base}/figures/{name}"),
+        format!("{base}/displays/{name}?x=1"),
+        format!("{base}/displays/0-0.png"),
+        format!("{base}/displays/99999999999999999999999-1.png"),
+        format!("{base}/displays/"),
+        format!("{base}/displays/{}", "1".repeat(5000)),
+        format!("replbox://sessions/{id}%2F..%2F{other}/displays/{name}"),
+        format!("replbox://sessions/../sessions/{other}/displays/{name}"),
+        format!("replbox://sessions/{other}/displays/{name}"),
+        format!("replbox://sessions/{other}/displays/../../{id}/displays/{name}"),
+        format!("replbox://sessions/{id}/DISPLAYS/{name}"),
+    ] {
+        match read_on(a.peer(), &uri).await {
+            Err(_) => {}
+            Ok(c) => panic!("{uri} read as {c:?}"),
+        }
+    }
+    // The session's own file of the same shape is a file, under files/.
+    let own = read_on(a.peer(), &format!("{base}/files/secret.txt"))
+        .await
+        .expect("its own file");
+    assert_eq!(own[0]["text"], "S3");
+    // Still served after its session ends, while what it leaves is kept (--keep-files-s).
+    let closed = http_call(a.peer(), "session_close", json!({"session_id": id})).await;
+    assert!(!closed.is_error, "{}", closed.text);
+    let again = read_on(a.peer(), &html)
+        .await
+        .expect("kept after the close");
+    assert_eq!(again[0]["text"], text.as_str());
+    assert!(read_on(b.peer(), &html).await.is_err());
+    drop((a, b));
+    s.stop().await;
+}
+
+/// A matplotlib figure comes back as an image and a link that reads it again as the same PNG.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_figure_is_a_resource_read_again_later() {
+    if !require_data_stack() {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("python").await;
+    let shown = eval(
+        &s,
+        &id,
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
+    )
+    .await;
+    let links = shown.links();
+    assert_eq!(links.len(), 1, "{:?}", shown.blocks);
+    let (uri, name, mime) = &links[0];
+    assert!(
+        uri.starts_with(&format!("replbox://sessions/{id}/figures/")) && uri.ends_with(".png"),
+        "{uri}"
+    );
+    assert_eq!(
+        (name.as_str(), mime.as_str()),
+        ("figure-1.png", "image/png")
+    );
+    assert_eq!(shown.structured["images"][0]["uri"], uri.as_str());
+    eval(&s, &id, "x = 1").await;
+    let read = read_on(s.client.peer(), uri).await.expect("read");
+    assert_eq!(read[0]["blob"], shown.image("image/png").as_str());
+    let listed = s.client.list_all_resources().await.expect("list");
+    let r = listed.iter().find(|r| &r.uri == uri).expect("listed");
+    assert_eq!(r.mime_type.as_deref(), Some("image/png"));
     s.stop().await;
 }

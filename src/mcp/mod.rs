@@ -34,7 +34,8 @@ use crate::identity::Caller;
 use crate::lang::{LookupError, did_you_mean};
 use crate::session::FileError;
 use crate::session::files::{
-    EXPORT_TEMPLATES, URI_TEMPLATE, file_uri, parse_export_uri, parse_uri,
+    EXPORT_TEMPLATES, SHOWN_TEMPLATES, URI_TEMPLATE, file_uri, parse_export_uri, parse_shown_uri,
+    parse_uri,
 };
 
 /// One MCP connection's handler. Cheap to clone; all state lives in [`App`].
@@ -301,23 +302,28 @@ impl ServerHandler for ReplboxServer {
             })?,
             None => 0,
         };
-        let all = self.app.sessions.list_files(&caller).await;
-        let resources: Vec<Resource> = all
-            .iter()
-            .skip(start)
-            .take(PAGE)
-            .map(|(id, path, size)| {
-                let mut r = Resource::new(file_uri(id, path), path.clone())
-                    .with_description(format!("file of session {id}"))
-                    .with_size(*size);
-                if let Some(m) = crate::session::files::mime_for(path) {
-                    r = r.with_mime_type(m);
-                }
-                r
-            })
-            .collect();
+        let files = self.app.sessions.list_files(&caller).await;
+        let shown = self.app.sessions.list_shown(&caller);
+        let total = files.len() + shown.len();
+        let files = files.iter().map(|(id, path, size)| {
+            let mut r = Resource::new(file_uri(id, path), path.clone())
+                .with_description(format!("file of session {id}"))
+                .with_size(*size);
+            if let Some(m) = crate::session::files::mime_for(path) {
+                r = r.with_mime_type(m);
+            }
+            r
+        });
+        // What cells showed, after the files: each figure or display part by its URI.
+        let shown = shown.into_iter().map(|(uri, mime, size)| {
+            let name = uri.rsplit('/').next().unwrap_or_default().to_string();
+            Resource::new(uri, name)
+                .with_mime_type(mime)
+                .with_size(size)
+        });
+        let resources: Vec<Resource> = files.chain(shown).skip(start).take(PAGE).collect();
         let mut page = ListResourcesResult::with_all_items(resources);
-        if start + PAGE < all.len() {
+        if start + PAGE < total {
             page.next_cursor = Some((start + PAGE).to_string());
         }
         Ok(page)
@@ -332,6 +338,12 @@ impl ServerHandler for ReplboxServer {
         Ok(ListResourceTemplatesResult::with_all_items(vec![
             ResourceTemplate::new(URI_TEMPLATE, "session file").with_description(
                 "A file in a session's directory, by path relative to it (segments percent-encoded). Text files come back as text, others as base64 blobs. An ended session's files stay readable (read-only) for a while.",
+            ),
+            ResourceTemplate::new(SHOWN_TEMPLATES[0], "figure").with_description(
+                "A figure a cell returned (PNG), by the URI its result gave; kept with the session's history.",
+            ),
+            ResourceTemplate::new(SHOWN_TEMPLATES[1], "display").with_description(
+                "A part of a rich display a cell returned (image, HTML, JSON, …), by the URI its result gave; kept with the session's history.",
             ),
             ResourceTemplate::new(ipynb, "session notebook")
                 .with_description("A session's cells as a Jupyter notebook (nbformat 4), as session_export writes it.")
@@ -362,6 +374,30 @@ impl ServerHandler for ReplboxServer {
                 })?;
             let contents = ResourceContents::text(r.document, uri).with_mime_type(r.mime_type);
             return Ok(ReadResourceResult::new(vec![contents]).into());
+        }
+        if let Some(id) = parse_shown_uri(&uri) {
+            let shown = self
+                .app
+                .sessions
+                .read_shown(&caller, &id, &uri)
+                .map_err(|e| match e {
+                    FileError::NotFound(m) => ErrorData::resource_not_found(m, None),
+                    FileError::Invalid(m) | FileError::TooLarge(m) => {
+                        ErrorData::invalid_params(m, None)
+                    }
+                })?;
+            let contents =
+                if shown.mime_type.starts_with("image/") && shown.mime_type != "image/svg+xml" {
+                    ResourceContents::blob(
+                        base64::engine::general_purpose::STANDARD.encode(&shown.data),
+                        uri,
+                    )
+                } else {
+                    ResourceContents::text(String::from_utf8_lossy(&shown.data).into_owned(), uri)
+                };
+            return Ok(
+                ReadResourceResult::new(vec![contents.with_mime_type(shown.mime_type)]).into(),
+            );
         }
         let (id, path) = parse_uri(&uri).map_err(|e| {
             tracing::debug!(principal = %caller.principal, "resources/read of a malformed URI");

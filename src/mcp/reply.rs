@@ -37,11 +37,14 @@ pub(super) fn structured_value<T: Serialize>(structured: &T) -> Value {
 pub(super) fn eval_result(r: &EvalReport) -> CallToolResult {
     let mut out = result(r.text(), r, r.is_error());
     let b64 = base64::engine::general_purpose::STANDARD;
-    for a in &r.attachments {
+    // Each figure, then a link that reads it again later.
+    for (a, info) in r.attachments.iter().zip(&r.images) {
         out.content.push(ContentBlock::image(
             b64.encode(&a.data),
             a.mime_type.clone(),
         ));
+        out.content
+            .push(shown_link(&a.uri, &info.name, &a.mime_type, a.data.len()));
     }
     // Files the evaluation created or changed, as links the client can read (`resources/read`)
     // instead of copies; at most the ten the text names.
@@ -55,26 +58,46 @@ pub(super) fn eval_result(r: &EvalReport) -> CallToolResult {
             out.content.push(ContentBlock::resource_link(link));
         }
     }
+    // A display's images are followed by their links; its text parts carry their URI.
     for block in &r.rich {
-        out.content.push(match &block.content {
+        match &block.content {
             RichContent::Image(data) => {
-                ContentBlock::image(b64.encode(data), block.mime_type.clone())
+                out.content.push(ContentBlock::image(
+                    b64.encode(data),
+                    block.mime_type.clone(),
+                ));
+                let name = block.uri.rsplit('/').next().unwrap_or_default();
+                out.content
+                    .push(shown_link(&block.uri, name, &block.mime_type, data.len()));
             }
-            RichContent::Text { uri, text } => ContentBlock::resource(
-                ResourceContents::text(text.clone(), uri.clone()).with_mime_type(&block.mime_type),
-            ),
-        });
+            RichContent::Text(text) => out.content.push(ContentBlock::resource(
+                ResourceContents::text(text.clone(), block.uri.clone())
+                    .with_mime_type(&block.mime_type),
+            )),
+        }
     }
     out
 }
 
+/// A `resource_link` to a figure or display part the session keeps.
+fn shown_link(uri: &str, name: &str, mime: &str, size: usize) -> ContentBlock {
+    ContentBlock::resource_link(
+        rmcp::model::Resource::new(uri.to_string(), name.to_string())
+            .with_mime_type(mime.to_string())
+            .with_size(size as u64),
+    )
+}
+
 /// Tell the client its resource list changed when the evaluation created or deleted files
+/// or returned figures or displays (each one a resource)
 /// (`notifications/resources/list_changed`); a client that cannot take it is not an error.
 pub(super) async fn announce_files(ctx: &RequestContext<RoleServer>, r: &EvalReport) {
     use crate::session::files::Change;
-    if r.files
-        .iter()
-        .any(|f| matches!(f.change, Change::Created | Change::Deleted))
+    if !r.attachments.is_empty()
+        || !r.rich.is_empty()
+        || r.files
+            .iter()
+            .any(|f| matches!(f.change, Change::Created | Change::Deleted))
     {
         let _ = ctx.peer.notify_resource_list_changed().await;
     }

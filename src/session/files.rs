@@ -101,6 +101,39 @@ pub fn parse_uri(uri: &str) -> Result<(String, String), String> {
     Ok((id, segments.join("/")))
 }
 
+/// The URI templates of what cells showed, kept with the history to be read again.
+pub const SHOWN_TEMPLATES: [&str; 2] = [
+    "replbox://sessions/{session_id}/figures/{name}",
+    "replbox://sessions/{session_id}/displays/{name}",
+];
+
+/// `replbox://sessions/{id}/{kind}/{eval}-{n}.{ext}`: the `n`th figure or display part an
+/// evaluation returned.
+pub fn shown_uri(session_id: &str, kind: &str, eval: u64, n: u64, ext: &str) -> String {
+    format!(
+        "{URI_PREFIX}{}/{kind}/{eval}-{n}.{ext}",
+        encode_segment(session_id)
+    )
+}
+
+/// The session id of a URI with the shape of [`shown_uri`]'s; the whole URI is then only
+/// compared with the ones the session's history holds, never made into a path.
+pub fn parse_shown_uri(uri: &str) -> Option<String> {
+    let rest = uri.strip_prefix(URI_PREFIX)?;
+    let (id, tail) = rest.split_once('/')?;
+    let name = tail
+        .strip_prefix("figures/")
+        .or_else(|| tail.strip_prefix("displays/"))?;
+    let (stem, ext) = name.split_once('.')?;
+    let (eval, n) = stem.split_once('-')?;
+    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+    let ok = digits(eval)
+        && digits(n)
+        && (2..=4).contains(&ext.len())
+        && ext.bytes().all(|b| b.is_ascii_lowercase());
+    ok.then(|| decode(id).ok())?
+}
+
 /// The URI templates of a session's exports.
 pub const EXPORT_TEMPLATES: [&str; 2] = [
     "replbox://sessions/{session_id}/export.ipynb",
@@ -203,6 +236,24 @@ pub fn human_size(n: u64) -> String {
 mod tests {
     use super::*;
     use crate::workspace::DirId;
+
+    #[test]
+    fn shown_uris_have_one_shape() {
+        let u = shown_uri("a b", "figures", 3, 2, "png");
+        assert_eq!(u, "replbox://sessions/a%20b/figures/3-2.png");
+        assert_eq!(parse_shown_uri(&u).as_deref(), Some("a b"));
+        for bad in [
+            "replbox://sessions/s/figures/../files/x",
+            "replbox://sessions/s/displays/1-1.png/x",
+            "replbox://sessions/s/displays/1-1.PNG",
+            "replbox://sessions/s/displays/1-1.html?x",
+            "replbox://sessions/s/displays/-1.png",
+            "replbox://sessions/s/files/1-1.png",
+            "replbox://sessions/s/x/displays/1-1.png",
+        ] {
+            assert_eq!(parse_shown_uri(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn uris_round_trip_and_refuse_smuggled_separators() {

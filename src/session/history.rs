@@ -39,7 +39,17 @@ pub struct Outputs {
     /// The error's traceback lines, when the bootstrap said which lines they are.
     pub traceback: Vec<String>,
     /// PNG figures, in order.
-    pub images: Vec<Vec<u8>>,
+    pub images: Vec<Shown>,
+    /// The parts of rich displays (images, HTML, JSON, …), in order.
+    pub displays: Vec<Shown>,
+}
+
+/// A figure or a display's part, kept with its cell to be read again at its URI.
+#[derive(Debug, Clone)]
+pub struct Shown {
+    pub uri: String,
+    pub mime_type: String,
+    pub data: Vec<u8>,
 }
 
 impl Outputs {
@@ -55,15 +65,48 @@ impl Outputs {
             stream,
             value,
             traceback,
-            images: report.attachments.iter().map(|a| a.data.clone()).collect(),
+            images: report
+                .attachments
+                .iter()
+                .map(|a| Shown {
+                    uri: a.uri.clone(),
+                    mime_type: a.mime_type.clone(),
+                    data: a.data.clone(),
+                })
+                .collect(),
+            displays: report
+                .rich
+                .iter()
+                .map(|b| Shown {
+                    uri: b.uri.clone(),
+                    mime_type: b.mime_type.clone(),
+                    data: b.content.bytes().to_vec(),
+                })
+                .collect(),
         }
+    }
+
+    /// What the outputs of earlier parts of the same evaluation (paused for input) showed
+    /// goes first.
+    pub fn after(mut self, before: Outputs) -> Self {
+        self.images.splice(0..0, before.images);
+        self.displays.splice(0..0, before.displays);
+        self
+    }
+
+    /// The figures and display parts, to be read again.
+    pub fn shown(&self) -> impl Iterator<Item = &Shown> {
+        self.images.iter().chain(&self.displays)
     }
 
     fn bytes(&self) -> usize {
         self.stream.len()
             + self.value.as_ref().map_or(0, String::len)
             + self.traceback.iter().map(String::len).sum::<usize>()
-            + self.images.iter().map(Vec::len).sum::<usize>()
+            + self
+                .shown()
+                .map(|s| s.data.len() + s.uri.len())
+                .sum::<usize>()
     }
 }
 
@@ -198,6 +241,8 @@ pub(super) struct Pending {
     pub timeout_ms: u64,
     /// What its earlier parts showed.
     pub output: String,
+    /// The figures and displays of its earlier parts.
+    pub shown: Outputs,
     /// The answers typed with `session_input`, in order (replayed after a restore).
     pub inputs: Vec<String>,
     /// Which of `inputs` were typed as given, without Enter (`enter: false`).

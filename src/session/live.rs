@@ -145,6 +145,9 @@ pub struct Session {
     pub(super) tools: Option<Arc<crate::upstream::Channel>>,
     /// Its package layer (Python outside a caller's venv, packages on).
     pub(super) packages: Option<Arc<crate::packages::SessionPackages>>,
+    /// The evaluation whose figures and displays were named last, and the next number:
+    /// the parts of an evaluation paused for input go on numbering.
+    pub(super) shown: Mutex<(u64, u64)>,
 }
 
 /// What a session holds on the host besides its processes: its private directory (work,
@@ -219,6 +222,7 @@ impl Session {
             share: Mutex::new(p.share),
             tools: p.tools,
             packages: p.packages,
+            shown: Mutex::new((u64::MAX, 1)),
         }
     }
 

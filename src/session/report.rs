@@ -142,34 +142,52 @@ pub struct ImageInfo {
     pub bytes: u64,
     pub width: u32,
     pub height: u32,
+    /// Where `resources/read` returns it again (`replbox://sessions/{id}/figures/…`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub uri: String,
 }
 
-/// Bytes sent as an image content.
+/// Bytes sent as an image content, and kept to be read again at `uri`.
 #[derive(Debug, Clone)]
 pub struct Attachment {
     pub mime_type: String,
     pub data: Vec<u8>,
+    pub uri: String,
 }
 
 /// One rich display of an evaluation.
 #[derive(Debug, Clone, Default, Serialize, JsonSchema)]
 pub struct DisplayInfo {
     pub mime_types: Vec<String>,
+    /// The resource URI of each of `mime_types`, in the same order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub uris: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frame: Option<serde_json::Value>,
 }
 
-/// A display's content block: an image, or a text resource (HTML, Markdown, JSON, …).
+/// A display's content block: an image, or a text resource (HTML, Markdown, JSON, …), kept
+/// to be read again at `uri`.
 #[derive(Debug, Clone)]
 pub struct RichBlock {
     pub mime_type: String,
+    pub uri: String,
     pub content: RichContent,
 }
 
 #[derive(Debug, Clone)]
 pub enum RichContent {
     Image(Vec<u8>),
-    Text { uri: String, text: String },
+    Text(String),
+}
+
+impl RichContent {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            RichContent::Image(b) => b,
+            RichContent::Text(t) => t.as_bytes(),
+        }
+    }
 }
 
 /// A bundle file the bootstrap wrote into `out/`.
@@ -735,6 +753,7 @@ mod tests {
             bytes: 10,
             width: 640,
             height: 480,
+            uri: String::new(),
         });
         r.files.push(FileChange {
             path: "out.csv".into(),

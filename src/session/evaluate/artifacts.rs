@@ -36,26 +36,35 @@ impl Evaluator {
         let max_images = self.config.max_images as usize;
         let max_bytes = self.config.max_image_bytes;
         let max_entries = self.config.max_tracked_files;
+        let mut namer = {
+            let last = lock(&session.shown);
+            display::Namer {
+                session_id: id.clone(),
+                eval_id,
+                next: if last.0 == eval_id { last.1 } else { 1 },
+            }
+        };
         // As the session's uid: both directories are the session code's to write.
         let job = hostfs::as_uid(session.uid, move || {
-            let images = read_images(out.as_fd(), refs, max_images, max_bytes);
+            let images = read_images(out.as_fd(), refs, &mut namer, max_images, max_bytes);
             let caps = display::Caps {
                 images: max_images.saturating_sub(images.images.len()),
                 image_bytes: max_bytes,
                 text_bytes,
                 frame_bytes: text_bytes / 4,
             };
-            let displays = display::read_displays(out.as_fd(), display_refs, &id, eval_id, caps);
+            let displays = display::read_displays(out.as_fd(), display_refs, &mut namer, caps);
             let tracked = old.map(|mut tracked| {
                 let changes = tracked.refresh(cwd.as_fd(), max_entries, &skip, &id);
                 (tracked, changes)
             });
-            (images, displays, tracked)
+            (images, displays, tracked, namer.next)
         });
-        let Ok((images, displays, tracked)) = job.await else {
+        let Ok((images, displays, tracked, next)) = job.await else {
             tracing::warn!(session = %session.id, "collecting files and images failed");
             return;
         };
+        *lock(&session.shown) = (eval_id, next);
         report.images_omitted += images.over_count;
         for (info, data) in images.images {
             report.images.push(info);
@@ -132,6 +141,7 @@ struct ImagesRead {
 fn read_images(
     out_dir: std::os::fd::BorrowedFd<'_>,
     refs: Vec<ImageRef>,
+    namer: &mut display::Namer,
     max_images: usize,
     max_bytes: u64,
 ) -> ImagesRead {
@@ -153,19 +163,24 @@ fn read_images(
                 .and_then(|f| crate::workspace::read_capped(f, max_bytes));
             match read {
                 Ok(Ok(data)) => match png_size(&data) {
-                    Some((width, height)) => out.images.push((
-                        ImageInfo {
-                            name,
-                            mime_type: "image/png".into(),
-                            bytes: data.len() as u64,
-                            width,
-                            height,
-                        },
-                        Attachment {
-                            mime_type: "image/png".into(),
-                            data,
-                        },
-                    )),
+                    Some((width, height)) => {
+                        let uri = namer.uri("figures", "png");
+                        out.images.push((
+                            ImageInfo {
+                                name,
+                                mime_type: "image/png".into(),
+                                bytes: data.len() as u64,
+                                width,
+                                height,
+                                uri: uri.clone(),
+                            },
+                            Attachment {
+                                mime_type: "image/png".into(),
+                                data,
+                                uri,
+                            },
+                        ))
+                    }
                     None => tracing::warn!(file, "ignored an image that is not a PNG"),
                 },
                 Ok(Err(size)) => out.too_big.push((name, size)),

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::hostfs;
+use crate::session::files;
 use crate::session::report::{DisplayInfo, DisplayRef, RichBlock, RichContent};
 
 /// Largest bundle file read, in bytes (a bootstrap writes at most 4 MiB of data in one).
@@ -56,8 +57,8 @@ struct Bundle {
 /// What becomes of one MIME type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    /// Base64 of these bytes, which must start with the magic.
-    Raster(&'static [u8]),
+    /// Base64 of these bytes, which must start with the magic; the file extension.
+    Raster(&'static [u8], &'static str),
     Svg,
     /// Text, returned as an embedded resource with the given file extension.
     Text(&'static str),
@@ -67,9 +68,9 @@ enum Kind {
 /// the output), in the order their blocks go into the result.
 fn kind(mime: &str) -> Option<Kind> {
     Some(match mime {
-        "image/png" => Kind::Raster(b"\x89PNG\r\n\x1a\n"),
-        "image/jpeg" => Kind::Raster(b"\xff\xd8\xff"),
-        "image/gif" => Kind::Raster(b"GIF8"),
+        "image/png" => Kind::Raster(b"\x89PNG\r\n\x1a\n", "png"),
+        "image/jpeg" => Kind::Raster(b"\xff\xd8\xff", "jpg"),
+        "image/gif" => Kind::Raster(b"GIF8", "gif"),
         "image/svg+xml" => Kind::Svg,
         "text/html" => Kind::Text("html"),
         "text/markdown" => Kind::Text("md"),
@@ -90,12 +91,30 @@ fn kind(mime: &str) -> Option<Kind> {
     })
 }
 
+/// Names what an evaluation returns, to be read again later:
+/// `replbox://sessions/{id}/{figures|displays}/{eval}-{n}.{ext}`, `n` counting the
+/// evaluation's figures and display parts together (across the parts of an evaluation that
+/// paused for input), so each URI names one thing.
+#[derive(Debug, Clone)]
+pub(crate) struct Namer {
+    pub session_id: String,
+    pub eval_id: u64,
+    pub next: u64,
+}
+
+impl Namer {
+    pub fn uri(&mut self, kind: &str, ext: &str) -> String {
+        let uri = files::shown_uri(&self.session_id, kind, self.eval_id, self.next, ext);
+        self.next += 1;
+        uri
+    }
+}
+
 /// Read the bundles an end marker named, within the caps, removing each file once read.
 pub(super) fn read_displays(
     out_dir: BorrowedFd<'_>,
     refs: Vec<DisplayRef>,
-    session_id: &str,
-    eval_id: u64,
+    namer: &mut Namer,
     caps: Caps,
 ) -> Displays {
     let mut out = Displays::default();
@@ -112,13 +131,7 @@ pub(super) fn read_displays(
             let read = hostfs::open_beneath(out_dir, &[file], &hostfs::Walk::default())
                 .and_then(|f| crate::workspace::read_capped(f, MAX_BUNDLE_BYTES));
             match read {
-                Ok(Ok(data)) => {
-                    let prefix = format!(
-                        "replbox://sessions/{session_id}/displays/{eval_id}-{}",
-                        k + 1
-                    );
-                    bundle(&data, &prefix, caps, &mut text_left, &mut out);
-                }
+                Ok(Ok(data)) => bundle(&data, namer, caps, &mut text_left, &mut out),
                 Ok(Err(size)) => {
                     out.omitted += 1;
                     out.notes.push(format!(
@@ -138,7 +151,7 @@ pub(super) fn read_displays(
 /// One bundle's bytes (user code's) into `out`.
 pub(super) fn bundle(
     data: &[u8],
-    uri_prefix: &str,
+    namer: &mut Namer,
     caps: Caps,
     text_left: &mut usize,
     out: &mut Displays,
@@ -157,11 +170,11 @@ pub(super) fn bundle(
         .filter_map(|(m, v)| kind(m).map(|k| (m, v, k)))
         .collect();
     // Images first, then text, each in a fixed order whatever the bundle's.
-    let image = |k: &Kind| matches!(k, Kind::Raster(_) | Kind::Svg);
+    let image = |k: &Kind| matches!(k, Kind::Raster(..) | Kind::Svg);
     entries.sort_by(|a, b| (!image(&a.2), a.0).cmp(&(!image(&b.2), b.0)));
     for (mime, value, kind) in entries {
         match kind {
-            Kind::Raster(magic) => {
+            Kind::Raster(magic, ext) => {
                 let Some(s) = value.as_str() else { continue };
                 let clean: String = s.chars().filter(|c| !c.is_ascii_whitespace()).collect();
                 let Ok(bytes) = b64.decode(clean.as_bytes()) else {
@@ -173,8 +186,11 @@ pub(super) fn bundle(
                 if !take_image(out, caps, bytes.len() as u64, mime) {
                     continue;
                 }
+                let uri = namer.uri("displays", ext);
+                info.uris.push(uri.clone());
                 out.blocks.push(RichBlock {
                     mime_type: mime.clone(),
+                    uri,
                     content: RichContent::Image(bytes),
                 });
             }
@@ -183,8 +199,11 @@ pub(super) fn bundle(
                 if !s.contains("<svg") || !take_image(out, caps, s.len() as u64, mime) {
                     continue;
                 }
+                let uri = namer.uri("displays", "svg");
+                info.uris.push(uri.clone());
                 out.blocks.push(RichBlock {
                     mime_type: mime.clone(),
+                    uri,
                     content: RichContent::Image(s.as_bytes().to_vec()),
                 });
             }
@@ -204,12 +223,12 @@ evaluation's budget for rich text (--output-cap); its text form is in the output
                     continue;
                 }
                 *text_left -= text.len();
+                let uri = namer.uri("displays", ext);
+                info.uris.push(uri.clone());
                 out.blocks.push(RichBlock {
                     mime_type: mime.clone(),
-                    content: RichContent::Text {
-                        uri: format!("{uri_prefix}.{ext}"),
-                        text,
-                    },
+                    uri,
+                    content: RichContent::Text(text),
                 });
             }
         }
@@ -281,12 +300,20 @@ mod tests {
         frame_bytes: 200,
     };
 
+    fn namer() -> Namer {
+        Namer {
+            session_id: "s".into(),
+            eval_id: 1,
+            next: 1,
+        }
+    }
+
     fn run(v: Value) -> Displays {
         let mut out = Displays::default();
         let mut left = CAPS.text_bytes;
         bundle(
             v.to_string().as_bytes(),
-            "replbox://sessions/s/displays/1-1",
+            &mut namer(),
             CAPS,
             &mut left,
             &mut out,
@@ -314,11 +341,11 @@ mod tests {
         );
         assert_eq!(d.infos.len(), 1);
         assert_eq!(d.infos[0].mime_types, mimes);
+        assert_eq!(d.blocks[2].uri, "replbox://sessions/s/displays/1-3.json");
+        assert_eq!(d.blocks[1].uri, "replbox://sessions/s/displays/1-2.svg");
+        assert_eq!(d.infos[0].uris.len(), 4);
         match &d.blocks[2].content {
-            RichContent::Text { uri, text } => {
-                assert_eq!(uri, "replbox://sessions/s/displays/1-1.json");
-                assert_eq!(text, r#"{"mark":"bar"}"#);
-            }
+            RichContent::Text(text) => assert_eq!(text, r#"{"mark":"bar"}"#),
             other => panic!("{other:?}"),
         }
     }
@@ -337,8 +364,14 @@ mod tests {
         assert!(d.notes[0].contains("budget"), "{:?}", d.notes);
         let mut out = Displays::default();
         let mut left = 100;
-        bundle(b"[1,2", "u", CAPS, &mut left, &mut out);
-        bundle(&b"[".repeat(10_000), "u", CAPS, &mut left, &mut out);
+        bundle(b"[1,2", &mut namer(), CAPS, &mut left, &mut out);
+        bundle(
+            &b"[".repeat(10_000),
+            &mut namer(),
+            CAPS,
+            &mut left,
+            &mut out,
+        );
         assert!(out.infos.is_empty() && out.blocks.is_empty());
     }
 
@@ -368,7 +401,7 @@ mod tests {
         let mut left = 100;
         for _ in 0..3 {
             let b = json!({"data": {"image/png": png}}).to_string();
-            bundle(b.as_bytes(), "u", CAPS, &mut left, &mut out);
+            bundle(b.as_bytes(), &mut namer(), CAPS, &mut left, &mut out);
         }
         assert_eq!(out.images, 2);
         assert_eq!(out.omitted, 1);

@@ -118,6 +118,7 @@ or stop it with session_interrupt, before evaluating more code.",
             started: Instant::now(),
             timeout_ms: timeout.as_millis() as u64,
             output: String::new(),
+            shown: Default::default(),
             inputs: Vec::new(),
             no_enter: Vec::new(),
         });
@@ -339,6 +340,9 @@ file in the session's directory and read it from there instead",
             if report.status == EvalStatus::AwaitingInput {
                 if let Some(p) = r.pending.as_mut() {
                     p.output.push_str(&report.output);
+                    let part = Outputs::of(report, "");
+                    p.shown.images.extend(part.images);
+                    p.shown.displays.extend(part.displays);
                 }
                 return;
             }
@@ -351,7 +355,7 @@ file in the session's directory and read it from there instead",
                 error: report.error.clone(),
                 duration_ms: p.started.elapsed().as_millis() as u64,
                 started_at: p.started_at,
-                outputs: Outputs::of(report, &p.output),
+                outputs: Outputs::of(report, &p.output).after(p.shown),
                 replayed: false,
                 tool_calls: tool_calls.iter().map(|t| t.without_result()).collect(),
             };

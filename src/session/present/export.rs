@@ -328,7 +328,7 @@ fn code_cell(c: &Cell) -> Value {
     for png in &o.images {
         outputs.push(json!({
             "output_type": "display_data",
-            "data": {"image/png": b64.encode(png), "text/plain": ["<Figure>"]},
+            "data": {"image/png": b64.encode(&png.data), "text/plain": ["<Figure>"]},
             "metadata": {},
         }));
     }
@@ -498,7 +498,12 @@ mod tests {
                         stream: "hi\n".into(),
                         value: Some("42".into()),
                         traceback: vec![],
-                        images: vec![b"\x89PNG".to_vec()],
+                        images: vec![crate::session::history::Shown {
+                            uri: "replbox://sessions/s/figures/1-1.png".into(),
+                            mime_type: "image/png".into(),
+                            data: b"\x89PNG".to_vec(),
+                        }],
+                        displays: vec![],
                     },
                 ),
                 cell(

@@ -1,5 +1,7 @@
 //! A session's files as MCP resources: listed and read as the session's uid, beneath its
-//! directory, through no link; an ended session's while they are kept (read-only).
+//! directory, through no link; an ended session's while they are kept (read-only). And the
+//! figures and displays its cells returned, kept with its history (in the server's memory,
+//! within the history's bounds) and found by their whole URI, never by a path.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -8,6 +10,9 @@ use std::time::SystemTime;
 use crate::hostfs;
 use crate::identity::Caller;
 use crate::session::files;
+use crate::session::history::Record;
+use crate::session::history::Shown;
+use crate::session::live::lock;
 use crate::session::manager::SessionManager;
 use crate::session::table::Entry;
 
@@ -108,6 +113,68 @@ another filesystem; links and mount points are not followed"
         })
         .await
         .unwrap_or_else(|e| Err(FileError::Invalid(format!("reading failed: {e}"))))
+    }
+}
+
+impl SessionManager {
+    /// The history of the caller's session `id`: open, or ended while what it leaves is kept.
+    fn record_of(&self, caller: &Caller, id: &str) -> Option<Arc<std::sync::Mutex<Record>>> {
+        self.table.read(|st| {
+            let e = st.get(id).filter(|e| e.owner() == caller)?;
+            match e {
+                Entry::Open(s) => Some(s.record.clone()),
+                _ => e.kept().map(|k| k.record.clone()),
+            }
+        })
+    }
+
+    /// The figures and displays the caller's sessions returned that their histories still
+    /// hold: (URI, MIME type, bytes), for `resources/list`.
+    pub fn list_shown(&self, caller: &Caller) -> Vec<(String, String, u64)> {
+        let records: Vec<(SystemTime, Arc<std::sync::Mutex<Record>>)> = self.table.read(|st| {
+            st.entries()
+                .filter(|(_, e)| e.owner() == caller)
+                .filter_map(|(_, e)| match e {
+                    Entry::Open(s) => Some((s.created_at, s.record.clone())),
+                    _ => e.kept().map(|k| (k.created_at, k.record.clone())),
+                })
+                .collect()
+        });
+        let mut records = records;
+        records.sort_by_key(|r| r.0);
+        let mut out = Vec::new();
+        for (_, record) in records {
+            let r = lock(&record);
+            for c in r.history.cells() {
+                for s in c.outputs.shown() {
+                    out.push((s.uri.clone(), s.mime_type.clone(), s.data.len() as u64));
+                }
+            }
+        }
+        out
+    }
+
+    /// A figure or display part of one of the caller's sessions, by its whole URI.
+    pub fn read_shown(&self, caller: &Caller, id: &str, uri: &str) -> Result<Shown, FileError> {
+        let Some(record) = self.record_of(caller, id) else {
+            let message = match self.lookup(caller, id) {
+                Err(e) => e.message,
+                Ok(_) => format!("session {id} has no history"),
+            };
+            return Err(FileError::NotFound(message));
+        };
+        let r = lock(&record);
+        r.history
+            .cells()
+            .flat_map(|c| c.outputs.shown())
+            .find(|s| s.uri == uri)
+            .cloned()
+            .ok_or_else(|| {
+                FileError::NotFound(format!(
+                    "session {id} holds no {uri}: figures and displays are kept with the \
+session's history, the newest cells within --history-cells and --history-mb"
+                ))
+            })
     }
 }
 
