@@ -122,6 +122,39 @@ pub enum Entry {
     Full {
         eval_id: u64,
     },
+    /// A cell began (its `cell` line follows when it ends): a started cell without one was
+    /// running when the server stopped, and a restore does not run it again.
+    Started {
+        eval_id: u64,
+        at: u64,
+        /// The beginning of its code, for the restore's report.
+        code: String,
+    },
+}
+
+/// A cell the server stopped in: it started and never ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unfinished {
+    pub eval_id: u64,
+    pub started_at: u64,
+    /// The beginning of its code.
+    pub code: String,
+}
+
+/// The most of a cell's code a `started` line keeps.
+pub const STARTED_CODE: usize = 200;
+
+/// The `started` line of cell `eval_id` running `code`.
+pub fn started(eval_id: u64, at: u64, code: &str) -> Entry {
+    let end = code
+        .char_indices()
+        .nth(STARTED_CODE)
+        .map_or(code.len(), |(i, _)| i);
+    Entry::Started {
+        eval_id,
+        at,
+        code: code[..end].to_string(),
+    }
 }
 
 fn line_of(entry: &Entry) -> io::Result<Vec<u8>> {
@@ -223,6 +256,18 @@ impl Writer {
             return Ok(Appended::Removed);
         };
         let mut line = line_of(entry)?;
+        if let Entry::Started { .. } = entry {
+            // Not durable by itself (the next fsync of the file covers it): it only has to
+            // outlive the server's process, whose death leaves the page cache as it was.
+            if self.full.load(Ordering::Relaxed)
+                || self.written.load(Ordering::Relaxed) + line.len() as u64 + 512 > self.max
+            {
+                return Ok(Appended::Full);
+            }
+            file.write_all(&line)?;
+            self.written.fetch_add(line.len() as u64, Ordering::Relaxed);
+            return Ok(Appended::Written);
+        }
         if let Entry::Cell(c) = entry {
             if self.full.load(Ordering::Relaxed) {
                 return Ok(Appended::Full);
@@ -287,10 +332,21 @@ pub struct Journal {
     pub ended: Option<(String, u64)>,
     /// Cells from this one on were not journaled.
     pub full_at: Option<u64>,
+    /// Cells that started and never ended (the server stopped while they ran), in order.
+    pub unfinished: Vec<Unfinished>,
     /// A last line cut short by a crash was dropped.
     pub torn: bool,
     /// Unix time of the last change of the file.
     pub modified: u64,
+}
+
+impl Journal {
+    /// The number of its last cell, finished or not.
+    pub fn last_eval(&self) -> u64 {
+        let cells = self.cells.last().map_or(0, |c| c.eval_id);
+        let unfinished = self.unfinished.last().map_or(0, |u| u.eval_id);
+        cells.max(unfinished)
+    }
 }
 
 /// What lists need of a session's journal (the journal itself is read again when it is
@@ -319,7 +375,7 @@ impl Journaled {
             language: j.request.language.clone(),
             ended: j.ended.clone(),
             modified: j.modified,
-            evals: j.cells.last().map_or(0, |c| c.eval_id),
+            evals: j.last_eval(),
             ok_cells: j
                 .cells
                 .iter()
@@ -423,6 +479,7 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, String> {
         cells: Vec::new(),
         ended: None,
         full_at: None,
+        unfinished: Vec::new(),
         torn,
         modified,
     };
@@ -436,7 +493,22 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, String> {
                 if j.cells.last().is_some_and(|l| l.eval_id >= c.eval_id) || c.eval_id == 0 {
                     return Err(format!("cell {} out of order", c.eval_id));
                 }
+                j.unfinished.retain(|u| u.eval_id != c.eval_id);
                 j.cells.push(c);
+            }
+            Entry::Started { eval_id, at, code } => {
+                let last = j.cells.last().map_or(0, |c| c.eval_id);
+                if eval_id <= last || j.unfinished.last().is_some_and(|u| u.eval_id >= eval_id) {
+                    return Err(format!("cell {eval_id} started out of order"));
+                }
+                if code.len() > STARTED_CODE * 4 {
+                    return Err(format!("cell {eval_id}: a started line too long"));
+                }
+                j.unfinished.push(Unfinished {
+                    eval_id,
+                    started_at: at,
+                    code,
+                });
             }
             Entry::End { how, at } => j.ended = Some((how, at)),
             Entry::Restored { .. } => j.ended = None,
@@ -547,5 +619,48 @@ mod tests {
         let mut extra = bytes.clone();
         extra.extend(format!("{} {json}\n", hash(json.as_bytes())).as_bytes());
         assert!(parse(&extra, ID, 0).is_err());
+    }
+
+    #[test]
+    fn a_cell_started_and_never_ended_is_unfinished() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join(format!("{ID}.journal"));
+        let w = Writer::create(&path, &start(), 1 << 20).unwrap();
+        w.append(&started(1, 5, "x = 41")).unwrap();
+        w.append(&cell(1, "x = 41")).unwrap();
+        let long = "é".repeat(STARTED_CODE + 50);
+        w.append(&started(2, 6, &long)).unwrap();
+        let j = read(&path, ID, 1 << 20).unwrap();
+        assert_eq!(j.cells.len(), 1);
+        assert_eq!(
+            j.unfinished,
+            vec![Unfinished {
+                eval_id: 2,
+                started_at: 6,
+                code: "é".repeat(STARTED_CODE),
+            }]
+        );
+        assert_eq!(j.last_eval(), 2);
+        // Restored, the next cell is 3; cell 2 stays unfinished.
+        w.append(&Entry::Restored { at: 7 }).unwrap();
+        w.append(&started(3, 8, "y")).unwrap();
+        w.append(&cell(3, "y")).unwrap();
+        let j = read(&path, ID, 1 << 20).unwrap();
+        assert_eq!(j.unfinished.len(), 1);
+        assert_eq!(j.unfinished[0].eval_id, 2);
+        assert_eq!(j.last_eval(), 3);
+        // Out of order, or a started line past its bound, is corrupt.
+        let mut bytes = line_of(&start()).unwrap();
+        bytes.extend(line_of(&cell(2, "a")).unwrap());
+        bytes.extend(line_of(&started(2, 1, "a")).unwrap());
+        assert!(parse(&bytes, ID, 0).unwrap_err().contains("out of order"));
+        let mut bytes = line_of(&start()).unwrap();
+        let huge = Entry::Started {
+            eval_id: 1,
+            at: 1,
+            code: "z".repeat(STARTED_CODE * 5),
+        };
+        bytes.extend(line_of(&huge).unwrap());
+        assert!(parse(&bytes, ID, 0).unwrap_err().contains("too long"));
     }
 }

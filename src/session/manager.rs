@@ -231,6 +231,10 @@ ms{})",
                     }
                 ),
             );
+            // What the restore said (a cell not run again among it) is this call's news too.
+            for (i, n) in r.notes.into_iter().enumerate() {
+                report.notes.insert(1 + i, n);
+            }
             report.replayed = Some(r.replayed);
             report.replay_failed = r.failed;
         }

@@ -92,10 +92,11 @@ without --state-dir there is none).",
         let (start, session) = self
             .start_as(caller, req, slot, Some(Arc::new(writer)))
             .await?;
-        let last = j.cells.last().map_or(0, |c| c.eval_id);
-        session.evals.store(last, Ordering::Relaxed);
-        let (replayed, skipped, failed) =
-            self.evaluator.replay(&self.table, &session, &j.cells).await;
+        session.evals.store(j.last_eval(), Ordering::Relaxed);
+        let (replayed, skipped, failed) = self
+            .evaluator
+            .replay(&self.table, &session, &j.cells, &j.unfinished)
+            .await;
         let notes = replay_notes(j, start.notes);
         tracing::info!(session = %id, replayed, ms = t0.elapsed().as_millis() as u64, "session restored");
         Ok(RestoreReport {
@@ -120,6 +121,13 @@ fn replay_notes(j: &super::journal::Journal, mut notes: Vec<String>) -> Vec<Stri
         notes.push(format!(
             "the journal was full from cell {n} on (--journal-max-mb): later cells were not \
 replayed"
+        ));
+    }
+    for u in &j.unfinished {
+        notes.push(format!(
+            "cell {} was running when the server stopped; it was not run again (the session is \
+restored up to the cell before; what it did before the stop is not undone)",
+            u.eval_id
         ));
     }
     if j.torn {

@@ -111,10 +111,18 @@ or stop it with session_interrupt, before evaluating more code.",
         };
         let (typed, code) = (code, evaluated.as_str());
         let eval_id = session.evals.fetch_add(1, Ordering::Relaxed) + 1;
+        let started_at = unix(SystemTime::now());
+        if let Some(w) = &session.journal {
+            // Before the code is typed: a restore after a stop in this cell must know it ran.
+            // One small write, not synced (see `Writer::append`).
+            if let Err(e) = w.append(&journal::started(eval_id, started_at, typed)) {
+                tracing::error!(session = %id, error = %e, "cannot write the session's journal");
+            }
+        }
         lock(&session.record).pending = Some(Pending {
             eval_id,
             code: typed.to_string(),
-            started_at: unix(SystemTime::now()),
+            started_at,
             started: Instant::now(),
             timeout_ms: timeout.as_millis() as u64,
             output: String::new(),
@@ -252,16 +260,38 @@ file in the session's directory and read it from there instead",
 
     /// Run the journal's cells that succeeded again, in order, with their own numbers and
     /// deadlines (and the answers they were given); the others only go into the history.
+    /// A cell the server stopped in (`unfinished`) is never run again: it goes into the
+    /// history as such.
     pub(super) async fn replay(
         &self,
         table: &Table,
         session: &Session,
         cells: &[CellEntry],
+        unfinished: &[journal::Unfinished],
     ) -> (u64, u64, Vec<ReplayFailure>) {
         let (mut replayed, mut skipped, mut failed) = (0, 0, Vec::new());
         let mut guard = session.interp.lock().await;
         let never = CancellationToken::new();
+        let mut stopped_in = unfinished.iter().peekable();
+        let not_run = |u: &journal::Unfinished| Cell {
+            eval_id: u.eval_id,
+            code: u.code.clone(),
+            status: EvalStatus::Error,
+            error: Some(super::report::ErrorInfo {
+                kind: "ServerStopped".into(),
+                message: "the server stopped while this cell ran; it was not run again".into(),
+            }),
+            duration_ms: 0,
+            started_at: u.started_at,
+            outputs: Outputs::default(),
+            replayed: false,
+            tool_calls: Vec::new(),
+        };
         for c in cells {
+            while let Some(u) = stopped_in.next_if(|u| u.eval_id < c.eval_id) {
+                skipped += 1;
+                lock(&session.record).history.push(not_run(u));
+            }
             if c.status != EvalStatus::Ok || guard.is_none() {
                 skipped += 1;
                 lock(&session.record).history.push(Cell {
@@ -322,6 +352,10 @@ file in the session's directory and read it from there instead",
                 replayed: true,
                 tool_calls: calls.iter().map(|t| t.without_result()).collect(),
             });
+        }
+        for u in stopped_in {
+            skipped += 1;
+            lock(&session.record).history.push(not_run(u));
         }
         drop(guard);
         session.touch();
