@@ -164,7 +164,12 @@ root: at level none, user code runs as the server's own user and could read the 
         reclaim_uids_from(&sandbox, &runner, &sessions);
         sessions.spawn_reaper();
         let keep = std::time::Duration::from_secs(config.task_keep_s);
-        let tasks = Arc::new(crate::tasks::Tasks::new(keep));
+        // With a state directory tasks outlive the server (beside the journals, which say
+        // which cell ran when it stopped).
+        let tasks = Arc::new(match &config.state_dir {
+            Some(dir) => crate::tasks::Tasks::open(keep, dir)?,
+            None => crate::tasks::Tasks::new(keep),
+        });
         Ok(Arc::new(Self {
             config,
             registry,
@@ -247,6 +252,9 @@ root: at level none, user code runs as the server's own user and could read the 
 
     /// Stop everything the server started.
     pub async fn shutdown(&self) {
+        // Running tasks first: while they end, their sessions are still there to record it.
+        let grace = std::time::Duration::from_millis(self.config.task_stop_grace_ms);
+        self.tasks.stop(grace).await;
         self.runner.pool.close();
         self.sessions.warm_pool().close();
         self.sessions.shutdown().await;

@@ -265,6 +265,11 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_TASK_KEEP_S", default_value_t = 3600)]
     pub task_keep_s: u64,
 
+    /// When the server stops, how long it waits for running tasks to end before it
+    /// interrupts them (and as long again for them to record it).
+    #[arg(long, env = "REPLBOX_TASK_STOP_GRACE_MS", default_value_t = 5000)]
+    pub task_stop_grace_ms: u64,
+
     /// Do not restore a suspended session by itself at its first session_eval; only
     /// session_restore does.
     #[arg(long, env = "REPLBOX_NO_AUTO_RESTORE")]
@@ -331,6 +336,7 @@ impl Default for Config {
             journal_max_mb: 16,
             keep_journals_s: 7 * 86_400,
             task_keep_s: 3600,
+            task_stop_grace_ms: 5000,
             no_auto_restore: false,
             mcp: crate::upstream::Flags::default(),
             cluster: crate::cluster::ClusterFlags::default(),
@@ -474,6 +480,7 @@ impl Config {
             ("--journal-max-mb", self.journal_max_mb.to_string()),
             ("--keep-journals-s", self.keep_journals_s.to_string()),
             ("--task-keep-s", self.task_keep_s.to_string()),
+            ("--task-stop-grace-ms", self.task_stop_grace_ms.to_string()),
         ] {
             args.push(flag.into());
             args.push(value.into());

@@ -480,3 +480,267 @@ async fn an_ended_task_is_forgotten_after_task_keep_s() {
     );
     s.stop().await;
 }
+
+/// A fresh state directory (`--state-dir`) under a 0700 temporary one of ours.
+fn state_dir() -> (tempfile::TempDir, PathBuf) {
+    let t = tempfile::tempdir().expect("tempdir");
+    let dir = std::fs::canonicalize(t.path())
+        .expect("real path")
+        .join("state");
+    (t, dir)
+}
+
+/// The error of a failed task: (message, data.kind).
+fn failed(t: &GetTaskResult) -> (String, String) {
+    let TaskPayload::Failed { error } = &t.task.payload else {
+        panic!("not failed: {t:?}");
+    };
+    let message = error["message"].as_str().unwrap_or("").to_string();
+    let kind = error["data"]["kind"].as_str().unwrap_or("").to_string();
+    (message, kind)
+}
+
+/// With `--state-dir`, tasks outlive a server killed (SIGKILL) while a cell ran as one: the
+/// next server on the same directory reports that task `failed` with the reason, the task
+/// that had completed keeps its result, a retry of the call (its idempotency key), before
+/// and after the restart, never runs it again, another token reaches none of them (by id,
+/// by a path of the state directory, by the same key), and the restored session is as it
+/// was before that cell, which it did not run again.
+#[tokio::test(flavor = "multi_thread")]
+async fn tasks_outlive_a_killed_server_and_the_cell_it_ran_is_never_run_again() {
+    if !require_language("python") {
+        return;
+    }
+    let (_t, state) = state_dir();
+    let args = ["--state-dir", state.to_str().expect("utf-8")];
+    let mut h = Server::http()
+        .token(TOKEN_A)
+        .token(TOKEN_B)
+        .args(args)
+        .start()
+        .await;
+    let a = h.connect_tasks(TOKEN_A).await;
+    let (sid, cwd) = session(a.peer()).await;
+    let done = start_task(
+        a.peer(),
+        "session_eval",
+        json!({"session_id": sid, "code": "x = 41\nprint('set')"}),
+    )
+    .await;
+    let t = poll(
+        a.peer(),
+        &done,
+        "completed",
+        status_is(TaskStatus::Completed),
+    )
+    .await;
+    let before = completed(&t).0;
+    assert_eq!(before["output"], "set\n", "{before}");
+    // The long cell appends a line to a file, then waits for a `go` that never comes.
+    let code = format!("y = 1\nopen('log.txt', 'a').write('ran\\n')\n{WAITS_FOR_GO}");
+    let call = json!({"session_id": sid, "code": code, "timeout_ms": 600_000, "idempotency_key": "the-long-cell"});
+    let long = start_task(a.peer(), "session_eval", call.clone()).await;
+    poll(a.peer(), &long, "working", |t| {
+        t.task.task.status_message.as_deref() == Some("halfway 50%")
+    })
+    .await;
+    // A retry from another connection, mid-cell: the same task, the cell ran once.
+    a.cancel().await.expect("close A's connection");
+    let a = h.connect_tasks(TOKEN_A).await;
+    assert_eq!(
+        start_task(a.peer(), "session_eval", call.clone()).await,
+        long
+    );
+    assert_eq!(
+        std::fs::read_to_string(cwd.join("log.txt")).expect("log.txt"),
+        "ran\n"
+    );
+    drop(a);
+    h.kill().await;
+
+    let h = Server::http()
+        .token(TOKEN_A)
+        .token(TOKEN_B)
+        .args(args)
+        .start()
+        .await;
+    // The attacks first: B knows both ids, A's key, and where tasks are kept.
+    let b = h.connect_tasks(TOKEN_B).await;
+    let forged = [
+        done.clone(),
+        long.clone(),
+        format!("{long}.task"),
+        format!("../tasks/{long}"),
+        format!("tasks/{long}.task"),
+        format!("{}/tasks/{long}.task", state.display()),
+    ];
+    for id in &forged {
+        let e = b
+            .peer()
+            .get_task(GetTaskParams::new(id))
+            .await
+            .expect_err("B polls A's task");
+        assert!(e.to_string().contains("no task"), "{id}: {e}");
+    }
+    let e = b
+        .peer()
+        .cancel_task(CancelTaskParams::new(&long))
+        .await
+        .expect_err("B cancels A's task");
+    assert!(e.to_string().contains("no task"), "{e}");
+    let run =
+        json!({"languageId": "python", "code": "print('b')", "idempotency_key": "the-long-cell"});
+    let tb = start_task(b.peer(), "run-code", run).await;
+    assert!(tb != long && tb != done);
+    poll(b.peer(), &tb, "completed", status_is(TaskStatus::Completed)).await;
+
+    let a = h.connect_tasks(TOKEN_A).await;
+    let t = a
+        .peer()
+        .get_task(GetTaskParams::new(&long))
+        .await
+        .expect("A polls after the restart");
+    assert_eq!(t.task.status(), TaskStatus::Failed, "{t:?}");
+    let (message, kind) = failed(&t);
+    assert!(
+        message.starts_with("the server restarted while this cell ran")
+            && message.contains("restored up to the cell before"),
+        "{message}"
+    );
+    assert_eq!(kind, "server_restarted");
+    let t = a
+        .peer()
+        .get_task(GetTaskParams::new(&done))
+        .await
+        .expect("the completed task");
+    assert_eq!(completed(&t).0, before);
+    // The retry after the restart: the failed task, not a new run.
+    let r = a
+        .peer()
+        .call_tool_once(
+            CallToolRequestParams::new("session_eval")
+                .with_arguments(call.as_object().cloned().expect("object")),
+        )
+        .await
+        .expect("retry");
+    match r {
+        CallToolResponse::Task(t) => {
+            assert_eq!(t.task.task_id, long);
+            assert_eq!(t.task.status, TaskStatus::Failed);
+        }
+        other => panic!("the retry was not the task: {other:?}"),
+    }
+    // The session comes back as it was after cell 1: cell 2 is not run again.
+    let id = start_task(
+        a.peer(),
+        "session_eval",
+        json!({"session_id": sid, "code": "print(x + 1, 'y' in dir())"}),
+    )
+    .await;
+    let t = poll(a.peer(), &id, "completed", status_is(TaskStatus::Completed)).await;
+    let out = completed(&t).0;
+    assert_eq!(out["output"], "42 False\n", "{out}");
+    assert_eq!(out["replayed"], 1, "{out}");
+    assert_eq!(out["eval_id"], 3, "{out}");
+    assert!(
+        out["notes"].as_array().is_some_and(|n| n.iter().any(|n| n
+            .as_str()
+            .unwrap_or("")
+            .starts_with("cell 2 was running when the server stopped; it was not run again"))),
+        "{out}"
+    );
+    let hist = http_call(a.peer(), "session_history", json!({"session_id": sid})).await;
+    let cell2 = &hist.structured["cells"][1];
+    assert_eq!(cell2["eval_id"], 2, "{}", hist.structured);
+    assert_eq!(cell2["error"]["type"], "ServerStopped", "{cell2}");
+    assert!(
+        cell2["code"].as_str().unwrap_or("").starts_with("y = 1"),
+        "{cell2}"
+    );
+    drop((a, b));
+    h.stop().await;
+}
+
+/// A server that stops (its client closes stdin) while a cell runs as a task waits
+/// `--task-stop-grace-ms` for it, then interrupts it and records that: after the restart the
+/// task is `failed` with the reason; each task's end has an audit line (who, which task and
+/// tool, how it ended, how long it took; never the code); the restored session is as it
+/// was before that cell.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_interrupts_a_running_task_and_records_it() {
+    if !require_language("python") {
+        return;
+    }
+    let (_t, state) = state_dir();
+    let st = state.to_str().expect("utf-8");
+    let args = ["--state-dir", st, "--task-stop-grace-ms", "300"];
+    let s = Server::stdio()
+        .tasks()
+        .args(args)
+        .env("REPLBOX_LOG", "warn,replbox::audit=info")
+        .start()
+        .await;
+    let peer = s.client.peer();
+    let (sid, _) = session(peer).await;
+    let done = start_task(
+        peer,
+        "session_eval",
+        json!({"session_id": sid, "code": "x = 41"}),
+    )
+    .await;
+    poll(peer, &done, "completed", status_is(TaskStatus::Completed)).await;
+    let canary = "canary_6f1d2e";
+    let long = start_task(
+        peer,
+        "session_eval",
+        json!({"session_id": sid, "code": format!("{canary} = 1\n{WAITS_FOR_GO}"), "timeout_ms": 600_000}),
+    )
+    .await;
+    poll(peer, &long, "working", |t| {
+        t.task.task.status_message.as_deref() == Some("halfway 50%")
+    })
+    .await;
+    let log = s.stop_and_log().await;
+    let audit = |id: &str| {
+        log.lines()
+            .find(|l| l.contains("task ended") && l.contains(id))
+            .unwrap_or_else(|| panic!("no audit line for task {id} in:\n{log}"))
+            .to_string()
+    };
+    let line = audit(&long);
+    for part in [
+        "replbox::audit",
+        "principal=local",
+        "tool=session_eval",
+        "status=failed",
+        "duration_ms=",
+    ] {
+        assert!(line.contains(part), "{part:?} not in {line}");
+    }
+    assert!(audit(&done).contains("status=completed"));
+    assert!(!log.contains(canary), "the code reached the log:\n{log}");
+
+    let s = Server::stdio().tasks().args(args).start().await;
+    let peer = s.client.peer();
+    let t = peer
+        .get_task(GetTaskParams::new(&long))
+        .await
+        .expect("polled after the restart");
+    let (message, kind) = failed(&t);
+    assert!(
+        message.starts_with("the server restarted while this cell ran"),
+        "{message}"
+    );
+    assert_eq!(kind, "server_restarted");
+    let id = start_task(
+        peer,
+        "session_eval",
+        json!({"session_id": sid, "code": format!("print(x + 1, '{canary}' in dir())")}),
+    )
+    .await;
+    let t = poll(peer, &id, "completed", status_is(TaskStatus::Completed)).await;
+    let out = completed(&t).0;
+    assert_eq!(out["output"], "42 False\n", "{out}");
+    assert_eq!(out["replayed"], 1, "{out}");
+    s.stop().await;
+}

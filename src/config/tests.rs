@@ -57,6 +57,7 @@ fn to_args_round_trips() {
         journal_max_mb: 12,
         keep_journals_s: 13,
         task_keep_s: 14,
+        task_stop_grace_ms: 15,
         no_auto_restore: true,
         mcp: crate::upstream::Flags {
             servers: Some("/m/cp.json".into()),

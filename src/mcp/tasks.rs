@@ -61,7 +61,10 @@ good key",
         let timeout_ms = args.get("timeout_ms").and_then(Value::as_u64);
         let runs_for = self.app.config.timeout(timeout_ms);
         let fingerprint = key.map(|k| (k, fingerprint(&request)));
-        let claim = self.app.tasks.claim(&caller, runs_for, fingerprint.clone());
+        let claim = self
+            .app
+            .tasks
+            .claim(&caller, &request.name, runs_for, fingerprint.clone());
         let (task, handle) = match claim {
             Err(e) => {
                 return ToolError::new(ErrorKind::Limit, e.to_string()).into_call_tool_result();
@@ -94,7 +97,7 @@ needs a new key"
         if !as_task {
             // Run as a plain call (cancelled with its request), the result kept for retries.
             let response = self.call_route(request, &ctx).await;
-            end_with(&handle, &response, ctx.ct.is_cancelled());
+            let _ = end_with(&handle, &response, ctx.ct.is_cancelled());
             return response;
         }
         // The work is the task's now: only tasks/cancel stops it, and its progress goes to
@@ -183,8 +186,19 @@ new key to run it again",
             }
         }
         let cancelled = handle.cancel_token().is_cancelled();
-        tracing::debug!(task = %handle.id(), principal = %caller.principal, cancelled, "task ended");
-        end_with(&handle, &response, cancelled);
+        if let Some((tool, status, took)) = end_with(&handle, &response, cancelled) {
+            // The task's own audit line (the call that started it had its own, at once): the
+            // server's words and numbers only.
+            tracing::info!(
+                target: "replbox::audit",
+                principal = %caller.principal,
+                task = %handle.id(),
+                tool = %tool,
+                status = %crate::tasks::status_name(status),
+                duration_ms = took.as_millis() as u64,
+                "task ended"
+            );
+        }
     }
 
     /// One tool of the router, as `call_tool` would call it.
@@ -204,8 +218,12 @@ new key to run it again",
     }
 }
 
-/// End the task with the tool's answer (or as cancelled).
-fn end_with(handle: &TaskHandle, response: &Result<CallToolResponse, ErrorData>, cancelled: bool) {
+/// End the task with the tool's answer (or as cancelled); what `TaskHandle::end` says.
+fn end_with(
+    handle: &TaskHandle,
+    response: &Result<CallToolResponse, ErrorData>,
+    cancelled: bool,
+) -> Option<(String, rmcp::model::TaskStatus, std::time::Duration)> {
     match response {
         _ if cancelled => handle.end(
             TaskPayload::Cancelled,
@@ -239,9 +257,10 @@ fn end_with(handle: &TaskHandle, response: &Result<CallToolResponse, ErrorData>,
 const MAX_KEY_BYTES: usize = 200;
 
 /// What identifies a call for its idempotency key: the tool and its arguments (the key
-/// aside), objects' keys in order.
-fn fingerprint(request: &CallToolRequestParams) -> u64 {
-    use std::hash::{Hash, Hasher};
+/// aside), objects' keys in order, hashed (SHA-256, hex: the same in the next server, which
+/// reads the keys of the tasks kept in the state directory).
+fn fingerprint(request: &CallToolRequestParams) -> String {
+    use sha2::{Digest, Sha256};
     fn canonical(v: &Value, out: &mut String) {
         match v {
             Value::Object(o) => {
@@ -272,9 +291,10 @@ fn fingerprint(request: &CallToolRequestParams) -> u64 {
     if let Some(a) = &request.arguments {
         canonical(&Value::Object(a.clone()), &mut s);
     }
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    s.hash(&mut h);
-    h.finish()
+    Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A refused `tasks/*` request as the protocol error it is.

@@ -1,0 +1,205 @@
+//! Tasks on disk (`--state-dir`): one file per task, `<state dir>/tasks/<task id>.task`,
+//! written when the task is created and again when it ends (to a temporary name, synced,
+//! then renamed over the old one, so a file is always whole), deleted when the task is
+//! forgotten. Read back at start as hostile data: bounded, unknown fields refused, the id
+//! must be the file's name; a file that does not read is reported, set aside and skipped.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use rmcp::model::{JsonObject, Task, TaskPayload};
+use serde::{Deserialize, Serialize};
+
+/// The format of the files written here.
+const VERSION: u32 = 1;
+
+/// The largest task file read back (a result is bounded as the tool's, far below this).
+pub const MAX_FILE: u64 = 64 << 20;
+
+/// How a task ended, as its file keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Outcome {
+    Completed { result: JsonObject },
+    Failed { error: JsonObject },
+    Cancelled,
+}
+
+impl Outcome {
+    pub fn of(p: &TaskPayload) -> Option<Self> {
+        match p {
+            TaskPayload::Completed { result } => Some(Self::Completed {
+                result: result.clone(),
+            }),
+            TaskPayload::Failed { error } => Some(Self::Failed {
+                error: error.clone(),
+            }),
+            TaskPayload::Cancelled => Some(Self::Cancelled),
+            _ => None,
+        }
+    }
+
+    pub fn payload(self) -> TaskPayload {
+        match self {
+            Self::Completed { result } => TaskPayload::Completed { result },
+            Self::Failed { error } => TaskPayload::Failed { error },
+            Self::Cancelled => TaskPayload::Cancelled,
+        }
+    }
+}
+
+/// One task's file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stored {
+    pub version: u32,
+    pub task: Task,
+    /// The principal it belongs to.
+    pub owner: String,
+    /// The tool it runs.
+    pub tool: String,
+    /// Unix milliseconds.
+    pub created_ms: u64,
+    #[serde(default)]
+    pub ended_ms: Option<u64>,
+    /// The caller's idempotency key and the fingerprint of its call.
+    #[serde(default)]
+    pub key: Option<(String, String)>,
+    /// How it ended; none while it runs.
+    #[serde(default)]
+    pub outcome: Option<Outcome>,
+}
+
+impl Stored {
+    pub fn new_version() -> u32 {
+        VERSION
+    }
+}
+
+/// The directory of task files.
+pub struct Store {
+    dir: PathBuf,
+}
+
+impl Store {
+    /// `<state dir>/tasks`, created (0700) if needed. The state directory has been checked
+    /// (the server's own, 0700): nobody else can have put a link there.
+    pub fn open(state_dir: &Path) -> io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = state_dir.join("tasks");
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let meta = std::fs::symlink_metadata(&dir)?;
+        if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() {
+            return Err(io::Error::other(format!(
+                "{} is not a directory of the server's own",
+                dir.display()
+            )));
+        }
+        Ok(Self { dir })
+    }
+
+    fn path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.task"))
+    }
+
+    /// Write a task's file whole (temporary name, sync, rename).
+    pub fn save(&self, s: &Stored) -> io::Result<()> {
+        let id = &s.task.task_id;
+        let json = serde_json::to_vec(s).map_err(io::Error::other)?;
+        let tmp = self.dir.join(format!(".{id}.tmp"));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        f.write_all(&json)?;
+        f.sync_data()?;
+        drop(f);
+        std::fs::rename(&tmp, self.path(id))?;
+        File::open(&self.dir)?.sync_all()
+    }
+
+    /// Delete a task's file.
+    pub fn remove(&self, id: &str) {
+        let _ = std::fs::remove_file(self.path(id));
+    }
+
+    /// Every task file that reads; the others are set aside (`.corrupt`) with an error.
+    pub fn load(&self) -> Vec<Stored> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let name = e.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with('.') && name.ends_with(".tmp") {
+                // A save the server was killed in: the old file (if any) is still whole.
+                let _ = std::fs::remove_file(e.path());
+                continue;
+            }
+            let Some(id) = name.strip_suffix(".task") else {
+                continue;
+            };
+            if !uuid::Uuid::parse_str(id).is_ok_and(|u| u.to_string() == id) {
+                continue;
+            }
+            match read(&e.path(), id) {
+                Ok(s) => out.push(s),
+                Err(why) => {
+                    let aside = e.path().with_extension("task.corrupt");
+                    tracing::error!(task = %id, %why, "unreadable task file skipped; moved to {}", aside.display());
+                    let _ = std::fs::rename(e.path(), aside);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Read task `id`'s file: bounded, no link followed, its id the file's.
+fn read(path: &Path, id: &str) -> Result<Stored, String> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("cannot open it: {e}"))?;
+    let meta = f.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > MAX_FILE {
+        return Err(format!("{} bytes, over the bound", meta.len()));
+    }
+    let mut bytes = Vec::new();
+    f.take(MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    parse(&bytes, id)
+}
+
+/// Parse a task file's bytes (see [`read`]).
+pub fn parse(bytes: &[u8], id: &str) -> Result<Stored, String> {
+    let s: Stored = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    if s.version != VERSION {
+        return Err(format!(
+            "version {}, this server reads {VERSION}",
+            s.version
+        ));
+    }
+    if s.task.task_id != id {
+        return Err(format!("it names task {:?}, not {id:?}", s.task.task_id));
+    }
+    if s.owner.is_empty() || s.owner.len() > 256 {
+        return Err("no owner".into());
+    }
+    if s.key.as_ref().is_some_and(|(k, _)| k.len() > 1024) {
+        return Err("an idempotency key over the bound".into());
+    }
+    Ok(s)
+}
