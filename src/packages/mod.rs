@@ -10,6 +10,8 @@
 //!                  read-only to it), removed after it
 //!   tmp/ID/        installer 0700: one installation's home, removed after it
 //!   egress/        the installer's proxy sockets
+//!   installer/uv   root's 0755, as root only: the operator's uv when the installer's uid
+//!                  cannot reach where it is installed
 //! SESSION_DIR/packages/  installer 0755: a session's packages, gone with the session
 //! ```
 //!
@@ -143,6 +145,10 @@ pub struct Packages {
     /// The installer's uid (and gid) when the server is root.
     installer: Option<u32>,
     uv_flag: Option<PathBuf>,
+    /// The installer program, resolved once, at the first installation (the operator's
+    /// choice: `--uv`, else the uv beside the sessions' Python, else on PATH), and placed
+    /// where the installer's uid can run it; or why there is none.
+    uv: tokio::sync::OnceCell<Result<PathBuf, String>>,
     timeout: Duration,
 }
 
@@ -240,6 +246,12 @@ impl Packages {
         let policy = Policy::new(false, &[], &hosts, &[]).map_err(|e| anyhow::anyhow!(e))?;
         let egress = Egress::new(policy, &root.join("egress"))
             .map_err(|e| anyhow::anyhow!("cannot set up the installer's proxy: {e}"))?;
+        // The operator's --uv must be a program: a typo stops the server at once.
+        if let Some(f) = &flags.uv {
+            real_program(f).ok_or_else(|| {
+                anyhow::anyhow!("--uv {}: not an executable program", f.display())
+            })?;
+        }
         Ok(Some(Arc::new(Self {
             sandbox,
             egress,
@@ -247,11 +259,34 @@ impl Packages {
             root,
             installer,
             uv_flag: flags.uv.clone(),
+            uv: tokio::sync::OnceCell::new(),
             timeout: flags
                 .package_timeout_s
                 .map(|s| Duration::from_secs(s.max(1)))
                 .unwrap_or(DEFAULT_TIMEOUT),
         })))
+    }
+
+    /// The installer program (see `uv`), resolved at the first call with the sessions'
+    /// Python (the real executable, as detected).
+    async fn uv(&self, python: &Path) -> Result<PathBuf, String> {
+        let r = self
+            .uv
+            .get_or_init(|| {
+                let (flag, python, root) = (
+                    self.uv_flag.clone(),
+                    python.to_path_buf(),
+                    self.root.clone(),
+                );
+                let as_root = self.sandbox.root;
+                async move {
+                    tokio::task::spawn_blocking(move || resolve_uv(flag, &python, &root, as_root))
+                        .await
+                        .unwrap_or_else(|e| Err(format!("packages: finding uv failed: {e}")))
+                }
+            })
+            .await;
+        r.clone()
     }
 
     /// Check a request's specifiers before anything is started for it.
@@ -298,13 +333,7 @@ impl Packages {
                 duration_ms: 0,
             });
         }
-        let uv = self.uv_for(python).ok_or_else(|| {
-            PackageError::Failed(
-                "packages: the installer (uv) is not installed on this server; its operator \
-                 can install it (pip install uv) or name it with --uv"
-                    .into(),
-            )
-        })?;
+        let uv = self.uv(python).await.map_err(PackageError::Failed)?;
         let home = self
             .root
             .join("tmp")
@@ -367,25 +396,115 @@ impl Packages {
         out.duration_ms = started.elapsed().as_millis() as u64;
         Ok(out)
     }
+}
 
-    /// The uv to run: the operator's, else the one installed beside `python`, else the
-    /// first on PATH that is a real program (not a version manager's shim).
-    fn uv_for(&self, python: &Path) -> Option<PathBuf> {
-        if let Some(u) = &self.uv_flag {
-            return Some(u.clone());
-        }
-        let real = std::fs::canonicalize(python).unwrap_or_else(|_| python.to_path_buf());
-        for dir in [python.parent(), real.parent()].into_iter().flatten() {
-            let u = dir.join("uv");
-            if u.is_file() {
-                return Some(u);
-            }
-        }
-        std::env::split_paths(&std::env::var_os("PATH")?)
-            .filter(|d| !d.ends_with("shims"))
-            .map(|d| d.join("uv"))
-            .find(|u| u.is_file())
+/// The uv an installation runs, as [`Packages::uv`] says; staged where the installer's
+/// uid can run it when the server is root and it lies where other users cannot reach.
+fn resolve_uv(
+    flag: Option<PathBuf>,
+    python: &Path,
+    root: &Path,
+    as_root: bool,
+) -> Result<PathBuf, String> {
+    let uv = find_uv(flag.as_deref(), python).ok_or_else(|| {
+        "packages: the installer (uv) is not installed on this server; its operator can \
+         install it (pip install uv) or name it with --uv"
+            .to_string()
+    })?;
+    if !as_root || crate::sandbox::reachable_by_others(&uv) {
+        return Ok(uv);
     }
+    let staged = stage_uv(&uv, root).map_err(|e| {
+        format!(
+            "packages: the installer {} is not reachable by the installer's uid and cannot be \
+             placed in {}: {e}",
+            uv.display(),
+            root.display()
+        )
+    })?;
+    tracing::info!(uv = %uv.display(), staged = %staged.display(), "packages: installer placed");
+    Ok(staged)
+}
+
+/// `p` with links resolved, when it is a regular file and not a script.
+fn real_program(p: &Path) -> Option<PathBuf> {
+    std::fs::canonicalize(p)
+        .ok()
+        .filter(|r| r.is_file() && !is_script(r))
+}
+
+/// The real uv program (links and shims resolved): `flag`, else the one installed beside
+/// `python` (its path or the file it links to), else the first on PATH that is a real
+/// program, not a version manager's shim (a script that runs whatever the manager picks,
+/// and that a confined uid may not reach), else the one the `uv` package of the first
+/// `python3` on PATH names (pyenv's, whose `uv` on PATH is a shim).
+fn find_uv(flag: Option<&Path>, python: &Path) -> Option<PathBuf> {
+    if let Some(f) = flag {
+        return real_program(f);
+    }
+    let mut dirs: Vec<PathBuf> = python.parent().map(Path::to_path_buf).into_iter().collect();
+    if let Ok(r) = std::fs::canonicalize(python) {
+        dirs.extend(r.parent().map(Path::to_path_buf));
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path).filter(|d| !d.ends_with("shims")));
+    }
+    if let Some(uv) = dirs.iter().find_map(|d| real_program(&d.join("uv"))) {
+        return Some(uv);
+    }
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import uv; print(uv.find_uv_bin())"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let named = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !named.is_empty())
+        .then(|| real_program(Path::new(&named)))
+        .flatten()
+}
+
+/// Whether `p` starts with `#!` (a shim, not the program).
+fn is_script(p: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 2];
+    std::fs::File::open(p)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|()| &head == b"#!")
+}
+
+/// Put the operator's `uv` where the installer's uid can run it: `ROOT/installer/uv`, the
+/// server's (root's) and read-only to others, a hard link to it (a copy across file
+/// systems). Used when it lies under a directory other users cannot enter (pyenv under a
+/// 0700 /root): the installer's uid is such a user, and at levels without a mount namespace
+/// nothing can show it the original.
+fn stage_uv(uv: &Path, root: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = root.join("installer");
+    own_dir(&dir, 0o755, None)?;
+    let target = dir.join("uv");
+    let src = std::fs::metadata(uv)?;
+    // Root's and 0755 (never writable by the installer's uid, which runs it).
+    let sound = |m: &std::fs::Metadata| m.is_file() && m.uid() == 0 && m.mode() & 0o7777 == 0o755;
+    if let Ok(t) = std::fs::symlink_metadata(&target)
+        && sound(&t)
+        && ((t.dev(), t.ino()) == (src.dev(), src.ino())
+            || (t.len() == src.len() && t.mtime() == src.mtime()))
+    {
+        return Ok(target);
+    }
+    let tmp = dir.join(format!("uv.{}", uuid::Uuid::new_v4().simple()));
+    let _ = std::fs::remove_file(&tmp);
+    if std::fs::hard_link(uv, &tmp).is_err() || !sound(&std::fs::symlink_metadata(&tmp)?) {
+        let _ = std::fs::remove_file(&tmp);
+        std::fs::copy(uv, &tmp)?;
+        let f = std::fs::File::open(&tmp)?;
+        f.set_modified(src.modified()?)?;
+        std::os::unix::fs::lchown(&tmp, Some(0), Some(0))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+    }
+    std::fs::rename(&tmp, &target)?;
+    Ok(target)
 }
 
 /// The installer's variables: no colour, no Python downloads, and the operator's own CA
