@@ -1251,3 +1251,45 @@ per_row!(
         s.stop().await;
     }
 );
+
+/// (language, a cell with many warnings, what it says, the start of what `warnings()` shows
+/// next, its last line)
+const MANY_WARNINGS: &[(&str, &str, &str, &str, &str)] = &[
+    (
+        "r",
+        "f <- function(i) warning(paste('w', i))\nfor (i in 1:12) f(i)",
+        "There were 12 warnings (use warnings() to see them)\n",
+        "Warning messages:\n1: In f(i) : w 1\n2: In f(i) : w 2\n",
+        "12: In f(i) : w 12\n",
+    ),
+    (
+        "r",
+        "f <- function(i) warning(paste('w', i))\nfor (i in 1:60) f(i)",
+        "There were 50 or more warnings (use warnings() to see the first 50)\n",
+        "Warning messages:\n1: In f(i) : w 1\n",
+        "50: In f(i) : w 50\n",
+    ),
+];
+
+per_row!(
+    /// `warnings()` at a fresh prompt shows nothing (not the bootstrap's own), and after
+    /// "There were N warnings" it shows those, as R does.
+    warnings_shows_the_last_cells_warnings,
+    MANY_WARNINGS,
+    [r],
+    |&(lang, code, says, head, tail)| {
+        let s = Server::stdio().start().await;
+        let id = s.start_session(lang).await;
+        prints(&s, &id, lang, "warnings()", "").await;
+        prints(&s, &id, lang, code, says).await;
+        let o = s.eval(&id, "warnings()").await;
+        let out = output(&o);
+        assert!(
+            status(&o) == "ok" && out.starts_with(head) && out.ends_with(tail),
+            "{lang}: {}",
+            o.text
+        );
+        prints(&s, &id, lang, "cat('after\\n')", "after\n").await;
+        s.stop().await;
+    }
+);

@@ -88,22 +88,31 @@ local({
     rev(calls)
   }
   cell$warns <- list()
+  # As R: a top-level call's warnings are kept (the first `nwarnings`, 50 by default) for
+  # warnings(), and shown after it; more than 10 only counted.
   print_warnings <- function(prefix = "") {
     w <- cell$warns
     cell$warns <- list()
     if (length(w) == 0) return(invisible())
-    if (length(w) > 10) {
-      cat(sprintf("%sThere were %d warnings (use warnings() to see them)\n", prefix,
-                  length(w)), file = stderr())
-      return(invisible())
-    }
+    most <- suppressWarnings(as.integer(getOption("nwarnings", 50L)))
+    if (length(most) != 1 || is.na(most) || most < 1) most <- 50L
+    total <- length(w)
+    w <- w[seq_len(min(total, most))]
     calls <- lapply(w, function(c) if (at_top(conditionCall(c))) NULL else conditionCall(c))
     names(calls) <- vapply(w, conditionMessage, "")
     kept$warnings <- calls
-    cat(prefix, file = stderr())
-    # R's own formatting of deferred warnings ("Warning message:\nIn log(-1) : NaNs produced").
-    out <- utils::capture.output(print(structure(calls, class = "warnings")))
-    cat(out, sep = "\n", file = stderr())
+    if (total >= most) {
+      cat(sprintf("%sThere were %d or more warnings (use warnings() to see the first %d)\n",
+                  prefix, most, most), file = stderr())
+    } else if (total > 10) {
+      cat(sprintf("%sThere were %d warnings (use warnings() to see them)\n", prefix, total),
+          file = stderr())
+    } else {
+      cat(prefix, file = stderr())
+      # R's own formatting of deferred warnings ("Warning message:\nIn log(-1) : NaNs produced").
+      out <- utils::capture.output(print(structure(calls, class = "warnings")))
+      cat(out, sep = "\n", file = stderr())
+    }
   }
 
   # --- figures: plots are drawn on a device of the session's own (cairo, to /dev/null)
@@ -329,9 +338,13 @@ local({
     if (is.null(x) && !is.null(kept$calls)) x <- kept$calls
     base::traceback(x, ...)
   }, envir = tools)
+  # Only the user's cells' warnings: none yet is R's answer at a fresh prompt (base's
+  # last.warning may hold one of the bootstrap's own).
   assign("warnings", function(...) {
-    if (...length() == 0 && !is.null(kept$warnings))
+    if (...length() == 0) {
+      if (is.null(kept$warnings)) return(invisible(NULL))
       return(structure(kept$warnings, class = "warnings"))
+    }
     base::warnings(...)
   }, envir = tools)
 })
