@@ -1293,3 +1293,84 @@ per_row!(
         s.stop().await;
     }
 );
+
+/// (language, a cell leaving something behind that, once the file `go` exists, prints
+/// `late` and then creates the file `done`; a cell printing `next`; the background output
+/// the next cell reports)
+const LATE: &[(&str, &str, &str, &str)] = &[
+    (
+        "python",
+        "import threading, os, time\ndef w():\n    while not os.path.exists('go'):\n        time.sleep(0.01)\n    print('late', flush=True)\n    open('done', 'w').close()\nthreading.Thread(target=w, daemon=True).start()",
+        "print('next')",
+        "late\n",
+    ),
+    (
+        "javascript",
+        "const fs = require('fs')\nconst iv = setInterval(() => { if (fs.existsSync('go')) { clearInterval(iv); console.log('late'); fs.writeFileSync('done', '') } }, 10)",
+        "console.log('next')",
+        "late\n",
+    ),
+    (
+        "ruby",
+        "Thread.new { sleep 0.01 until File.exist?('go'); puts 'late'; $stdout.flush; File.write('done', '') }\nnil",
+        "puts 'next'",
+        "late\n",
+    ),
+    (
+        "r",
+        "system(\"sh -c 'while [ ! -e go ]; do sleep 0.01; done; echo late; : > done'\", wait = FALSE)",
+        "cat('next\\n')",
+        "late\n",
+    ),
+    (
+        "shellscript",
+        "(while [ ! -e go ]; do sleep 0.01; done; echo late; : > done) &",
+        "echo next",
+        // bash's own notice of the job's end belongs there too.
+        "late\n[1]+  Done                    ( while [ ! -e go ]; do\n    sleep 0.01;\ndone; echo late; : > done )\n",
+    ),
+];
+
+per_row!(
+    /// Output an earlier cell's thread, timer or child prints between evaluations is the
+    /// next result's `background_output`, never part of its `output`.
+    output_between_cells_is_background_output,
+    LATE,
+    [python, javascript, ruby, r, shellscript],
+    |&(lang, start, next, background)| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        let s = Server::stdio().arg("--allow-cwd").arg(dir.path()).start().await;
+        let o = s
+            .call(
+                "session_start",
+                json!({"language": lang, "cwd": dir.path()}),
+            )
+            .await;
+        assert!(!o.is_error, "{lang}: {}", o.text);
+        let id = o.s("session_id").to_string();
+        let o = s.eval(&id, start).await;
+        assert_eq!(status(&o), "ok", "{lang}: {}", o.text);
+        std::fs::write(dir.path().join("go"), "").unwrap();
+        // The background's own signal that it has printed.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !dir.path().join("done").exists() {
+            assert!(std::time::Instant::now() < until, "{lang}: `late` never printed");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let o = s.eval(&id, next).await;
+        assert_eq!(
+            (status(&o), output(&o), o.structured["background_output"].as_str()),
+            ("ok", "next\n", Some(background)),
+            "{lang}: {}",
+            o.text
+        );
+        assert!(o.text.contains("late"), "{lang}: the text shows it too: {}", o.text);
+        prints(&s, &id, lang, next, "next\n").await;
+        s.stop().await;
+    }
+);

@@ -209,8 +209,8 @@ trailing expression's value) and a status: ok, error, timeout (interrupted, stat
     /// Answer a program waiting for input.
     #[tool(
         name = "session_input",
-        description = "Answer a program waiting for input (status awaiting_input): `text` is typed, the evaluation \
-continues and returns as in session_eval. Input left unread is discarded, never run.",
+        description = "Answer a program waiting for input (awaiting_input): `text` is typed; the evaluation goes on \
+as in session_eval. Unread input is discarded, never run.",
         input_schema = schema::input::<SessionInputParams>(),
         output_schema = schema::output::<EvalReport>(),
         annotations(title = "Answer input", destructive_hint = false,
@@ -247,7 +247,7 @@ continues and returns as in session_eval. Input left unread is discarded, never 
     #[tool(
         name = "session_interrupt",
         description = "Interrupt (Ctrl-C) a session's running or input-waiting evaluation; state kept. `result` is \
-that evaluation's result, as session_eval returns it.",
+its result, as from session_eval.",
         input_schema = schema::input::<SessionIdParams>(),
         output_schema = schema::output::<InterruptReport>(),
         annotations(title = "Interrupt", destructive_hint = false,

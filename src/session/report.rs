@@ -75,6 +75,9 @@ pub struct EvalReport {
     /// Changed files beyond the ones listed.
     #[serde(skip_serializing_if = "is_zero")]
     pub files_omitted: u64,
+    /// Earlier cells' output (threads, timers, jobs) from between evaluations.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub background_output: Option<String>,
     /// Input typed with `session_input` that the program did not read before the evaluation
     /// ended. It was discarded, never run as code.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -255,6 +258,7 @@ impl EvalReport {
             displays_omitted: 0,
             files: Vec::new(),
             files_omitted: 0,
+            background_output: None,
             discarded_input: None,
             notes: Vec::new(),
             replayed: None,
@@ -293,7 +297,16 @@ impl EvalReport {
 
     /// The text content: the output, then a line saying how it ended when not `ok`.
     pub fn text(&self) -> String {
-        let mut t = self.output.clone();
+        let mut t = match &self.background_output {
+            Some(bg) => {
+                let nl = if bg.ends_with('\n') { "" } else { "\n" };
+                format!(
+                    "[background output of earlier cells]\n{bg}{nl}[this cell]\n{}",
+                    self.output
+                )
+            }
+            None => self.output.clone(),
+        };
         let trailer = match self.status {
             EvalStatus::Ok => None,
             EvalStatus::Error => Some(match &self.error {

@@ -418,6 +418,10 @@ file in the session's directory and read it from there instead",
         let mut report = EvalReport::empty(&session.id, eval_id);
         report.output = outcome.output.text;
         report.truncated = outcome.output.omitted > 0;
+        if !outcome.background.text.is_empty() {
+            report.background_output = Some(outcome.background.text);
+            report.truncated |= outcome.background.omitted > 0;
+        }
         report.notes.extend(outcome.output.notes);
         report.duration_ms = started.elapsed().as_millis() as u64;
         apply_ending(&mut report, &outcome.ending, session.lang.error_pattern());

@@ -83,6 +83,9 @@ pub struct Outcome {
     /// Everything `session_input` typed into the evaluation (its last 64 KiB), once it is
     /// over: the end marker says how much of it the program left unread.
     pub typed: Vec<u8>,
+    /// Output of earlier cells that arrived after the previous evaluation ended and before
+    /// this one's code began.
+    pub background: Rendered,
 }
 
 impl Outcome {
@@ -92,6 +95,7 @@ impl Outcome {
             output,
             notes: Vec::new(),
             typed: Vec::new(),
+            background: Rendered::default(),
         }
     }
 }
@@ -235,7 +239,16 @@ impl Interp {
         let out = self
             .run_cell(n, code, deadline, &CancellationToken::new(), None, false)
             .await;
-        self.shared.lock().background = bg;
+        // What arrived meanwhile (before this evaluation's start, or since its end) stays
+        // too, after what was there.
+        let after = {
+            let mut st = self.shared.lock();
+            let after = std::mem::replace(&mut st.background, bg);
+            st.background.push(out.background.text.as_bytes());
+            after
+        };
+        let after = after.finish().await;
+        self.shared.lock().background.push(after.text.as_bytes());
         out
     }
 
@@ -293,6 +306,7 @@ impl Interp {
             st.end = None;
             st.continuation = false;
             st.out = Renderer::new(self.launch.output_cap);
+            st.early = Renderer::new(self.launch.output_cap / 4);
             std::mem::replace(
                 &mut st.background,
                 Renderer::new(self.launch.output_cap / 4),
@@ -312,11 +326,26 @@ impl Interp {
             Ok(()) => self.wait(n, deadline, cancel, progress, detect_input).await,
         };
         let mut outcome = self.finish(n, ending).await;
-        let bg = background.finish().await;
-        if !bg.text.is_empty() {
-            outcome.output.text = format!("{}{}", bg.text, outcome.output.text);
-            outcome.output.omitted += bg.omitted;
+        let (early, started) = {
+            let mut st = self.shared.lock();
+            let cap = self.launch.output_cap / 4;
+            (
+                std::mem::replace(&mut st.early, Renderer::new(cap)),
+                st.started == Some(n),
+            )
+        };
+        let mut bg = background.finish().await;
+        let early = early.finish().await;
+        if started {
+            bg.text.push_str(&early.text);
+            bg.omitted += early.omitted;
+        } else if !early.text.is_empty() {
+            // It never started (the REPL refused the line, or died): what it printed is the
+            // answer to this evaluation.
+            outcome.output.text = format!("{}{}", early.text, outcome.output.text);
+            outcome.output.omitted += early.omitted;
         }
+        outcome.background = bg;
         outcome
     }
 

@@ -122,7 +122,15 @@ impl Interp {
         // Keep what the interrupted evaluation printed; then drain any stray output of the
         // interrupt (a REPL that was already idle prints its own notice) with an empty
         // evaluation whose output is thrown away.
-        let kept = std::mem::replace(&mut self.shared.lock().out, Renderer::new(0));
+        let (kept, early, started) = {
+            let mut st = self.shared.lock();
+            let out = std::mem::replace(&mut st.out, Renderer::new(0));
+            (
+                out,
+                std::mem::replace(&mut st.early, Renderer::new(0)),
+                st.started,
+            )
+        };
         // What was typed into the interrupted code and not read (a line without Enter) must
         // not prefix the resynchronising line (the terminal keeps it: NOFLSH).
         self.master.flush_input();
@@ -138,7 +146,12 @@ impl Interp {
             sync = self.sync(until, &CancellationToken::new()).await;
         }
         self.drop_watch = None;
-        self.shared.lock().out = kept;
+        {
+            let mut st = self.shared.lock();
+            st.out = kept;
+            st.early = early;
+            st.started = started;
+        }
         match sync.ending {
             Ending::Done(_) => {
                 // Output between the interrupt and the sync is noise of the interrupt.

@@ -24,8 +24,14 @@ pub(super) struct StreamState {
     /// The bootstrap announced that evaluation N began running.
     pub(super) started: Option<u64>,
     pub(super) end: Option<EndMarker>,
-    /// Output that arrived between evaluations (shown before the next one's).
+    /// Output that arrived between evaluations: the earlier cells' (a thread, a timer, a
+    /// background job), reported beside the next evaluation's output, never in it.
     pub(super) background: Renderer,
+    /// Output of the evaluation in flight from before it announced its start (a language
+    /// that announces it): the earlier cells' too, once the start came.
+    pub(super) early: Renderer,
+    /// The language's bootstrap announces each evaluation's start.
+    pub(super) announces: bool,
     pub(super) prompts: u64,
     pub(super) continuation: bool,
     pub(super) closed: bool,
@@ -53,6 +59,8 @@ impl Shared {
                 started: None,
                 end: None,
                 background: Renderer::new(launch.output_cap / 4),
+                early: Renderer::new(launch.output_cap / 4),
+                announces: spec.announces_start,
                 prompts: 0,
                 continuation: false,
                 closed: false,
@@ -75,7 +83,11 @@ impl StreamState {
             match ev {
                 Event::Data(d) => {
                     if st.current.is_some() && st.end.is_none() {
-                        st.out.push(&d);
+                        if st.announces && st.started != st.current {
+                            st.early.push(&d);
+                        } else {
+                            st.out.push(&d);
+                        }
                     } else {
                         st.background.push(&d);
                     }
