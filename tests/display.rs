@@ -640,3 +640,180 @@ async fn a_figure_is_a_resource_read_again_later() {
     assert_eq!(r.mime_type.as_deref(), Some("image/png"));
     s.stop().await;
 }
+
+/// `session_inspect` on one name: its result, or the refused call's error kind and text.
+async fn inspect(s: &TestServer, id: &str, name: &str, budget: Option<u64>) -> Out {
+    let mut args = json!({"session_id": id, "name": name});
+    if let Some(b) = budget {
+        args["budget_bytes"] = json!(b);
+    }
+    s.call("session_inspect", args).await
+}
+
+/// A name is caller input that reaches the session's code: anything but a variable or a
+/// dotted path of attributes is refused before any code runs, and what the session answers
+/// (its bootstrap can be replaced by user code) is cut to the budget by the server.
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_names_cannot_become_code_and_answers_keep_the_budget() {
+    if !require("python", "python3") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("python").await;
+    eval(&s, &id, "x = 1").await;
+    for name in [
+        "x); open('pwned', 'w').write('1'); (x",
+        "x\nopen('pwned','w')",
+        "x[0]",
+        "x.__class__.__init__.__globals__['os'].system('touch pwned')",
+        "",
+        &"a".repeat(300),
+    ] {
+        let r = inspect(&s, &id, name, None).await;
+        assert_eq!(r.error_kind(), "invalid_argument", "{name}: {}", r.text);
+    }
+    let r = inspect(&s, &id, "x", Some(10)).await;
+    assert_eq!(r.error_kind(), "invalid_argument", "{}", r.text);
+    assert!(r.text.contains("200 to 8000"), "{}", r.text);
+    let r = inspect(&s, &id, "nothing_here", None).await;
+    assert_eq!(r.error_kind(), "invalid_argument", "{}", r.text);
+    assert!(r.text.contains("NameError"), "{}", r.text);
+    let listed = eval(&s, &id, "import os; sorted(os.listdir('.'))").await;
+    assert!(!listed.text.contains("pwned"), "{}", listed.text);
+
+    // A big value within the budget, cut by the session's own bootstrap.
+    eval(
+        &s,
+        &id,
+        "big = 'x' * 1_000_000\nitems = list(range(100_000))",
+    )
+    .await;
+    for name in ["big", "items"] {
+        let r = inspect(&s, &id, name, Some(500)).await;
+        assert!(!r.is_error, "{}", r.text);
+        assert!(
+            r.structured["details"].to_string().len() <= 500,
+            "{}",
+            r.structured
+        );
+        assert_eq!(
+            r.structured["details"]["len"],
+            if name == "big" { 1_000_000 } else { 100_000 }
+        );
+    }
+    let r = inspect(&s, &id, "big", Some(500)).await;
+    assert_eq!(r.structured["truncated"], true, "{}", r.structured);
+    // A bootstrap replaced by user code: the server cuts its answer, whatever it says.
+    eval(
+        &s,
+        &id,
+        r#"
+import builtins
+def free(f, name):
+    return dict(zip(f.__code__.co_freevars, (c.cell_contents for c in f.__closure__)))[name]
+cell = free(builtins.__rbx_inspect, "cell")
+def fake(name, budget):
+    cell["extra"]["inspect"] = {"type": "\x1b[31mred", "big": "y" * 7000, "small": 1,
+                                **{"k%d" % i: i for i in range(100)}}
+builtins.__rbx_inspect = fake
+"#,
+    )
+    .await;
+    let r = inspect(&s, &id, "x", Some(300)).await;
+    assert!(!r.is_error, "{}", r.text);
+    assert!(
+        r.structured["details"].to_string().len() <= 300,
+        "{}",
+        r.structured
+    );
+    assert!(r.structured["details"].get("big").is_none());
+    assert_eq!(r.structured["truncated"], true);
+    assert!(!r.text.contains('\x1b'), "{}", r.text);
+    s.stop().await;
+}
+
+/// What `session_inspect` tells of a frame, an array, a function, a class and a plain value,
+/// within the default budget; and a language without it says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_tells_each_kind_of_value_within_its_budget() {
+    if !require_data_stack() {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("python").await;
+    eval(
+        &s,
+        &id,
+        r#"
+import numpy as np, pandas as pd
+df = pd.DataFrame({"city": ["a", "b", None, "a"] * 25, "n": range(100)})
+arr = np.arange(12, dtype=float).reshape(3, 4)
+def area(w: float, h: float = 1.0) -> float:
+    """Width times height."""
+    return w * h
+class Box:
+    """A box."""
+    def volume(self): return 0
+"#,
+    )
+    .await;
+    let d = inspect(&s, &id, "df", None).await;
+    assert!(!d.is_error, "{}", d.text);
+    let v = &d.structured;
+    assert_eq!(v["type"], "pandas.DataFrame");
+    assert_eq!(v["details"]["shape"], json!([100, 2]));
+    let city = &v["details"]["columns"][0];
+    assert_eq!(
+        (&city["name"], &city["nulls"], &city["distinct"]),
+        (&json!("city"), &json!(25), &json!(2)),
+        "{v}"
+    );
+    // pandas 3 names its strings `str`, older ones `object`.
+    assert!(
+        ["object", "str"].contains(&city["dtype"].as_str().unwrap_or("")),
+        "{v}"
+    );
+    assert_eq!(v["details"]["head"][0], json!({"city": "a", "n": 0}));
+    assert_eq!(v["details"]["tail"][4], json!({"city": "a", "n": 99}));
+    assert!(v.to_string().len() < 2000 + 200, "{v}");
+    assert!(d.text.starts_with("df: pandas.DataFrame\n"), "{}", d.text);
+
+    let a = inspect(&s, &id, "arr", None).await.structured;
+    assert_eq!(a["details"]["shape"], json!([3, 4]));
+    assert_eq!(a["details"]["dtype"], "float64");
+    assert_eq!(a["details"]["stats"]["max"], 11.0);
+    assert_eq!(a["details"]["stats"]["mean"], 5.5);
+
+    let f = inspect(&s, &id, "area", None).await;
+    assert_eq!(
+        f.structured["details"]["signature"],
+        "area(w: float, h: float = 1.0) -> float"
+    );
+    assert_eq!(f.structured["details"]["doc"], "Width times height.");
+    assert!(
+        f.structured["details"]["source"]
+            .as_str()
+            .unwrap_or("")
+            .contains("return w * h"),
+        "{}",
+        f.structured
+    );
+    // Source reads as code in the text, not as an escaped string.
+    assert!(f.text.contains("source:\ndef area("), "{}", f.text);
+    let c = inspect(&s, &id, "Box", None).await.structured;
+    assert_eq!(c["details"]["members"], json!(["volume"]));
+    let m = inspect(&s, &id, "df.n", None).await.structured;
+    assert_eq!(m["type"], "pandas.Series");
+    assert_eq!(m["details"]["stats"]["max"], 99.0);
+
+    // The listing of names still works, and inspecting printed nothing into the session.
+    let after = eval(&s, &id, "print('next')").await;
+    assert_eq!(after.text, "next\n");
+
+    if require("shellscript", "bash") {
+        let b = s.start_session("bash").await;
+        let r = inspect(&s, &b, "HOME", None).await;
+        assert_eq!(r.error_kind(), "unsupported_language", "{}", r.text);
+    }
+    s.stop().await;
+}

@@ -708,6 +708,119 @@ def __rbx_setup():
         if omitted:
             cell["extra"]["vars_omitted"] = omitted
 
+    # --- session_inspect: one name looked at within a budget, printing nothing ---
+    def fit(d, budget):
+        # The longest field gives way (a text is cut, a list halved) until the whole fits.
+        size = lambda: len(json.dumps(d, default=str)) + 20
+        cut = False
+        for _ in range(64):
+            if size() <= budget:
+                break
+            cut = True
+            keys = [k for k, v in d.items() if isinstance(v, (str, list)) and len(v) > 1]
+            if not keys:
+                break
+            k = max(keys, key=lambda k: len(json.dumps(d[k], default=str)))
+            v = d[k]
+            d[k] = v[: len(v) // 2] if isinstance(v, list) else v[: max(1, len(v) // 2)] + "…"
+        while size() > budget and len(d) > 2:
+            d.popitem()
+        if cut:
+            d["truncated"] = True
+        return d
+
+    def records(frame):
+        try:
+            return json.loads(frame.to_json(orient="records", date_format="iso",
+                                            default_handler=str))
+        except Exception:
+            return [repr(r)[:200] for r in frame.itertuples()]
+
+    def describe(v, rows):
+        tname, text, size = summary(v)
+        d = {"type": tname, "summary": text}
+        if size is not None:
+            d["size"] = size
+        if tname == "pandas.DataFrame":
+            n = len(v)
+            d["shape"] = list(v.shape)
+            cols = []
+            for c in list(v.columns)[:200]:
+                s = v[c]
+                col = {"name": str(c), "dtype": str(s.dtype), "nulls": int(s.isna().sum())}
+                try:
+                    # Distinct values counted on at most a million rows.
+                    col["distinct"] = int((s if n <= 10**6 else s.sample(10**6, random_state=0)).nunique())
+                except Exception:
+                    pass
+                cols.append(col)
+            d["columns"] = cols
+            d["head"] = records(v.head(rows))
+            if n > rows:
+                d["tail"] = records(v.tail(rows))
+        elif tname == "pandas.Series":
+            d["shape"] = list(v.shape)
+            d["dtype"] = str(v.dtype)
+            d["nulls"] = int(v.isna().sum())
+            try:
+                d["stats"] = json.loads(v.describe().to_json(default_handler=str))
+            except Exception:
+                pass
+            d["head"] = records(v.head(rows).to_frame())
+        elif tname == "numpy.ndarray":
+            d["shape"] = list(v.shape)
+            d["dtype"] = str(v.dtype)
+            import math
+            if v.size and v.dtype.kind in "biuf":
+                import numpy, warnings
+                f = v.astype("float64", copy=False)
+                finite = lambda x: float(x) if math.isfinite(x) else None
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    d["stats"] = {"min": finite(numpy.nanmin(f)), "max": finite(numpy.nanmax(f)),
+                                  "mean": finite(numpy.nanmean(f)), "std": finite(numpy.nanstd(f)),
+                                  "nans": int(numpy.isnan(f).sum())}
+            d["head"] = [x if not isinstance(x, float) or math.isfinite(x) else None
+                         for x in v.ravel()[:rows * 4].tolist()] if v.dtype.kind in "biuf" \
+                else [str(x)[:100] for x in v.ravel()[:rows * 4].tolist()]
+        elif inspect.isroutine(v) or inspect.isclass(v):
+            d["kind"] = "class" if inspect.isclass(v) else "function"
+            try:
+                d["signature"] = v.__name__ + str(inspect.signature(v))
+            except (TypeError, ValueError):
+                pass
+            doc = inspect.getdoc(v)
+            if doc:
+                d["doc"] = doc
+            try:
+                d["source"] = inspect.getsource(v)
+            except (OSError, TypeError):
+                pass
+            if inspect.isclass(v):
+                d["members"] = [m for m in vars(v) if not m.startswith("__")][:100]
+        else:
+            import reprlib
+            r = reprlib.Repr()
+            r.maxstring, r.maxother, r.maxlist, r.maxdict, r.maxlevel = 2000, 500, 50, 50, 4
+            d["repr"] = r.repr(v)
+            if isinstance(v, (str, bytes, list, tuple, dict, set, frozenset)):
+                d["len"] = len(v)
+        return d
+
+    def inspect_name(name_hex, budget):
+        try:
+            path = bytes.fromhex(name_hex).decode()
+            head, *rest = path.split(".")
+            if head not in g:
+                raise NameError("name %r is not defined" % head)
+            v = g[head]
+            for attr in rest:
+                v = getattr(v, attr)
+            d = describe(v, 5)
+        except Exception as e:
+            d = {"error": "%s: %s" % (type(e).__name__, e)}
+        cell["extra"]["inspect"] = fit(d, max(200, int(budget)))
+
     # --- warm sessions: modules imported before the first cell, into sys.modules only and
     # through the hook above, so they are adjusted as when the user's code imports them ---
     def preload(names):
@@ -725,6 +838,7 @@ def __rbx_setup():
         builtins.display = user_display
     builtins.__rbx_eval = run
     builtins.__rbx_vars = list_vars
+    builtins.__rbx_inspect = inspect_name
     builtins.__rbx_preload = preload
 
 __rbx_setup()

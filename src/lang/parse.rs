@@ -230,6 +230,11 @@ fn check_session(s: &SessionSpec, bad: Bad<'_>) -> anyhow::Result<()> {
     {
         return Err(bad("session.vars", "must be a single line"));
     }
+    if let Some(v) = &s.inspect
+        && v.contains('\n')
+    {
+        return Err(bad("session.inspect", "must be a single line"));
+    }
     if s.interrupt.is_empty() {
         return Err(bad("session.interrupt", "must not be empty"));
     }

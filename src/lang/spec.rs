@@ -283,6 +283,11 @@ pub struct SessionSpec {
     /// `value` and `size`, for REPLs that can only print their bindings (ghci).
     #[serde(default)]
     pub vars_pattern: Option<String>,
+    /// `session_inspect`: the code of an internal evaluation that looks at `{name}` (the
+    /// hex of its UTF-8, so no name changes the code) within `{budget}` bytes; the bootstrap
+    /// answers in the end marker's payload (`inspect`).
+    #[serde(default)]
+    pub inspect: Option<String>,
     /// Warm sessions (`--preload`): the code of an internal evaluation that imports
     /// `{modules}` (a JSON array of module names) before any user code, defining no name;
     /// it prints `replbox-preload-failed: NAME...` for those that did not import.

@@ -152,3 +152,14 @@ pub struct SessionVarsParams {
     #[serde(default)]
     pub timeout_ms: Option<u64>,
 }
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionInspectParams {
+    pub session_id: String,
+    /// e.g. df or m.coef_
+    pub name: String,
+    /// 200-8000, default 2000.
+    #[serde(default)]
+    pub budget_bytes: Option<u64>,
+}

@@ -9,14 +9,14 @@ use rmcp::{RoleServer, tool, tool_router};
 
 use super::params::{
     ExportFormat, RunCodeParams, SessionEvalParams, SessionExportParams, SessionIdParams,
-    SessionInputParams, SessionStartParams, SessionVarsParams,
+    SessionInputParams, SessionInspectParams, SessionStartParams, SessionVarsParams,
 };
 use super::reply::{announce_files, eval_result, progress_reporter, result, structured_value};
 use super::{ReplboxServer, schema};
 use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 use crate::run::{RunReport, RunRequest};
-use crate::session::evaluate::VarsReport;
+use crate::session::evaluate::{InspectReport, MAX_BUDGET, MIN_BUDGET, VarsReport};
 use crate::session::history::HistoryReport;
 use crate::session::present::export::{ExportReport, Format};
 use crate::session::report::RestoreReport;
@@ -404,6 +404,37 @@ and size, printing nothing in the session.",
             .app
             .sessions
             .vars(&caller, &p.session_id, timeout)
+            .await?;
+        Ok(result(r.text(), &r, false))
+    }
+
+    /// One name of a session, on a budget.
+    #[tool(
+        name = "session_inspect",
+        description = "One variable within budget_bytes, printing nothing: frame schema and rows, \
+array stats, source.",
+        input_schema = schema::input::<SessionInspectParams>(),
+        output_schema = schema::output::<InspectReport>(),
+        annotations(title = "Inspect", read_only_hint = true, open_world_hint = false)
+    )]
+    async fn session_inspect(
+        &self,
+        Parameters(p): Parameters<SessionInspectParams>,
+        Extension(caller): Extension<Caller>,
+    ) -> Result<CallToolResult, ToolError> {
+        let budget = p
+            .budget_bytes
+            .unwrap_or(crate::session::evaluate::DEFAULT_BUDGET as u64);
+        if !(MIN_BUDGET as u64..=MAX_BUDGET as u64).contains(&budget) {
+            return Err(ToolError::invalid(format!(
+                "budget_bytes is {budget}; give {MIN_BUDGET} to {MAX_BUDGET}"
+            )));
+        }
+        let timeout = deadline(&self.app.config, Some(30_000))?;
+        let r = self
+            .app
+            .sessions
+            .inspect(&caller, &p.session_id, &p.name, budget as usize, timeout)
             .await?;
         Ok(result(r.text(), &r, false))
     }

@@ -283,6 +283,25 @@ ms{})",
         }
     }
 
+    /// Look at one name of the caller's session `id` within `budget` bytes.
+    pub async fn inspect(
+        &self,
+        caller: &Caller,
+        id: &str,
+        name: &str,
+        budget: usize,
+        timeout: Duration,
+    ) -> Result<crate::session::evaluate::InspectReport, ToolError> {
+        self.cluster_gate(caller, id).await?;
+        let session = self.lookup(caller, id)?;
+        let report = self
+            .evaluator
+            .inspect(&self.table, &session, name, budget, timeout)
+            .await;
+        self.after_call(&session).await;
+        report
+    }
+
     /// List the names the user defined in the caller's session `id`.
     pub async fn vars(
         &self,

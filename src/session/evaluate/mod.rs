@@ -7,6 +7,7 @@
 
 mod artifacts;
 mod display;
+mod inspect;
 mod pip;
 mod vars;
 
@@ -27,6 +28,7 @@ use crate::config::Config;
 use crate::error::{ErrorKind, ToolError};
 use crate::progress::Progress;
 use crate::workspace::DirId;
+pub use inspect::{DEFAULT_BUDGET, InspectReport, MAX_BUDGET, MIN_BUDGET};
 pub use vars::VarsReport;
 
 /// What `session_input` types: the text, and whether Enter follows it.

@@ -15,6 +15,7 @@ use crate::error::{ErrorKind, ToolError};
 use crate::session::interp::Ending;
 use crate::session::live::{End, Phase, Session};
 use crate::session::report::payload_json;
+use crate::session::scan::EndMarker;
 use crate::session::table::Table;
 
 /// Names listed at most, whatever the bootstrap sends.
@@ -190,6 +191,42 @@ session.vars); evaluate code that prints them instead",
             )
             .session(id));
         };
+        let (marker, output) = self
+            .internal_call(table, session, &code, timeout, "listing the names of")
+            .await?;
+        let (vars, omitted, imported) = match session.lang.vars_pattern() {
+            Some(re) => {
+                let (v, o) = from_output(&output, re);
+                (v, o, Vec::new())
+            }
+            None => {
+                let payload = payload_json(&marker.payload);
+                let (v, o) = from_payload(&payload);
+                (v, o, imported_of(&payload))
+            }
+        };
+        Ok(VarsReport {
+            session_id: id.to_string(),
+            language: session.lang.id().to_string(),
+            vars,
+            imported,
+            omitted,
+        })
+    }
+}
+
+impl Evaluator {
+    /// Run `code` as an internal evaluation of an idle session (what `session_vars` and
+    /// `session_inspect` ask): its end marker and output, or why it could not run or end.
+    pub(super) async fn internal_call(
+        &self,
+        table: &Table,
+        session: &Session,
+        code: &str,
+        timeout: Duration,
+        doing: &str,
+    ) -> Result<(EndMarker, String), ToolError> {
+        let id = &session.id;
         if let Phase::AwaitingInput { eval, .. } = session.phase() {
             return Err(ToolError::new(
                 ErrorKind::AwaitingInput,
@@ -209,10 +246,10 @@ session_input, or stop it with session_interrupt, first"
         };
         session.touch();
         let deadline = tokio::time::Instant::now() + timeout;
-        let outcome = interp.internal(&code, deadline).await;
+        let outcome = interp.internal(code, deadline).await;
         session.touch();
-        let marker = match outcome.ending {
-            Ending::Done(m) => m,
+        match outcome.ending {
+            Ending::Done(m) => Ok((m, outcome.output.text)),
             Ending::Exited(_) => {
                 *guard = None;
                 drop(guard);
@@ -221,40 +258,22 @@ session_input, or stop it with session_interrupt, first"
                     signal: None,
                 };
                 table.mark_ended(session, how);
-                return Err(session.ended_error());
+                Err(session.ended_error())
             }
-            ending => return Err(unfinished(id, timeout, &ending)),
-        };
-        let (vars, omitted, imported) = match session.lang.vars_pattern() {
-            Some(re) => {
-                let (v, o) = from_output(&outcome.output.text, re);
-                (v, o, Vec::new())
-            }
-            None => {
-                let payload = payload_json(&marker.payload);
-                let (v, o) = from_payload(&payload);
-                (v, o, imported_of(&payload))
-            }
-        };
-        Ok(VarsReport {
-            session_id: id.to_string(),
-            language: session.lang.id().to_string(),
-            vars,
-            imported,
-            omitted,
-        })
+            ending => Err(unfinished(id, timeout, &ending, doing)),
+        }
     }
 }
 
-/// The error for a listing that did not finish in time.
-fn unfinished(id: &str, timeout: Duration, ending: &Ending) -> ToolError {
+/// The error for an internal evaluation that did not finish in time.
+fn unfinished(id: &str, timeout: Duration, ending: &Ending, doing: &str) -> ToolError {
     let what = if matches!(ending, Ending::Restarted { .. }) {
         "the interpreter had to be restarted: its state is lost"
     } else {
         "it was interrupted and the session keeps its state (try a longer timeout_ms)"
     };
     ToolError::internal(format!(
-        "listing the names of session {id} did not finish in {} ms; {what}",
+        "{doing} session {id} did not finish in {} ms; {what}",
         timeout.as_millis()
     ))
     .session(id)
