@@ -8,7 +8,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde_json::{Value, json};
 
-use super::{Fut, Registry};
+use super::{Fut, Kv, Registry};
 
 /// Longest one registry call may take on one endpoint.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -124,7 +124,7 @@ impl Registry for Etcd {
         })
     }
 
-    fn get(&self, key: String) -> Fut<'_, Option<Vec<u8>>> {
+    fn get(&self, key: String) -> Fut<'_, Option<Kv>> {
         Box::pin(async move {
             let v = self
                 .call("/v3/kv/range", json!({"key": b64(key.as_bytes())}))
@@ -133,7 +133,11 @@ impl Registry for Etcd {
                 return Ok(None);
             };
             let value = kv["value"].as_str().unwrap_or("");
-            Ok(Some(B64.decode(value)?))
+            Ok(Some(Kv {
+                value: B64.decode(value)?,
+                create_revision: int(&kv["create_revision"]),
+                lease: int(&kv["lease"]),
+            }))
         })
     }
 

@@ -69,9 +69,23 @@ impl ClusterFlags {
 pub struct Record {
     pub node: String,
     pub principal: String,
-    /// The registry's revision of the claim: it grows with every adoption.
-    #[serde(default)]
+    /// The registry's revision of the claim (its key's creation): it grows with every
+    /// claim, so a journal line of an older one is a former owner's.
+    #[serde(skip)]
     pub generation: i64,
+    /// The lease the claim is bound to.
+    #[serde(skip)]
+    pub lease: i64,
+}
+
+/// A key's value as the registry holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kv {
+    pub value: Vec<u8>,
+    /// The revision that created the key.
+    pub create_revision: i64,
+    /// The lease it is bound to (0: none).
+    pub lease: i64,
 }
 
 /// A registry's answer, boxed so the trait has implementations chosen at run time.
@@ -90,7 +104,7 @@ pub trait Registry: Send + Sync {
     /// Put `key` under `lease`, whatever was there.
     fn put(&self, key: String, value: Vec<u8>, lease: i64) -> Fut<'_, ()>;
     /// The value of `key`, if any.
-    fn get(&self, key: String) -> Fut<'_, Option<Vec<u8>>>;
+    fn get(&self, key: String) -> Fut<'_, Option<Kv>>;
     /// Create `key` under `lease` only where it does not exist: the revision of the
     /// creation, or `None` when it exists.
     fn create(&self, key: String, value: Vec<u8>, lease: i64) -> Fut<'_, Option<i64>>;
@@ -238,6 +252,12 @@ not {}",
                 > LEASE_TTL.saturating_sub(FENCE_MARGIN)
     }
 
+    /// Whether a claim made under `lease` is still this node's to act on: the lease is the
+    /// one held and not possibly expired. Checked before every journal append.
+    pub fn holds(&self, lease: i64) -> bool {
+        lease != 0 && self.lease.load(Ordering::SeqCst) == lease && !self.fenced()
+    }
+
     /// Leave: revoke the lease, so other nodes may adopt this node's sessions at once.
     pub async fn leave(&self) {
         let lease = self.lease.swap(0, Ordering::SeqCst);
@@ -251,12 +271,15 @@ not {}",
 
     /// Who holds session `id` (`None`: no live node does).
     pub async fn owner(&self, id: &str) -> anyhow::Result<Option<Record>> {
-        let Some(v) = self.registry.get(session_key(id)).await? else {
+        let Some(kv) = self.registry.get(session_key(id)).await? else {
             return Ok(None);
         };
-        Ok(Some(serde_json::from_slice(&v).map_err(|e| {
+        let mut record: Record = serde_json::from_slice(&kv.value).map_err(|e| {
             anyhow::anyhow!("the registry's record of session {id} is not readable: {e}")
-        })?))
+        })?;
+        record.generation = kv.create_revision;
+        record.lease = kv.lease;
+        Ok(Some(record))
     }
 
     /// Claim session `id` for this node where no live node holds it: the record written, or
@@ -267,6 +290,7 @@ not {}",
             node: self.node.clone(),
             principal: principal.to_string(),
             generation: 0,
+            lease,
         };
         let value = serde_json::to_vec(&record)?;
         let Some(rev) = self.registry.create(session_key(id), value, lease).await? else {

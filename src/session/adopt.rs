@@ -10,7 +10,7 @@ use super::journal::{self, Journaled};
 use super::live::{End, Session};
 use super::manager::SessionManager;
 use super::table::Entry;
-use crate::cluster::{Cluster, RENEW_EVERY, check_node_id};
+use crate::cluster::{Cluster, RENEW_EVERY, Record, check_node_id};
 use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 
@@ -125,15 +125,34 @@ impl SessionManager {
             return Ok(());
         };
         let claimed = cluster.claim(id, &caller.principal).await;
-        if let Ok(Some(_)) = claimed {
-            return Ok(());
-        }
-        if let Ok(session) = self.table.open(caller, id) {
+        let session = self.table.open(caller, id).ok();
+        let written = match (&claimed, &session) {
+            (Ok(Some(r)), Some(s)) => match s.journal.clone() {
+                Some(w) => {
+                    let (node, lease, claim) =
+                        (cluster.node.clone(), r.lease, claim_of(cluster, r));
+                    tokio::task::spawn_blocking(move || w.claim(&node, lease, claim))
+                        .await
+                        .map_err(std::io::Error::other)
+                        .and_then(|r| r)
+                        .map_err(|e| format!("cannot write the session's journal: {e}"))
+                }
+                None => Ok(()),
+            },
+            (Ok(Some(_)), None) => Ok(()),
+            (Err(e), _) => Err(format!("{e}")),
+            (Ok(None), _) => Err("a new session id is held in the cluster already".into()),
+        };
+        let Err(why) = written else { return Ok(()) };
+        if let Some(session) = session {
             self.end(session, End::Closed).await;
         }
+        if let Ok(Some(_)) = claimed {
+            cluster.release(id).await;
+        }
         Err(match claimed {
-            Err(e) => unavailable(e),
-            _ => ToolError::internal("a new session id is held in the cluster already"),
+            Err(_) => unavailable(why),
+            _ => ToolError::internal(why),
         })
     }
 
@@ -162,11 +181,11 @@ it is back (another server may take its sessions over). Try again in a few secon
         if here || uuid::Uuid::parse_str(id).map_or(true, |u| u.to_string() != id) {
             return Ok(());
         }
-        match cluster.owner(id).await.map_err(unavailable)? {
+        let record = match cluster.owner(id).await.map_err(unavailable)? {
             Some(r) if r.principal != caller.principal => return Ok(()),
             Some(r) if r.node != cluster.node => return Err(elsewhere(id)),
             // Ours in the registry, not in the table: adopted from its journal below.
-            Some(_) => {}
+            Some(r) => r,
             None => {
                 let Some(from) = self.orphan(cluster, id, caller).await else {
                     // Moved by a node that claimed it meanwhile, or no journal at all.
@@ -180,13 +199,14 @@ it is back (another server may take its sessions over). Try again in a few secon
                 match cluster.claim(id, &caller.principal).await {
                     Ok(Some(r)) => {
                         tracing::info!(session = %id, from = %from.display(), generation = r.generation, "adopting a session");
+                        r
                     }
                     Ok(None) => return Err(taking_over(id)),
                     Err(e) => return Err(unavailable(e)),
                 }
             }
-        }
-        self.take_journal(cluster, caller, id).await
+        };
+        self.take_journal(cluster, caller, id, &record).await
     }
 
     /// The journal of `id` on the shared filesystem if it is the caller's session: where it
@@ -212,9 +232,10 @@ it is back (another server may take its sessions over). Try again in a few secon
     /// earlier adopter left it) and make it a suspended session here.
     async fn take_journal(
         &self,
-        cluster: &Cluster,
+        cluster: &Arc<Cluster>,
         caller: &Caller,
         id: &str,
+        record: &Record,
     ) -> Result<(), ToolError> {
         let Some(dest) = self.journals.path_of(id) else {
             return Ok(());
@@ -225,6 +246,8 @@ it is back (another server may take its sessions over). Try again in a few secon
             id.to_string(),
             self.journals.max(),
         );
+        let (lease, generation, claim) =
+            (record.lease, record.generation, claim_of(cluster, record));
         let moved =
             tokio::task::spawn_blocking(move || -> Result<Option<journal::Journal>, String> {
                 let Some(from) = find_journal(&shared, &mine, &id_) else {
@@ -235,6 +258,19 @@ it is back (another server may take its sessions over). Try again in a few secon
                         format!("cannot move {} to {}: {e}", from.display(), dest.display())
                     })?;
                 }
+                let j = journal::read(&dest, &id_, max)?;
+                // The claim's line: from here on, a former owner's appends are ignored.
+                let claimed = j
+                    .claim
+                    .as_ref()
+                    .is_some_and(|(n, g, _)| *n == mine && *g == generation);
+                if claimed {
+                    return Ok(Some(j));
+                }
+                let full = j.full_at.is_some();
+                journal::Writer::reopen(&dest, max, full)
+                    .and_then(|w| w.claim(&mine, lease, claim))
+                    .map_err(|e| format!("cannot write {}: {e}", dest.display()))?;
                 journal::read(&dest, &id_, max).map(Some)
             })
             .await
@@ -260,6 +296,55 @@ it is back (another server may take its sessions over). Try again in a few secon
         }
     }
 
+    /// The claim a restored session's journal is written under: its last, this node's
+    /// (written when it was claimed here). Without a cluster, none.
+    pub(super) fn journal_claim(
+        &self,
+        j: &journal::Journal,
+    ) -> Result<Option<journal::Claim>, ToolError> {
+        let Some(cluster) = self.cluster.get() else {
+            return Ok(None);
+        };
+        match &j.claim {
+            Some((node, generation, lease)) if *node == cluster.node => {
+                let r = Record {
+                    node: node.clone(),
+                    principal: j.owner.clone(),
+                    generation: *generation,
+                    lease: *lease,
+                };
+                Ok(Some(claim_of(cluster, &r)))
+            }
+            _ => Err(unavailable(format!(
+                "session {} is not claimed by this node in its journal",
+                j.session_id
+            ))),
+        }
+    }
+
+    /// After a call on `session`: when its journal refused the call's line (this node may
+    /// have lost the session's claim) or it was handed over while the call ran (its
+    /// interpreter killed for that: `exited`), the call's result is not the session's: the
+    /// session is stopped here (if it was not) and the caller told to call again, to be
+    /// served from the journal, here or on another node.
+    pub(super) async fn handed_over(
+        &self,
+        session: &Arc<Session>,
+        exited: bool,
+    ) -> Option<ToolError> {
+        let refused = session.journal.as_ref().is_some_and(|w| w.refused());
+        if refused && self.table.mark_ended(session, End::HandedOver) {
+            if let Some(w) = &session.journal {
+                w.seal();
+            }
+            super::end::stop_handed_over(session.clone()).await;
+        }
+        if !matches!(session.ended(), Some(End::HandedOver)) {
+            return None;
+        }
+        (exited || refused).then(|| session.ended_error())
+    }
+
     /// A session closed: out of the cluster's registry.
     pub(super) async fn cluster_release(&self, id: &str) {
         if let Some(cluster) = self.cluster.get() {
@@ -276,15 +361,13 @@ it is back (another server may take its sessions over). Try again in a few secon
     }
 }
 
-/// The error for a call that ran while its session was handed over (its node lost its
-/// lease): its interpreter was killed for that (`exited`), or its cell's journal line was
-/// refused. The caller calls again and is served from the journal, here or elsewhere.
-pub(super) fn handover_error(session: &Session, exited: bool) -> Option<ToolError> {
-    if !matches!(session.ended(), Some(End::HandedOver)) {
-        return None;
+/// Appends under the claim `r`, refused once this node may have lost it.
+fn claim_of(cluster: &Arc<Cluster>, r: &Record) -> journal::Claim {
+    let (c, lease) = (cluster.clone(), r.lease);
+    journal::Claim {
+        generation: r.generation,
+        holds: Box::new(move || c.holds(lease)),
     }
-    let refused = session.journal.as_ref().is_some_and(|w| w.refused());
-    (exited || refused).then(|| session.ended_error())
 }
 
 /// Where the journal of session `id` is among the nodes' directories of `shared` (this

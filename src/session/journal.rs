@@ -93,6 +93,13 @@ pub struct CellEntry {
     /// Code mode: the tool calls it made, with their results (bounded) for the replay.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<crate::upstream::CallRecord>,
+    /// The claim it was written under (cluster; see [`Entry::Claimed`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: i64,
+}
+
+fn is_zero(g: &i64) -> bool {
+    *g == 0
 }
 
 /// One line of a journal.
@@ -113,14 +120,20 @@ pub enum Entry {
     End {
         how: String,
         at: u64,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        generation: i64,
     },
     /// The session was started again from this journal.
     Restored {
         at: u64,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        generation: i64,
     },
     /// The journal reached its bound: cells from `eval_id` on are not in it.
     Full {
         eval_id: u64,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        generation: i64,
     },
     /// A cell began (its `cell` line follows when it ends): a started cell without one was
     /// running when the server stopped, and a restore does not run it again.
@@ -129,7 +142,61 @@ pub enum Entry {
         at: u64,
         /// The beginning of its code, for the restore's report.
         code: String,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        generation: i64,
     },
+    /// Cluster: `node` claimed the session in the registry under `lease`; `generation` is
+    /// the claim's revision, larger at every claim. The lines that follow carry the
+    /// generation they were written under: one older than the last claim before it is a
+    /// former owner's, written after it lost the session, and is ignored.
+    Claimed {
+        node: String,
+        generation: i64,
+        lease: i64,
+        at: u64,
+    },
+}
+
+impl Entry {
+    /// The generation a line was written under (0: outside a cluster; a claim's line is
+    /// not written under one).
+    fn generation(&self) -> i64 {
+        match self {
+            Entry::Cell(c) => c.generation,
+            Entry::End { generation, .. }
+            | Entry::Restored { generation, .. }
+            | Entry::Full { generation, .. }
+            | Entry::Started { generation, .. } => *generation,
+            Entry::Start { .. } | Entry::Claimed { .. } => 0,
+        }
+    }
+
+    /// The same line, written under `g`.
+    fn under(&self, g: i64) -> Entry {
+        let mut e = self.clone();
+        match &mut e {
+            Entry::Cell(c) => c.generation = g,
+            Entry::End { generation, .. }
+            | Entry::Restored { generation, .. }
+            | Entry::Full { generation, .. }
+            | Entry::Started { generation, .. } => *generation = g,
+            Entry::Start { .. } | Entry::Claimed { .. } => {}
+        }
+        e
+    }
+}
+
+/// The claim a journal is written under (cluster): appends are refused once `holds` says
+/// this node may have lost it.
+pub struct Claim {
+    pub generation: i64,
+    pub holds: Box<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for Claim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Claim({})", self.generation)
+    }
 }
 
 /// A cell the server stopped in: it started and never ended.
@@ -154,6 +221,7 @@ pub fn started(eval_id: u64, at: u64, code: &str) -> Entry {
         eval_id,
         at,
         code: code[..end].to_string(),
+        generation: 0,
     }
 }
 
@@ -179,8 +247,10 @@ pub struct Writer {
     full: AtomicBool,
     /// Sealed: nothing more is written (set under `file`'s lock).
     sealed: AtomicBool,
-    /// An append was refused because the journal was sealed.
+    /// An append was refused because the journal was sealed or its claim lost.
     refused: AtomicBool,
+    /// Cluster: the claim appends are made under, checked before each.
+    claim: Mutex<Option<Claim>>,
 }
 
 /// What an append did.
@@ -191,7 +261,7 @@ pub enum Appended {
     Full,
     /// The journal was removed (the session was closed).
     Removed,
-    /// The journal was sealed: its session may be another node's now.
+    /// The journal was sealed, or its claim lost: its session may be another node's now.
     Sealed,
 }
 
@@ -219,6 +289,7 @@ impl Writer {
             full: AtomicBool::new(false),
             sealed: AtomicBool::new(false),
             refused: AtomicBool::new(false),
+            claim: Mutex::new(None),
         })
     }
 
@@ -237,6 +308,7 @@ impl Writer {
             full: AtomicBool::new(full),
             sealed: AtomicBool::new(false),
             refused: AtomicBool::new(false),
+            claim: Mutex::new(None),
         })
     }
 
@@ -254,6 +326,18 @@ impl Writer {
                 return Ok(Appended::Sealed);
             }
             return Ok(Appended::Removed);
+        };
+        let stamped;
+        let entry = match &*self.claim.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(c) if !(c.holds)() => {
+                self.refused.store(true, Ordering::Relaxed);
+                return Ok(Appended::Sealed);
+            }
+            Some(c) => {
+                stamped = entry.under(c.generation);
+                &stamped
+            }
+            None => entry,
         };
         let mut line = line_of(entry)?;
         if let Entry::Started { .. } = entry {
@@ -275,7 +359,10 @@ impl Writer {
             // Room is kept for the lines that end or restore the session.
             if self.written.load(Ordering::Relaxed) + line.len() as u64 + 512 > self.max {
                 self.full.store(true, Ordering::Relaxed);
-                line = line_of(&Entry::Full { eval_id: c.eval_id })?;
+                line = line_of(&Entry::Full {
+                    eval_id: c.eval_id,
+                    generation: c.generation,
+                })?;
                 file.write_all(&line)?;
                 file.sync_data()?;
                 self.written.fetch_add(line.len() as u64, Ordering::Relaxed);
@@ -286,6 +373,28 @@ impl Writer {
         file.sync_data()?;
         self.written.fetch_add(line.len() as u64, Ordering::Relaxed);
         Ok(Appended::Written)
+    }
+
+    /// From now on, write under `claim` (cluster): its line first, then every append
+    /// stamped with its generation and refused once the claim may be lost.
+    pub fn claim(&self, node: &str, lease: i64, claim: Claim) -> io::Result<()> {
+        let line = Entry::Claimed {
+            node: node.to_string(),
+            generation: claim.generation,
+            lease,
+            at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        };
+        *self.claim.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.append(&line)?;
+        *self.claim.lock().unwrap_or_else(|p| p.into_inner()) = Some(claim);
+        Ok(())
+    }
+
+    /// Go on writing under `claim`, whose line the journal has already.
+    pub fn resume_claim(&self, claim: Claim) {
+        *self.claim.lock().unwrap_or_else(|p| p.into_inner()) = Some(claim);
     }
 
     /// Write nothing more, leaving the file as it is (its session may be adopted by another
@@ -336,6 +445,10 @@ pub struct Journal {
     pub unfinished: Vec<Unfinished>,
     /// A last line cut short by a crash was dropped.
     pub torn: bool,
+    /// Cluster: the last claim, (node, generation, lease).
+    pub claim: Option<(String, i64, i64)>,
+    /// Lines a former owner wrote after it lost the session, ignored.
+    pub stale: usize,
     /// Unix time of the last change of the file.
     pub modified: u64,
 }
@@ -482,8 +595,16 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, String> {
         unfinished: Vec::new(),
         torn,
         modified,
+        claim: None,
+        stale: 0,
     };
+    let mut current = 0;
     for e in it {
+        // A claim's line is checked below, against the claims before it.
+        if !matches!(e, Entry::Claimed { .. }) && e.generation() < current {
+            j.stale += 1;
+            continue;
+        }
         match e {
             Entry::Start { .. } => return Err("a second start line".into()),
             Entry::Cell(c) => {
@@ -496,7 +617,9 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, String> {
                 j.unfinished.retain(|u| u.eval_id != c.eval_id);
                 j.cells.push(c);
             }
-            Entry::Started { eval_id, at, code } => {
+            Entry::Started {
+                eval_id, at, code, ..
+            } => {
                 let last = j.cells.last().map_or(0, |c| c.eval_id);
                 if eval_id <= last || j.unfinished.last().is_some_and(|u| u.eval_id >= eval_id) {
                     return Err(format!("cell {eval_id} started out of order"));
@@ -510,9 +633,22 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, String> {
                     code,
                 });
             }
-            Entry::End { how, at } => j.ended = Some((how, at)),
+            Entry::End { how, at, .. } => j.ended = Some((how, at)),
             Entry::Restored { .. } => j.ended = None,
-            Entry::Full { eval_id } => j.full_at = Some(eval_id),
+            Entry::Full { eval_id, .. } => j.full_at = Some(eval_id),
+            Entry::Claimed {
+                node,
+                generation,
+                lease,
+                ..
+            } => {
+                if generation < current {
+                    j.stale += 1;
+                    continue;
+                }
+                current = generation;
+                j.claim = Some((node, generation, lease));
+            }
         }
     }
     Ok(j)
@@ -557,6 +693,7 @@ mod tests {
             inputs: vec![],
             no_enter: vec![],
             tool_calls: vec![],
+            generation: 0,
         })
     }
 
@@ -574,6 +711,7 @@ mod tests {
         w.append(&Entry::End {
             how: "reaped".into(),
             at: 5,
+            generation: 0,
         })
         .unwrap();
         let j = read(&path, ID, 1200).unwrap();
@@ -587,6 +725,40 @@ mod tests {
         w.remove();
         assert!(!path.exists());
         assert_eq!(w.append(&cell(4, "a")).unwrap(), Appended::Removed);
+    }
+
+    #[test]
+    fn a_former_owners_lines_after_a_newer_claim_are_ignored() {
+        use std::sync::Arc;
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join(format!("{ID}.journal"));
+        let claim = |generation, holds: Arc<AtomicBool>| Claim {
+            generation,
+            holds: Box::new(move || holds.load(Ordering::SeqCst)),
+        };
+        let a_holds = Arc::new(AtomicBool::new(true));
+        let a = Writer::create(&path, &start(), 1 << 20).unwrap();
+        a.claim("a", 7, claim(10, a_holds.clone())).unwrap();
+        assert_eq!(a.append(&cell(1, "x = 1")).unwrap(), Appended::Written);
+        // Node b adopts it: a newer claim, then its own cell 2.
+        let b = Writer::reopen(&path, 1 << 20, false).unwrap();
+        b.claim("b", 8, claim(20, Arc::new(AtomicBool::new(true))))
+            .unwrap();
+        b.append(&cell(2, "x = 2")).unwrap();
+        // a, frozen after it checked its claim, appends its cell 2 anyway: ignored on
+        // reading (it would otherwise make the journal unreadable: cell 2 twice).
+        assert_eq!(a.append(&cell(2, "stale")).unwrap(), Appended::Written);
+        b.append(&cell(3, "x = 3")).unwrap();
+        let j = read(&path, ID, 1 << 20).unwrap();
+        let codes: Vec<&str> = j.cells.iter().map(|c| c.code.as_str()).collect();
+        assert_eq!(codes, ["x = 1", "x = 2", "x = 3"]);
+        assert_eq!(j.stale, 1);
+        assert_eq!(j.claim, Some(("b".into(), 20, 8)));
+        // Once a knows its claim may be lost, it writes nothing more.
+        a_holds.store(false, Ordering::SeqCst);
+        assert_eq!(a.append(&cell(4, "later")).unwrap(), Appended::Sealed);
+        assert!(a.refused());
+        assert_eq!(read(&path, ID, 1 << 20).unwrap().cells.len(), 3);
     }
 
     #[test]
@@ -642,7 +814,11 @@ mod tests {
         );
         assert_eq!(j.last_eval(), 2);
         // Restored, the next cell is 3; cell 2 stays unfinished.
-        w.append(&Entry::Restored { at: 7 }).unwrap();
+        w.append(&Entry::Restored {
+            at: 7,
+            generation: 0,
+        })
+        .unwrap();
         w.append(&started(3, 8, "y")).unwrap();
         w.append(&cell(3, "y")).unwrap();
         let j = read(&path, ID, 1 << 20).unwrap();
@@ -659,6 +835,7 @@ mod tests {
             eval_id: 1,
             at: 1,
             code: "z".repeat(STARTED_CODE * 5),
+            generation: 0,
         };
         bytes.extend(line_of(&huge).unwrap());
         assert!(parse(&bytes, ID, 0).unwrap_err().contains("too long"));

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::adopt::handover_error;
 use super::evaluate::{Answer, Evaluator, VarsReport};
 use super::journal::StateDir;
 use super::launch::Launcher;
@@ -213,7 +212,10 @@ has returned."
             .await;
         self.after_call(&session).await;
         let mut report = report?;
-        if let Some(e) = handover_error(&session, report.status == EvalStatus::Exited) {
+        if let Some(e) = self
+            .handed_over(&session, report.status == EvalStatus::Exited)
+            .await
+        {
             return Err(e);
         }
         if let Some(r) = restored {
@@ -260,7 +262,10 @@ ms{})",
             .await;
         self.after_call(&session).await;
         let report = report?;
-        match handover_error(&session, report.status == EvalStatus::Exited) {
+        match self
+            .handed_over(&session, report.status == EvalStatus::Exited)
+            .await
+        {
             Some(e) => Err(e),
             None => Ok(report),
         }
@@ -277,7 +282,7 @@ ms{})",
             .result
             .as_ref()
             .is_some_and(|r| r.status == EvalStatus::Exited);
-        match handover_error(&session, exited) {
+        match self.handed_over(&session, exited).await {
             Some(e) => Err(e),
             None => Ok(report),
         }

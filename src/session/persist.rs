@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::journal::{self, Entry, FileEntry, Journal, Journaled, StartEntry, StateDir, Writer};
+use super::journal::{
+    self, Claim, Entry, FileEntry, Journal, Journaled, StartEntry, StateDir, Writer,
+};
 use super::launch::StartRequest;
 use super::live::{End, Session, unix};
 use super::report::EndedInfo;
@@ -140,17 +142,41 @@ impl Journals {
 
     /// A suspended session's journal, to be written again by the session restored from it
     /// (its `restored` line appended).
-    pub(super) async fn reopen(&self, s: &Journaled, full: bool) -> Result<Writer, ToolError> {
+    /// Cluster: it is written under `claim`.
+    pub(super) async fn reopen(
+        &self,
+        s: &Journaled,
+        full: bool,
+        claim: Option<Claim>,
+    ) -> Result<Writer, ToolError> {
         let (path, max) = (s.path.clone(), self.max());
-        tokio::task::spawn_blocking(move || -> std::io::Result<Writer> {
+        let id = s.id.clone();
+        let written = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
             let w = Writer::reopen(&path, max, full)?;
-            w.append(&Entry::Restored { at: now_s() })?;
-            Ok(w)
+            if let Some(c) = claim {
+                w.resume_claim(c);
+            }
+            let appended = w.append(&Entry::Restored {
+                at: now_s(),
+                generation: 0,
+            })?;
+            Ok((w, appended))
         })
         .await
         .map_err(std::io::Error::other)
         .and_then(|r| r)
-        .map_err(|e| ToolError::internal(format!("cannot write the session's journal: {e}")))
+        .map_err(|e| ToolError::internal(format!("cannot write the session's journal: {e}")))?;
+        match written {
+            (_, journal::Appended::Sealed) => Err(ToolError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "session {id} may have been taken over by another server of this cluster: \
+this one lost contact with its cluster registry. Try again in a few seconds."
+                ),
+            )
+            .session(&id)),
+            (w, _) => Ok(w),
+        }
     }
 
     /// A session ended: session_close deletes its journal; reaped, evicted or exited, it is
@@ -170,6 +196,7 @@ impl Journals {
             if let Err(e) = w.append(&Entry::End {
                 how: how.to_string(),
                 at: now_s(),
+                generation: 0,
             }) {
                 tracing::error!(session = %id, error = %e, "cannot write the session's journal");
             }

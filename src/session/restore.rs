@@ -63,7 +63,8 @@ without --state-dir there is none).",
         if let Some(k) = self.table.take_kept(&id) {
             k.release().await;
         }
-        let writer = self.journals.reopen(s, j.full_at.is_some()).await?;
+        let claim = self.journal_claim(j)?;
+        let writer = self.journals.reopen(s, j.full_at.is_some(), claim).await?;
         let req = &j.request;
         let req = StartRequest {
             language: req.language.clone(),

@@ -485,6 +485,7 @@ async fn journal_cell(session: &Session, done: (Cell, Vec<String>, Vec<usize>, u
         inputs,
         no_enter,
         tool_calls: cell.tool_calls,
+        generation: 0,
     });
     let was_full = w.is_full();
     let r = tokio::task::spawn_blocking(move || w.append(&entry)).await;
@@ -493,7 +494,7 @@ async fn journal_cell(session: &Session, done: (Cell, Vec<String>, Vec<usize>, u
             tracing::warn!(session = %session.id, "the session's journal is full");
         }
         Ok(Ok(journal::Appended::Sealed)) => {
-            tracing::warn!(session = %session.id, eval_id, "a cell finished after its session was handed over: not journaled");
+            tracing::warn!(session = %session.id, eval_id, "a cell finished after this node may have lost its session: not journaled");
         }
         Ok(Err(e)) => {
             tracing::error!(session = %session.id, error = %e, "cannot write the session's journal")

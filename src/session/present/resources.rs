@@ -63,6 +63,15 @@ impl SessionManager {
             .into_iter()
             .map(str::to_string)
             .collect();
+        // In a cluster, a session no live node holds is adopted here first and restored:
+        // its files are on the node that died, its replay writes them again.
+        if self.cluster.get().is_some() {
+            let gone = |e: crate::error::ToolError| FileError::NotFound(e.message);
+            self.cluster_gate(caller, id).await.map_err(gone)?;
+            if self.journals.restores_on_eval(&self.table, caller, id) {
+                self.restore(caller, id).await.map_err(gone)?;
+            }
+        }
         // An open session, or an ended one whose files are kept (read-only: nothing of it
         // runs any more, and its uid is still its own).
         let (cwd, uid) = match self.lookup(caller, id) {
