@@ -1374,3 +1374,41 @@ per_row!(
         s.stop().await;
     }
 );
+
+// ---- A deep recursion's traceback stays within the interpreter's bound -------------------
+
+/// (language, a cell that recurses past a raised recursion limit, its error type, how the
+/// repeated frames are collapsed, a cell printing `alive`)
+const DEEP: &[(&str, &str, &str, &str, &str)] = &[(
+    "python",
+    "import sys\nsys.setrecursionlimit(10**5)\ndef f(n):\n    return f(n + 1)\nf(0)",
+    "RecursionError",
+    "  [Previous line repeated ",
+    "print('alive')",
+)];
+
+per_row!(
+    /// The traceback shows the last frames as the interpreter prints them (at most its
+    /// traceback limit, 1,000, the repeated ones collapsed), not every one of 100,000; the
+    /// session goes on.
+    a_deep_recursion_shows_a_short_traceback,
+    DEEP,
+    [python],
+    |&(lang, code, kind, repeated, alive)| {
+        let s = Server::stdio().start().await;
+        let id = s.start_session(lang).await;
+        let o = s.eval_t(&id, code, 120_000).await;
+        assert_eq!((status(&o), error_type(&o)), ("error", kind), "{lang}: {}", o.text);
+        let out = output(&o);
+        let times: u64 = out
+            .split(repeated)
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{lang}: no collapsed frames: {out}"));
+        assert!(times < 1000, "{lang}: {times} repeated frames: {out}");
+        assert!(out.lines().count() < 20, "{lang}: {out}");
+        prints(&s, &id, lang, alive, "alive\n").await;
+        s.stop().await;
+    }
+);

@@ -445,7 +445,11 @@ def __rbx_setup():
         # it (the interrupt handler's own frame ends every KeyboardInterrupt's stack); the
         # end marker says how many lines it took, so a notebook export can tell the
         # traceback from what the cell printed.
-        te = traceback.TracebackException(type(e), e, tb)
+        # Within the interpreter's own bound: its last sys.tracebacklimit (1000) entries, as
+        # python prints them; the whole of a deep recursion took many seconds to extract.
+        limit = getattr(sys, "tracebacklimit", 1000)
+        limit = limit if isinstance(limit, int) and limit >= 0 else 1000
+        te = traceback.TracebackException(type(e), e, tb, limit=-limit if limit else 0)
         te.stack = traceback.StackSummary.from_list(
             [f for f in te.stack if f.filename != boot])
         text = "".join(te.format())
