@@ -135,8 +135,12 @@ root: at level none, user code runs as the server's own user and could read the 
             workspace.root(),
             Some(metrics.upstream()),
         )?);
-        let packages =
-            crate::packages::Packages::new(&config.packages, config.uid_base, sandbox.clone())?;
+        let packages = crate::packages::Packages::new(
+            &config.packages,
+            config.uid_base,
+            sandbox.clone(),
+            metrics.packages(),
+        )?;
         let runner = Runner {
             packages: packages.clone(),
             upstreams: upstreams.clone(),

@@ -69,6 +69,47 @@ impl UpstreamMetrics {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabel {
+    source: String,
+}
+
+/// Packages on demand's metrics: installations by where they were answered from
+/// (`cache`: the shared cache alone, offline; `index`: the index was asked), and packages
+/// put in a layer from the cache (hits) or downloaded (misses).
+#[derive(Clone, Default)]
+pub struct PackageMetrics {
+    installs: Family<SourceLabel, Counter>,
+    hits: Counter,
+    misses: Counter,
+}
+
+impl PackageMetrics {
+    /// An installation answered from the cache alone put `packages` in a layer.
+    pub fn offline(&self, packages: usize) {
+        self.installs
+            .get_or_create(&SourceLabel {
+                source: "cache".into(),
+            })
+            .inc();
+        self.hits.inc_by(packages as u64);
+    }
+
+    /// An installation that asked the index put `packages` in a layer, `downloaded` of
+    /// them fetched.
+    pub fn online(&self, packages: usize, downloaded: u32) {
+        self.installs
+            .get_or_create(&SourceLabel {
+                source: "index".into(),
+            })
+            .inc();
+        let downloaded = u64::from(downloaded);
+        self.misses.inc_by(downloaded);
+        self.hits
+            .inc_by((packages as u64).saturating_sub(downloaded));
+    }
+}
+
 /// Seconds, from a fast evaluation to the longest timeout.
 fn durations() -> Histogram {
     Histogram::new([
@@ -92,6 +133,7 @@ pub struct Metrics {
     sandbox_level: Family<LevelLabel, Gauge>,
     http_connections: Gauge,
     upstream: UpstreamMetrics,
+    packages: PackageMetrics,
     /// One scrape at a time: gauges are set, then encoded.
     scrape: Mutex<()>,
 }
@@ -188,9 +230,26 @@ impl Metrics {
             Unit::Seconds,
             upstream.duration.clone(),
         );
+        let packages = PackageMetrics::default();
+        registry.register(
+            "package_installs",
+            "Package installations (packages, %pip), by source: cache (offline) or index",
+            packages.installs.clone(),
+        );
+        registry.register(
+            "package_cache_hits",
+            "Packages put in a layer from the shared cache, without a download",
+            packages.hits.clone(),
+        );
+        registry.register(
+            "package_cache_misses",
+            "Packages the installer downloaded from the index",
+            packages.misses.clone(),
+        );
         Self {
             registry,
             upstream,
+            packages,
             calls,
             eval,
             run,
@@ -230,6 +289,11 @@ impl Metrics {
                 language: language.to_string(),
             })
             .observe(seconds);
+    }
+
+    /// Where packages on demand records its installations.
+    pub fn packages(&self) -> PackageMetrics {
+        self.packages.clone()
     }
 
     /// Where code mode records its calls.
@@ -288,6 +352,8 @@ mod tests {
         m.run("python", 0.003);
         m.eval("ruby", 2.0);
         m.upstream().upstream_call("everything", "ok", 0.002);
+        m.packages().online(3, 2);
+        m.packages().offline(3);
         let text = m.encode(Gauges {
             sessions_open: 3,
             warm_pool: vec![("python".into(), 2)],
@@ -298,6 +364,10 @@ mod tests {
         for line in [
             "# TYPE replbox_tool_calls_total counter",
             "replbox_tool_calls_total{tool=\"run-code\",status=\"ok\"} 2",
+            "replbox_package_installs_total{source=\"index\"} 1",
+            "replbox_package_installs_total{source=\"cache\"} 1",
+            "replbox_package_cache_hits_total 4",
+            "replbox_package_cache_misses_total 2",
             "replbox_tool_calls_total{tool=\"session_eval\",status=\"timeout\"} 1",
             "# TYPE replbox_run_duration_seconds histogram",
             "replbox_run_duration_seconds_count{language=\"python\"} 1",

@@ -113,7 +113,7 @@ impl Packages {
     }
 }
 
-fn stopped(why: String) -> Done {
+pub(super) fn stopped(why: String) -> Done {
     Done {
         ok: false,
         stdout: String::new(),

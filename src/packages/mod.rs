@@ -150,6 +150,8 @@ pub struct Packages {
     /// where the installer's uid can run it; or why there is none.
     uv: tokio::sync::OnceCell<Result<PathBuf, String>>,
     timeout: Duration,
+    resolved: Resolved,
+    metrics: crate::metrics::PackageMetrics,
 }
 
 /// One run's or session's packages: a directory on its PYTHONPATH. A run's is in the
@@ -201,6 +203,7 @@ impl Packages {
         flags: &Flags,
         uid_base: u32,
         sandbox: Arc<Sandbox>,
+        metrics: crate::metrics::PackageMetrics,
     ) -> anyhow::Result<Option<Arc<Self>>> {
         if flags.no_packages {
             return Ok(None);
@@ -260,6 +263,8 @@ impl Packages {
             installer,
             uv_flag: flags.uv.clone(),
             uv: tokio::sync::OnceCell::new(),
+            resolved: Resolved::default(),
+            metrics,
             timeout: flags
                 .package_timeout_s
                 .map(|s| Duration::from_secs(s.max(1)))
@@ -334,49 +339,40 @@ impl Packages {
             });
         }
         let uv = self.uv(python).await.map_err(PackageError::Failed)?;
-        let home = self
-            .root
-            .join("tmp")
-            .join(uuid::Uuid::new_v4().simple().to_string());
-        own_dir(&home, 0o700, self.installer)
-            .map_err(|e| PackageError::Failed(format!("cannot make the installer's home: {e}")))?;
-        let mut argv: Vec<String> = [
-            uv.display().to_string(),
-            "pip".into(),
-            "install".into(),
-            "--no-config".into(),
-            "--no-progress".into(),
-            "--color".into(),
-            "never".into(),
-            "--no-build".into(),
-            "--python".into(),
-            python.display().to_string(),
-            "--index-url".into(),
-            self.index.url.clone(),
-            "--cache-dir".into(),
-            self.root.join("uv").display().to_string(),
-            "--target".into(),
-            layer.dir.display().to_string(),
-            "--".into(),
-        ]
-        .into();
-        argv.extend(specs.iter().map(|s| s.text.clone()));
-        let job = install::Job {
-            argv,
-            env: installer_env(),
-            exes: vec![uv, python.to_path_buf()],
-            // The shared cache and this one layer: never another run's or session's.
-            rw: vec![self.root.join("uv"), layer.dir.clone()],
-            home: home.clone(),
+        let texts: Vec<String> = specs.iter().map(|s| s.text.clone()).collect();
+        let key = resolved_key(python, &self.index.url, &texts);
+        // Offline first, from the cache alone, when that gives what the index would: the
+        // pins this same request resolved to lately (into an empty layer, so nothing in it
+        // weighed on the resolution), or a request of exact pins. Anything amiss (not all
+        // in the cache, pruned since) falls through to the index.
+        let fresh = layer_is_empty(&layer.dir);
+        let pins = fresh.then(|| self.resolved.get(&key)).flatten();
+        let offline: Option<(Vec<&str>, Vec<String>)> = match pins {
+            Some(pins) => Some((vec!["--offline", "--no-deps"], pins)),
+            None if specs.iter().all(spec::Spec::is_exact_pin) => {
+                Some((vec!["--offline"], texts.clone()))
+            }
+            None => None,
         };
-        let ask = install::Ask {
-            principal,
-            deadline: tokio::time::Instant::now() + self.timeout,
-            cancel,
-        };
-        let done = self.run_installer(job, &ask).await;
-        let h = home.clone();
-        let _ = tokio::task::spawn_blocking(move || crate::workspace::remove_tree(&h)).await;
+        if let Some((flags, reqs)) = offline {
+            let done = self
+                .run_uv(&uv, python, layer, &flags, &reqs, principal, cancel)
+                .await;
+            if done.ok {
+                let mut out = parse_uv(&done.stderr);
+                out.duration_ms = started.elapsed().as_millis() as u64;
+                self.metrics.offline(out.installed.len());
+                return Ok(out);
+            }
+            if done.stopped.is_some() && cancel.is_cancelled() {
+                return Err(PackageError::Failed(
+                    "packages: the installation was cancelled".into(),
+                ));
+            }
+        }
+        let done = self
+            .run_uv(&uv, python, layer, &[], &texts, principal, cancel)
+            .await;
         let names: Vec<&str> = specs.iter().map(|s| s.text.as_str()).collect();
         if let Some(why) = done.stopped {
             return Err(PackageError::Failed(format!(
@@ -394,7 +390,121 @@ impl Packages {
         }
         let mut out = parse_uv(&done.stderr);
         out.duration_ms = started.elapsed().as_millis() as u64;
+        self.metrics.online(out.installed.len(), out.downloaded);
+        if fresh && !out.installed.is_empty() {
+            let pins = out
+                .installed
+                .iter()
+                .map(|p| format!("{}=={}", p.name, p.version))
+                .collect();
+            self.resolved.put(key, pins);
+        }
         Ok(out)
+    }
+
+    /// One run of `uv pip install` into `layer` for `python`: `flags` of the server's
+    /// own, then `reqs` (checked specifiers, or pins of the installer's own output) after
+    /// `--`, in a scratch home removed after it.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_uv(
+        &self,
+        uv: &Path,
+        python: &Path,
+        layer: &Layer,
+        flags: &[&str],
+        reqs: &[String],
+        principal: &str,
+        cancel: &CancellationToken,
+    ) -> install::Done {
+        let home = self
+            .root
+            .join("tmp")
+            .join(uuid::Uuid::new_v4().simple().to_string());
+        if let Err(e) = own_dir(&home, 0o700, self.installer) {
+            return install::stopped(format!("cannot make the installer's home: {e}"));
+        }
+        let mut argv: Vec<String> = [
+            uv.display().to_string(),
+            "pip".into(),
+            "install".into(),
+            "--no-config".into(),
+            "--no-progress".into(),
+            "--color".into(),
+            "never".into(),
+            "--no-build".into(),
+            "--python".into(),
+            python.display().to_string(),
+            "--index-url".into(),
+            self.index.url.clone(),
+            "--cache-dir".into(),
+            self.root.join("uv").display().to_string(),
+            "--target".into(),
+            layer.dir.display().to_string(),
+        ]
+        .into();
+        argv.extend(flags.iter().map(|f| f.to_string()));
+        argv.push("--".into());
+        argv.extend(reqs.iter().cloned());
+        let job = install::Job {
+            argv,
+            env: installer_env(),
+            exes: vec![uv.to_path_buf(), python.to_path_buf()],
+            // The shared cache and this one layer: never another run's or session's.
+            rw: vec![self.root.join("uv"), layer.dir.clone()],
+            home: home.clone(),
+        };
+        let ask = install::Ask {
+            principal,
+            deadline: tokio::time::Instant::now() + self.timeout,
+            cancel,
+        };
+        let done = self.run_installer(job, &ask).await;
+        let _ = tokio::task::spawn_blocking(move || crate::workspace::remove_tree(&home)).await;
+        done
+    }
+}
+
+/// What a request resolved to is kept under: the interpreter, the index and the request.
+fn resolved_key(python: &Path, index: &str, specs: &[String]) -> String {
+    format!("{}\n{index}\n{}", python.display(), specs.join("\n"))
+}
+
+/// Whether `dir` holds nothing yet.
+fn layer_is_empty(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none())
+}
+
+/// How long what a request resolved to stands in for asking the index again: a request
+/// within it gets the same versions, from the cache, without the network.
+const RESOLVED_FRESH: Duration = Duration::from_secs(3600);
+/// Most requests whose resolution is kept (the oldest goes first).
+const RESOLVED_MAX: usize = 512;
+
+/// Recent resolutions: a request's specifiers to the exact pins it installed (the
+/// installer's own output, from the index), for [`RESOLVED_FRESH`].
+#[derive(Default)]
+struct Resolved(std::sync::Mutex<std::collections::HashMap<String, (Vec<String>, Instant)>>);
+
+impl Resolved {
+    fn get(&self, key: &str) -> Option<Vec<String>> {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(key)
+            .filter(|(_, at)| at.elapsed() < RESOLVED_FRESH)
+            .map(|(pins, _)| pins.clone())
+    }
+
+    fn put(&self, key: String, pins: Vec<String>) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.retain(|_, (_, at)| at.elapsed() < RESOLVED_FRESH);
+        if map.len() >= RESOLVED_MAX
+            && let Some(oldest) = map
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(k, _)| k.clone())
+        {
+            map.remove(&oldest);
+        }
+        map.insert(key, (pins, Instant::now()));
     }
 }
 

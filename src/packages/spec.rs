@@ -17,6 +17,20 @@ pub struct Spec {
     pub text: String,
 }
 
+impl Spec {
+    /// `name==VERSION` (extras allowed) and nothing else: one release, whatever the index
+    /// says since, so what the cache holds of it is what the index would give.
+    pub fn is_exact_pin(&self) -> bool {
+        let Some((_, v)) = self.text.split_once("==") else {
+            return false;
+        };
+        !v.is_empty()
+            && !self.text.contains(';')
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-' | '_'))
+    }
+}
+
 /// Check a request's specifiers for `eco`; sorted and without duplicates. The message says
 /// which one is refused and what is accepted.
 pub fn check(specs: &[String]) -> Result<Vec<Spec>, String> {
@@ -274,6 +288,23 @@ mod tests {
             &"a".repeat(300),
         ] {
             assert!(py(bad).is_err(), "{bad:?} passed");
+        }
+    }
+
+    #[test]
+    fn exact_pins_are_told_from_ranges() {
+        let pin = |s: &str| check(&[s.to_string()]).unwrap()[0].is_exact_pin();
+        assert!(pin("six==1.17.0"));
+        assert!(pin("pandas[excel]==2.2.1"));
+        for not in [
+            "six",
+            "six==1.*",
+            "six>=1",
+            "six==1.0,<2",
+            "six===1.0",
+            "six==1; python_version > '3'",
+        ] {
+            assert!(!pin(not), "{not}");
         }
     }
 
