@@ -1412,3 +1412,166 @@ per_row!(
         s.stop().await;
     }
 );
+
+// ---- Async Python as in a notebook: one event loop, the cell's own frames ---------------
+
+/// (language, a cell whose awaited code fails, its error type, the traceback's first lines,
+/// a cell awaiting for ever whose cleanup prints `cleaned up`, how its interrupt begins)
+type Frames = (
+    &'static str,
+    (&'static str, &'static str, &'static str),
+    (&'static str, &'static str),
+);
+
+const AWAIT_FRAMES: &[Frames] = &[(
+    "python",
+    (
+        "import asyncio\nasync def f():\n    await asyncio.sleep(0)\n    raise ValueError('boom')\nawait f()",
+        "ValueError",
+        "Traceback (most recent call last):\n  File \"<cell 1>\", line 5, in <module>\n    await f()\n  File \"<cell 1>\", line 4, in f\n    raise ValueError('boom')\nValueError: boom\n",
+    ),
+    (
+        "async def wait():\n    try:\n        await asyncio.sleep(60)\n    finally:\n        print('cleaned up')\nx = 1\nawait wait()",
+        "cleaned up\nTraceback (most recent call last):\n  File \"<cell 2>\", line 7, in <module>\n    await wait()\n  File \"<cell 2>\", line 3, in wait\n    await asyncio.sleep(60)\n",
+    ),
+)];
+
+/// asyncio's runner frames, which a cell's traceback never shows.
+const RUNNER: &[&str] = &[
+    "base_events",
+    "run_until_complete",
+    "selectors",
+    "runners.py",
+];
+
+per_row!(
+    /// A cell that awaits shows its own frames when it fails or is interrupted, as any cell
+    /// does; the interrupt cancels the cell's task where it waits (its cleanup runs within
+    /// the cell) and the session's loop goes on serving the next cell.
+    an_await_cell_shows_its_own_frames,
+    AWAIT_FRAMES,
+    [python],
+    |&(lang, (failing, kind, traceback), (forever, interrupted))| {
+        let s = Server::stdio().start().await;
+        let id = s.start_session(lang).await;
+        let o = s.eval(&id, failing).await;
+        assert_eq!(
+            (status(&o), error_type(&o), output(&o)),
+            ("error", kind, traceback),
+            "{lang}: {}",
+            o.text
+        );
+        let o = s.eval_t(&id, forever, 2000).await;
+        let out = output(&o);
+        assert!(
+            status(&o) == "timeout"
+                && out.starts_with(interrupted)
+                && out.ends_with("KeyboardInterrupt\n"),
+            "{lang}: {}",
+            o.text
+        );
+        for m in RUNNER {
+            assert!(!out.contains(m), "{lang}: asyncio's {m} shows: {out}");
+        }
+        assert!(o.structured.get("restarted").is_none(), "{lang}: {}", o.text);
+        prints(&s, &id, lang, "await asyncio.sleep(0)\nprint(x)", "1\n").await;
+        s.stop().await;
+    }
+);
+
+/// (language, cells run in turn, each with what it prints)
+const ONE_LOOP: &[(&str, &[(&str, &str)])] = &[(
+    "python",
+    &[
+        // The same current loop in every cell, running while a cell awaits.
+        (
+            "import asyncio\nloop = asyncio.get_event_loop()\nprint(loop.is_closed())",
+            "False\n",
+        ),
+        ("print(asyncio.get_event_loop() is loop)", "True\n"),
+        (
+            "await asyncio.sleep(0)\nprint(asyncio.get_running_loop() is loop)",
+            "True\n",
+        ),
+        // create_task in a cell without await; the task is awaited in the next.
+        (
+            "async def double(v):\n    await asyncio.sleep(0)\n    return 2 * v\nt = asyncio.create_task(double(21))\nprint(type(t).__name__)",
+            "Task\n",
+        ),
+        ("print(await t)", "42\n"),
+        // A coroutine never awaited is not run, and Python's warning names its cell.
+        (
+            "async def noisy():\n    print('ran')\nc = noisy()\nprint(type(c).__name__)\nc.close()",
+            "coroutine\n",
+        ),
+        (
+            "noisy()\nprint('after')",
+            "<cell 7>:1: RuntimeWarning: coroutine 'noisy' was never awaited\n  noisy()\nRuntimeWarning: Enable tracemalloc to get the object allocation traceback\nafter\n",
+        ),
+        // asyncio.run() runs its own loop, as in a script; the session's stays current.
+        ("print(asyncio.run(double(4)))", "8\n"),
+        (
+            "print(asyncio.get_event_loop() is loop, loop.is_closed())",
+            "True False\n",
+        ),
+    ],
+)];
+
+per_row!(
+    /// One event loop for the session, as in IPython/ipykernel: `get_event_loop()` is the
+    /// same in every cell, `create_task` works in any cell, a task started in one cell is
+    /// awaited in the next and runs on between cells; `asyncio.run()` still works.
+    one_event_loop_across_cells,
+    ONE_LOOP,
+    [python],
+    |&(lang, cells)| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        let s = Server::stdio().arg("--allow-cwd").arg(dir.path()).start().await;
+        let o = s
+            .call(
+                "session_start",
+                json!({"language": lang, "cwd": dir.path()}),
+            )
+            .await;
+        assert!(!o.is_error, "{lang}: {}", o.text);
+        let id = o.s("session_id").to_string();
+        for (code, expected) in cells.iter() {
+            prints(&s, &id, lang, code, expected).await;
+        }
+        // One shown as a cell's value is shown, then warned of in that cell.
+        let o = s.eval(&id, "x = 1\nnoisy()").await;
+        let out = output(&o);
+        assert!(
+            status(&o) == "ok"
+                && out.starts_with("<coroutine object noisy at 0x")
+                && out.contains(">\n<cell 10>:2: RuntimeWarning: coroutine 'noisy' was never awaited\n")
+                && !out.contains("ran"),
+            "{lang}: {}",
+            o.text
+        );
+        // A task left running: it goes on between cells, with no cell awaiting it.
+        prints(
+            &s,
+            &id,
+            lang,
+            "import pathlib\nasync def later():\n    await asyncio.sleep(0.05)\n    pathlib.Path('ran').touch()\nt = asyncio.create_task(later())",
+            "",
+        )
+        .await;
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !dir.path().join("ran").exists() {
+            assert!(
+                std::time::Instant::now() < until,
+                "{lang}: the task never ran between cells"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        prints(&s, &id, lang, "print(t.done())", "True\n").await;
+        s.stop().await;
+    }
+);

@@ -2,7 +2,8 @@
 # into the session's control directory, replbox replaces the placeholders below: text ones,
 # marked `:json`, by Python string literals; numbers by numbers.
 def __rbx_setup():
-    import ast, asyncio, base64, builtins, inspect, json, linecache, os, signal, stat, sys
+    import _thread, ast, asyncio, base64, builtins, functools, inspect, json, linecache, os
+    import signal, stat, sys
     import termios
     import traceback
     nonce, ctl, out, cell_file = {nonce:json}, {ctl:json}, {out:json}, {cell_file:json}
@@ -49,12 +50,11 @@ def __rbx_setup():
             os.write(mark[0], text.encode())
         except OSError:
             pass
-    loop = None
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     max_images = {max_images}
     user_limit = {sync_base}  # internal evaluations (resynchronisation) are numbered from here
     cell = {"n": 0, "shots": [], "omitted": 0, "force": None, "extra": {}, "displays": [],
-            "displays_omitted": 0}
+            "displays_omitted": 0, "busy": False}
     tuned = set()
 
     # --- tables: pandas and numpy print for a wide terminal (the PTY has 200 columns) ---
@@ -436,6 +436,14 @@ def __rbx_setup():
         return count
 
     def user_tb(tb):
+        # From the first of the user's frames: without this file's frames, nor asyncio's
+        # that ran the cell's task.
+        t = tb
+        while t is not None and (t.tb_frame.f_code.co_filename == boot
+                                 or t.tb_frame.f_code.co_filename.startswith(aio_dir)):
+            t = t.tb_next
+        if t is not None:
+            return t
         while tb is not None and tb.tb_frame.f_code.co_filename == boot:
             tb = tb.tb_next
         return tb
@@ -478,14 +486,106 @@ def __rbx_setup():
         if counting.lines:
             cell["extra"]["value_lines"] = counting.lines
 
-    def run_maybe_async(code):
+    # --- asyncio as in IPython/ipykernel: one event loop for the session, the current loop
+    # in every cell. A cell with a top-level `await` runs as a task of it; a task a cell
+    # creates (asyncio.create_task works in any cell) runs on while the REPL waits between
+    # cells, and in the next cell that awaits. asyncio.run() in a cell still runs its own
+    # loop, as in a script. ---
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    cell_task = [None]
+    aio_dir = os.path.join(os.path.dirname(asyncio.__file__), "")
+    main_thread = _thread.get_ident()
+    real_create_task = asyncio.tasks.create_task
+
+    @functools.wraps(real_create_task)
+    def create_task(coro, **kwargs):
+        # Outside a running loop (a cell without `await`), the session's loop takes it.
+        if asyncio.events._get_running_loop() is None and _thread.get_ident() == main_thread:
+            return session_loop().create_task(coro, **kwargs)
+        return real_create_task(coro, **kwargs)
+
+    asyncio.create_task = asyncio.tasks.create_task = create_task
+
+    def session_loop():
         nonlocal loop
-        result = eval(code, g)
-        if inspect.iscoroutine(result):
-            if loop is None:
-                loop = asyncio.new_event_loop()
-            result = loop.run_until_complete(result)
-        return result
+        if loop.is_closed():
+            loop = asyncio.new_event_loop()
+        return loop
+
+    def run_code(body, tail):
+        # The cell's statements, then the value of its last expression (None without one).
+        # A cell with a top-level `await` runs whole as a task of the session's loop; one
+        # without runs as in a script (asyncio.run() works, no loop is running).
+        if not (body.co_flags | (0 if tail is None else tail.co_flags)) & inspect.CO_COROUTINE:
+            eval(body, g)
+            return None if tail is None else eval(tail, g)
+
+        async def whole():
+            r = eval(body, g)
+            if body.co_flags & inspect.CO_COROUTINE:
+                await r
+            if tail is None:
+                return None
+            v = eval(tail, g)
+            return (await v) if tail.co_flags & inspect.CO_COROUTINE else v
+
+        lp = session_loop()
+        task = lp.create_task(whole())
+        cell_task[0] = task
+        try:
+            if intr["pending"]:
+                # Interrupted before the task existed: it ends as it begins.
+                intr.update(pending=False, cancelled=True)
+                task.cancel()
+            return lp.run_until_complete(task)
+        except asyncio.CancelledError as e:
+            if not intr["cancelled"]:
+                raise
+            # The interrupt that cancelled the cell, shown where the cell's code waited.
+            raise KeyboardInterrupt().with_traceback(e.__traceback__) from None
+        finally:
+            cell_task[0] = None
+            if not task.done():
+                task.cancel()  # an interrupt taken in another task's code
+
+    def idle_hook():
+        # PyOS_InputHook: called while the REPL waits for its next line. Runs the session's
+        # loop (its tasks, servers, timers) until the terminal has input.
+        try:
+            lp = loop
+            if cell["busy"] or lp.is_running() or lp.is_closed():
+                return 0
+            lp.add_reader(0, lp.stop)
+            try:
+                lp.run_forever()
+            finally:
+                lp.remove_reader(0)
+        except BaseException:
+            pass
+        return 0
+
+    idle = {"hook": None, "failed": False}
+
+    def keep_loop_running():
+        # Once the loop has something to do, the REPL runs it between cells.
+        if idle["hook"] is not None or idle["failed"]:
+            return
+        try:
+            lp = loop
+            if not (lp._ready or lp._scheduled or asyncio.all_tasks(lp)
+                    or len(lp._selector.get_map()) > 1):
+                return
+        except Exception:
+            pass
+        try:
+            import ctypes
+            hook = ctypes.CFUNCTYPE(ctypes.c_int)(idle_hook)
+            ctypes.c_void_p.in_dll(ctypes.pythonapi, "PyOS_InputHook").value = \
+                ctypes.cast(hook, ctypes.c_void_p).value
+            idle["hook"] = hook
+        except Exception:
+            idle["failed"] = True  # no ctypes here: tasks run while a later cell awaits
 
     # --- packages: what `pip install` put in the user site (pip's choice when site-packages
     # is not writable) is importable from the next cell on, without a restart: the user site,
@@ -506,7 +606,7 @@ def __rbx_setup():
     # is only noted: one that comes after the start marker stops the code as it begins; one
     # that comes once the code is over, or at the REPL's prompt, is too late for any cell and
     # changes nothing. ---
-    intr = {"armed": False, "pending": False}
+    intr = {"armed": False, "pending": False, "cancelled": False}
     # Where the interpreter's own libraries live: a frame there that this file called
     # directly (inspect, while the value's rich forms are looked up) is still this file's
     # work, and an interrupt landing in it is only noted.
@@ -516,23 +616,32 @@ def __rbx_setup():
 
     def in_user_code(frame):
         # Walk out from the interrupted frame to the first of this file's frames: the
-        # frames between are the user's when one of them is the user's own code, or when
-        # this file called them to run the cell (an event loop running a top-level await).
-        seen = False
+        # frames between are the user's when one of them is the user's own code.
         while frame is not None:
             f = frame.f_code.co_filename
             if f == boot:
-                return seen and frame.f_code.co_name == "run_maybe_async"
+                return False
             if f.startswith("<") or not f.startswith(lib_dirs):
                 return True
-            seen = True
             frame = frame.f_back
         return False
 
     def on_sigint(signum, frame):
-        if intr["armed"] and in_user_code(frame):
-            intr["armed"] = False  # one KeyboardInterrupt per cell
-            raise KeyboardInterrupt
+        if intr["armed"]:
+            task = cell_task[0]
+            if task is not None and not task.done():
+                if asyncio.current_task(loop) is task and in_user_code(frame):
+                    intr["armed"] = False
+                    raise KeyboardInterrupt
+                # The loop waits, or runs another task: the cell's task is cancelled where
+                # it waits, as asyncio.run() does on Ctrl-C, and reports KeyboardInterrupt.
+                intr.update(armed=False, cancelled=True)
+                task.cancel()
+                loop.call_soon_threadsafe(lambda: None)
+                return
+            if in_user_code(frame):
+                intr["armed"] = False  # one KeyboardInterrupt per cell
+                raise KeyboardInterrupt
         intr["pending"] = True
 
     signal.signal(signal.SIGINT, on_sigint)
@@ -570,7 +679,8 @@ def __rbx_setup():
         status, err, exiting = "ok", None, False
         cell.update(n=n, shots=[], omitted=0, force=None, extra={}, displays=[],
                     displays_omitted=0)
-        intr.update(armed=False, pending=False)  # earlier ones were not for this cell
+        intr.update(armed=False, pending=False, cancelled=False)  # earlier ones were not for this cell
+        cell["busy"] = True
         owner = os.getpid()
         sys.ps1, sys.ps2 = user_ps
         tell("\x1b_rbx;%s;s;%d\x1b\\" % (nonce, n))
@@ -593,9 +703,10 @@ def __rbx_setup():
                 handler = user_sigint[0]
                 if handler is not None and signal.getsignal(signal.SIGINT) is on_sigint:
                     signal.signal(signal.SIGINT, handler)
-                run_maybe_async(compile(tree, name, "exec", flags=flags))
-                if last is not None:
-                    value = run_maybe_async(compile(last, name, "eval", flags=flags))
+                body = compile(tree, name, "exec", flags=flags)
+                tail = None if last is None else compile(last, name, "eval", flags=flags)
+                value = run_code(body, tail)
+                if tail is not None:
                     mf = sys.modules.get("matplotlib.figure")
                     if mf is not None and isinstance(value, mf.Figure):
                         cell["force"] = value  # a figure as the cell's value: show it, as notebooks do
@@ -603,6 +714,17 @@ def __rbx_setup():
                     display(value)
                     if value is not None and cell["force"] is None:
                         publish(value, True)
+                    if inspect.iscoroutine(value) and \
+                            inspect.getcoroutinestate(value) == inspect.CORO_CREATED:
+                        # A coroutine shown, never awaited: dropped in a frame of the cell's
+                        # own (its last line), so Python's warning names the cell, as for
+                        # one called as a statement.
+                        if builtins.__dict__.get("_") is value:
+                            builtins._ = None
+                        ns = {"v": value}
+                        value = None
+                        cell["extra"].pop("value_lines", None)  # the warning follows the value
+                        exec(compile("\n" * (last.body.lineno - 1) + "del v", name, "exec"), ns)
             failure = armed(user)
         if isinstance(failure, SystemExit):
             exiting = True
@@ -641,6 +763,10 @@ def __rbx_setup():
         unread = discard_unread(n)
         if unread:
             extra = dict(extra or {}, unread=unread)
+        session_loop()
+        asyncio.set_event_loop(loop)  # asyncio.run() in the cell left none current
+        keep_loop_running()
+        cell["busy"] = False
         emit(n, status, err, extra)
 
     # --- session_vars: the names the user defined, each with a short summary ---
