@@ -3,7 +3,7 @@
 //! `doctor` on this host, each subcommand's help, the tip for a bare `replbox` given a
 //! `serve` flag, unknown `REPLBOX_*` variables, and `REPLBOX_TOKEN` over HTTP.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

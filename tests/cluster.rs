@@ -4,7 +4,7 @@
 //! stopped, leaves its sessions to the others: the owner's next call on another node adopts
 //! the session and replays it; another principal never sees it.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! (installed by .ci/run into its cache), and `examples/upstream_probe.rs` (rmcp) over stdio
 //! and over streamable HTTP.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

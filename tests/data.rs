@@ -2,7 +2,7 @@
 //! tables print wide, files the code writes are listed and readable as resources, and
 //! session_start brings files in.
 
-mod common;
+use crate::common;
 
 use base64::Engine;
 use common::*;

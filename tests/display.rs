@@ -4,7 +4,7 @@
 //! beside their text, a pandas table also as records; and what user code can forge (names,
 //! links, sizes, types) is refused.
 
-mod common;
+use crate::common;
 
 use common::*;
 use rmcp::model::CallToolRequestParams;

@@ -3,7 +3,7 @@
 //! SIGKILL), and what it defined (`session_vars`). Driven through rmcp's MCP client, over
 //! stdio and, for two principals, over HTTP.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -4,7 +4,7 @@
 //! loopback out of reach with `--allow-network` and with an allowed name that resolves to it;
 //! a host the operator names reached. Listeners are the test's own, on loopback.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

@@ -2,7 +2,7 @@
 //! what reaches the program and what stays out of the helper, and how a killed tree is
 //! reported. Then the same end through MCP: closing a session.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;

@@ -3,7 +3,7 @@
 //! Driven with rmcp's streamable HTTP client (reqwest) and, for status codes and headers,
 //! with hand-written HTTP/1.1 over a loopback socket.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -926,7 +926,7 @@ async fn loopback_without_a_token_serves_one_local_principal() {
 }
 
 /// Round trip of a trivial `session_eval` over HTTP and over stdio. Run with
-/// `cargo test --test http -- --ignored --nocapture`.
+/// `cargo test --test suite -- --ignored --nocapture http::measure`.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "a measurement, not a check: it only prints the two latencies (HTTP is not in `replbox bench`, whose client speaks stdio)"]
 async fn measure_eval_round_trip_http_vs_stdio() {

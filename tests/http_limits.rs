@@ -3,7 +3,7 @@
 //! slot for `/healthz` and `/metrics`, and other principals still served. Driven with raw
 //! HTTP/1.1 over loopback (the attacker) and rmcp's streamable HTTP client (the others).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! environment's own Python for the user's; an environment the user activated is theirs.
 //! The full path (build the wheel, install it, run code) is `.ci/packages`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! the bootstrap's own code. A cell that catches the interrupt and finishes is an ordinary
 //! finished cell. Every check runs through the MCP client, one test per language.
 
-mod common;
+use crate::common;
 
 use common::*;
 

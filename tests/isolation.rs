@@ -7,7 +7,7 @@
 //! A level that cannot start here is skipped with its reason printed, or fails the test
 //! when REPLBOX_REQUIRE_ALL=1. Network tests only use loopback listeners opened here.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

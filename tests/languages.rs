@@ -2,7 +2,7 @@
 //! through the MCP client, from a row of code per language. A new session language is a
 //! folder in prompts/ (see docs/bootstrap-protocol.md) and a row here.
 
-mod common;
+use crate::common;
 
 use common::*;
 use replbox::lang::protocol::Format;

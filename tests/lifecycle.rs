@@ -1,7 +1,7 @@
 //! Waiting for input, idle reaping, limits, cancellation, progress and long work, through a
 //! real MCP client.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! when that instance is killed clients see what docs/http.md says. Skipped with a printed
 //! reason when nginx is not installed (a failure under REPLBOX_REQUIRE_ALL=1).
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

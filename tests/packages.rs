@@ -2,7 +2,7 @@
 //! Python session, installed by the server's confined installer (uv, wheels only) from
 //! PyPI into a cache user code cannot write. PyPI must be reachable (it is in CI).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -3,7 +3,7 @@
 //! `--pool 0` turns it off. Everything goes through the MCP client; nothing here measures
 //! speed (the bench does).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! print wide, errors carry the condition's class, interrupts (at the deadline, of a
 //! readline, by SIGINT at the prompt) keep the state; and `run-code` runs R through Rscript.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! session language that can print escape sequences. `run-code` returns program output as
 //! it was written.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -1,6 +1,6 @@
 //! `run-code` through a real MCP client.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -11,7 +11,7 @@
 //! `session_start`; the program itself must still get the variable (and, where it can see the
 //! directory, run the constructor: sessions work in it, runs see it at level `none`).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};

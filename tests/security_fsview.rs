@@ -9,7 +9,7 @@
 //! run as root, as an unprivileged uid; a level that cannot start here is skipped with its
 //! reason printed (a failure under REPLBOX_REQUIRE_ALL=1).
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@
 //! unprivileged uid when the tests run as root; a level that cannot start here is skipped
 //! with its reason, or fails under REPLBOX_REQUIRE_ALL=1.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -12,7 +12,7 @@
 //! within the deadline with bounded output, keep the server's memory bounded and leave the
 //! session working.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

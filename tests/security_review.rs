@@ -5,7 +5,7 @@
 //! it), at every sandbox level it applies to. A level that cannot start here is skipped with
 //! its reason printed (a failure under REPLBOX_REQUIRE_ALL=1).
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! A level that cannot start here is skipped with its reason, or fails under
 //! REPLBOX_REQUIRE_ALL=1.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! A level that cannot start here is skipped with its reason, or fails under
 //! REPLBOX_REQUIRE_ALL=1.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

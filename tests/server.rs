@@ -1,6 +1,6 @@
 //! Server identity, the stdio channel and shutdown.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};

@@ -6,7 +6,7 @@
 //! A warm session is there once its interpreter has started and imported the preloaded
 //! modules; the tests poll `session_start` (closing the cold ones) until one is, with a bound.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

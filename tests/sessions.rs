@@ -1,7 +1,7 @@
 //! Sessions of every session language (Python, Node, Ruby, Haskell, Bash) through a real MCP
 //! client.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

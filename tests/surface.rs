@@ -2,7 +2,7 @@
 //! mistaken call gets, logging/setLevel and the log notifications of a client's own calls,
 //! and the audit line each call leaves on stderr.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! their token and outlive the connection that started them. A client that does not
 //! declare the extension gets plain results, as before.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::Duration;

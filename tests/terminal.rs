@@ -4,7 +4,7 @@
 //! (ghci's stdin, node's dot-commands, R's interrupts and workers). Every check runs
 //! through the MCP client, one test per language, from a table (`per_row!`).
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::json;

@@ -7,7 +7,7 @@
 //! --without-pip` from a Python every user can run, with a local package dropped into
 //! their site-packages (nothing from the network).
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
