@@ -219,25 +219,56 @@ function main(require) {
   r.writer.options = writer.options;
   const defaultEval = r.eval;
   let cur = null;
-  // Ctrl-C. While the REPL runs the script, V8's SIGINT watchdog interrupts it, and no JS
-  // listener may exist then (node removes them around the script, and removing the last
-  // one resets SIGINT to its default, disarming the watchdog). While an evaluation
-  // awaits, the interrupt goes to the REPL's queue, which rejects the awaited promise.
-  // Between evaluations it is ignored (after the watchdog, node's default is to exit).
+  // Ctrl-C. While the REPL runs the script, V8's SIGINT watchdog interrupts it. While an
+  // evaluation awaits, the interrupt goes to the REPL's queue, which rejects the awaited
+  // promise. Between evaluations, and as the script ends, it is too late for the cell and
+  // changes nothing (the REPL's own answer, "(To exit, press Ctrl+C again...)", is
+  // replaced).
   //
-  // Only the user's code is ever interrupted. The watchdog, once stopped, leaves node's
-  // default (exit) in place, and removing the last listener does too: so the listener is
-  // taken away only just before the script, and put back first thing after it (adding it
-  // installs the handler again), before anything else can run. The REPL's own answer to
-  // an interrupt (a new line and "(To exit, press Ctrl+C again...)", and the REPL closed at
-  // the second) is replaced: an interrupt that came as the script ended, or between
-  // evaluations, is too late for the cell and changes nothing.
+  // The watchdog, when its last user stops it, puts node's default back: exit on SIGINT,
+  // until a JS listener installs a handler again (only the first listener does); an
+  // interrupt in between ended node. So the bootstrap holds the watchdog too: the REPL's
+  // stop after the script is never the last, the watchdog's handler stays, and a SIGINT
+  // outside a script is only noted. A cell that awaits gets a listener (its handler
+  // replaces the watchdog's at once), kept until just before the next script, where the
+  // bootstrap lets the watchdog go so that the REPL's start installs it again (no
+  // interrupt is sent before the cell's start marker). Where node does not offer the
+  // watchdog to JS, the listener is taken away just before each script and put back first
+  // thing after it.
   let awaiting = false;
+  let watchdog = null;
+  let held = false;
+  let listened = false;
+  try {
+    const b = process.binding("contextify");
+    if (b.startSigintWatchdog()) {
+      watchdog = b;
+      held = true;
+    }
+  } catch {}
   const onSigint = () => {
     if (awaiting) r.emit("SIGINT");
   };
-  function armSigint() {
+  function listenSigint() {
     if (!process.listeners("SIGINT").includes(onSigint)) process.on("SIGINT", onSigint);
+  }
+  function armSigint() {
+    if (!watchdog) listenSigint();
+  }
+  function beforeScript() {
+    process.removeListener("SIGINT", onSigint);
+    if (watchdog && listened) {
+      listened = false;
+      if (held) watchdog.stopSigintWatchdog();
+      held = false;
+    }
+  }
+  function scriptEnded() {
+    if (watchdog && !held) held = watchdog.startSigintWatchdog();
+  }
+  function whileAwaiting() {
+    if (watchdog) listened = true;
+    listenSigint();
   }
   armSigint();
   const replSigint = r.listeners("SIGINT");
@@ -251,7 +282,10 @@ function main(require) {
   // moment the cell starts, and the server may interrupt it from then on. The code itself
   // is evaluated as typed, so a 'use strict' directive and error positions are its own.
   const setRawMode = r._setRawMode;
+  // Its second call, in the evaluator's `finally`, comes as the script ends, before the
+  // REPL stops the watchdog.
   r._setRawMode = function (mode) {
+    if (cur && cur.inScript && ++cur.raw === 2) scriptEnded();
     if (cur && !cur.started && mode === false) {
       cur.started = true;
       tell("\x1b_rbx;" + NONCE + ";s;" + cur.n + "\x1b\\");
@@ -376,7 +410,8 @@ function main(require) {
   r.eval = function (cmd, context, file, cb) {
     const m = LINE.exec(cmd);
     if (!m) return defaultEval.call(this, cmd, context, file, cb);
-    const c = { n: m[1], line: cmd.trim(), src: "", status: "ok", err: null, done: false, extra: {} };
+    const c = { n: m[1], line: cmd.trim(), src: "", status: "ok", err: null, done: false, extra: {},
+      inScript: false, raw: 0 };
     cur = c;
     unlisten();
     giveUserPrompt();
@@ -413,7 +448,8 @@ function main(require) {
       }
     }
     try {
-      process.removeListener("SIGINT", onSigint);
+      beforeScript();
+      c.inScript = true;
       defaultEval.call(this, code, context, "<cell " + c.n + ">", (e, res) => {
         armSigint();
         if (e instanceof repl.Recoverable) e = e.err;
@@ -431,6 +467,9 @@ function main(require) {
       finish(c);
     }
     armSigint();
-    if (!c.done) awaiting = true;
+    if (!c.done) {
+      awaiting = true;
+      whileAwaiting();
+    }
   };
 }
