@@ -238,6 +238,12 @@ pub struct Config {
     #[arg(long, env = "REPLBOX_HISTORY_MB", default_value_t = 16)]
     pub history_mb: u64,
 
+    /// MiB of output a session keeps whole, as resources its results link to, for
+    /// evaluations whose output is longer than --output-cap: the newest (one evaluation's
+    /// longer than this: its head and tail); 0 keeps none.
+    #[arg(long, env = "REPLBOX_WHOLE_OUTPUT_MB", default_value_t = 8)]
+    pub whole_output_mb: u64,
+
     /// Seconds an ended session's files (read-only, as resources) and history are kept
     /// after it ends; 0 removes them at once. A caller's `cwd` is never removed.
     #[arg(long, env = "REPLBOX_KEEP_FILES_S", default_value_t = 600)]
@@ -331,6 +337,7 @@ impl Default for Config {
             max_line_bytes: 4 * 1024 * 1024,
             history_cells: 1000,
             history_mb: 16,
+            whole_output_mb: 8,
             keep_files_s: 600,
             state_dir: None,
             journal_max_mb: 16,
@@ -476,6 +483,7 @@ impl Config {
             ("--max-line-bytes", self.max_line_bytes.to_string()),
             ("--history-cells", self.history_cells.to_string()),
             ("--history-mb", self.history_mb.to_string()),
+            ("--whole-output-mb", self.whole_output_mb.to_string()),
             ("--keep-files-s", self.keep_files_s.to_string()),
             ("--journal-max-mb", self.journal_max_mb.to_string()),
             ("--keep-journals-s", self.keep_journals_s.to_string()),
@@ -557,10 +565,20 @@ fn value_name<T: clap::ValueEnum>(v: &T) -> String {
 mod tests;
 
 impl Config {
-    /// The bounds of a session's history (cells, bytes).
-    pub fn history_bounds(&self) -> (usize, usize) {
+    /// The bounds of a session's history (cells, bytes, bytes of whole outputs).
+    pub fn history_bounds(&self) -> (usize, usize, usize) {
         let mb = usize::try_from(self.history_mb).unwrap_or(usize::MAX / (1 << 20));
-        (self.history_cells, mb.saturating_mul(1 << 20))
+        (
+            self.history_cells,
+            mb.saturating_mul(1 << 20),
+            self.whole_output_cap(),
+        )
+    }
+
+    /// Bytes of whole outputs a session keeps (see --whole-output-mb).
+    pub fn whole_output_cap(&self) -> usize {
+        let mb = usize::try_from(self.whole_output_mb).unwrap_or(usize::MAX / (1 << 20));
+        mb.saturating_mul(1 << 20)
     }
 
     /// The idle timeout for a session that asked for `requested` seconds.

@@ -817,3 +817,167 @@ class Box:
     }
     s.stop().await;
 }
+
+/// An output longer than the result holds: the result has its head and tail and a link to
+/// the whole, which its owner reads again in pages that join into exactly what was printed;
+/// another token's principal cannot read or list it, and no made-up URI reaches another
+/// session's output, a file, or a page that is not there.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_big_output_is_a_preview_and_a_link_only_its_owner_reads() {
+    if !require("python", "python3") {
+        return;
+    }
+    let (ta, tb) = (token(), token());
+    let s = Server::http().token(&ta).token(&tb).start().await;
+    let (a, b) = (s.connect(&ta).await, s.connect(&tb).await);
+    let start = |p| async move {
+        http_call(p, "session_start", json!({"language": "python"}))
+            .await
+            .s("session_id")
+            .to_string()
+    };
+    let (id, other) = (start(a.peer()).await, start(b.peer()).await);
+    // About 5 MB of numbered lines.
+    let big = eval_on(
+        a.peer(),
+        &id,
+        "open('secret.txt','w').write('S3')\n\
+         print('\\n'.join(f'{i:06d} ' + 'x' * 44 for i in range(100_000)))",
+    )
+    .await;
+    let expected: String = (0..100_000)
+        .map(|i| format!("{i:06} {}\n", "x".repeat(44)))
+        .collect();
+    let uri = big.structured["output_uri"]
+        .as_str()
+        .expect("output_uri")
+        .to_string();
+    let eval_id = big.structured["eval_id"].as_u64().expect("eval_id");
+    assert_eq!(
+        uri,
+        format!("replbox://sessions/{id}/outputs/{eval_id}.txt")
+    );
+    assert_eq!(big.structured["truncated"], true);
+    let out = big.structured["output"].as_str().expect("output");
+    assert!(
+        out.len() <= 64 * 1024 + 100,
+        "preview of {} bytes",
+        out.len()
+    );
+    assert!(out.starts_with("000000 x"), "the head is in the preview");
+    assert!(
+        out.ends_with(&format!("\n099999 {}\n", "x".repeat(44))),
+        "the tail is in the preview"
+    );
+    assert!(
+        big.text.contains(&uri),
+        "the text names the link: {}",
+        &big.text[big.text.len().saturating_sub(600)..]
+    );
+    let link = big
+        .links()
+        .into_iter()
+        .find(|l| l.0 == uri)
+        .expect("a resource_link");
+    assert_eq!(link.2, "text/plain");
+
+    // Too big to read at once (--max-resource-bytes): read by pages.
+    let e = read_on(a.peer(), &uri).await.expect_err("5 MB at once");
+    assert!(e.contains("?page=1"), "{e}");
+    let pages = expected.len().div_ceil(64 * 1024);
+    let mut joined = String::new();
+    for n in 1..=pages {
+        let c = read_on(a.peer(), &format!("{uri}?page={n}"))
+            .await
+            .expect("a page");
+        assert_eq!(c[0]["mimeType"], "text/plain");
+        joined.push_str(c[0]["text"].as_str().expect("text"));
+    }
+    assert!(
+        joined == expected,
+        "pages join into the whole: {} of {} bytes",
+        joined.len(),
+        expected.len()
+    );
+    let e = read_on(a.peer(), &format!("{uri}?page={}", pages + 1))
+        .await
+        .expect_err("past the end");
+    assert!(e.contains(&format!("{pages} page(s)")), "{e}");
+    let listed: Vec<String> = a
+        .list_all_resources()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|r| r.uri)
+        .collect();
+    assert!(listed.contains(&uri), "{listed:?}");
+
+    // A short output has no link.
+    let small = eval_on(a.peer(), &id, "print('short')").await;
+    assert!(small.structured.get("output_uri").is_none());
+    assert!(small.links().is_empty(), "{:?}", small.blocks);
+
+    // Another principal's big output, and what it cannot do with ours.
+    eval_on(b.peer(), &other, "pass").await;
+    let theirs = eval_on(b.peer(), &other, "print('y' * 200_000)").await;
+    let their_uri = theirs.structured["output_uri"]
+        .as_str()
+        .expect("theirs")
+        .to_string();
+    for u in [uri.clone(), format!("{uri}?page=1")] {
+        let e = read_on(b.peer(), &u)
+            .await
+            .expect_err("another token read it");
+        assert!(e.contains("no session"), "{e}");
+    }
+    let b_listed: Vec<String> = b
+        .list_all_resources()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|r| r.uri)
+        .collect();
+    assert!(b_listed.iter().all(|u| !u.contains(&id)), "{b_listed:?}");
+
+    // Made-up URIs: pages that are not numbers, traversal, encodings, other sessions.
+    let base = format!("replbox://sessions/{id}");
+    let their_eval = theirs.structured["eval_id"].as_u64().expect("eval_id");
+    assert_ne!(their_eval, eval_id);
+    for u in [
+        format!("{uri}?page=0"),
+        format!("{uri}?page=-1"),
+        format!("{uri}?page=1&page=2"),
+        format!("{uri}?page=99999999999999999999"),
+        format!("{uri}?offset=0"),
+        format!("{base}/outputs/../files/secret.txt"),
+        format!("{base}/outputs/%2e%2e/files/secret.txt"),
+        format!("{base}/outputs/{eval_id}.txt/../../files/secret.txt"),
+        format!("{base}/outputs/..%2Ffiles%2Fsecret.txt"),
+        format!("{base}/outputs/{}.txt", small.structured["eval_id"]),
+        format!("{base}/outputs/{their_eval}.txt?page=1"),
+        format!("{base}/OUTPUTS/{eval_id}.txt"),
+        format!("replbox://sessions/{id}%2F..%2F{other}/outputs/{their_eval}.txt"),
+        format!("replbox://sessions/../sessions/{other}/outputs/{their_eval}.txt"),
+        their_uri.clone(),
+    ] {
+        if let Ok(c) = read_on(a.peer(), &u).await {
+            let text = c[0]["text"].as_str().unwrap_or("");
+            panic!("{u} read as {}", &text[..text.len().min(200)]);
+        }
+    }
+    // Kept after the close, for its owner only.
+    let closed = http_call(a.peer(), "session_close", json!({"session_id": id})).await;
+    assert!(!closed.is_error, "{}", closed.text);
+    let again = read_on(a.peer(), &format!("{uri}?page=1"))
+        .await
+        .expect("kept after the close");
+    assert!(
+        again[0]["text"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("000000 x")
+    );
+    assert!(read_on(b.peer(), &format!("{uri}?page=1")).await.is_err());
+    drop((a, b));
+    s.stop().await;
+}

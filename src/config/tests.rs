@@ -52,6 +52,7 @@ fn to_args_round_trips() {
         max_line_bytes: 9,
         history_cells: 9,
         history_mb: 10,
+        whole_output_mb: 3,
         keep_files_s: 11,
         state_dir: Some("/s/tate".into()),
         journal_max_mb: 12,

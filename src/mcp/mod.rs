@@ -34,8 +34,8 @@ use crate::identity::Caller;
 use crate::lang::{LookupError, did_you_mean};
 use crate::session::FileError;
 use crate::session::files::{
-    EXPORT_TEMPLATES, SHOWN_TEMPLATES, URI_TEMPLATE, file_uri, parse_export_uri, parse_shown_uri,
-    parse_uri,
+    EXPORT_TEMPLATES, OUTPUT_TEMPLATE, SHOWN_TEMPLATES, URI_TEMPLATE, file_uri, parse_export_uri,
+    parse_output_uri, parse_shown_uri, parse_uri,
 };
 
 /// One MCP connection's handler. Cheap to clone; all state lives in [`App`].
@@ -345,6 +345,9 @@ impl ServerHandler for ReplboxServer {
             ResourceTemplate::new(SHOWN_TEMPLATES[1], "display").with_description(
                 "A part of a rich display a cell returned (image, HTML, JSON, …), by the URI its result gave; kept with the session's history.",
             ),
+            ResourceTemplate::new(OUTPUT_TEMPLATE, "whole output").with_description(
+                "An evaluation's whole output when its result showed only the head and tail; ?page=N (from 1) reads 64 KiB of it.",
+            ).with_mime_type("text/plain"),
             ResourceTemplate::new(ipynb, "session notebook")
                 .with_description("A session's cells as a Jupyter notebook (nbformat 4), as session_export writes it.")
                 .with_mime_type("application/x-ipynb+json"),
@@ -373,6 +376,20 @@ impl ServerHandler for ReplboxServer {
                     _ => ErrorData::resource_not_found(e.message, None),
                 })?;
             let contents = ResourceContents::text(r.document, uri).with_mime_type(r.mime_type);
+            return Ok(ReadResourceResult::new(vec![contents]).into());
+        }
+        if let Some((id, base, page)) = parse_output_uri(&uri) {
+            let text = self
+                .app
+                .sessions
+                .read_output(&caller, &id, &base, page)
+                .map_err(|e| match e {
+                    FileError::NotFound(m) => ErrorData::resource_not_found(m, None),
+                    FileError::Invalid(m) | FileError::TooLarge(m) => {
+                        ErrorData::invalid_params(m, None)
+                    }
+                })?;
+            let contents = ResourceContents::text(text, uri).with_mime_type("text/plain");
             return Ok(ReadResourceResult::new(vec![contents]).into());
         }
         if let Some(id) = parse_shown_uri(&uri) {

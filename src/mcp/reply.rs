@@ -37,6 +37,12 @@ pub(super) fn structured_value<T: Serialize>(structured: &T) -> Value {
 pub(super) fn eval_result(r: &EvalReport) -> CallToolResult {
     let mut out = result(r.text(), r, r.is_error());
     let b64 = base64::engine::general_purpose::STANDARD;
+    // The whole output, when the text holds only its head and tail.
+    if let Some((uri, text)) = &r.whole {
+        let name = uri.rsplit('/').next().unwrap_or_default();
+        out.content
+            .push(shown_link(uri, name, "text/plain", text.len()));
+    }
     // Each figure, then a link that reads it again later.
     for (a, info) in r.attachments.iter().zip(&r.images) {
         out.content.push(ContentBlock::image(
@@ -95,6 +101,7 @@ pub(super) async fn announce_files(ctx: &RequestContext<RoleServer>, r: &EvalRep
     use crate::session::files::Change;
     if !r.attachments.is_empty()
         || !r.rich.is_empty()
+        || r.whole.is_some()
         || r.files
             .iter()
             .any(|f| matches!(f.change, Change::Created | Change::Deleted))

@@ -209,7 +209,7 @@ trailing expression's value) and a status: ok, error, timeout (interrupted, stat
     /// Answer a program waiting for input.
     #[tool(
         name = "session_input",
-        description = "Answer a program waiting for input (awaiting_input): `text` is typed; the evaluation goes on \
+        description = "Answer a program waiting for input (awaiting_input) with `text`; the evaluation goes on \
 as in session_eval. Unread input is discarded, never run.",
         input_schema = schema::input::<SessionInputParams>(),
         output_schema = schema::output::<EvalReport>(),
@@ -247,7 +247,7 @@ as in session_eval. Unread input is discarded, never run.",
     #[tool(
         name = "session_interrupt",
         description = "Interrupt (Ctrl-C) a session's running or input-waiting evaluation; state kept. `result` is \
-its result, as from session_eval.",
+as from session_eval.",
         input_schema = schema::input::<SessionIdParams>(),
         output_schema = schema::output::<InterruptReport>(),
         annotations(title = "Interrupt", destructive_hint = false,
@@ -281,7 +281,7 @@ its result, as from session_eval.",
     /// Close a session.
     #[tool(
         name = "session_close",
-        description = "Close a session: its processes are killed, its files stay readable for a while. Closing a \
+        description = "Close a session: its processes killed, its files readable for a while. Closing a \
 closed session succeeds.",
         input_schema = schema::input::<SessionIdParams>(),
         output_schema = schema::output::<Closed>(),
@@ -368,7 +368,7 @@ resource (also replbox://sessions/{id}/export.ipynb, .py, …).",
     /// Restore a suspended session.
     #[tool(
         name = "session_restore",
-        description = "Start a suspended session again (see session_list): a fresh interpreter replays its successful \
+        description = "Start a suspended session again: a fresh interpreter replays its successful \
 cells in order, side effects included.",
         input_schema = schema::input::<SessionIdParams>(),
         output_schema = schema::output::<RestoreReport>(),
@@ -388,7 +388,7 @@ cells in order, side effects included.",
     #[tool(
         name = "session_vars",
         description = "The names a session defined (variables, functions, classes) with type, summary (shape, dtypes) \
-and size, printing nothing in the session.",
+and size, printing nothing.",
         input_schema = schema::input::<SessionVarsParams>(),
         output_schema = schema::output::<VarsReport>(),
         annotations(title = "Variables", read_only_hint = true,

@@ -23,6 +23,9 @@ pub struct HeadTail {
     head_cap: usize,
     tail_cap: usize,
     total: u64,
+    /// A second, larger buffer of the same stream: the whole output when this one is cut
+    /// (kept apart to be read later), itself head and tail past its own cap.
+    whole: Option<Box<HeadTail>>,
 }
 
 impl HeadTail {
@@ -39,10 +42,32 @@ impl HeadTail {
             head_cap,
             tail_cap,
             total: 0,
+            whole: None,
         }
     }
 
+    /// A buffer of `cap` bytes that also keeps up to `whole_cap` bytes of the same stream
+    /// (see [`whole`](Self::whole)); a `whole_cap` no larger than `cap` keeps nothing more.
+    pub fn with_whole(cap: usize, whole_cap: usize) -> Self {
+        let mut b = Self::new(cap);
+        if whole_cap > cap {
+            b.whole = Some(Box::new(Self::new(whole_cap)));
+        }
+        b
+    }
+
+    /// When this buffer left bytes out and keeps a larger one: that one's text (itself
+    /// head and tail, with a line saying what it left out, past its own cap).
+    /// With the bytes it left out itself.
+    pub fn whole(&self) -> Option<(String, u64)> {
+        let w = self.whole.as_ref().filter(|_| self.omitted() > 0)?;
+        Some(w.finish())
+    }
+
     pub fn push(&mut self, mut bytes: &[u8]) {
+        if let Some(w) = self.whole.as_mut() {
+            w.push(bytes);
+        }
         self.total += bytes.len() as u64;
         if self.head.len() < self.head_cap {
             let n = bytes.len().min(self.head_cap - self.head.len());
@@ -170,10 +195,16 @@ impl Inner {
 
 impl Renderer {
     pub fn new(cap: usize) -> Self {
+        Self::with_whole(cap, 0)
+    }
+
+    /// A renderer whose text is cut at `cap` bytes and which also keeps the whole text up
+    /// to `whole_cap` (see [`Rendered::whole`]).
+    pub fn with_whole(cap: usize, whole_cap: usize) -> Self {
         Renderer {
             inner: Arc::new(Inner {
                 slot: Mutex::new(Slot {
-                    term: Some(Box::new(Term::new(cap))),
+                    term: Some(Box::new(Term::with_whole(cap, whole_cap))),
                     ..Slot::default()
                 }),
                 changed: Notify::new(),
@@ -306,6 +337,9 @@ pub struct Rendered {
     pub omitted: u64,
     /// What the agent should know about how the text was rendered (a budget spent).
     pub notes: Vec<String>,
+    /// When the text was cut and the renderer kept more: the whole text and the bytes it
+    /// left out itself (see [`HeadTail::whole`]).
+    pub whole: Option<(String, u64)>,
 }
 
 /// Render a complete byte string on this thread (for tests and small previews).
@@ -355,6 +389,29 @@ mod tests {
         assert!(!t.contains('\u{FFFD}'), "{t}");
         assert!(t.starts_with("éé\n"), "{t}");
         assert!(t.ends_with("éé"), "{t}");
+    }
+
+    #[test]
+    fn the_whole_is_kept_only_when_the_text_is_cut() {
+        let mut small = HeadTail::with_whole(8, 100);
+        small.push(b"0123");
+        assert_eq!(small.whole(), None, "nothing cut, nothing kept apart");
+        let mut b = HeadTail::with_whole(8, 100);
+        let all: Vec<u8> = (0..60u8).map(|i| b'a' + i % 26).collect();
+        b.push(&all[..30]);
+        b.push(&all[30..]);
+        assert!(b.omitted() > 0);
+        assert_eq!(
+            b.whole(),
+            Some((String::from_utf8(all.clone()).expect("ascii"), 0))
+        );
+        // Past its own cap the whole is head and tail too.
+        let mut big = HeadTail::with_whole(8, 20);
+        big.push(&all);
+        let (w, left_out) = big.whole().expect("whole");
+        assert_eq!(left_out, 40);
+        assert!(w.starts_with("abcdefghij\n… 40 bytes omitted …\n"), "{w}");
+        assert!(w.ends_with("yzabcdefgh"), "{w}");
     }
 
     #[test]

@@ -242,9 +242,9 @@ pub(super) struct Screen {
 }
 
 impl Screen {
-    pub(super) fn new(cap: usize) -> Self {
+    pub(super) fn new(cap: usize, whole_cap: usize) -> Self {
         Screen {
-            out: HeadTail::new(cap),
+            out: HeadTail::with_whole(cap, whole_cap),
             rows: VecDeque::new(),
             x: 0,
             y: 0,

@@ -37,8 +37,13 @@ pub struct Term {
 
 impl Term {
     pub fn new(cap: usize) -> Self {
+        Self::with_whole(cap, 0)
+    }
+
+    /// See [`super::Renderer::with_whole`].
+    pub fn with_whole(cap: usize, whole_cap: usize) -> Self {
         Term {
-            screen: Screen::new(cap),
+            screen: Screen::new(cap, whole_cap),
             parser: Parser::default(),
             work: 0,
             effort: 0,
@@ -146,6 +151,7 @@ terminated; its {} bytes are not shown",
             text,
             omitted,
             notes: self.notes,
+            whole: self.screen.out.whole(),
         }
     }
 

@@ -134,6 +134,39 @@ pub fn parse_shown_uri(uri: &str) -> Option<String> {
     ok.then(|| decode(id).ok())?
 }
 
+/// The URI template of an evaluation's whole output (kept when its result had to cut it).
+pub const OUTPUT_TEMPLATE: &str = "replbox://sessions/{session_id}/outputs/{eval_id}.txt";
+
+/// Bytes in one `?page=N` of a whole output.
+pub const OUTPUT_PAGE: usize = 64 * 1024;
+
+/// `replbox://sessions/{id}/outputs/{eval}.txt`.
+pub fn output_uri(session_id: &str, eval: u64) -> String {
+    format!(
+        "{URI_PREFIX}{}/outputs/{eval}.txt",
+        encode_segment(session_id)
+    )
+}
+
+/// A URI with the shape of [`output_uri`]'s, optionally with `?page=N` (from 1): the
+/// session id, the URI without the page, and the page. The URI is then only compared with
+/// the ones the session's history holds, never made into a path.
+pub fn parse_output_uri(uri: &str) -> Option<(String, String, Option<u64>)> {
+    let (base, page) = match uri.split_once('?') {
+        None => (uri, None),
+        Some((base, query)) => {
+            let n = query.strip_prefix("page=")?;
+            let ok = !n.is_empty() && n.len() <= 9 && n.bytes().all(|b| b.is_ascii_digit());
+            (base, Some(n.parse::<u64>().ok().filter(|&p| ok && p > 0)?))
+        }
+    };
+    let rest = base.strip_prefix(URI_PREFIX)?;
+    let (id, tail) = rest.split_once('/')?;
+    let eval = tail.strip_prefix("outputs/")?.strip_suffix(".txt")?;
+    let ok = !eval.is_empty() && eval.len() <= 20 && eval.bytes().all(|b| b.is_ascii_digit());
+    ok.then(|| decode(id).ok().map(|id| (id, base.to_string(), page)))?
+}
+
 /// The URI templates of a session's exports.
 pub const EXPORT_TEMPLATES: [&str; 2] = [
     "replbox://sessions/{session_id}/export.ipynb",
@@ -252,6 +285,31 @@ mod tests {
             "replbox://sessions/s/x/displays/1-1.png",
         ] {
             assert_eq!(parse_shown_uri(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn output_uris_have_one_shape() {
+        let u = output_uri("a b", 7);
+        assert_eq!(u, "replbox://sessions/a%20b/outputs/7.txt");
+        assert_eq!(parse_output_uri(&u), Some(("a b".into(), u.clone(), None)));
+        let p = format!("{u}?page=12");
+        assert_eq!(parse_output_uri(&p), Some(("a b".into(), u, Some(12))));
+        for bad in [
+            "replbox://sessions/s/outputs/1.txt?page=0",
+            "replbox://sessions/s/outputs/1.txt?page=-1",
+            "replbox://sessions/s/outputs/1.txt?page=1&page=2",
+            "replbox://sessions/s/outputs/1.txt?page=1234567890",
+            "replbox://sessions/s/outputs/1.txt?x=1",
+            "replbox://sessions/s/outputs/1.txt?",
+            "replbox://sessions/s/outputs/../files/x.txt",
+            "replbox://sessions/s/outputs/1.txt/x",
+            "replbox://sessions/s/outputs/1.TXT",
+            "replbox://sessions/s/outputs/.txt",
+            "replbox://sessions/s/x/outputs/1.txt",
+            "replbox://sessions/s/files/1.txt",
+        ] {
+            assert_eq!(parse_output_uri(bad), None, "{bad}");
         }
     }
 

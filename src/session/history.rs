@@ -42,6 +42,9 @@ pub struct Outputs {
     pub images: Vec<Shown>,
     /// The parts of rich displays (images, HTML, JSON, …), in order.
     pub displays: Vec<Shown>,
+    /// The whole printed output, when it was longer than the result could hold: kept
+    /// apart, within the session's own bound for these (the newest kept).
+    pub whole: Option<Shown>,
 }
 
 /// A figure or a display's part, kept with its cell to be read again at its URI.
@@ -83,6 +86,11 @@ impl Outputs {
                     data: b.content.bytes().to_vec(),
                 })
                 .collect(),
+            whole: report.whole.as_ref().map(|(uri, text)| Shown {
+                uri: uri.clone(),
+                mime_type: "text/plain".into(),
+                data: text.as_bytes().to_vec(),
+            }),
         }
     }
 
@@ -99,6 +107,12 @@ impl Outputs {
         self.images.iter().chain(&self.displays)
     }
 
+    /// The figures, display parts and whole output, for `resources/list`.
+    pub fn listed(&self) -> impl Iterator<Item = &Shown> {
+        self.shown().chain(&self.whole)
+    }
+
+    /// Without the whole output (counted apart from the history's bytes).
     fn bytes(&self) -> usize {
         self.stream.len()
             + self.value.as_ref().map_or(0, String::len)
@@ -142,6 +156,10 @@ fn split(
 }
 
 impl Cell {
+    fn whole_bytes(&self) -> usize {
+        self.outputs.whole.as_ref().map_or(0, |w| w.data.len())
+    }
+
     fn bytes(&self) -> usize {
         self.code.len()
             + self.outputs.bytes()
@@ -154,6 +172,9 @@ impl Cell {
 #[derive(Debug)]
 pub struct History {
     cells: VecDeque<Cell>,
+    /// Bytes of whole outputs the cells hold, within `max_whole` (the newest kept).
+    whole_bytes: usize,
+    max_whole: usize,
     /// Older cells dropped to stay within the bounds.
     dropped: u64,
     bytes: usize,
@@ -169,22 +190,43 @@ impl History {
             bytes: 0,
             max_cells: max_cells.max(1),
             max_bytes,
+            whole_bytes: 0,
+            max_whole: 0,
         }
     }
 
     /// Add a cell; the oldest go while the count or the size is over its bound (the newest
     /// cell always stays).
-    pub fn push(&mut self, cell: Cell) {
+    pub fn push(&mut self, mut cell: Cell) {
+        if cell.outputs.whole.as_ref().map_or(0, |w| w.data.len()) > self.max_whole {
+            cell.outputs.whole = None;
+        }
         self.bytes += cell.bytes();
+        self.whole_bytes += cell.whole_bytes();
         self.cells.push_back(cell);
         while self.cells.len() > 1
             && (self.cells.len() > self.max_cells || self.bytes > self.max_bytes)
         {
             if let Some(old) = self.cells.pop_front() {
                 self.bytes -= old.bytes();
+                self.whole_bytes -= old.whole_bytes();
                 self.dropped += 1;
             }
         }
+        // Whole outputs go oldest first, their cells stay.
+        for c in self.cells.iter_mut() {
+            if self.whole_bytes <= self.max_whole {
+                break;
+            }
+            self.whole_bytes -= c.whole_bytes();
+            c.outputs.whole = None;
+        }
+    }
+
+    /// The bound of whole outputs, in bytes (0 keeps none).
+    pub fn with_whole(mut self, max_whole: usize) -> Self {
+        self.max_whole = max_whole;
+        self
     }
 
     pub fn cells(&self) -> impl Iterator<Item = &Cell> {
@@ -222,10 +264,10 @@ pub(super) struct Record {
 }
 
 impl Record {
-    /// An empty record within (cells, bytes).
-    pub fn new((max_cells, max_bytes): (usize, usize)) -> Self {
+    /// An empty record within (cells, bytes, bytes of whole outputs).
+    pub fn new((max_cells, max_bytes, max_whole): (usize, usize, usize)) -> Self {
         Self {
-            history: History::new(max_cells, max_bytes),
+            history: History::new(max_cells, max_bytes).with_whole(max_whole),
             pending: None,
         }
     }
@@ -383,6 +425,37 @@ mod tests {
         assert_eq!((s.as_str(), v), ("a\n", None));
         let (s, v, _) = split("a\nb\n", ok, EvalStatus::Error);
         assert_eq!((s.as_str(), v), ("a\nb\n", None));
+    }
+
+    /// Whole outputs have their own bound: the oldest go, their cells stay; one larger
+    /// than the bound is not kept.
+    #[test]
+    fn whole_outputs_keep_the_newest_within_their_bound() {
+        let whole = |n: u64, len: usize| {
+            let mut c = cell(n, "x");
+            c.outputs.whole = Some(Shown {
+                uri: format!("u{n}"),
+                mime_type: "text/plain".into(),
+                data: vec![b'a'; len],
+            });
+            c
+        };
+        let mut h = History::new(100, 1000).with_whole(250);
+        for n in 1..=3 {
+            h.push(whole(n, 100));
+        }
+        h.push(whole(4, 300));
+        let kept: Vec<(u64, bool)> = h
+            .cells()
+            .map(|c| (c.eval_id, c.outputs.whole.is_some()))
+            .collect();
+        assert_eq!(kept, [(1, false), (2, true), (3, true), (4, false)]);
+        assert_eq!(
+            h.dropped(),
+            0,
+            "whole outputs do not count in the history's bytes"
+        );
+        assert_eq!(h.whole_bytes, 200);
     }
 
     #[test]

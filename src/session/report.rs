@@ -38,6 +38,9 @@ pub struct EvalReport {
     /// sequences; the value of a trailing expression shown as the REPL shows it.
     pub output: String,
     pub truncated: bool,
+    /// When `output` is cut: the whole output, a text resource (`?page=N` reads a part).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_uri: Option<String>,
     pub duration_ms: u64,
     /// The interpreter's exit code, when status is `exited`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -97,6 +100,10 @@ pub struct EvalReport {
     #[serde(skip)]
     #[schemars(skip)]
     pub attachments: Vec<Attachment>,
+    /// The whole output behind `output_uri`: (URI, text).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub whole: Option<(String, String)>,
     /// The displays' content blocks (not part of the structured result).
     #[serde(skip)]
     #[schemars(skip)]
@@ -244,6 +251,8 @@ impl EvalReport {
             status: EvalStatus::Ok,
             output: String::new(),
             truncated: false,
+            output_uri: None,
+            whole: None,
             duration_ms: 0,
             exit_code: None,
             signal: None,

@@ -425,6 +425,9 @@ file in the session's directory and read it from there instead",
             report.truncated |= outcome.background.omitted > 0;
         }
         report.notes.extend(outcome.output.notes);
+        if let Some(whole) = outcome.output.whole {
+            whole_output(&mut report, whole);
+        }
         report.duration_ms = started.elapsed().as_millis() as u64;
         apply_ending(&mut report, &outcome.ending, session.lang.error_pattern());
         report.discarded(&outcome.typed);
@@ -501,6 +504,29 @@ async fn journal_cell(session: &Session, done: (Cell, Vec<String>, Vec<usize>, u
         }
         _ => {}
     }
+}
+
+/// The output was cut and the renderer kept it whole: a link to it, and a note that says
+/// how to read it.
+fn whole_output(report: &mut EvalReport, (text, left_out): (String, u64)) {
+    use super::files::{OUTPUT_PAGE, human_size, output_uri};
+    let uri = output_uri(&report.session_id, report.eval_id);
+    let pages = text.len().div_ceil(OUTPUT_PAGE).max(1);
+    let kept = if left_out > 0 {
+        format!(
+            "its first and last {} (--whole-output-mb)",
+            human_size(text.len() as u64 / 2)
+        )
+    } else {
+        format!("all {}", human_size(text.len() as u64))
+    };
+    report.notes.push(format!(
+        "the output is cut above, its head and tail shown; {uri} holds {kept}: read it with \
+resources/read, or a part with ?page=1 to ?page={pages} ({} each)",
+        human_size(OUTPUT_PAGE as u64)
+    ));
+    report.output_uri = Some(uri.clone());
+    report.whole = Some((uri, text));
 }
 
 /// A replayed cell that did not succeed, with the end of what it printed.

@@ -42,6 +42,8 @@ pub struct Launch {
     pub init: Vec<String>,
     pub spec: SessionSpec,
     pub output_cap: usize,
+    /// Bytes of an evaluation's output kept whole when it passes `output_cap`.
+    pub whole_output_cap: usize,
 }
 
 /// How an evaluation ended, before it is turned into a report.
@@ -305,7 +307,7 @@ impl Interp {
             st.started = None;
             st.end = None;
             st.continuation = false;
-            st.out = Renderer::new(self.launch.output_cap);
+            st.out = Renderer::with_whole(self.launch.output_cap, self.launch.whole_output_cap);
             st.early = Renderer::new(self.launch.output_cap / 4);
             std::mem::replace(
                 &mut st.background,

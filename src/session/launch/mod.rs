@@ -641,6 +641,7 @@ have put it there; this session runs the server's Python. Pass venv to use it an
             init,
             spec: spec.clone(),
             output_cap: self.config.output_cap,
+            whole_output_cap: self.config.whole_output_cap(),
         }))
     }
 }

@@ -504,6 +504,7 @@ mod tests {
                             data: b"\x89PNG".to_vec(),
                         }],
                         displays: vec![],
+                        whole: None,
                     },
                 ),
                 cell(

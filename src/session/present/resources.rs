@@ -155,7 +155,7 @@ impl SessionManager {
         for (_, record) in records {
             let r = lock(&record);
             for c in r.history.cells() {
-                for s in c.outputs.shown() {
+                for s in c.outputs.listed() {
                     out.push((s.uri.clone(), s.mime_type.clone(), s.data.len() as u64));
                 }
             }
@@ -184,6 +184,74 @@ impl SessionManager {
 session's history, the newest cells within --history-cells and --history-mb"
                 ))
             })
+    }
+}
+
+impl SessionManager {
+    /// An evaluation's whole output (of one of the caller's sessions), by its URI without
+    /// the page (`base`): all of it within the resource size cap, or one page of
+    /// [`OUTPUT_PAGE`](files::OUTPUT_PAGE) bytes (cut at character boundaries).
+    pub fn read_output(
+        &self,
+        caller: &Caller,
+        id: &str,
+        base: &str,
+        page: Option<u64>,
+    ) -> Result<String, FileError> {
+        let Some(record) = self.record_of(caller, id) else {
+            let message = match self.lookup(caller, id) {
+                Err(e) => e.message,
+                Ok(_) => format!("session {id} has no history"),
+            };
+            return Err(FileError::NotFound(message));
+        };
+        let r = lock(&record);
+        let whole = r
+            .history
+            .cells()
+            .filter_map(|c| c.outputs.whole.as_ref())
+            .find(|w| w.uri == base)
+            .ok_or_else(|| {
+                FileError::NotFound(format!(
+                    "session {id} holds no {base}: whole outputs are kept for the newest \
+cells, within --whole-output-mb"
+                ))
+            })?;
+        // Kept as text, so valid UTF-8; lossy only as a backstop.
+        let text = String::from_utf8_lossy(&whole.data);
+        let size = text.len();
+        let pages = size.div_ceil(files::OUTPUT_PAGE).max(1);
+        let Some(page) = page else {
+            if size as u64 > self.config.max_resource_bytes {
+                return Err(FileError::TooLarge(format!(
+                    "{base} is {} and resources/read returns at most {} \
+(--max-resource-bytes): read it by pages, {base}?page=1 to ?page={pages}",
+                    files::human_size(size as u64),
+                    files::human_size(self.config.max_resource_bytes)
+                )));
+            }
+            return Ok(text.into_owned());
+        };
+        let n = usize::try_from(page).unwrap_or(usize::MAX);
+        if n > pages {
+            return Err(FileError::NotFound(format!(
+                "{base} has {pages} page(s) of {}; there is no page {page}",
+                files::human_size(files::OUTPUT_PAGE as u64)
+            )));
+        }
+        // Boundaries moved back to a character's start, so pages join into the whole.
+        let at = |i: usize| {
+            let mut i = i.min(size);
+            while !text.is_char_boundary(i) {
+                i -= 1;
+            }
+            i
+        };
+        let (from, to) = (
+            at((n - 1) * files::OUTPUT_PAGE),
+            at(n.saturating_mul(files::OUTPUT_PAGE)),
+        );
+        Ok(text[from..to].to_string())
     }
 }
 
