@@ -2,7 +2,9 @@
 //! ports and two or three `replbox serve --http` nodes with one shared directory of
 //! journals, and drives them through rmcp's HTTP client. A node killed with SIGKILL, or
 //! stopped, leaves its sessions to the others: the owner's next call on another node adopts
-//! the session and replays it; another principal never sees it.
+//! the session and replays it; another principal never sees it (one node of three killed
+//! with 20 sessions of four principals on them: none lost). An etcd of three members that
+//! loses one, its leader, changes nothing.
 
 use crate::common;
 
@@ -18,6 +20,13 @@ use serde_json::{Value, json};
 
 const ALICE: &str = "alice-token-0123456789abcdef";
 const BOB: &str = "bob-token-fedcba9876543210";
+/// The four principals of the fleet of sessions (name, token).
+const PRINCIPALS: [(&str, &str); 4] = [
+    ("alice", ALICE),
+    ("bob", BOB),
+    ("carol", "carol-token-0a1b2c3d4e5f6789"),
+    ("dave", "dave-token-9f8e7d6c5b4a3210"),
+];
 
 /// A free loopback port (released for the program that binds it next).
 fn free_port() -> u16 {
@@ -27,87 +36,170 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// An etcd of the test's own: loopback ports, a temporary data directory; killed on drop.
+/// An etcd of the test's own, of one member or several: loopback ports, a temporary data
+/// directory; killed on drop.
 struct Etcd {
-    child: tokio::process::Child,
+    members: Vec<tokio::process::Child>,
+    /// Each member's client URL.
+    urls: Vec<String>,
+    /// The first member's.
     url: String,
     _data: tempfile::TempDir,
 }
 
 impl Etcd {
-    /// Started and answering, or `None` (skipped with the reason) where etcd is missing.
+    /// One member, started and answering, or `None` (skipped with the reason) where etcd is
+    /// missing.
     async fn start() -> Option<Self> {
+        Self::start_members(1).await
+    }
+
+    /// `n` members forming one cluster, every one answering.
+    async fn start_members(n: usize) -> Option<Self> {
         if !on_path("etcd") {
             skip("cluster tests skipped: etcd is not on PATH (apt-get install etcd-server)");
             return None;
         }
         let data = tempfile::tempdir().expect("tempdir");
-        let (client, peer) = (free_port(), free_port());
-        let url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let child = tokio::process::Command::new("etcd")
-            .arg("--data-dir")
-            .arg(data.path().join("etcd"))
-            .args([
-                "--listen-client-urls",
-                &url,
-                "--advertise-client-urls",
-                &url,
-            ])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("default={peer_url}")])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn etcd");
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let initial: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect();
+        let (mut members, mut urls) = (Vec::new(), Vec::new());
+        for (i, (client, peer)) in ports.iter().enumerate() {
+            let url = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let child = tokio::process::Command::new("etcd")
+                .args(["--name", &format!("m{i}")])
+                .arg("--data-dir")
+                .arg(data.path().join(format!("m{i}")))
+                .args([
+                    "--listen-client-urls",
+                    &url,
+                    "--advertise-client-urls",
+                    &url,
+                ])
+                .args(["--listen-peer-urls", &peer_url])
+                .args(["--initial-advertise-peer-urls", &peer_url])
+                .args(["--initial-cluster", &initial.join(",")])
+                .args(["--initial-cluster-state", "new"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn etcd");
+            members.push(child);
+            urls.push(url);
+        }
         let me = Self {
-            child,
-            url,
+            members,
+            url: urls[0].clone(),
+            urls,
             _data: data,
         };
-        // Ready when it answers a read.
-        for _ in 0..300 {
-            if me.get("replbox/ready").await.is_ok() {
-                return Some(me);
+        // Ready when every member answers a read (a cluster's once it has a leader).
+        for url in &me.urls {
+            let t0 = Instant::now();
+            while range_at(url, "replbox/ready").await.is_err() {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(30),
+                    "etcd did not answer on {url}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("etcd did not answer on {}", me.url);
+        Some(me)
     }
 
-    /// The value of `key` (through etcd's JSON gateway, as replbox talks to it).
+    /// The key-value of `key`, from the first live member that answers.
+    async fn range(&self, key: &str) -> Result<Option<Value>, String> {
+        let mut last = Err("no member".to_string());
+        for (url, m) in self.urls.iter().zip(&self.members) {
+            if m.id().is_some() {
+                last = range_at(url, key).await;
+                if last.is_ok() {
+                    break;
+                }
+            }
+        }
+        last
+    }
+
+    /// The value of `key`.
     async fn get(&self, key: &str) -> Result<Option<String>, String> {
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let body = json!({"key": b64.encode(key)}).to_string();
-        let r = reqwest::Client::new()
-            .post(format!("{}/v3/kv/range", self.url))
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        let v: Value = serde_json::from_slice(&r.bytes().await.map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
-        Ok(v["kvs"][0]["value"]
-            .as_str()
-            .map(|s| String::from_utf8_lossy(&b64.decode(s).unwrap_or_default()).into_owned()))
+        Ok(self.range(key).await?.as_ref().map(value_of))
+    }
+
+    /// SIGKILL member `i` (and reap it).
+    async fn kill_member(&mut self, i: usize) {
+        let _ = self.members[i].kill().await;
+    }
+
+    /// The index of the member that leads the cluster now.
+    async fn leader(&self) -> usize {
+        let mut ids = Vec::new();
+        let mut leader = None;
+        for url in &self.urls {
+            let r = reqwest::Client::new()
+                .post(format!("{url}/v3/maintenance/status"))
+                .body("{}")
+                .send()
+                .await
+                .expect("status");
+            let v: Value = r.json().await.expect("status json");
+            ids.push(v["header"]["member_id"].as_str().unwrap_or("").to_string());
+            leader = v["leader"].as_str().map(String::from).or(leader);
+        }
+        let leader = leader.expect("a leader");
+        ids.iter()
+            .position(|id| *id == leader)
+            .expect("the leader is a member")
     }
 
     /// Freeze or thaw etcd (SIGSTOP, SIGCONT): out of reach without losing its state.
     fn signal(&self, sig: nix::sys::signal::Signal) {
-        let pid = self.child.id().expect("etcd runs") as i32;
+        let pid = self.members[0].id().expect("etcd runs") as i32;
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).expect("signal etcd");
     }
 
     /// Wait (bounded) until `key` is gone: a dead node's lease has expired.
     async fn wait_gone(&self, key: &str, within: Duration) {
         let t0 = Instant::now();
-        while self.get(key).await.ok().flatten().is_some() {
+        while self.get(key).await != Ok(None) {
             assert!(t0.elapsed() < within, "{key} still held after {within:?}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// The key-value of `key` at the etcd member `url`, as etcd's JSON gateway gives it (as
+/// replbox talks to it): value in base64, revisions as strings.
+async fn range_at(url: &str, key: &str) -> Result<Option<Value>, String> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let body = json!({"key": b64.encode(key)}).to_string();
+    let r = reqwest::Client::new()
+        .post(format!("{url}/v3/kv/range"))
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_slice(&r.bytes().await.map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    if let Some(e) = v.get("error") {
+        return Err(e.to_string());
+    }
+    Ok(v["kvs"].get(0).cloned())
+}
+
+/// A key-value's value, decoded.
+fn value_of(kv: &Value) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let raw = b64
+        .decode(kv["value"].as_str().unwrap_or(""))
+        .unwrap_or_default();
+    String::from_utf8_lossy(&raw).into_owned()
 }
 
 /// The shared directory of journals and the tokens file.
@@ -123,7 +215,11 @@ fn shared() -> Shared {
     let dir = root.join("shared");
     std::fs::create_dir(&dir).unwrap();
     let tokens = root.join("tokens");
-    std::fs::write(&tokens, format!("alice:{ALICE}\nbob:{BOB}\n")).unwrap();
+    let lines: String = PRINCIPALS
+        .iter()
+        .map(|(n, t)| format!("{n}:{t}\n"))
+        .collect();
+    std::fs::write(&tokens, lines).unwrap();
     std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     Shared { _t: t, dir, tokens }
 }
@@ -154,6 +250,16 @@ trait Endpoint {
 impl Endpoint for HttpServer {
     fn mcp_url(&self) -> String {
         self.url()
+    }
+}
+
+/// An endpoint by its URL, for calls made from spawned tasks.
+#[derive(Clone)]
+struct At(String);
+
+impl Endpoint for At {
+    fn mcp_url(&self) -> String {
+        self.0.clone()
     }
 }
 
@@ -237,8 +343,131 @@ fn journal(dir: &Path, node: &str, id: &str) -> PathBuf {
     dir.join(node).join(format!("{id}.journal"))
 }
 
+/// One session of a fleet: the node it was started on, its principal (an index into
+/// [`PRINCIPALS`]) and the value its one cell set.
+struct Member {
+    id: String,
+    node: usize,
+    principal: usize,
+    value: String,
+}
+
+/// How many sessions a fleet has.
+const FLEET: usize = 20;
+
+/// [`FLEET`] python sessions of the four principals spread over `nodes` (session `i` on
+/// node `i % nodes`, of principal `i % 4`: every principal on every node), each with one
+/// cell run, `v = '<principal>-<i>'`. One lane of calls per node.
+async fn fleet(nodes: &[At]) -> Vec<Member> {
+    let mut lanes = tokio::task::JoinSet::new();
+    for (n, at) in nodes.iter().enumerate() {
+        let (at, count) = (at.clone(), nodes.len());
+        lanes.spawn(async move {
+            let mut out = Vec::new();
+            for i in (n..FLEET).step_by(count) {
+                let principal = i % PRINCIPALS.len();
+                let (name, token) = PRINCIPALS[principal];
+                let o = call(&at, token, "session_start", json!({"language": "python"})).await;
+                assert!(!o.is_error, "{}", o.text);
+                let id = o.s("session_id").to_string();
+                let value = format!("{name}-{i}");
+                let o = eval(&at, token, &id, &format!("v = '{value}'")).await;
+                assert_eq!(status(&o), "ok", "{}", o.text);
+                out.push(Member {
+                    id,
+                    node: n,
+                    principal,
+                    value,
+                });
+            }
+            out
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(lane) = lanes.join_next().await {
+        all.extend(lane.expect("a lane of the fleet"));
+    }
+    assert_eq!(all.len(), FLEET);
+    all
+}
+
+/// After node `dead` of `nodes` died: every session of the fleet answers its owner with its
+/// value on a live node (the dead node's adopted and replayed there), and no one else; each
+/// principal's `session_list` on the live nodes is exactly its own sessions. One lane of
+/// calls per principal.
+async fn check_fleet(fleet: Vec<Member>, nodes: &[At], dead: usize, dir: &Path, names: &[&str]) {
+    let live: Vec<usize> = (0..nodes.len()).filter(|&n| n != dead).collect();
+    let mut lanes = tokio::task::JoinSet::new();
+    let mut by_principal: Vec<Vec<Member>> = (0..PRINCIPALS.len()).map(|_| Vec::new()).collect();
+    for m in fleet {
+        by_principal[m.principal].push(m);
+    }
+    let expected: Vec<Vec<String>> = by_principal
+        .iter()
+        .map(|ms| ms.iter().map(|m| m.id.clone()).collect())
+        .collect();
+    for members in by_principal {
+        let (nodes, live) = (nodes.to_vec(), live.clone());
+        let (dir, names): (PathBuf, Vec<String>) = (
+            dir.to_path_buf(),
+            names.iter().map(|s| s.to_string()).collect(),
+        );
+        lanes.spawn(async move {
+            for (k, m) in members.iter().enumerate() {
+                let orphan = m.node == dead;
+                // An orphan goes to whichever live node its owner's next call reaches.
+                let serving = if orphan { live[k % live.len()] } else { m.node };
+                let at = &nodes[serving];
+                let (_, token) = PRINCIPALS[m.principal];
+                let (stranger_name, stranger) = PRINCIPALS[(m.principal + 1) % PRINCIPALS.len()];
+                // Another principal's call neither reaches nor moves it.
+                let o = eval(at, stranger, &m.id, "print(v)").await;
+                assert_eq!(
+                    o.error_kind(),
+                    "unknown_session",
+                    "{stranger_name}: {}",
+                    o.text
+                );
+                if orphan {
+                    assert!(journal(&dir, &names[dead], &m.id).is_file(), "{}", m.id);
+                }
+                let o = eval(at, token, &m.id, "print(v)").await;
+                assert_eq!(output(&o), format!("{}\n", m.value), "{}", o.text);
+                if orphan {
+                    assert_eq!(o.structured["replayed"], 1, "{}", o.structured);
+                    assert!(journal(&dir, &names[serving], &m.id).is_file(), "{}", m.id);
+                }
+                let o = eval(at, stranger, &m.id, "print(v)").await;
+                assert_eq!(
+                    o.error_kind(),
+                    "unknown_session",
+                    "{stranger_name}: {}",
+                    o.text
+                );
+            }
+        });
+    }
+    while let Some(lane) = lanes.join_next().await {
+        lane.expect("a principal's lane");
+    }
+    // Nothing lost, nothing shown to another principal.
+    for (p, (name, token)) in PRINCIPALS.iter().enumerate() {
+        let mut listed = Vec::new();
+        for &n in &live {
+            let l = call(&nodes[n], token, "session_list", json!({})).await;
+            for e in l.structured["sessions"].as_array().into_iter().flatten() {
+                listed.push(e["session_id"].as_str().unwrap_or("?").to_string());
+            }
+        }
+        listed.sort();
+        let mut want = expected[p].clone();
+        want.sort();
+        assert_eq!(listed, want, "{name}'s sessions on the live nodes");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn a_killed_nodes_session_is_adopted_once_and_only_by_its_owner() {
+async fn a_killed_nodes_sessions_are_adopted_once_and_only_by_their_owners() {
     if !require("python", "python3") {
         return;
     }
@@ -253,6 +482,9 @@ async fn a_killed_nodes_session_is_adopted_once_and_only_by_its_owner() {
     );
     let id = alices_session(&a).await;
     let key = format!("replbox/sessions/{id}");
+    // A fleet of sessions of four principals on the three nodes, a's among them.
+    let ats = [At(a.url()), At(b.url()), At(c.url())];
+    let fleet = fleet(&ats).await;
 
     // The registry names the node and the principal, never a token.
     let record = etcd.get(&key).await.unwrap().expect("the session's key");
@@ -326,6 +558,9 @@ claim, move and replay",
     assert!(!o.is_error, "{}", o.text);
     assert_eq!(etcd.get(&key).await.unwrap(), None);
     assert!(!journal(&sh.dir, winner, &id).exists());
+
+    // Every session of the fleet: none lost, each served only to its owner.
+    check_fleet(fleet, &ats, 0, &sh.dir, &["a", "b", "c"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -667,4 +902,52 @@ fn the_shipped_haproxy_and_kubernetes_examples_are_valid() {
 (pip install kubernetes-validate)",
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_three_member_etcd_loses_its_leader_and_the_cluster_goes_on() {
+    if !require("python", "python3") {
+        return;
+    }
+    let Some(mut etcd) = Etcd::start_members(3).await else {
+        return;
+    };
+    let sh = shared();
+    // Every node tries the leader first: its loss is the worst one.
+    let leader = etcd.leader().await;
+    let mut order = vec![etcd.urls[leader].clone()];
+    for (i, u) in etcd.urls.iter().enumerate() {
+        if i != leader {
+            order.push(u.clone());
+        }
+    }
+    let urls = order.join(",");
+    let (a, mut b) = tokio::join!(node_at(&urls, &sh, "a"), node_at(&urls, &sh, "b"));
+    let id = alices_session(&a).await;
+    let key = format!("replbox/sessions/{id}");
+    let held = etcd.range(&key).await.unwrap().expect("alice's key");
+    let bob = BOB;
+    let o = call(&b, bob, "session_start", json!({"language": "python"})).await;
+    let bobs = o.s("session_id").to_string();
+    let o = eval(&b, bob, &bobs, "z = 7").await;
+    assert_eq!(status(&o), "ok", "{}", o.text);
+
+    // The leader dies, then node b. b's lease expires (through the two members left);
+    // a's is renewed through them meanwhile: its claim is the same one.
+    etcd.kill_member(leader).await;
+    b.kill().await;
+    etcd.wait_gone(&format!("replbox/sessions/{bobs}"), Duration::from_secs(60))
+        .await;
+    let still = etcd.range(&key).await.unwrap().expect("alice's key kept");
+    assert_eq!(still["create_revision"], held["create_revision"], "{still}");
+    assert_eq!(still["lease"], held["lease"], "{still}");
+    // a serves its session from memory, adopts b's, starts new ones.
+    let o = eval(&a, ALICE, &id, "x + y").await;
+    assert_eq!(output(&o), "83\n", "{}", o.text);
+    assert!(o.structured["replayed"].is_null(), "{}", o.structured);
+    let o = eval(&a, bob, &bobs, "print(z)").await;
+    assert_eq!(output(&o), "7\n", "{}", o.text);
+    assert_eq!(o.structured["replayed"], 1, "{}", o.structured);
+    let o = call(&a, ALICE, "session_start", json!({"language": "python"})).await;
+    assert!(!o.is_error, "{}", o.text);
 }

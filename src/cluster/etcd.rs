@@ -1,7 +1,9 @@
 //! The etcd registry, over etcd's JSON gateway (`/v3/...`, keys and values in base64) with
 //! the HTTP client the server already has: no gRPC stack, no protoc. Each call goes to the
-//! first endpoint that answers.
+//! endpoint that answered last, else to the next one that answers (a dead member costs
+//! one failed call, not one per call).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
@@ -15,6 +17,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub struct Etcd {
     endpoints: Vec<String>,
+    /// The endpoint that answered last: tried first.
+    preferred: AtomicUsize,
     http: reqwest::Client,
 }
 
@@ -34,15 +38,20 @@ impl Etcd {
             .build()?;
         Ok(Self {
             endpoints: out,
+            preferred: AtomicUsize::new(0),
             http,
         })
     }
 
-    /// POST `body` to `path` on the first endpoint that answers; etcd's error as an error.
+    /// POST `body` to `path` on the first endpoint that answers, from the one that answered
+    /// last; etcd's error as an error.
     async fn call(&self, path: &str, body: Value) -> anyhow::Result<Value> {
         let body = serde_json::to_vec(&body)?;
         let mut last = None;
-        for e in &self.endpoints {
+        let n = self.endpoints.len();
+        let first = self.preferred.load(Ordering::Relaxed);
+        for i in (0..n).map(|k| (first + k) % n) {
+            let e = &self.endpoints[i];
             let sent = self
                 .http
                 .post(format!("{e}{path}"))
@@ -57,6 +66,7 @@ impl Etcd {
                     continue;
                 }
             };
+            self.preferred.store(i, Ordering::Relaxed);
             let bytes = resp.bytes().await?;
             let v: Value = serde_json::from_slice(&bytes)
                 .map_err(|err| anyhow::anyhow!("etcd {e}{path}: not JSON ({err})"))?;
