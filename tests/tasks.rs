@@ -744,3 +744,230 @@ async fn a_stop_interrupts_a_running_task_and_records_it() {
     assert_eq!(out["replayed"], 1, "{out}");
     s.stop().await;
 }
+
+/// Over HTTP, SIGTERM while cells run as tasks: the server waits `--task-stop-grace-ms` for
+/// them. A cell that ends within it completes, and its result is there after the restart;
+/// one that does not is interrupted and `failed` after the restart, with the reason, and
+/// its session, restored, is as it was before that cell, which it did not run again.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_over_http_lets_a_task_finish_within_the_grace_or_records_it() {
+    if !require_language("python") {
+        return;
+    }
+    let (_t, state) = state_dir();
+    let start = |grace_ms: &str| {
+        Server::http()
+            .token(TOKEN_A)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["--task-stop-grace-ms", grace_ms])
+            .start()
+    };
+
+    // A long grace: the cell ends during it (the test lets it go once the server says it
+    // waits), and then the server exits.
+    let mut h = start("120000").await;
+    let a = h.connect_tasks(TOKEN_A).await;
+    let (sid, cwd) = session(a.peer()).await;
+    let finishing = start_task(
+        a.peer(),
+        "session_eval",
+        json!({"session_id": sid, "code": WAITS_FOR_GO, "timeout_ms": 600_000}),
+    )
+    .await;
+    poll(a.peer(), &finishing, "working", |t| {
+        t.task.task.status_message.as_deref() == Some("halfway 50%")
+    })
+    .await;
+    let pid = nix::unistd::Pid::from_raw(h.pid as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let t0 = std::time::Instant::now();
+    while !h.log().contains("stopping: waiting for running tasks") {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{}", h.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    std::fs::write(cwd.join("go"), "").expect("write go");
+    let exited = tokio::time::timeout(Duration::from_secs(60), h.child().wait()).await;
+    assert!(
+        matches!(exited, Ok(Ok(st)) if st.success()),
+        "{exited:?}\n{}",
+        h.log()
+    );
+    assert!(!h.log().contains("interrupting the tasks"), "{}", h.log());
+    drop(a);
+    drop(h);
+
+    // Restarted with a short grace: the finished task kept its result; a cell still
+    // running at the next SIGTERM is interrupted and recorded.
+    let h = start("300").await;
+    let a = h.connect_tasks(TOKEN_A).await;
+    let t = a
+        .peer()
+        .get_task(GetTaskParams::new(&finishing))
+        .await
+        .expect("polled after the restart");
+    assert_eq!(completed(&t).0["output"], "halfway 50%\ndone\n");
+    let (sid, _) = session(a.peer()).await;
+    let id = start_task(
+        a.peer(),
+        "session_eval",
+        json!({"session_id": sid, "code": "x = 41"}),
+    )
+    .await;
+    poll(a.peer(), &id, "completed", status_is(TaskStatus::Completed)).await;
+    let canary = "canary_5e0c9b";
+    let cut = start_task(
+        a.peer(),
+        "session_eval",
+        json!({"session_id": sid, "code": format!("{canary} = 1\n{WAITS_FOR_GO}"), "timeout_ms": 600_000}),
+    )
+    .await;
+    poll(a.peer(), &cut, "working", |t| {
+        t.task.task.status_message.as_deref() == Some("halfway 50%")
+    })
+    .await;
+    drop(a);
+    let log = h.log();
+    let st = h.stop().await;
+    assert!(st.is_some_and(|st| st.success()), "{st:?}\n{log}");
+
+    let h = start("300").await;
+    let a = h.connect_tasks(TOKEN_A).await;
+    let t = a
+        .peer()
+        .get_task(GetTaskParams::new(&cut))
+        .await
+        .expect("polled after the restart");
+    let (message, kind) = failed(&t);
+    assert!(
+        message.starts_with("the server restarted while this cell ran"),
+        "{message}"
+    );
+    assert_eq!(kind, "server_restarted");
+    let id = start_task(
+        a.peer(),
+        "session_eval",
+        json!({"session_id": sid, "code": format!("print(x + 1, '{canary}' in dir())")}),
+    )
+    .await;
+    let t = poll(a.peer(), &id, "completed", status_is(TaskStatus::Completed)).await;
+    let out = completed(&t).0;
+    assert_eq!(out["output"], "42 False\n", "{out}");
+    assert_eq!(out["replayed"], 1, "{out}");
+    drop(a);
+    h.stop().await;
+}
+
+/// A client whose every request gives up after one second (many hosts cut a tool call
+/// after a minute or three; scaled down) still gets the result of a three-second cell: the
+/// call returns a task at once, and polls, each within that second, see it to the end.
+/// The same cell as a plain call, from a client without the extension, is cut by that
+/// client's timeout.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cell_longer_than_the_clients_timeout_is_polled_to_completion() {
+    if !require_language("python") {
+        return;
+    }
+    const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
+    let cell = "import time\nprint('started', flush=True)\ntime.sleep(3)\nprint('slept')";
+    let h = Server::http().token(TOKEN_A).start().await;
+
+    let plain = h.connect(TOKEN_A).await;
+    let (sid, _) = session(plain.peer()).await;
+    let cut = tokio::time::timeout(
+        CLIENT_TIMEOUT,
+        http_call(
+            plain.peer(),
+            "session_eval",
+            json!({"session_id": sid, "code": cell}),
+        ),
+    )
+    .await;
+    assert!(cut.is_err(), "a 3 s cell answered within 1 s: {cut:?}");
+
+    let a = h.connect_tasks(TOKEN_A).await;
+    let (sid, _) = session(a.peer()).await;
+    let call = |key: usize| {
+        CallToolRequestParams::new("session_eval").with_arguments(
+            json!({"session_id": sid, "code": cell, "idempotency_key": format!("long-{key}")})
+                .as_object()
+                .cloned()
+                .expect("object"),
+        )
+    };
+    // The call answers at once with a task. A call the client's timeout cut (a loaded host)
+    // is sent again with the same key, as a client would: its task, never a second run; if
+    // the cut cancelled it, the retry says so, and a new key runs the cell.
+    let (mut id, mut key, mut cut) = (None, 0, false);
+    for _ in 0..10 {
+        match tokio::time::timeout(CLIENT_TIMEOUT, a.peer().call_tool_once(call(key))).await {
+            Ok(Ok(CallToolResponse::Task(t))) => {
+                id = Some(t.task.task_id);
+                break;
+            }
+            Ok(Ok(CallToolResponse::Complete(r))) if cut && r.is_error == Some(true) => key += 1,
+            Ok(other) => panic!("not a task: {other:?}"),
+            Err(_) => {
+                cut = true;
+                eprintln!("the call took over {CLIENT_TIMEOUT:?}: sent again");
+            }
+        }
+    }
+    let id = id.expect("a task within ten tries");
+    let mut polls = 0;
+    let result = loop {
+        polls += 1;
+        assert!(polls < 1500, "never completed");
+        let t =
+            tokio::time::timeout(CLIENT_TIMEOUT, a.peer().get_task(GetTaskParams::new(&id))).await;
+        match t {
+            Ok(Ok(t)) if t.task.status() == TaskStatus::Completed => break t,
+            Ok(Ok(t)) => assert_eq!(t.task.status(), TaskStatus::Working, "{t:?}"),
+            Ok(Err(e)) => panic!("tasks/get: {e}"),
+            Err(_) => {} // cut by the client's timeout: poll again
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let out = completed(&result).0;
+    assert_eq!(out["status"], "ok", "{out}");
+    assert_eq!(out["output"], "started\nslept\n", "{out}");
+    drop((plain, a));
+    h.stop().await;
+}
+
+/// The official MCP Python SDK (2.x, `pip install mcp`) against the HTTP server, through
+/// `tests/sdk/python_client.py`: a plain call from a client without the extension, then a
+/// cell called as a task by a client that declares it through the SDK's extension API and
+/// polls `tasks/get` to the result.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_python_sdk_calls_a_cell_as_a_task_and_polls_it_to_its_result() {
+    if !require_language("python") {
+        return;
+    }
+    let sdk = std::process::Command::new("python3")
+        .args(["-c", "import mcp.client.extension"])
+        .output();
+    if !sdk.is_ok_and(|o| o.status.success()) {
+        skip("the MCP Python SDK 2.x is not installed for python3 (python3 -m pip install mcp)");
+        return;
+    }
+    let h = Server::http().token(TOKEN_A).start().await;
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/python_client.py");
+    let run = tokio::process::Command::new("python3")
+        .arg(&script)
+        .arg(h.url())
+        .arg(TOKEN_A)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the SDK's client ended")
+        .expect("run python3");
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("ok: plain call"), "{said}");
+    assert!(said.contains("ok: a task over"), "{said}");
+    h.stop().await;
+}
