@@ -634,3 +634,212 @@ for p in targets + [{cache:?} + "/uv/planted"]:
     drop((a, b));
     s.stop().await;
 }
+
+// --- JavaScript (npm) ---------------------------------------------------------------------
+
+/// A server for JavaScript packages with its own cache, or None (skipped) without node and
+/// npm, or (with `index`) when the npm registry cannot be reached from here.
+async fn js_server(cache: &Cache, index: bool) -> Option<TestServer> {
+    if !require("javascript", "node") || !require("npm", "npm") {
+        return None;
+    }
+    if index && !reachable("registry.npmjs.org:443") {
+        common::skip("the npm registry (registry.npmjs.org:443) cannot be reached from here");
+        return None;
+    }
+    Some(TestServer::start_with(&["--package-cache", cache.s()], &[]).await)
+}
+
+/// Whether a TCP connection to `addr` opens within a few seconds.
+fn reachable(addr: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    let Ok(mut addrs) = addr.to_socket_addrs() else {
+        return false;
+    };
+    addrs.any(|a| {
+        std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(5)).is_ok()
+    })
+}
+
+fn js_run(code: &str, packages: &[&str]) -> Value {
+    json!({"languageId": "javascript", "code": code, "packages": packages})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn npm_specifiers_that_are_not_registry_packages_are_refused() {
+    let cache = Cache::new("js-attack");
+    let Some(s) = js_server(&cache, false).await else {
+        return;
+    };
+    for bad in [
+        "--registry=https://evil.example/",
+        "-g",
+        "https://evil.example/x.tgz",
+        "git+https://github.com/jonschlinkert/is-odd",
+        "git://github.com/jonschlinkert/is-odd",
+        "github:jonschlinkert/is-odd",
+        "jonschlinkert/is-odd",
+        "is-odd@github:jonschlinkert/is-odd",
+        "is-odd@https://evil.example/x.tgz",
+        "is-odd@file:../x",
+        "file:/etc",
+        "./x",
+        "/etc",
+        "~/x",
+        "is-odd@../x",
+        "x.tgz",
+        "alias@npm:is-odd",
+        "is-odd\n--registry=https://evil.example/",
+        "is-odd --registry=https://evil.example/",
+        "is-odd@$(id)",
+        "@scope",
+    ] {
+        let o = s
+            .call("run-code", js_run("console.log('code' + 'ran')", &[bad]))
+            .await;
+        assert_eq!(o.error_kind(), "invalid_argument", "{bad:?}: {}", o.text);
+        assert!(
+            o.text.contains("is not a package specifier"),
+            "{bad:?}: {}",
+            o.text
+        );
+        assert!(
+            !o.text.contains("coderan"),
+            "{bad:?}: the code ran: {}",
+            o.text
+        );
+        let o = s
+            .call(
+                "session_start",
+                json!({"language": "javascript", "packages": [bad]}),
+            )
+            .await;
+        assert_eq!(o.error_kind(), "invalid_argument", "{bad:?}: {}", o.text);
+    }
+    // The same through replbox.install: refused before anything is evaluated, and a call
+    // that is not made of string literals is refused saying how to write it.
+    let id = s.start_session("javascript").await;
+    for line in [
+        "await replbox.install('--registry=https://evil.example/', 'is-odd')\nconsole.log('code' + 'ran')",
+        "await replbox.install('git+https://github.com/a/b')\nconsole.log('code' + 'ran')",
+        "await replbox.install(['is-odd@file:/etc'])\nconsole.log('code' + 'ran')",
+        "await replbox.install()\nconsole.log('code' + 'ran')",
+        "await replbox.install('is-' + 'odd')\nconsole.log('code' + 'ran')",
+        "await replbox.install(`${process.env.HOME}`)\nconsole.log('code' + 'ran')",
+    ] {
+        let o = s.eval(&id, line).await;
+        assert_eq!(o.error_kind(), "invalid_argument", "{line:?}: {}", o.text);
+        assert!(!o.text.contains("coderan"), "{line:?}: {}", o.text);
+    }
+    // Anywhere but the top of a cell it says how to use it, and the session still serves.
+    let o = s
+        .eval(&id, "const n = 1;\nawait replbox.install('is-odd')")
+        .await;
+    assert!(o.text.contains("a line of its own"), "{}", o.text);
+    assert_eq!(
+        output(&s.eval(&id, "console.log(6 * 7)").await).trim(),
+        "42"
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn javascript_packages_install_then_require_and_come_from_the_cache() {
+    let cache = Cache::new("js");
+    let Some(s) = js_server(&cache, true).await else {
+        return;
+    };
+    let code = "const isOdd = require('is-odd'); console.log('odd', isOdd(3));";
+    let o = s.call("run-code", js_run(code, &["is-odd@3"])).await;
+    assert!(!o.is_error, "{}", o.text);
+    assert!(o.text.starts_with("odd true"), "{}", o.text);
+    let first = installed(&o.structured);
+    assert!(
+        first.iter().any(|p| p.starts_with("is-odd==3.")),
+        "{first:?}"
+    );
+    assert!(
+        first.iter().any(|p| p.starts_with("is-number==")),
+        "{first:?}"
+    );
+    assert_eq!(
+        o.structured["packages"]["downloaded"],
+        json!(2),
+        "{}",
+        o.structured
+    );
+    // Again: nothing downloaded, the same versions.
+    let o = s.call("run-code", js_run(code, &["is-odd@3"])).await;
+    assert!(!o.is_error, "{}", o.text);
+    assert_eq!(installed(&o.structured), first);
+    assert_eq!(
+        o.structured["packages"]["downloaded"],
+        json!(0),
+        "{}",
+        o.structured
+    );
+    // User code writes neither the cache nor its packages, and cannot reach the registry.
+    let probe = format!(
+        r#"
+const fs = require('fs');
+for (const p of [{cache:?} + '/npm/x', {cache:?} + '/layers/x', require.resolve('is-odd')]) {{
+  try {{ fs.appendFileSync(p, 'x'); console.log('WROTE', p); }}
+  catch (e) {{ console.log('refused', e.code); }}
+}}
+fetch('https://registry.npmjs.org/is-odd', {{ signal: AbortSignal.timeout(10000) }})
+  .then(() => console.log('REACHED'), (e) => console.log('blocked', e.name));
+"#,
+        cache = cache.s()
+    );
+    let o = s.call("run-code", js_run(&probe, &["is-odd@3"])).await;
+    assert!(!o.is_error, "{}", o.text);
+    assert!(!o.text.contains("WROTE"), "{}", o.text);
+    assert_eq!(o.text.matches("refused").count(), 3, "{}", o.text);
+    assert!(o.text.contains("blocked"), "{}", o.text);
+    assert!(!o.text.contains("REACHED"), "{}", o.text);
+    // A session: packages at its start, then replbox.install, required at once.
+    let o = s
+        .call(
+            "session_start",
+            json!({"language": "javascript", "packages": ["is-odd@3"]}),
+        )
+        .await;
+    assert!(!o.is_error, "{}", o.text);
+    let id = o.s("session_id").to_string();
+    assert_eq!(
+        output(&s.eval(&id, "console.log(require('is-odd')(5))").await).trim(),
+        "true"
+    );
+    let o = s.eval(&id, "let before = 1").await;
+    assert!(!o.is_error, "{}", o.text);
+    let o = s
+        .eval(
+            &id,
+            "await replbox.install('is-even@1');\nconsole.log('even', require('is-even')(4), before)",
+        )
+        .await;
+    assert!(!o.is_error, "{}", o.text);
+    assert!(o.text.contains("even true 1"), "{}", o.text);
+    assert!(o.text.contains("is-even==1."), "{}", o.text);
+    // The earlier package is still there.
+    assert_eq!(
+        output(&s.eval(&id, "console.log(require('is-odd')(2))").await).trim(),
+        "false"
+    );
+    // A package the registry does not have, and a version it does not have.
+    for (spec, says) in [
+        ("replbox-no-such-package-4f2a9", "not on the package index"),
+        ("is-odd@99", "no version on the index matches"),
+    ] {
+        let o = s
+            .eval(&id, &format!("await replbox.install('{spec}')"))
+            .await;
+        assert_eq!(o.error_kind(), "package_unavailable", "{spec}: {}", o.text);
+        assert!(o.text.contains(says), "{spec}: {}", o.text);
+    }
+    assert_eq!(
+        output(&s.eval(&id, "console.log(before)").await).trim(),
+        "1"
+    );
+    s.stop().await;
+}

@@ -404,6 +404,18 @@ function main(require) {
     promptHeld = false;
   });
 
+  // `await replbox.install('pkg')` on a line of its own at the top of a cell is done by
+  // replbox's server before the cell runs; anywhere else it says so.
+  Object.defineProperty(globalThis, "replbox", {
+    enumerable: false,
+    configurable: true,
+    writable: true,
+    value: Object.freeze({
+      install: () => Promise.reject(new Error(
+        "replbox.install works as a line of its own at the top of a cell, with string " +
+        "literals: await replbox.install('lodash', 'is-odd@3')")),
+    }),
+  });
   listen();
   baseline = new Set(Object.getOwnPropertyNames(globalThis));
 

@@ -79,6 +79,8 @@ fn to_args_round_trips() {
             installer_uid: Some(7),
             package_timeout_s: Some(9),
             uv: Some("/u/v".into()),
+            npm_registry: Some("https://r/".into()),
+            npm: Some("/n/npm-cli.js".into()),
         },
     };
     let argv = std::iter::once(OsString::from("x")).chain(config.to_args());

@@ -33,6 +33,16 @@ pub struct Flags {
     /// The `uv` binary (default: beside the Python sessions run, else on PATH).
     #[arg(long, env = "REPLBOX_UV", value_name = "PATH")]
     pub uv: Option<PathBuf>,
+
+    /// npm registry the JavaScript installer uses: `npmjs` (registry.npmjs.org, the
+    /// default) or the URL of a registry, reached whatever it resolves to.
+    #[arg(long, env = "REPLBOX_NPM_REGISTRY", value_name = "npmjs|URL")]
+    pub npm_registry: Option<String>,
+
+    /// npm's `npm-cli.js`, run by the sessions' node (default: the `npm` on PATH, else the
+    /// one installed beside node).
+    #[arg(long, env = "REPLBOX_NPM", value_name = "PATH")]
+    pub npm: Option<PathBuf>,
 }
 
 /// Where an index is, as the installer's egress policy needs it.
@@ -48,6 +58,8 @@ pub struct Index {
 
 /// The public Python index.
 const PYPI: &str = "https://pypi.org/simple";
+/// The public npm registry.
+const NPMJS: &str = "https://registry.npmjs.org/";
 
 impl Flags {
     /// The Python index in force.
@@ -56,6 +68,15 @@ impl Flags {
             "--package-index",
             self.package_index.as_deref(),
             ("pypi", PYPI, &["pypi.org", "files.pythonhosted.org"]),
+        )
+    }
+
+    /// The npm registry in force.
+    pub fn npm_registry(&self) -> Result<Index, String> {
+        index(
+            "--npm-registry",
+            self.npm_registry.as_deref(),
+            ("npmjs", NPMJS, &["registry.npmjs.org"]),
         )
     }
 
@@ -80,12 +101,19 @@ impl Flags {
         if let Some(v) = &self.uv {
             a.extend(["--uv".into(), v.into()]);
         }
+        if let Some(v) = &self.npm_registry {
+            a.extend(["--npm-registry".into(), v.into()]);
+        }
+        if let Some(v) = &self.npm {
+            a.extend(["--npm".into(), v.into()]);
+        }
         a
     }
 
     /// Check the values a server cannot run with.
     pub fn check(&self) -> Result<(), String> {
         self.python_index()?;
+        self.npm_registry()?;
         if self.package_timeout_s == Some(0) {
             return Err("--package-timeout-s must be at least 1".into());
         }
@@ -154,6 +182,7 @@ mod tests {
         let py = f.python_index().unwrap();
         assert_eq!(py.url, PYPI);
         assert_eq!(py.domains, ["pypi.org", "files.pythonhosted.org"]);
+        assert_eq!(f.npm_registry().unwrap().domains, ["registry.npmjs.org"]);
         let f = Flags {
             package_index: Some("http://10.0.0.5:8080/simple".into()),
             ..Flags::default()

@@ -1,13 +1,17 @@
 //! Packages on demand: `packages` in `run-code` and `session_start`, `%pip install` in a
-//! Python session. User code never installs anything and gets no network for it: the server
-//! runs the installer (uv) confined as the installer's uid, with network only to the
-//! operator's index, wheels only (`--no-build`: installing runs no package code).
+//! Python session, `await replbox.install(...)` in a JavaScript one. User code never
+//! installs anything and gets no network for it: the server runs the installer (uv for
+//! Python, npm for JavaScript) confined as the installer's uid, with network only to the
+//! operator's indexes, running no package code (uv `--no-build`: wheels only; npm
+//! `--ignore-scripts`).
 //!
 //! ```text
 //! ROOT/            the server's, 0711
 //!   uv/            installer 0700: uv's content-addressed cache, shared by every install
-//!   layers/ID/     installer 0755: one run's packages (`--target`, on its PYTHONPATH,
-//!                  read-only to it), removed after it
+//!   npm/           installer 0700: npm's content-addressed cache (cacache), likewise
+//!   layers/ID/     installer 0755: one run's packages (`--target`, on its PYTHONPATH; for
+//!                  npm `--prefix`, its node_modules/ on NODE_PATH), read-only to it,
+//!                  removed after it
 //!   tmp/ID/        installer 0700: one installation's home, removed after it
 //!   egress/        the installer's proxy sockets
 //!   installer/uv   root's 0755, as root only: the operator's uv when the installer's uid
@@ -22,6 +26,7 @@
 
 mod flags;
 mod install;
+mod npm;
 mod spec;
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -36,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 use crate::egress::{Egress, Policy};
 use crate::sandbox::Sandbox;
 pub use flags::Flags;
+pub use spec::Eco;
 
 /// Longest one installation may take unless the operator says otherwise.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -105,15 +111,16 @@ impl PackageError {
     }
 }
 
-/// Refuse a request's `packages` that no server could take: a language other than Python,
-/// a caller's virtual environment (its interpreter is never run by the installer), a
-/// specifier that is not a plain requirement.
+/// Refuse a request's `packages` that no server could take: a language other than Python
+/// and JavaScript, a caller's virtual environment (its interpreter is never run by the
+/// installer), a specifier that is not a plain requirement.
 pub fn check_request(language: &str, venv: bool, specs: &[String]) -> Result<(), PackageError> {
-    if language != "python" {
+    let Some(eco) = Eco::of(language) else {
         return Err(PackageError::Refused(format!(
-            "packages: only python takes packages here, not {language}; leave packages out"
+            "packages: only python and javascript take packages here, not {language}; leave \
+             packages out"
         )));
-    }
+    };
     if venv {
         return Err(PackageError::Refused(
             "packages and venv cannot go together: install into the virtual environment \
@@ -121,7 +128,7 @@ pub fn check_request(language: &str, venv: bool, specs: &[String]) -> Result<(),
                 .into(),
         ));
     }
-    Packages::check(specs)
+    Packages::check(eco, specs)
 }
 
 /// The service, or why there is none.
@@ -138,9 +145,11 @@ pub fn enabled(p: Option<&Arc<Packages>>) -> Result<&Arc<Packages>, PackageError
 /// The packages service: one per server (None when `--no-packages`).
 pub struct Packages {
     sandbox: Arc<Sandbox>,
-    /// The installer's own proxy: only the operator's index.
+    /// The installer's own proxy: only the operator's indexes.
     egress: Egress,
     index: flags::Index,
+    /// The npm registry.
+    registry: flags::Index,
     root: PathBuf,
     /// The installer's uid (and gid) when the server is root.
     installer: Option<u32>,
@@ -149,17 +158,21 @@ pub struct Packages {
     /// choice: `--uv`, else the uv beside the sessions' Python, else on PATH), and placed
     /// where the installer's uid can run it; or why there is none.
     uv: tokio::sync::OnceCell<Result<PathBuf, String>>,
+    npm_flag: Option<PathBuf>,
+    /// npm's program (its `npm-cli.js`, run by the sessions' node), found once.
+    npm: tokio::sync::OnceCell<Result<PathBuf, String>>,
     timeout: Duration,
     resolved: Resolved,
     metrics: crate::metrics::PackageMetrics,
 }
 
-/// One run's or session's packages: a directory on its PYTHONPATH. A run's is in the
-/// cache's `layers/` and removed when dropped; a session's is in the session's own
-/// directory and goes with it.
+/// One run's or session's packages: a directory on its PYTHONPATH (npm's: its
+/// `node_modules/` on NODE_PATH). A run's is in the cache's `layers/` and removed when
+/// dropped; a session's is in the session's own directory and goes with it.
 #[derive(Debug)]
 pub struct Layer {
     pub dir: PathBuf,
+    pub eco: Eco,
     remove: bool,
 }
 
@@ -178,21 +191,30 @@ impl Drop for Layer {
     }
 }
 
-/// A Python session's packages: its layer (on its PYTHONPATH from the start, so `%pip
-/// install` can fill it while it runs) and the operator's interpreter the installs are for.
+/// A Python or JavaScript session's packages: its layer (on its search path from the start,
+/// so `%pip install` or `replbox.install` can fill it while it runs) and the operator's
+/// interpreter the installs are for.
 pub struct SessionPackages {
     /// The installer `%pip` runs.
     pub service: Arc<Packages>,
     pub layer: Layer,
-    pub python: PathBuf,
+    /// The interpreter (python, or the node that runs npm).
+    pub exe: PathBuf,
 }
 
 impl Layer {
     /// What a child is given to import its packages: the directory, readable, and the
     /// variables naming it.
     pub fn view(&self) -> (PathBuf, Vec<(String, String)>) {
-        let path = self.dir.display().to_string();
-        (self.dir.clone(), vec![("PYTHONPATH".into(), path)])
+        let var = match self.eco {
+            Eco::Python => ("PYTHONPATH".into(), self.dir.display().to_string()),
+            // node looks in it at every require: what is installed later is found at once.
+            Eco::Npm => (
+                "NODE_PATH".into(),
+                self.dir.join("node_modules").display().to_string(),
+            ),
+        };
+        (self.dir.clone(), vec![var])
     }
 }
 
@@ -210,6 +232,7 @@ impl Packages {
         }
         flags.check().map_err(|e| anyhow::anyhow!(e))?;
         let index = flags.python_index().map_err(|e| anyhow::anyhow!(e))?;
+        let registry = flags.npm_registry().map_err(|e| anyhow::anyhow!(e))?;
         let root = flags.package_cache.clone().unwrap_or_else(default_cache);
         let installer = sandbox
             .root
@@ -236,15 +259,19 @@ impl Packages {
         }
         set_mode(&root, 0o711).map_err(|e| err("cannot set its mode", e))?;
         own_dir(&root.join("uv"), 0o700, installer).map_err(|e| err("uv", e))?;
+        own_dir(&root.join("npm"), 0o700, installer).map_err(|e| err("npm", e))?;
         for d in ["layers", "tmp"] {
             own_dir(&root.join(d), 0o711, None).map_err(|e| err(d, e))?;
         }
         // The index's hosts by name and port, reached whatever they resolve to: the
         // installer is the server's own program, its only caller input the checked
         // specifiers (an operator's index may be private; a mirror may answer for PyPI).
-        let mut hosts: Vec<String> = index.domains.iter().map(|d| format!("{d}:443")).collect();
-        if let Some((h, p)) = &index.host {
-            hosts.push(format!("{h}:{p}"));
+        let mut hosts: Vec<String> = Vec::new();
+        for ix in [&index, &registry] {
+            hosts.extend(ix.domains.iter().map(|d| format!("{d}:443")));
+            if let Some((h, p)) = &ix.host {
+                hosts.push(format!("{h}:{p}"));
+            }
         }
         let policy = Policy::new(false, &[], &hosts, &[]).map_err(|e| anyhow::anyhow!(e))?;
         let egress = Egress::new(policy, &root.join("egress"))
@@ -255,14 +282,22 @@ impl Packages {
                 anyhow::anyhow!("--uv {}: not an executable program", f.display())
             })?;
         }
+        if let Some(f) = &flags.npm
+            && !f.is_file()
+        {
+            anyhow::bail!("--npm {}: not npm's npm-cli.js", f.display());
+        }
         Ok(Some(Arc::new(Self {
             sandbox,
             egress,
             index,
+            registry,
             root,
             installer,
             uv_flag: flags.uv.clone(),
             uv: tokio::sync::OnceCell::new(),
+            npm_flag: flags.npm.clone(),
+            npm: tokio::sync::OnceCell::new(),
             resolved: Resolved::default(),
             metrics,
             timeout: flags
@@ -295,8 +330,8 @@ impl Packages {
     }
 
     /// Check a request's specifiers before anything is started for it.
-    pub fn check(specs: &[String]) -> Result<(), PackageError> {
-        spec::check(specs)
+    pub fn check(eco: Eco, specs: &[String]) -> Result<(), PackageError> {
+        spec::check(eco, specs)
             .map(|_| ())
             .map_err(PackageError::Refused)
     }
@@ -304,7 +339,7 @@ impl Packages {
     /// A new, empty layer (the installer's, readable by all: it holds public packages):
     /// `packages/` in `parent` (a session's own directory, which no user code writes), else
     /// one of the cache's `layers/` (a run's, removed when dropped).
-    pub fn layer(&self, parent: Option<&Path>) -> Result<Layer, PackageError> {
+    pub fn layer(&self, eco: Eco, parent: Option<&Path>) -> Result<Layer, PackageError> {
         let (dir, remove) = match parent {
             Some(p) => (p.join("packages"), false),
             None => (
@@ -316,21 +351,22 @@ impl Packages {
         };
         own_dir(&dir, 0o755, self.installer)
             .map_err(|e| PackageError::Failed(format!("cannot make a package layer: {e}")))?;
-        Ok(Layer { dir, remove })
+        Ok(Layer { dir, eco, remove })
     }
 
-    /// Install `specs` (checked here) into `layer` for the interpreter `python`, as
-    /// `principal` asked. Refused specifiers are an error before anything runs.
+    /// Install `specs` (checked here) into `layer` for the interpreter `exe` (python, or
+    /// the node that runs npm), as `principal` asked. Refused specifiers are an error
+    /// before anything runs.
     pub async fn install(
         &self,
-        python: &Path,
+        exe: &Path,
         specs: &[String],
         layer: &Layer,
         principal: &str,
         cancel: &CancellationToken,
     ) -> Result<Installed, PackageError> {
         let started = Instant::now();
-        let specs = spec::check(specs).map_err(PackageError::Refused)?;
+        let specs = spec::check(layer.eco, specs).map_err(PackageError::Refused)?;
         if specs.is_empty() {
             return Ok(Installed {
                 installed: Vec::new(),
@@ -338,6 +374,21 @@ impl Packages {
                 duration_ms: 0,
             });
         }
+        let ask = (principal, cancel);
+        match layer.eco {
+            Eco::Python => self.install_python(exe, &specs, layer, ask, started).await,
+            Eco::Npm => self.install_npm(exe, &specs, layer, ask, started).await,
+        }
+    }
+
+    async fn install_python(
+        &self,
+        python: &Path,
+        specs: &[spec::Spec],
+        layer: &Layer,
+        (principal, cancel): (&str, &CancellationToken),
+        started: Instant,
+    ) -> Result<Installed, PackageError> {
         let uv = self.uv(python).await.map_err(PackageError::Failed)?;
         let texts: Vec<String> = specs.iter().map(|s| s.text.clone()).collect();
         let key = resolved_key(python, &self.index.url, &texts);
@@ -618,13 +669,14 @@ fn stage_uv(uv: &Path, root: &Path) -> std::io::Result<PathBuf> {
 }
 
 /// The installer's variables: no colour, no Python downloads, and the operator's own CA
-/// bundle when the server was given one (a TLS-inspecting network's, say).
+/// bundle when the server was given one (a TLS-inspecting network's, say; node's own
+/// variable for npm).
 fn installer_env() -> Vec<(String, String)> {
     let mut env = vec![
         ("NO_COLOR".to_string(), "1".to_string()),
         ("UV_PYTHON_DOWNLOADS".to_string(), "never".to_string()),
     ];
-    for k in ["SSL_CERT_FILE", "SSL_CERT_DIR"] {
+    for k in ["SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS"] {
         if let Ok(v) = std::env::var(k) {
             env.push((k.to_string(), v));
         }
@@ -701,6 +753,78 @@ pub fn pip_lines(code: &str) -> Option<(Vec<String>, String)> {
         rest_at += line.len();
     }
     any.then(|| (specs, code[rest_at..].to_string()))
+}
+
+/// `await replbox.install('a', "b@1")` lines at the top of a JavaScript cell (also with the
+/// names in one array, without `await`, with a `;`): the specifiers and the rest of the
+/// cell; None when the cell starts with none. A line that starts as one but is not made of
+/// plain string literals is an error saying how to write it.
+pub fn js_install_lines(code: &str) -> Option<Result<(Vec<String>, String), String>> {
+    let mut specs = Vec::new();
+    let mut rest_at = 0;
+    let mut any = false;
+    for line in code.split_inclusive('\n') {
+        let t = line.trim();
+        if t.is_empty() || t.starts_with("//") {
+            rest_at += line.len();
+            continue;
+        }
+        let call = t.strip_prefix("await").map(str::trim_start).unwrap_or(t);
+        let Some(args) = call.strip_prefix("replbox.install") else {
+            break;
+        };
+        any = true;
+        match js_string_args(args) {
+            Some(names) => specs.extend(names),
+            None => {
+                return Some(Err(format!(
+                    "replbox.install: {:?} is not a call with string literals; write it on a \
+                     line of its own at the top of the cell, as \
+                     await replbox.install('lodash', 'is-odd@3')",
+                    t.chars().take(80).collect::<String>()
+                )));
+            }
+        }
+        rest_at += line.len();
+    }
+    any.then(|| Ok((specs, code[rest_at..].to_string())))
+}
+
+/// `('a', "b")`, `(['a', 'b'])` (a trailing `;` allowed): the strings, when they are plain
+/// literals (no escapes, no `${}`); None otherwise.
+fn js_string_args(s: &str) -> Option<Vec<String>> {
+    let s = s.trim_start().strip_prefix('(')?;
+    let s = s.trim_end();
+    let s = s
+        .strip_suffix(';')
+        .unwrap_or(s)
+        .trim_end()
+        .strip_suffix(')')?;
+    let mut inner = s.trim();
+    if let Some(list) = inner.strip_prefix('[') {
+        inner = list.strip_suffix(']')?.trim();
+    }
+    let mut out = Vec::new();
+    let mut rest = inner;
+    while !rest.is_empty() {
+        let q = rest.chars().next()?;
+        if !matches!(q, '\'' | '"' | '`') {
+            return None;
+        }
+        let end = rest[1..].find(q)? + 1;
+        let lit = &rest[1..end];
+        if lit.contains('\\') || lit.contains("${") {
+            return None;
+        }
+        out.push(lit.to_string());
+        rest = rest[end + 1..].trim_start();
+        match rest.strip_prefix(',') {
+            Some(r) => rest = r.trim_start(),
+            None if rest.is_empty() => {}
+            None => return None,
+        }
+    }
+    Some(out)
 }
 
 /// A directory of `mode` owned by `uid` (the server's own when None), made if missing.
@@ -785,6 +909,42 @@ mod tests {
             ])
         );
         assert_eq!(pip_lines("import six\n%pip install six"), None);
+    }
+
+    #[test]
+    fn js_install_lines_take_string_literals_only() {
+        assert_eq!(
+            js_install_lines(
+                "await replbox.install('is-odd', \"lodash@^4\");\nrequire('is-odd')(3)\n"
+            ),
+            Some(Ok((
+                vec!["is-odd".into(), "lodash@^4".into()],
+                "require('is-odd')(3)\n".into()
+            )))
+        );
+        assert_eq!(
+            js_install_lines("// deps\nreplbox.install(['a', `b`,])\n").map(|r| r.map(|p| p.0)),
+            Some(Ok(vec!["a".into(), "b".into()]))
+        );
+        for bad in [
+            "await replbox.install(name)",
+            "await replbox.install('a' + x)",
+            "await replbox.install(`${x}`)",
+            "await replbox.install('a\\'b')",
+            "await replbox.install('a'); require('fs')",
+            "await replbox.installX('a')",
+        ] {
+            assert!(
+                matches!(js_install_lines(bad), Some(Err(_))),
+                "{bad:?}: {:?}",
+                js_install_lines(bad)
+            );
+        }
+        assert_eq!(
+            js_install_lines("const x = 1;\nawait replbox.install('a')"),
+            None
+        );
+        assert_eq!(js_install_lines("console.log('replbox.install')"), None);
         assert_eq!(pip_lines("print('%pip install six')"), None);
     }
 }

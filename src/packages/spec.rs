@@ -1,12 +1,33 @@
-//! A caller's package specifiers, checked before anything sees them: a PEP 508 requirement
-//! (a name, extras, version clauses, environment markers). Nothing else passes: no URL, path, VCS
-//! reference, option or second line, so a specifier cannot name another index, a local
-//! file or an installer flag.
+//! A caller's package specifiers, checked before anything sees them: for Python a PEP 508
+//! requirement (a name, extras, version clauses, environment markers), for JavaScript an
+//! npm registry specifier (a name, optionally `@` a version range or tag). Nothing else
+//! passes: no URL, path, VCS reference, tarball, alias, option or second line, so a
+//! specifier cannot name another index, a local file, a repository or an installer flag.
 
 /// Most specifiers in one request.
 pub const MAX_SPECS: usize = 64;
 /// Longest specifier.
 const MAX_LEN: usize = 200;
+
+/// Whose packages: which installer and which rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Eco {
+    /// PyPI's (uv).
+    Python,
+    /// npm's (npm).
+    Npm,
+}
+
+impl Eco {
+    /// The ecosystem of a language's `packages`, if it has one.
+    pub fn of(language: &str) -> Option<Self> {
+        match language {
+            "python" => Some(Self::Python),
+            "javascript" => Some(Self::Npm),
+            _ => None,
+        }
+    }
+}
 
 /// One checked specifier: as given (spaces trimmed), and its normalised name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -33,7 +54,7 @@ impl Spec {
 
 /// Check a request's specifiers for `eco`; sorted and without duplicates. The message says
 /// which one is refused and what is accepted.
-pub fn check(specs: &[String]) -> Result<Vec<Spec>, String> {
+pub fn check(eco: Eco, specs: &[String]) -> Result<Vec<Spec>, String> {
     if specs.len() > MAX_SPECS {
         return Err(format!(
             "packages: {} specifiers, more than {MAX_SPECS}; ask for fewer at once",
@@ -42,13 +63,23 @@ pub fn check(specs: &[String]) -> Result<Vec<Spec>, String> {
     }
     let mut out = Vec::with_capacity(specs.len());
     for s in specs {
-        let spec = python(s).map_err(|why| {
+        let parsed = match eco {
+            Eco::Python => python(s),
+            Eco::Npm => npm(s),
+        };
+        let spec = parsed.map_err(|why| {
             let shown: String = s.chars().take(80).collect();
-            format!(
-                "packages: {shown:?} is not a package specifier: {why}. Give a name with \
-                 optional extras and versions, as pip takes it (\"polars\", \
-                 \"requests==2.32.*\", \"pandas[excel]>=2\")"
-            )
+            let accepted = match eco {
+                Eco::Python => {
+                    "a name with optional extras and versions, as pip takes it (\"polars\", \
+                     \"requests==2.32.*\", \"pandas[excel]>=2\")"
+                }
+                Eco::Npm => {
+                    "a registry package's name, optionally @ a version range or tag \
+                     (\"lodash\", \"lodash@^4.17\", \"@types/node@20\")"
+                }
+            };
+            format!("packages: {shown:?} is not a package specifier: {why}. Give {accepted}")
         })?;
         if !out.contains(&spec) {
             out.push(spec);
@@ -216,6 +247,87 @@ fn marker_check(m: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Longest npm package name (npm's own limit).
+const NPM_NAME_MAX: usize = 214;
+
+/// An npm registry specifier: `name`, `@scope/name`, either optionally followed by `@` and
+/// a semver range or a dist-tag. Refused: anything npm would take for a URL, a git or
+/// GitHub reference (`user/repo`, `github:`), a path (`.`, `/`, `~/`), a tarball
+/// (`*.tgz`), an alias (`npm:`) or an option.
+fn npm(s: &str) -> Result<Spec, String> {
+    let t = common(s)?;
+    let (scope, rest) = match t.strip_prefix('@') {
+        Some(r) => {
+            let (scope, after) = r
+                .split_once('/')
+                .ok_or_else(|| "a scoped name is @scope/name".to_string())?;
+            npm_word(scope, "scope")?;
+            (Some(scope), after)
+        }
+        None => (None, t),
+    };
+    let (name, range) = match rest.split_once('@') {
+        Some((n, r)) => (n, Some(r)),
+        None => (rest, None),
+    };
+    npm_word(name, "name")?;
+    let full = match scope {
+        Some(sc) => format!("@{sc}/{name}"),
+        None => name.to_string(),
+    };
+    if full.len() > NPM_NAME_MAX {
+        return Err(format!("a name is at most {NPM_NAME_MAX} bytes"));
+    }
+    let lower = full.to_ascii_lowercase();
+    if [".tgz", ".tar", ".tar.gz"]
+        .iter()
+        .any(|x| lower.ends_with(x))
+    {
+        return Err("tarballs are not accepted".into());
+    }
+    let mut text = full.clone();
+    if let Some(r) = range {
+        let r = r.trim();
+        if r.is_empty() {
+            return Err("nothing follows the @ (give a version range or tag)".into());
+        }
+        if r.starts_with('.') {
+            return Err("paths are not accepted".into());
+        }
+        if !r.chars().all(|c| {
+            c.is_ascii_alphanumeric()
+                || matches!(
+                    c,
+                    '.' | '+' | '-' | '*' | '^' | '~' | '<' | '>' | '=' | '|' | ' '
+                )
+        }) {
+            return Err(format!(
+                "{r:?} is not a version range or tag (URLs, paths, git and aliases are not \
+                 accepted)"
+            ));
+        }
+        text.push('@');
+        text.push_str(r);
+    }
+    Ok(Spec { name: full, text })
+}
+
+/// A scope or a package name's one segment: URL-safe characters npm accepts, starting
+/// with a letter or digit (never `.`, `_` or `-`: paths and options).
+fn npm_word(w: &str, what: &str) -> Result<(), String> {
+    let first_ok = w.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+    if !first_ok
+        || !w
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(format!(
+            "a {what} is letters, digits, - _ and ., starting with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
 /// One version clause (`>=2.0`, `==2.32.*`), without spaces.
 fn version_clause(c: &str) -> Result<String, String> {
     const OPS: [&str; 8] = ["===", "~=", "==", "!=", "<=", ">=", "<", ">"];
@@ -293,7 +405,7 @@ mod tests {
 
     #[test]
     fn exact_pins_are_told_from_ranges() {
-        let pin = |s: &str| check(&[s.to_string()]).unwrap()[0].is_exact_pin();
+        let pin = |s: &str| check(Eco::Python, &[s.to_string()]).unwrap()[0].is_exact_pin();
         assert!(pin("six==1.17.0"));
         assert!(pin("pandas[excel]==2.2.1"));
         for not in [
@@ -310,10 +422,79 @@ mod tests {
 
     #[test]
     fn a_request_is_sorted_and_deduplicated() {
-        let specs = check(&["six".into(), "iniconfig".into(), "six".into()]).unwrap();
+        let specs = check(
+            Eco::Python,
+            &["six".into(), "iniconfig".into(), "six".into()],
+        )
+        .unwrap();
         let names: Vec<_> = specs.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["iniconfig", "six"]);
         let many: Vec<String> = (0..=MAX_SPECS).map(|i| format!("p{i}")).collect();
-        assert!(check(&many).is_err());
+        assert!(check(Eco::Python, &many).is_err());
+        assert!(check(Eco::Npm, &many).is_err());
+    }
+
+    #[test]
+    fn npm_registry_specifiers_pass() {
+        let js = |s: &str| npm(s).map(|s| s.text);
+        assert_eq!(js("is-odd").unwrap(), "is-odd");
+        assert_eq!(js(" lodash@^4.17.21 ").unwrap(), "lodash@^4.17.21");
+        assert_eq!(js("@types/node@20").unwrap(), "@types/node@20");
+        assert_eq!(
+            js("react@>=18 <19 || 17.x").unwrap(),
+            "react@>=18 <19 || 17.x"
+        );
+        assert_eq!(js("JSONStream@latest").unwrap(), "JSONStream@latest");
+        assert_eq!(npm("@scope/x@1").unwrap().name, "@scope/x");
+    }
+
+    #[test]
+    fn npm_refuses_what_is_not_a_registry_package() {
+        for bad in [
+            "",
+            "-g",
+            "--registry=https://evil/",
+            "https://evil/x.tgz",
+            "http://evil/x",
+            "git+https://github.com/a/b",
+            "git://github.com/a/b",
+            "github:a/b",
+            "a/b",
+            "a/b#main",
+            "x@github:a/b",
+            "x@git+ssh://git@github.com/a/b",
+            "x@https://evil/x.tgz",
+            "x@file:../x",
+            "file:../x",
+            "x@./x",
+            "x@../x",
+            "x@/etc",
+            "x@~/x",
+            "./x",
+            "../x",
+            "/etc",
+            "~/x",
+            ".x",
+            "_x",
+            "x.tgz",
+            "x.tar.gz",
+            "x@npm:evil",
+            "alias@npm:lodash@4",
+            "@scope",
+            "@/x",
+            "@scope/",
+            "@sc ope/x",
+            "x@",
+            "x@1\n--registry=https://evil/",
+            "x@1;rm",
+            "x@$(id)",
+            "x@`id`",
+            "x#main",
+            "x y",
+            "@a/b/c",
+            &"a".repeat(215),
+        ] {
+            assert!(npm(bad).is_err(), "{bad:?} passed");
+        }
     }
 }

@@ -44,7 +44,8 @@ pub struct RunRequest {
     pub allow_domains: Vec<String>,
     /// Code mode: the MCP servers the code may call (among those granted to the principal).
     pub mcp_servers: Vec<String>,
-    /// Python packages to install for this run (PEP 508 specifiers).
+    /// Packages to install for this run (PEP 508 specifiers for Python, npm's for
+    /// JavaScript).
     pub packages: Vec<String>,
 }
 
@@ -221,7 +222,7 @@ impl Runner {
         }
         let vars = place.vars(lang);
         let who = format!("run {}", place.dir_s);
-        let layer = match self.install(&place, &req, cancel).await {
+        let layer = match self.install(lang, &place, &req, cancel).await {
             Ok(Some((layer, installed))) => {
                 report.packages = Some(installed);
                 Some(layer)
@@ -236,14 +237,16 @@ impl Runner {
             Ok(ep) => self.child(&place, lang, &req.env).with_egress(ep),
             Err(m) => return Ok(fail(report, m)),
         };
-        let child = child.with_packages(layer.as_ref().map(crate::packages::Layer::view));
         // Code mode: the run's own channel to its tools, answering for the whole run.
         let uid = place.lease.as_ref().map(|l| l.uid);
         let channel = match access {
             Some(a) => Some(self.upstreams.channel(a, &who, uid)?),
             None => None,
         };
-        let child = child.with_tools(channel.as_ref());
+        // Packages after the tools: their search path goes in front of the tools' module.
+        let child = child
+            .with_tools(channel.as_ref())
+            .with_packages(layer.as_ref().map(crate::packages::Layer::view));
         let _calls = channel.as_ref().map(|c| {
             report.mcp_servers = c.listing();
             c.begin(0, watch.deadline, Vec::new())
@@ -301,6 +304,7 @@ impl Runner {
     /// The run's packages installed into a layer of its own (None when it asks for none).
     async fn install(
         &self,
+        lang: &Language,
         place: &Place,
         req: &RunRequest,
         cancel: &CancellationToken,
@@ -312,7 +316,13 @@ impl Runner {
             return Ok(None);
         }
         let pk = crate::packages::enabled(self.packages.as_ref())?;
-        let layer = pk.layer(None)?;
+        let eco = crate::packages::Eco::of(lang.id()).ok_or_else(|| {
+            crate::packages::PackageError::Refused(format!(
+                "packages: {} takes no packages",
+                lang.id()
+            ))
+        })?;
+        let layer = pk.layer(eco, None)?;
         let installed = pk
             .install(&place.exe, &req.packages, &layer, &req.principal, cancel)
             .await?;

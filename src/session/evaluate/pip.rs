@@ -1,4 +1,5 @@
-//! `%pip install` (and `!pip install`) lines at the top of a Python cell: installed by the
+//! `%pip install` (and `!pip install`) lines at the top of a Python cell, and
+//! `await replbox.install(...)` lines at the top of a JavaScript one: installed by the
 //! server's installer into the session's package layer, never run by the interpreter.
 
 use tokio_util::sync::CancellationToken;
@@ -15,12 +16,25 @@ pub(super) async fn install(
     code: &str,
     cancel: &CancellationToken,
 ) -> Result<Option<(String, String)>, ToolError> {
-    if session.lang.id() != "python" {
-        return Ok(None);
-    }
-    let Some((specs, rest)) = crate::packages::pip_lines(code) else {
+    let python = match session.lang.id() {
+        "python" => true,
+        "javascript" => false,
+        _ => return Ok(None),
+    };
+    let what = if python {
+        "%pip install"
+    } else {
+        "replbox.install"
+    };
+    let found = if python {
+        crate::packages::pip_lines(code).map(Ok)
+    } else {
+        crate::packages::js_install_lines(code)
+    };
+    let Some(found) = found else {
         return Ok(None);
     };
+    let (specs, rest) = found.map_err(ToolError::invalid)?;
     if config.packages.no_packages {
         return Err(crate::packages::enabled(None)
             .map(|_| ())
@@ -35,24 +49,22 @@ pub(super) async fn install(
         ));
     };
     if specs.is_empty() {
-        return Err(ToolError::invalid(
-            "%pip install: name the packages to install (\"%pip install six\")",
-        ));
+        return Err(ToolError::invalid(format!(
+            "{what}: name the packages to install (\"%pip install six\", \
+             \"await replbox.install('lodash')\")"
+        )));
     }
     let installed = sp
         .service
-        .install(
-            &sp.python,
-            &specs,
-            &sp.layer,
-            &session.owner.principal,
-            cancel,
-        )
+        .install(&sp.exe, &specs, &sp.layer, &session.owner.principal, cancel)
         .await
         .map_err(|e| e.into_tool())?;
-    // The layer's listing changed within the interpreter's life: its import system must
-    // look again.
-    let code =
-        format!("import importlib as _rb_il; _rb_il.invalidate_caches(); del _rb_il\n{rest}");
+    // The layer's listing changed within the interpreter's life: Python's import system
+    // must look again (node's require looks at every call).
+    let code = if python {
+        format!("import importlib as _rb_il; _rb_il.invalidate_caches(); del _rb_il\n{rest}")
+    } else {
+        rest
+    };
     Ok(Some((installed.line(), code)))
 }

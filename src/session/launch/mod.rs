@@ -511,22 +511,23 @@ have put it there; this session runs the server's Python. Pass venv to use it an
         Ok((dirs, prepared, it))
     }
 
-    /// A Python session's package layer (none in a caller's venv: its interpreter is never
-    /// run by the installer; none with packages off).
+    /// A Python or JavaScript session's package layer (none in a caller's venv: its
+    /// interpreter is never run by the installer; none with packages off).
     fn package_layer(
         &self,
         it: &Interpreter,
         dir: &Path,
     ) -> Option<Arc<crate::packages::SessionPackages>> {
         let pk = self.packages.get()?.as_ref()?;
-        if it.lang.id() != "python" || it.venv.is_some() {
+        let eco = crate::packages::Eco::of(it.lang.id())?;
+        if it.venv.is_some() {
             return None;
         }
-        match pk.layer(Some(dir)) {
+        match pk.layer(eco, Some(dir)) {
             Ok(layer) => Some(Arc::new(crate::packages::SessionPackages {
                 service: pk.clone(),
                 layer,
-                python: it.exe.clone(),
+                exe: it.exe.clone(),
             })),
             Err(e) => {
                 tracing::warn!(error = e.message(), "no package layer for a session");
@@ -552,7 +553,7 @@ have put it there; this session runs the server's Python. Pass venv to use it an
             ));
         };
         let cancel = tokio_util::sync::CancellationToken::new();
-        pk.install(&sp.python, packages, &sp.layer, &caller.principal, &cancel)
+        pk.install(&sp.exe, packages, &sp.layer, &caller.principal, &cancel)
             .await
             .map_err(|e| e.into_tool())
     }

@@ -1,0 +1,331 @@
+//! JavaScript packages: npm, run by the sessions' node as the installer, into a layer's
+//! `node_modules/` (`--prefix`), from the shared cache (`npm/`, npm's content-addressed
+//! cacache, which checks every tarball against the registry's integrity), with install
+//! scripts off (`--ignore-scripts`: installing runs no package code).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use super::install::{self, Reason};
+use super::spec::Spec;
+use super::{Installed, Layer, Package, PackageError, Packages, own_dir, resolved_key};
+
+impl Packages {
+    /// npm's `npm-cli.js` (see [`find_npm`]), found once; as root it must be reachable by
+    /// the installer's uid (a system node's is).
+    async fn npm(&self, node: &Path) -> Result<PathBuf, String> {
+        let r = self
+            .npm
+            .get_or_init(|| {
+                let (flag, node) = (self.npm_flag.clone(), node.to_path_buf());
+                let as_root = self.sandbox.root;
+                async move {
+                    tokio::task::spawn_blocking(move || {
+                        let npm = find_npm(flag.as_deref(), &node).ok_or_else(|| {
+                            "packages: npm is not installed beside node on this server; its \
+                             operator can install it or name its npm-cli.js with --npm"
+                                .to_string()
+                        })?;
+                        if as_root && !crate::sandbox::reachable_by_others(&npm) {
+                            return Err(format!(
+                                "packages: npm ({}) is not reachable by the installer's uid; \
+                                 its operator can name one that is with --npm",
+                                npm.display()
+                            ));
+                        }
+                        Ok(npm)
+                    })
+                    .await
+                    .unwrap_or_else(|e| Err(format!("packages: finding npm failed: {e}")))
+                }
+            })
+            .await;
+        r.clone()
+    }
+
+    /// npm packages into `layer`. A request asked lately is tried offline first (npm's
+    /// cache holds its registry documents and tarballs); anything missing goes to the
+    /// registry.
+    pub(super) async fn install_npm(
+        &self,
+        node: &Path,
+        specs: &[Spec],
+        layer: &Layer,
+        (principal, cancel): (&str, &CancellationToken),
+        started: Instant,
+    ) -> Result<Installed, PackageError> {
+        let npm = self.npm(node).await.map_err(PackageError::Failed)?;
+        let texts: Vec<String> = specs.iter().map(|s| s.text.clone()).collect();
+        let key = resolved_key(node, &self.registry.url, &texts);
+        if self.resolved.get(&key).is_some() {
+            let done = self
+                .run_npm(node, &npm, layer, &["--offline"], &texts, principal, cancel)
+                .await;
+            if done.ok {
+                let mut out = parse_npm(&done.stdout, &done.stderr);
+                out.duration_ms = started.elapsed().as_millis() as u64;
+                self.metrics.offline(out.installed.len());
+                return Ok(out);
+            }
+            if done.stopped.is_some() && cancel.is_cancelled() {
+                return Err(PackageError::Failed(
+                    "packages: the installation was cancelled".into(),
+                ));
+            }
+        }
+        let done = self
+            .run_npm(node, &npm, layer, &[], &texts, principal, cancel)
+            .await;
+        let names = texts.join(", ");
+        if let Some(why) = done.stopped {
+            return Err(PackageError::Failed(format!(
+                "packages: could not install {names}: {why}"
+            )));
+        }
+        if !done.ok {
+            let (reason, text) = npm_failure(&done.stdout, &done.stderr);
+            return Err(PackageError::Failed(format!(
+                "packages: could not install {names}: {}.\n{text}",
+                reason.says()
+            )));
+        }
+        let mut out = parse_npm(&done.stdout, &done.stderr);
+        out.duration_ms = started.elapsed().as_millis() as u64;
+        self.metrics.online(out.installed.len(), out.downloaded);
+        let pins = out
+            .installed
+            .iter()
+            .map(|p| format!("{}@{}", p.name, p.version))
+            .collect();
+        self.resolved.put(key, pins);
+        Ok(out)
+    }
+
+    /// One run of `npm install` into `layer`: `flags` of the server's own, then `reqs`
+    /// (checked specifiers) after `--`, in a scratch home removed after it. npm reads no
+    /// user configuration (the home is empty), saves what it installed in the layer's own
+    /// package.json (so a later install keeps it) and reports in JSON.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_npm(
+        &self,
+        node: &Path,
+        npm: &Path,
+        layer: &Layer,
+        flags: &[&str],
+        reqs: &[String],
+        principal: &str,
+        cancel: &CancellationToken,
+    ) -> install::Done {
+        let home = self
+            .root
+            .join("tmp")
+            .join(uuid::Uuid::new_v4().simple().to_string());
+        if let Err(e) = own_dir(&home, 0o700, self.installer) {
+            return install::stopped(format!("cannot make the installer's home: {e}"));
+        }
+        let mut argv: Vec<String> = vec![
+            node.display().to_string(),
+            npm.display().to_string(),
+            "install".into(),
+            "--prefix".into(),
+            layer.dir.display().to_string(),
+            "--ignore-scripts".into(),
+            "--no-audit".into(),
+            "--no-fund".into(),
+            "--no-update-notifier".into(),
+            "--json".into(),
+            "--loglevel".into(),
+            "http".into(),
+            "--userconfig".into(),
+            home.join("npmrc").display().to_string(),
+            "--registry".into(),
+            self.registry.url.clone(),
+            "--cache".into(),
+            self.root.join("npm").display().to_string(),
+        ];
+        argv.extend(flags.iter().map(|f| f.to_string()));
+        argv.push("--".into());
+        argv.extend(reqs.iter().cloned());
+        let mut env = super::installer_env();
+        env.push(("NODE_OPTIONS".into(), String::new()));
+        let job = install::Job {
+            argv,
+            env,
+            exes: vec![node.to_path_buf(), npm.to_path_buf()],
+            // The shared cache and this one layer: never another run's or session's.
+            rw: vec![self.root.join("npm"), layer.dir.clone()],
+            home: home.clone(),
+        };
+        let ask = install::Ask {
+            principal,
+            deadline: tokio::time::Instant::now() + self.timeout,
+            cancel,
+        };
+        let done = self.run_installer(job, &ask).await;
+        let _ = tokio::task::spawn_blocking(move || crate::workspace::remove_tree(&home)).await;
+        done
+    }
+}
+
+/// npm's `npm-cli.js`: `flag`, else what the `npm` on PATH is (a link to it), else the one
+/// installed beside `node` (`PREFIX/lib/node_modules/npm`).
+fn find_npm(flag: Option<&Path>, node: &Path) -> Option<PathBuf> {
+    let is_cli = |p: &Path| {
+        std::fs::canonicalize(p)
+            .ok()
+            .filter(|r| r.is_file() && r.extension().is_some_and(|e| e == "js"))
+    };
+    if let Some(f) = flag {
+        return std::fs::canonicalize(f).ok().filter(|r| r.is_file());
+    }
+    let beside = std::fs::canonicalize(node)
+        .ok()
+        .and_then(|n| n.parent()?.parent().map(Path::to_path_buf))
+        .map(|prefix| prefix.join("lib/node_modules/npm/bin/npm-cli.js"));
+    if let Some(cli) = beside.as_deref().and_then(is_cli) {
+        return Some(cli);
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).find_map(|d| is_cli(&d.join("npm")))
+}
+
+/// What npm's JSON report says: `add` (name, version) per package added, and how many
+/// tarballs it fetched from the registry (its `http` log lines say `cache miss`).
+fn parse_npm(stdout: &str, stderr: &str) -> Installed {
+    #[derive(serde::Deserialize)]
+    struct Added {
+        name: String,
+        version: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Report {
+        #[serde(default)]
+        add: Vec<Added>,
+    }
+    let report: Report = json_tail(stdout).unwrap_or(Report { add: Vec::new() });
+    let mut installed: Vec<Package> = report
+        .add
+        .into_iter()
+        .map(|a| Package {
+            name: a.name,
+            version: a.version,
+        })
+        .collect();
+    installed.sort_by(|a, b| a.name.cmp(&b.name).then(a.version.cmp(&b.version)));
+    installed.dedup();
+    let downloaded = stderr
+        .lines()
+        .filter(|l| {
+            l.starts_with("npm http fetch GET 200 ")
+                && l.contains(".tgz ")
+                && l.ends_with("(cache miss)")
+        })
+        .count();
+    Installed {
+        installed,
+        downloaded: u32::try_from(downloaded).unwrap_or(u32::MAX),
+        duration_ms: 0,
+    }
+}
+
+/// The JSON document npm printed (the last one when it printed more).
+fn json_tail<T: serde::de::DeserializeOwned>(stdout: &str) -> Option<T> {
+    let t = stdout.trim();
+    if let Ok(v) = serde_json::from_str(t) {
+        return Some(v);
+    }
+    let at = t.rfind("\n{")?;
+    serde_json::from_str(&t[at + 1..]).ok()
+}
+
+/// Why npm could not install: its error code in a few words, then its own explanation.
+fn npm_failure(stdout: &str, stderr: &str) -> (Reason, String) {
+    #[derive(serde::Deserialize, Default)]
+    struct Err {
+        #[serde(default)]
+        code: String,
+        #[serde(default)]
+        summary: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Report {
+        error: Err,
+    }
+    let err = json_tail::<Report>(stdout)
+        .map(|r| r.error)
+        .unwrap_or_default();
+    let code = if err.code.is_empty() {
+        stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("npm error code "))
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    } else {
+        err.code
+    };
+    let reason = match code.as_str() {
+        "E404" => Reason::NotFound,
+        "ETARGET" => Reason::NoVersion,
+        "EINTEGRITY" => Reason::Hash,
+        "ECONNREFUSED" | "ECONNRESET" | "ENOTFOUND" | "EAI_AGAIN" | "ETIMEDOUT" | "E407"
+        | "E403" | "ENOTCACHED" | "EPROXY" => Reason::Unreachable,
+        _ => Reason::Failed,
+    };
+    let mut text = if err.summary.is_empty() {
+        let lines: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("npm error") && !l.contains("complete log"))
+            .collect();
+        lines.join("\n")
+    } else {
+        err.summary
+    };
+    if text.len() > 2000 {
+        let mut cut = 2000;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    (reason, text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npm_report_gives_packages_and_downloads() {
+        let out = r#"{"add": [{"name": "is-odd", "version": "3.0.1", "path": "/l/node_modules/is-odd"},
+            {"name": "is-number", "version": "6.0.0", "path": "/x"}], "added": 2}"#;
+        let err = "npm http fetch GET 200 https://registry.npmjs.org/is-odd 242ms (cache miss)\n\
+                   npm http cache is-odd@https://registry.npmjs.org/is-odd/-/is-odd-3.0.1.tgz 0ms (cache hit)\n\
+                   npm http fetch GET 200 https://registry.npmjs.org/is-number/-/is-number-6.0.0.tgz 340ms (cache miss)\n";
+        let i = parse_npm(out, err);
+        assert_eq!(i.downloaded, 1);
+        assert_eq!(
+            i.installed
+                .iter()
+                .map(|p| format!("{}@{}", p.name, p.version))
+                .collect::<Vec<_>>(),
+            ["is-number@6.0.0", "is-odd@3.0.1"]
+        );
+    }
+
+    #[test]
+    fn npm_failures_are_told_apart() {
+        let nf = r#"{"error": {"code": "E404", "summary": "Not Found - GET https://registry.npmjs.org/nope - Not found", "detail": ""}}"#;
+        let (r, text) = npm_failure(nf, "");
+        assert_eq!(r, Reason::NotFound);
+        assert!(text.contains("Not Found"), "{text}");
+        let nv =
+            "npm error code ETARGET\nnpm error notarget No matching version found for is-odd@99.\n";
+        let (r, text) = npm_failure("", nv);
+        assert_eq!(r, Reason::NoVersion);
+        assert!(text.contains("No matching version"), "{text}");
+    }
+}
