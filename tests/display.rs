@@ -981,3 +981,104 @@ async fn a_big_output_is_a_preview_and_a_link_only_its_owner_reads() {
     drop((a, b));
     s.stop().await;
 }
+
+/// R: a data frame a cell shows (or `display()`s) comes back as data, as a pandas frame
+/// does (type, shape, columns with their classes, first and last rows as records, its row
+/// names as `_row`); `session_vars` lists the user's names. Neither runs a method of the
+/// user's classes (`length`, `[`, `as.character` that fail), and names and strings with
+/// quotes and control characters arrive as data.
+#[tokio::test(flavor = "multi_thread")]
+async fn r_frames_are_records_and_vars_run_no_user_method() {
+    if !require("r", "R") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("r").await;
+    let shown = eval(
+        &s,
+        &id,
+        "df <- data.frame(n = 1:20, x = (1:20) / 2, s = letters[1:20], \
+         f = factor(rep(c('u', 'v'), 10)), d = as.Date('2024-01-01') + 0:19)\n\
+         df$s[2] <- NA\ndf",
+    )
+    .await;
+    assert!(shown.text.contains("20 20 10.0    t"), "{}", shown.text);
+    let frame = &shown.structured["displays"][0]["frame"];
+    assert_eq!(frame["type"], "data.frame");
+    assert_eq!(frame["shape"], json!([20, 5]));
+    assert_eq!(
+        frame["columns"],
+        json!([{"name": "n", "dtype": "integer"}, {"name": "x", "dtype": "double"},
+               {"name": "s", "dtype": "character"}, {"name": "f", "dtype": "factor"},
+               {"name": "d", "dtype": "Date"}])
+    );
+    assert_eq!(
+        frame["head"][1],
+        json!({"n": 2, "x": 1.0, "s": null, "f": "v", "d": "2024-01-02"})
+    );
+    assert_eq!(frame["tail"][4]["d"], "2024-01-20");
+    assert_eq!(frame["head"].as_array().map(Vec::len), Some(5));
+
+    // display(), row names, and a hostile column class, name and strings.
+    let shown = eval(
+        &s,
+        &id,
+        "length.evil <- function(x) stop('length ran')\n\
+         `[.evil` <- function(x, i) stop('[ ran')\n\
+         as.character.evil <- function(x, ...) stop('as.character ran')\n\
+         format.evil <- function(x, ...) c('E1', 'E2')\n\
+         e <- structure(list(1), class = 'evil')\n\
+         assign('we\"ird\\n\\033[31mname', 'va\"l\\u0001ue')\n\
+         m <- structure(list(v = structure(c(1.5, 2), class = 'evil'), 'q\"uote' = c('a\"b', 'c\\nd')), \
+         class = 'data.frame', row.names = c('first', 'second'))\n\
+         display(mtcars[1:2, 1:2])\ninvisible(0)",
+    )
+    .await;
+    let frame = &shown.structured["displays"][0]["frame"];
+    assert_eq!(
+        frame["head"][0],
+        json!({"_row": "Mazda RX4", "mpg": 21.0, "cyl": 6.0})
+    );
+    let shown = eval(&s, &id, "display(m)").await;
+    let frame = &shown.structured["displays"][0]["frame"];
+    assert_eq!(frame["columns"][0], json!({"name": "v", "dtype": "evil"}));
+    assert_eq!(
+        frame["head"][1],
+        json!({"_row": "second", "v": 2.0, "q\"uote": "c\nd"})
+    );
+
+    let o = s.call("session_vars", json!({"session_id": id})).await;
+    assert!(!o.is_error, "{}", o.text);
+    let vars = o.structured["vars"].as_array().cloned().unwrap_or_default();
+    let find = |name: &str| {
+        vars.iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not in {vars:?}"))
+            .clone()
+    };
+    let df = find("df");
+    assert_eq!(df["type"], "data.frame");
+    assert!(
+        df["summary"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("20 x 5: n <integer>, x <double>"),
+        "{df}"
+    );
+    assert_eq!(find("e")["type"], "evil");
+    let f = find("length.evil");
+    assert_eq!(
+        (f["kind"].as_str(), f["summary"].as_str()),
+        (Some("function"), Some("function(x)"))
+    );
+    // Control characters are spaces in a listing.
+    let weird = find("we\"ird  [31mname");
+    assert!(
+        weird["summary"].as_str().unwrap_or("").contains("va\"l ue"),
+        "{weird}"
+    );
+    // Nothing printed into the session, which goes on.
+    let after = eval(&s, &id, "cat('next\\n')").await;
+    assert_eq!(after.text, "next\n");
+    s.stop().await;
+}

@@ -221,6 +221,147 @@ local({
     count
   }
 
+  # --- what replbox reads without printing: data frames as data, and session_vars. Every
+  # value is the user's: nothing here dispatches on its class (unclass, attributes and
+  # primitives only), so no method of theirs runs; replbox bounds what it reads again. ---
+  jnum <- function(v) ifelse(is.finite(v), sprintf("%.0f", v), "null")
+  # A double stays one in JSON (1.0, not 1), as pandas writes it.
+  jdbl <- function(v) {
+    s <- sprintf("%.15g", v)
+    s <- ifelse(grepl("^-?[0-9]+$", s), paste0(s, ".0"), s)
+    ifelse(is.finite(v), s, "null")
+  }
+  # The JSON values of rows `rows` of one column.
+  cells <- function(col, rows) {
+    cls <- attr(col, "class")
+    u <- unclass(col)
+    if (!is.atomic(u) || !is.null(attr(u, "dim"))) return(rep(js(typeof(u)), length(rows)))
+    v <- u[rows]
+    if (is.factor(col)) {
+      lv <- attr(col, "levels")
+      return(ifelse(is.na(v), "null", vapply(lv[v], js, "")))
+    }
+    if ("Date" %in% cls && is.numeric(v))
+      return(ifelse(is.finite(v), vapply(format(as.Date(unclass(v), origin = "1970-01-01")), js, ""), "null"))
+    if ("POSIXct" %in% cls && is.numeric(v))
+      return(ifelse(is.finite(v), vapply(strftime(.POSIXct(unclass(v), tz = "UTC"),
+                                                  "%Y-%m-%dT%H:%M:%SZ", tz = "UTC"), js, ""), "null"))
+    if (is.logical(v)) return(ifelse(is.na(v), "null", ifelse(v, "true", "false")))
+    if (is.integer(v)) return(ifelse(is.na(v), "null", sprintf("%d", v)))
+    if (is.double(v)) return(jdbl(v))
+    if (is.character(v)) return(ifelse(is.na(v), "null", vapply(substr(v, 1, 200), js, "")))
+    rep(js(typeof(u)), length(rows))
+  }
+  frame_json <- function(x) {
+    u <- unclass(x)
+    nr <- .row_names_info(x, 2L)
+    cols <- u[seq_len(min(length(u), 50))]
+    names(cols) <- substr(names(u)[seq_along(cols)], 1, 200)
+    kinds <- vapply(cols, function(c) {
+      k <- attr(c, "class")
+      if (is.null(k)) typeof(c) else k[1]
+    }, "")
+    columns <- paste(sprintf("{\"name\":%s,\"dtype\":%s}", vapply(names(cols), js, ""),
+                             vapply(kinds, js, "")), collapse = ",")
+    # Row names of its own (mtcars' models) go into the records as a column, as pandas'
+    # index does.
+    if (.row_names_info(x) > 0) cols <- c(list("_row" = as.character(attr(x, "row.names"))), cols)
+    records <- function(rows) {
+      if (length(rows) == 0) return("[]")
+      vals <- lapply(cols, cells, rows = rows)
+      keys <- vapply(names(cols), js, "")
+      recs <- vapply(seq_along(rows), function(i)
+        paste0("{", paste0(keys, ":", vapply(vals, `[`, "", i), collapse = ","), "}"), "")
+      paste0("[", paste(recs, collapse = ","), "]")
+    }
+    type <- attr(x, "class")[1]
+    parts <- c(sprintf("\"type\":%s", js(if (is.null(type)) "data.frame" else type)),
+               sprintf("\"shape\":[%d,%d]", as.integer(nr), length(u)),
+               sprintf("\"columns\":[%s]", columns))
+    if (nr <= 10) {
+      parts <- c(parts, sprintf("\"head\":%s", records(seq_len(nr))))
+    } else {
+      parts <- c(parts, sprintf("\"head\":%s", records(1:5)),
+                 sprintf("\"tail\":%s", records((nr - 4):nr)))
+    }
+    paste0("{", paste(parts, collapse = ","), "}")
+  }
+  max_displays <- 16
+  publish <- function(x) {
+    if (is.null(cell$n) || cell$n >= user_limit || !is.data.frame(x)) return(invisible())
+    if (length(cell$displays) >= max_displays) {
+      cell$displays_omitted <- cell$displays_omitted + 1
+      return(invisible())
+    }
+    body <- tryCatch(frame_json(x), error = function(e) NULL)
+    if (is.null(body)) return(invisible())
+    name <- sprintf("disp-%s-%d.json", num(cell$n), length(cell$displays) + 1)
+    ok <- tryCatch({
+      writeLines(paste0("{\"data\":{},\"frame\":", body, "}"), file.path(out, name),
+                 useBytes = TRUE)
+      TRUE
+    }, error = function(e) FALSE)
+    if (ok) cell$displays[[length(cell$displays) + 1]] <- sprintf("{\"file\":%s}", js(name))
+    invisible()
+  }
+  # A name's entry for session_vars: type, kind, a one-line summary and its size.
+  describe <- function(name, env) {
+    if (bindingIsActive(name, env)) {
+      return(list(type = "active binding", kind = "data", summary = ""))
+    }
+    x <- get(name, envir = env, inherits = FALSE)
+    type <- attr(x, "class")[1]
+    if (is.null(type)) type <- typeof(x)
+    if (is.function(x)) {
+      fm <- formals(x)
+      args <- vapply(seq_along(fm), function(i) {
+        d <- deparse(fm[[i]], width.cutoff = 60L)[1]
+        if (nzchar(d)) paste0(names(fm)[i], " = ", d) else names(fm)[i]
+      }, "")
+      return(list(type = "function", kind = "function",
+                  summary = paste0("function(", paste(args, collapse = ", "), ")")))
+    }
+    u <- unclass(x)
+    summary <- if (is.data.frame(x)) {
+      kinds <- vapply(u, function(c) { k <- attr(c, "class"); if (is.null(k)) typeof(c) else k[1] }, "")
+      sprintf("%d x %d: %s", .row_names_info(x, 2L), length(u),
+              paste(utils::head(paste0(names(u), " <", kinds, ">"), 20), collapse = ", "))
+    } else if (is.atomic(u)) {
+      d <- attr(u, "dim")
+      shape <- if (is.null(d)) sprintf("[%d]", length(u)) else sprintf("[%s]", paste(d, collapse = "x"))
+      v <- if (is.factor(x)) attr(x, "levels")[u[seq_len(min(length(u), 6))]] else u[seq_len(min(length(u), 6))]
+      shown <- if (is.character(v)) paste0("\"", substr(v, 1, 40), "\"") else format(v, digits = 6)
+      paste(c(typeof(u), shape, shown, if (length(u) > 6) "..."), collapse = " ")
+    } else if (is.list(u)) {
+      nm <- names(u)
+      sprintf("list of %d%s", length(u),
+              if (is.null(nm)) "" else paste0(": ", paste(utils::head(nm, 10), collapse = ", ")))
+    } else typeof(u)
+    size <- tryCatch(as.numeric(utils::object.size(x)), error = function(e) NA)
+    list(type = type, kind = "data", summary = summary, size = size)
+  }
+  vars <- function() {
+    env <- globalenv()
+    names <- ls(env, sorted = TRUE)
+    found <- character()
+    used <- 2
+    omitted <- 0
+    for (name in names) {
+      if (used > 11000) { omitted <- omitted + 1; next }
+      e <- tryCatch(describe(name, env),
+                    error = function(c) list(type = "?", kind = "data", summary = ""))
+      item <- sprintf("{\"name\":%s,\"type\":%s,\"kind\":%s,\"summary\":%s%s}", js(substr(name, 1, 200)),
+                      js(e$type), js(e$kind), js(substr(e$summary, 1, 200)),
+                      if (is.null(e$size) || is.na(e$size)) "" else sprintf(",\"size\":%s", jnum(e$size)))
+      if (used + nchar(item, "bytes") + 1 > 11000) { omitted <- omitted + 1; used <- 11001; next }
+      used <- used + nchar(item, "bytes") + 1
+      found <- c(found, item)
+    }
+    cell$extra[["vars"]] <- paste0("[", paste(found, collapse = ","), "]")
+    if (omitted > 0) cell$extra[["vars_omitted"]] <- num(omitted)
+    invisible()
+  }
+
   # --- one cell: each expression evaluated in the global environment as if typed, a
   # visible value printed as the REPL prints it; the first error ends the cell ---
   # Interrupts: only the cell's code takes them. run() suspends them from its first
@@ -245,7 +386,11 @@ local({
       if (length(shots) > 0)
         fields["images"] <- paste0("[", paste(unlist(shots), collapse = ","), "]")
       if (cell$omitted > 0) fields["images_omitted"] <- num(cell$omitted)
+      if (length(cell$displays) > 0)
+        fields["displays"] <- paste0("[", paste(unlist(cell$displays), collapse = ","), "]")
+      if (cell$displays_omitted > 0) fields["displays_omitted"] <- num(cell$displays_omitted)
     }
+    for (k in names(cell$extra)) fields[k] <- cell$extra[[k]]
     if (!is.null(state$type)) {
       fields["type"] <- js(state$type)
       fields["message"] <- js(substr(state$message, 1, 2000))
@@ -277,6 +422,9 @@ local({
     cell$plots <- list()
     cell$omitted <- 0
     cell$warns <- list()
+    cell$displays <- list()
+    cell$displays_omitted <- 0
+    cell$extra <- list()
     last <- get(".Last.value", envir = baseenv())
     # Runs however the cell ends: normally, or unwound to the prompt by an error (after R
     # printed it), an interrupt or an abort.
@@ -299,9 +447,14 @@ local({
     withCallingHandlers(allowInterrupts({
       for (expr in exprs) {
         res <- withVisible(eval(expr, envir = globalenv()))
-        last <- res$value
-        set_last(last)
-        if (res$visible) show(res$value)
+        if (n < user_limit) {
+          last <- res$value
+          set_last(last)
+        }
+        if (res$visible) {
+          show(res$value)
+          publish(res$value)
+        }
         print_warnings()
       }
     }),
@@ -333,6 +486,15 @@ local({
 
   tools <- attach(NULL, name = "tools:replbox")
   assign(".rbx_eval", run, envir = tools)
+  assign(".rbx_vars", vars, envir = tools)
+  # As IRkernel's display(): each object printed, a data frame also returned as data.
+  assign("display", function(...) {
+    for (x in list(...)) {
+      show(x)
+      publish(x)
+    }
+    invisible()
+  }, envir = tools)
   # Before base on the search path: the last cell's error and warnings, else base's own.
   assign("traceback", function(x = NULL, ...) {
     if (is.null(x) && !is.null(kept$calls)) x <- kept$calls
