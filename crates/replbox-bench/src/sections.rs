@@ -39,6 +39,7 @@ use crate::report::{self, FloorReport, Machine, Report, SectionReport, Series, S
 use crate::server::Server;
 
 mod code_mode;
+mod failover;
 mod flood;
 mod session_pool;
 
@@ -204,6 +205,10 @@ pub const SECTIONS: &[Section] = &[
     Section {
         name: "code_mode",
         measure: |ctx| Box::pin(code_mode::code_mode(ctx)),
+    },
+    Section {
+        name: "failover",
+        measure: |ctx| Box::pin(failover::failover(ctx)),
     },
     Section {
         name: "peer",
