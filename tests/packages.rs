@@ -843,3 +843,91 @@ fetch('https://registry.npmjs.org/is-odd', {{ signal: AbortSignal.timeout(10000)
     );
     s.stop().await;
 }
+
+/// Whether process `pid` still runs (not gone, not a zombie).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+        .is_some_and(|zombie| !zombie)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn install_lines_are_replayed_when_a_session_is_restored() {
+    if !require("python", "python3") || !require("uv", "uv") {
+        return;
+    }
+    let Some(_) = js_server_ok() else { return };
+    let cache = Cache::new("replay");
+    let state = tempfile::tempdir().expect("tempdir");
+    let st = state.path().join("state");
+    let args = [
+        "--package-cache",
+        cache.s(),
+        "--state-dir",
+        st.to_str().expect("utf-8"),
+    ];
+    let s = TestServer::start_with(&args, &[]).await;
+    let py = s.start_session("python").await;
+    let o = s
+        .eval(&py, "%pip install six\nimport six\nv = six.__version__")
+        .await;
+    assert!(!o.is_error, "{}", o.text);
+    let js = s.start_session("javascript").await;
+    let o = s
+        .eval(
+            &js,
+            "await replbox.install('is-odd@3')\nconst isOdd = require('is-odd')",
+        )
+        .await;
+    assert!(!o.is_error, "{}", o.text);
+    let pid = s.pid;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+    while running(pid) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "server {pid} still alive"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop(s);
+
+    // A new server restores both at their first cell: the packages are installed again
+    // (the journal kept their versions), then the cells that used them are replayed.
+    let s = TestServer::start_with(&args, &[]).await;
+    let o = s.eval(&py, "print(v == six.__version__, v)").await;
+    assert!(!o.is_error, "{}", o.text);
+    assert!(output(&o).starts_with("True 1."), "{}", o.text);
+    assert_eq!(o.structured["replayed"], 1, "{}", o.structured);
+    let o = s
+        .eval(
+            &js,
+            "console.log(isOdd(3), require('is-odd/package.json').version)",
+        )
+        .await;
+    assert!(!o.is_error, "{}", o.text);
+    assert!(output(&o).starts_with("true 3."), "{}", o.text);
+    assert_eq!(o.structured["replayed"], 1, "{}", o.structured);
+    s.stop().await;
+}
+
+/// Whether JavaScript packages can be tested here (node, npm and the registry), saying why
+/// not.
+fn js_server_ok() -> Option<()> {
+    if !require("javascript", "node") || !require("npm", "npm") {
+        return None;
+    }
+    if !reachable("registry.npmjs.org:443") {
+        common::skip("the npm registry (registry.npmjs.org:443) cannot be reached from here");
+        return None;
+    }
+    Some(())
+}

@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use crate::egress::{Egress, Policy};
 use crate::sandbox::Sandbox;
 pub use flags::Flags;
-pub use spec::Eco;
+pub use spec::{Eco, MAX_SPECS};
 
 /// Longest one installation may take unless the operator says otherwise.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -61,6 +61,11 @@ pub struct Installed {
     /// How many the installer had to download (0: all from the server's shared cache).
     pub downloaded: u32,
     pub duration_ms: u64,
+    /// What installs the same again, as the installer takes it: every package's exact
+    /// version for Python (`name==version`), the requested packages' for npm
+    /// (`name@version`; npm resolves their dependencies, which may nest other versions).
+    #[serde(skip)]
+    pub pins: Vec<String>,
 }
 
 impl Installed {
@@ -372,6 +377,7 @@ impl Packages {
                 installed: Vec::new(),
                 downloaded: 0,
                 duration_ms: 0,
+                pins: Vec::new(),
             });
         }
         let ask = (principal, cancel);
@@ -691,6 +697,7 @@ fn parse_uv(stderr: &str) -> Installed {
         installed: Vec::new(),
         downloaded: 0,
         duration_ms: 0,
+        pins: Vec::new(),
     };
     for line in stderr.lines() {
         if let Some(p) = line.strip_prefix(" + ")
@@ -708,6 +715,11 @@ fn parse_uv(stderr: &str) -> Installed {
                 .unwrap_or(1);
         }
     }
+    out.pins = out
+        .installed
+        .iter()
+        .map(|p| format!("{}=={}", p.name, p.version))
+        .collect();
     out
 }
 

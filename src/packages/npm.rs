@@ -59,12 +59,13 @@ impl Packages {
         let npm = self.npm(node).await.map_err(PackageError::Failed)?;
         let texts: Vec<String> = specs.iter().map(|s| s.text.clone()).collect();
         let key = resolved_key(node, &self.registry.url, &texts);
-        if self.resolved.get(&key).is_some() {
+        // Asked lately, or exact versions only (a replay's): the cache likely has it all.
+        if self.resolved.get(&key).is_some() || specs.iter().all(Spec::is_exact_npm) {
             let done = self
                 .run_npm(node, &npm, layer, &["--offline"], &texts, principal, cancel)
                 .await;
             if done.ok {
-                let mut out = parse_npm(&done.stdout, &done.stderr);
+                let mut out = parse_npm(&done.stdout, &done.stderr, layer, specs);
                 out.duration_ms = started.elapsed().as_millis() as u64;
                 self.metrics.offline(out.installed.len());
                 return Ok(out);
@@ -91,15 +92,10 @@ impl Packages {
                 reason.says()
             )));
         }
-        let mut out = parse_npm(&done.stdout, &done.stderr);
+        let mut out = parse_npm(&done.stdout, &done.stderr, layer, specs);
         out.duration_ms = started.elapsed().as_millis() as u64;
         self.metrics.online(out.installed.len(), out.downloaded);
-        let pins = out
-            .installed
-            .iter()
-            .map(|p| format!("{}@{}", p.name, p.version))
-            .collect();
-        self.resolved.put(key, pins);
+        self.resolved.put(key, out.pins.clone());
         Ok(out)
     }
 
@@ -192,12 +188,15 @@ fn find_npm(flag: Option<&Path>, node: &Path) -> Option<PathBuf> {
 }
 
 /// What npm's JSON report says: `add` (name, version) per package added, and how many
-/// tarballs it fetched from the registry (its `http` log lines say `cache miss`).
-fn parse_npm(stdout: &str, stderr: &str) -> Installed {
+/// tarballs it fetched from the registry (its `http` log lines say `cache miss`); the
+/// pins are the requested packages' versions at the top of the layer's `node_modules`.
+fn parse_npm(stdout: &str, stderr: &str, layer: &Layer, specs: &[Spec]) -> Installed {
     #[derive(serde::Deserialize)]
     struct Added {
         name: String,
         version: String,
+        #[serde(default)]
+        path: String,
     }
     #[derive(serde::Deserialize)]
     struct Report {
@@ -205,6 +204,15 @@ fn parse_npm(stdout: &str, stderr: &str) -> Installed {
         add: Vec<Added>,
     }
     let report: Report = json_tail(stdout).unwrap_or(Report { add: Vec::new() });
+    let top = layer.dir.join("node_modules");
+    let pins = report
+        .add
+        .iter()
+        .filter(|a| {
+            specs.iter().any(|s| s.name == a.name) && Path::new(&a.path) == top.join(&a.name)
+        })
+        .map(|a| format!("{}@{}", a.name, a.version))
+        .collect();
     let mut installed: Vec<Package> = report
         .add
         .into_iter()
@@ -227,6 +235,7 @@ fn parse_npm(stdout: &str, stderr: &str) -> Installed {
         installed,
         downloaded: u32::try_from(downloaded).unwrap_or(u32::MAX),
         duration_ms: 0,
+        pins,
     }
 }
 
@@ -301,18 +310,28 @@ mod tests {
     #[test]
     fn npm_report_gives_packages_and_downloads() {
         let out = r#"{"add": [{"name": "is-odd", "version": "3.0.1", "path": "/l/node_modules/is-odd"},
-            {"name": "is-number", "version": "6.0.0", "path": "/x"}], "added": 2}"#;
+            {"name": "is-number", "version": "6.0.0", "path": "/l/node_modules/is-number"},
+            {"name": "is-odd", "version": "0.1.2", "path": "/l/node_modules/x/node_modules/is-odd"}],
+            "added": 3}"#;
         let err = "npm http fetch GET 200 https://registry.npmjs.org/is-odd 242ms (cache miss)\n\
                    npm http cache is-odd@https://registry.npmjs.org/is-odd/-/is-odd-3.0.1.tgz 0ms (cache hit)\n\
                    npm http fetch GET 200 https://registry.npmjs.org/is-number/-/is-number-6.0.0.tgz 340ms (cache miss)\n";
-        let i = parse_npm(out, err);
+        let layer = Layer {
+            dir: PathBuf::from("/l"),
+            eco: super::super::Eco::Npm,
+            remove: false,
+        };
+        let specs = super::super::spec::check(super::super::Eco::Npm, &["is-odd@3".into()])
+            .expect("a specifier");
+        let i = parse_npm(out, err, &layer, &specs);
         assert_eq!(i.downloaded, 1);
+        assert_eq!(i.pins, ["is-odd@3.0.1"]);
         assert_eq!(
             i.installed
                 .iter()
                 .map(|p| format!("{}@{}", p.name, p.version))
                 .collect::<Vec<_>>(),
-            ["is-number@6.0.0", "is-odd@3.0.1"]
+            ["is-number@6.0.0", "is-odd@0.1.2", "is-odd@3.0.1"]
         );
     }
 

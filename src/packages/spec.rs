@@ -52,6 +52,23 @@ impl Spec {
     }
 }
 
+impl Spec {
+    /// npm's `name@X.Y.Z` (a prerelease or build allowed) and nothing else: one release.
+    pub fn is_exact_npm(&self) -> bool {
+        let Some((_, v)) = self.text.rsplit_once('@').filter(|(n, _)| !n.is_empty()) else {
+            return false;
+        };
+        let (core, _) = v.split_once(['-', '+']).unwrap_or((v, ""));
+        let parts: Vec<&str> = core.split('.').collect();
+        parts.len() == 3
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+'))
+    }
+}
+
 /// Check a request's specifiers for `eco`; sorted and without duplicates. The message says
 /// which one is refused and what is accepted.
 pub fn check(eco: Eco, specs: &[String]) -> Result<Vec<Spec>, String> {
@@ -446,6 +463,10 @@ mod tests {
         );
         assert_eq!(js("JSONStream@latest").unwrap(), "JSONStream@latest");
         assert_eq!(npm("@scope/x@1").unwrap().name, "@scope/x");
+        let exact = |s: &str| npm(s).unwrap().is_exact_npm();
+        assert!(exact("is-odd@3.0.1") && exact("@s/x@1.2.3-rc.1"));
+        assert!(!exact("is-odd") && !exact("is-odd@3") && !exact("is-odd@^3.0.1"));
+        assert!(!exact("@s/x") && !exact("x@1.2.3 || 2"));
     }
 
     #[test]

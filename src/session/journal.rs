@@ -72,6 +72,9 @@ pub struct FileEntry {
     pub content: Option<String>,
 }
 
+/// Most packages one `packages` line names.
+pub const PACKAGES_MAX: usize = 4096;
+
 /// One evaluation as the journal keeps it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -145,6 +148,16 @@ pub enum Entry {
         #[serde(default, skip_serializing_if = "is_zero")]
         generation: i64,
     },
+    /// A cell's install lines (`%pip install`, `replbox.install`) put these packages into
+    /// the session's layer: the exact versions the installer reported (`name==version`,
+    /// npm's `name@version`), installed again, from the cache, before the cell is replayed.
+    /// Written before the cell's `started` line.
+    Packages {
+        eval_id: u64,
+        installed: Vec<String>,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        generation: i64,
+    },
     /// Cluster: `node` claimed the session in the registry under `lease`; `generation` is
     /// the claim's revision, larger at every claim. The lines that follow carry the
     /// generation they were written under: one older than the last claim before it is a
@@ -166,7 +179,8 @@ impl Entry {
             Entry::End { generation, .. }
             | Entry::Restored { generation, .. }
             | Entry::Full { generation, .. }
-            | Entry::Started { generation, .. } => *generation,
+            | Entry::Started { generation, .. }
+            | Entry::Packages { generation, .. } => *generation,
             Entry::Start { .. } | Entry::Claimed { .. } => 0,
         }
     }
@@ -179,7 +193,8 @@ impl Entry {
             Entry::End { generation, .. }
             | Entry::Restored { generation, .. }
             | Entry::Full { generation, .. }
-            | Entry::Started { generation, .. } => *generation = g,
+            | Entry::Started { generation, .. }
+            | Entry::Packages { generation, .. } => *generation = g,
             Entry::Start { .. } | Entry::Claimed { .. } => {}
         }
         e
@@ -340,7 +355,7 @@ impl Writer {
             None => entry,
         };
         let mut line = line_of(entry)?;
-        if let Entry::Started { .. } = entry {
+        if let Entry::Started { .. } | Entry::Packages { .. } = entry {
             // Not durable by itself (the next fsync of the file covers it): it only has to
             // outlive the server's process, whose death leaves the page cache as it was.
             if self.full.load(Ordering::Relaxed)
@@ -443,6 +458,8 @@ pub struct Journal {
     pub full_at: Option<u64>,
     /// Cells that started and never ended (the server stopped while they ran), in order.
     pub unfinished: Vec<Unfinished>,
+    /// What cells' install lines installed (see [`Entry::Packages`]), by `eval_id`.
+    pub packages: BTreeMap<u64, Vec<String>>,
     /// A last line cut short by a crash was dropped.
     pub torn: bool,
     /// Cluster: the last claim, (node, generation, lease).
@@ -593,6 +610,7 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, String> {
         ended: None,
         full_at: None,
         unfinished: Vec::new(),
+        packages: BTreeMap::new(),
         torn,
         modified,
         claim: None,
@@ -632,6 +650,17 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, String> {
                     started_at: at,
                     code,
                 });
+            }
+            Entry::Packages {
+                eval_id, installed, ..
+            } => {
+                if eval_id <= j.cells.last().map_or(0, |c| c.eval_id) {
+                    return Err(format!("cell {eval_id}: packages out of order"));
+                }
+                if installed.len() > PACKAGES_MAX || installed.iter().any(|p| p.len() > 300) {
+                    return Err(format!("cell {eval_id}: a packages line too long"));
+                }
+                j.packages.insert(eval_id, installed);
             }
             Entry::End { how, at, .. } => j.ended = Some((how, at)),
             Entry::Restored { .. } => j.ended = None,
@@ -791,6 +820,32 @@ mod tests {
         let mut extra = bytes.clone();
         extra.extend(format!("{} {json}\n", hash(json.as_bytes())).as_bytes());
         assert!(parse(&extra, ID, 0).is_err());
+    }
+
+    #[test]
+    fn a_cells_packages_are_read_back_by_its_eval_id() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join(format!("{ID}.journal"));
+        let w = Writer::create(&path, &start(), 1 << 20).unwrap();
+        let pk = |n: u64, p: &[&str]| Entry::Packages {
+            eval_id: n,
+            installed: p.iter().map(|s| s.to_string()).collect(),
+            generation: 0,
+        };
+        w.append(&pk(1, &["six==1.17.0"])).unwrap();
+        w.append(&started(1, 5, "%pip install six")).unwrap();
+        w.append(&cell(1, "%pip install six")).unwrap();
+        let j = read(&path, ID, 1 << 20).unwrap();
+        assert_eq!(j.packages.get(&1), Some(&vec!["six==1.17.0".to_string()]));
+        // For a cell already ended, or past its bound, the journal is corrupt.
+        let mut bytes = line_of(&start()).unwrap();
+        bytes.extend(line_of(&cell(2, "a")).unwrap());
+        bytes.extend(line_of(&pk(2, &["six==1"])).unwrap());
+        assert!(parse(&bytes, ID, 0).is_err());
+        let mut bytes = line_of(&start()).unwrap();
+        let many: Vec<&str> = vec!["x==1"; PACKAGES_MAX + 1];
+        bytes.extend(line_of(&pk(1, &many)).unwrap());
+        assert!(parse(&bytes, ID, 0).is_err());
     }
 
     #[test]

@@ -96,7 +96,7 @@ without --state-dir there is none).",
         session.evals.store(j.last_eval(), Ordering::Relaxed);
         let (replayed, skipped, failed) = self
             .evaluator
-            .replay(&self.table, &session, &j.cells, &j.unfinished)
+            .replay(&self.table, &session, &j.cells, &j.unfinished, &j.packages)
             .await;
         let notes = replay_notes(j, start.notes);
         tracing::info!(session = %id, replayed, ms = t0.elapsed().as_millis() as u64, "session restored");

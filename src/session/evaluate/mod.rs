@@ -106,15 +106,27 @@ or stop it with session_interrupt, before evaluating more code.",
         }
         // `%pip install` lines: installed by the server (under the interpreter's lock, so
         // the session is busy meanwhile), the rest of the cell evaluated after them.
-        let (pip_note, evaluated) = match pip::install(&self.config, session, code, cancel).await {
-            Ok(Some((note, rest))) => (Some(note), rest),
-            Ok(None) => (None, code.to_string()),
-            Err(e) => return Err(e.session(id)),
-        };
+        let (pip_note, evaluated, pins) =
+            match pip::install(&self.config, session, code, cancel).await {
+                Ok(Some(d)) => (Some(d.note), d.code, Some(d.pins)),
+                Ok(None) => (None, code.to_string(), None),
+                Err(e) => return Err(e.session(id)),
+            };
         let (typed, code) = (code, evaluated.as_str());
         let eval_id = session.evals.fetch_add(1, Ordering::Relaxed) + 1;
         let started_at = unix(SystemTime::now());
         if let Some(w) = &session.journal {
+            // What the install lines installed, for a restore to install the same again.
+            if let Some(installed) = pins {
+                let entry = Entry::Packages {
+                    eval_id,
+                    installed,
+                    generation: 0,
+                };
+                if let Err(e) = w.append(&entry) {
+                    tracing::error!(session = %id, error = %e, "cannot write the session's journal");
+                }
+            }
             // Before the code is typed: a restore after a stop in this cell must know it ran.
             // One small write, not synced (see `Writer::append`).
             if let Err(e) = w.append(&journal::started(eval_id, started_at, typed)) {
@@ -270,6 +282,7 @@ file in the session's directory and read it from there instead",
         session: &Session,
         cells: &[CellEntry],
         unfinished: &[journal::Unfinished],
+        packages: &std::collections::BTreeMap<u64, Vec<String>>,
     ) -> (u64, u64, Vec<ReplayFailure>) {
         let (mut replayed, mut skipped, mut failed) = (0, 0, Vec::new());
         let mut guard = session.interp.lock().await;
@@ -310,6 +323,36 @@ file in the session's directory and read it from there instead",
                 continue;
             }
             let started = Instant::now();
+            // Its install lines: the same packages installed again (from the cache) before
+            // the rest of it runs; a cell whose packages cannot be had is not run.
+            let code = match pip::replay(session, &c.code, packages.get(&c.eval_id), &never).await {
+                Ok(rest) => rest,
+                Err(why) => {
+                    let error = super::report::ErrorInfo {
+                        kind: "PackageUnavailable".into(),
+                        message: why,
+                    };
+                    failed.push(ReplayFailure {
+                        eval_id: c.eval_id,
+                        status: EvalStatus::Error,
+                        error: Some(error.clone()),
+                        output: String::new(),
+                    });
+                    lock(&session.record).history.push(Cell {
+                        eval_id: c.eval_id,
+                        code: c.code.clone(),
+                        status: EvalStatus::Error,
+                        error: Some(error),
+                        duration_ms: started.elapsed().as_millis() as u64,
+                        started_at: unix(SystemTime::now()),
+                        outputs: Outputs::default(),
+                        replayed: false,
+                        tool_calls: Vec::new(),
+                    });
+                    continue;
+                }
+            };
+            let code = code.as_deref().unwrap_or(&c.code);
             if session.begin(c.eval_id, &never).is_none() {
                 break;
             }
@@ -318,9 +361,7 @@ file in the session's directory and read it from there instead",
             let Some(interp) = guard.as_mut() else { break };
             // Code mode: the cell's tool calls are answered from the journal's record.
             let scope = tools::begin(session, c.eval_id, deadline, c.tool_calls.clone());
-            let mut outcome = interp
-                .eval(c.eval_id, &c.code, deadline, &never, None)
-                .await;
+            let mut outcome = interp.eval(c.eval_id, code, deadline, &never, None).await;
             let mut before = String::new();
             let mut answers = c.inputs.iter().enumerate();
             while matches!(outcome.ending, Ending::AwaitingInput) {

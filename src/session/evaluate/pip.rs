@@ -6,35 +6,55 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::error::ToolError;
+use crate::packages::Eco;
 use crate::session::live::Session;
 
-/// What the installer did for a cell's `%pip` lines, and the code to evaluate after them
-/// (None: the cell has no `%pip` line, or the session is not Python).
+/// What a cell's install lines did: the note for its report, the code to evaluate after
+/// them, and the exact versions installed (for the journal).
+pub(super) struct Done {
+    pub note: String,
+    pub code: String,
+    pub pins: Vec<String>,
+}
+
+/// A cell's install lines: the session's ecosystem, the specifiers and the rest of the
+/// cell (None: no such line, or a language without them).
+fn lines(session: &Session, code: &str) -> Option<Result<(Eco, Vec<String>, String), String>> {
+    let eco = Eco::of(session.lang.id())?;
+    let found = match eco {
+        Eco::Python => crate::packages::pip_lines(code).map(Ok),
+        Eco::Npm => crate::packages::js_install_lines(code),
+    }?;
+    Some(found.map(|(specs, rest)| (eco, specs, rest)))
+}
+
+/// The code evaluated after the install lines: Python's import system must look at the
+/// layer again, its listing having changed within the interpreter's life (node's require
+/// looks at every call).
+fn after(eco: Eco, rest: String) -> String {
+    match eco {
+        Eco::Python => {
+            format!("import importlib as _rb_il; _rb_il.invalidate_caches(); del _rb_il\n{rest}")
+        }
+        Eco::Npm => rest,
+    }
+}
+
+/// Install what a cell's install lines ask for (None: the cell has none).
 pub(super) async fn install(
     config: &Config,
     session: &Session,
     code: &str,
     cancel: &CancellationToken,
-) -> Result<Option<(String, String)>, ToolError> {
-    let python = match session.lang.id() {
-        "python" => true,
-        "javascript" => false,
-        _ => return Ok(None),
-    };
-    let what = if python {
-        "%pip install"
-    } else {
-        "replbox.install"
-    };
-    let found = if python {
-        crate::packages::pip_lines(code).map(Ok)
-    } else {
-        crate::packages::js_install_lines(code)
-    };
-    let Some(found) = found else {
+) -> Result<Option<Done>, ToolError> {
+    let Some(found) = lines(session, code) else {
         return Ok(None);
     };
-    let (specs, rest) = found.map_err(ToolError::invalid)?;
+    let (eco, specs, rest) = found.map_err(ToolError::invalid)?;
+    let what = match eco {
+        Eco::Python => "%pip install",
+        Eco::Npm => "replbox.install",
+    };
     if config.packages.no_packages {
         return Err(crate::packages::enabled(None)
             .map(|_| ())
@@ -59,12 +79,36 @@ pub(super) async fn install(
         .install(&sp.exe, &specs, &sp.layer, &session.owner.principal, cancel)
         .await
         .map_err(|e| e.into_tool())?;
-    // The layer's listing changed within the interpreter's life: Python's import system
-    // must look again (node's require looks at every call).
-    let code = if python {
-        format!("import importlib as _rb_il; _rb_il.invalidate_caches(); del _rb_il\n{rest}")
-    } else {
-        rest
+    Ok(Some(Done {
+        note: installed.line(),
+        code: after(eco, rest),
+        pins: installed.pins,
+    }))
+}
+
+/// A replayed cell's install lines installed again: the exact versions the journal kept
+/// (`pins`, from the cache when it has them), else what the lines ask for. The code to
+/// evaluate after them, or why they could not be installed.
+pub(super) async fn replay(
+    session: &Session,
+    code: &str,
+    pins: Option<&Vec<String>>,
+    cancel: &CancellationToken,
+) -> Result<Option<String>, String> {
+    let Some(found) = lines(session, code) else {
+        return Ok(None);
     };
-    Ok(Some((installed.line(), code)))
+    let (eco, specs, rest) = found?;
+    let Some(sp) = &session.packages else {
+        return Err("this session has no package layer".into());
+    };
+    let want = match pins {
+        Some(p) if !p.is_empty() && p.len() <= crate::packages::MAX_SPECS => p.clone(),
+        _ => specs,
+    };
+    sp.service
+        .install(&sp.exe, &want, &sp.layer, &session.owner.principal, cancel)
+        .await
+        .map_err(|e| e.message().to_string())?;
+    Ok(Some(after(eco, rest)))
 }
