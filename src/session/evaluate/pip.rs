@@ -17,9 +17,11 @@ pub(super) struct Done {
     pub pins: Vec<String>,
 }
 
-/// A cell's install lines: the session's ecosystem, the specifiers and the rest of the
-/// cell (None: no such line, or a language without them).
-fn lines(session: &Session, code: &str) -> Option<Result<(Eco, Vec<String>, String), String>> {
+/// The session's ecosystem, the specifiers and the rest of the cell.
+type Lines = (Eco, Vec<String>, String);
+
+/// A cell's install lines (None: no such line, or a language without them).
+fn lines(session: &Session, code: &str) -> Option<Result<Lines, String>> {
     let eco = Eco::of(session.lang.id())?;
     let found = match eco {
         Eco::Python => crate::packages::pip_lines(code).map(Ok),
