@@ -332,6 +332,26 @@ fn code_cell(c: &Cell) -> Value {
             "metadata": {},
         }));
     }
+    // Each part of a rich display as display_data with its MIME type: text forms as lines,
+    // JSON forms as JSON, images as base64 (as nbformat's mimebundle has them).
+    for d in &o.displays {
+        let m = d.mime_type.as_str();
+        let value = if m.starts_with("image/") && m != "image/svg+xml" {
+            Value::from(b64.encode(&d.data))
+        } else if m == "application/json" || (m.starts_with("application/") && m.ends_with("+json"))
+        {
+            // nbformat takes JSON only for these types; others (`….v6.json`) are strings.
+            serde_json::from_slice(&d.data)
+                .unwrap_or_else(|_| Value::from(String::from_utf8_lossy(&d.data).into_owned()))
+        } else {
+            lines(&String::from_utf8_lossy(&d.data))
+        };
+        outputs.push(json!({
+            "output_type": "display_data",
+            "data": {m: value},
+            "metadata": {},
+        }));
+    }
     let mut tags = Vec::new();
     match c.status {
         EvalStatus::Ok => {}
@@ -503,7 +523,18 @@ mod tests {
                             mime_type: "image/png".into(),
                             data: b"\x89PNG".to_vec(),
                         }],
-                        displays: vec![],
+                        displays: vec![
+                            crate::session::history::Shown {
+                                uri: "replbox://sessions/s/displays/1-2.html".into(),
+                                mime_type: "text/html".into(),
+                                data: b"<b>x</b>\n<i>y</i>".to_vec(),
+                            },
+                            crate::session::history::Shown {
+                                uri: "replbox://sessions/s/displays/1-3.json".into(),
+                                mime_type: "application/vnd.plotly.v1+json".into(),
+                                data: br#"{"data": []}"#.to_vec(),
+                            },
+                        ],
                         whole: None,
                     },
                 ),
@@ -550,9 +581,26 @@ mod tests {
             .iter()
             .map(|o| o["output_type"].as_str().unwrap())
             .collect();
-        assert_eq!(kinds, ["stream", "execute_result", "display_data"]);
+        assert_eq!(
+            kinds,
+            [
+                "stream",
+                "execute_result",
+                "display_data",
+                "display_data",
+                "display_data"
+            ]
+        );
         assert_eq!(c1["outputs"][1]["data"]["text/plain"], json!(["42"]));
         assert_eq!(c1["outputs"][2]["data"]["image/png"], "iVBORw==");
+        assert_eq!(
+            c1["outputs"][3]["data"]["text/html"],
+            json!(["<b>x</b>\n", "<i>y</i>"])
+        );
+        assert_eq!(
+            c1["outputs"][4]["data"]["application/vnd.plotly.v1+json"],
+            json!({"data": []})
+        );
         let c2 = &cells[2];
         assert_eq!(c2["metadata"]["tags"], json!(["raises-exception"]));
         assert_eq!(c2["outputs"][0]["ename"], "ZeroDivisionError");
