@@ -201,7 +201,8 @@ async fn history_and_exports_of_a_python_session() {
     eprintln!("notebook outline:\n{outline}");
     assert_eq!(
         outline,
-        "code 1 [] stream\n\
+        "code None ['replbox-setup'] \n\
+code 1 [] stream\n\
 code 2 [] execute_result\n\
 code 3 ['raises-exception'] stream, error\n\
 code 4 [] display_data\n"
@@ -209,7 +210,8 @@ code 4 [] display_data\n"
     let nb: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(nb["metadata"]["kernelspec"]["name"], "python3");
     assert_eq!(nb["metadata"]["language_info"]["name"], "python");
-    let c = &nb["cells"];
+    // The setup cell first, then the session's cells.
+    let c: Vec<&Value> = nb["cells"].as_array().unwrap().iter().skip(1).collect();
     assert_eq!(c[0]["outputs"][0]["text"], json!(["hello\n"]));
     assert_eq!(c[1]["outputs"][0]["data"]["text/plain"], json!(["42"]));
     assert_eq!(c[2]["outputs"][0]["text"], json!(["before\n"]));
@@ -269,10 +271,10 @@ code 4 [] display_data\n"
 from nbclient import NotebookClient\n\
 nb = nbformat.read(sys.argv[1], as_version=4)\n\
 NotebookClient(nb, timeout=120, kernel_name='python3').execute()\n\
-print(''.join(o.get('text', '') for o in nb.cells[0].outputs), end='')\n\
-print(nb.cells[1].outputs[0].data['text/plain'])\n\
-print(nb.cells[2].outputs[-1].ename)\n\
-print([o.output_type for o in nb.cells[3].outputs])\n",
+print(''.join(o.get('text', '') for o in nb.cells[1].outputs), end='')\n\
+print(nb.cells[2].outputs[0].data['text/plain'])\n\
+print(nb.cells[3].outputs[-1].ename)\n\
+print([o.output_type for o in nb.cells[4].outputs])\n",
             &[path.to_str().unwrap()],
         );
         assert!(ok, "the notebook does not re-run: {out}");
@@ -301,6 +303,99 @@ print([o.output_type for o in nb.cells[3].outputs])\n",
             String::from_utf8_lossy(&o.stderr)
         );
     }
+    s.stop().await;
+}
+
+/// Compares the text of every cell of an exported notebook (printed text, the value, the
+/// error) with the same notebook run again by nbclient; prints `same` or the differences.
+const RERUN_CHECK: &str = r#"import sys, json, copy, nbformat
+from nbclient import NotebookClient
+nb = nbformat.read(sys.argv[1], as_version=4)
+ran = copy.deepcopy(nb)
+NotebookClient(ran, timeout=120, kernel_name='python3').execute()
+def text(c):
+    out = []
+    for o in c.get('outputs', []):
+        if o.output_type == 'stream':
+            out.append(o.text)
+        elif o.output_type == 'execute_result':
+            out.append(o.data['text/plain'])
+        elif o.output_type == 'error':
+            out.append(o.ename + ': ' + o.evalue)
+    return ''.join(out)
+diffs = []
+for a, b in zip(nb.cells, ran.cells):
+    if 'skip-execution' in a.metadata.get('tags', []) or 'replbox-setup' in a.metadata.get('tags', []):
+        continue
+    if text(a) != text(b):
+        diffs.append((a.source, text(a), text(b)))
+print(json.dumps(diffs) if diffs else 'same')
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exports_run_again_as_the_session_ran() {
+    if !python_data() || !nbformat() || !nbconvert() {
+        return;
+    }
+    let s = Server::stdio().start().await;
+    let id = s.start_session("python").await;
+    let o = s.eval(&id, "name = input('name? ')").await;
+    assert_eq!(status(&o), "awaiting_input", "{}", o.text);
+    // An answer that tries to be code stays an answer.
+    let answer = "ada\\\"); print('INJECTED'); (\"";
+    let o = s
+        .call("session_input", json!({"session_id": id, "text": answer}))
+        .await;
+    assert_eq!(status(&o), "ok", "{}", o.text);
+    let cells: &[(&str, &str)] = &[
+        ("print('hi', name)", "ok"),
+        (
+            "import pandas as pd\npd.DataFrame({c * 9: range(3) for c in 'abcdefghijklmnopqrs'})",
+            "ok",
+        ),
+        ("print('before')\n1 / 0", "error"),
+        ("import time\ntime.sleep(60)", "timeout"),
+        (
+            "import numpy as np\nimport matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nprint(np.arange(60))",
+            "ok",
+        ),
+    ];
+    for (code, want) in cells {
+        let o = s
+            .eval_t(&id, code, if *want == "timeout" { 1500 } else { 120_000 })
+            .await;
+        assert_eq!(status(&o), *want, "{code}: {}", o.text);
+    }
+    let (o, _, _, text) = embedded(
+        &s,
+        "session_export",
+        json!({"session_id": id, "format": "ipynb"}),
+    )
+    .await;
+    assert!(!o.is_error, "{}", o.text);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("session.ipynb");
+    std::fs::write(&path, &text).unwrap();
+    let (ok, out) = python(RERUN_CHECK, &[path.to_str().unwrap()]);
+    // (python() adds stderr after stdout: the kernel says how it listens.)
+    assert!(
+        ok && out.starts_with("same\n"),
+        "the notebook runs again differently: {out}"
+    );
+    // The script runs without a terminal: what its cells print is what they printed.
+    let (o, _, _, script) = embedded(
+        &s,
+        "session_export",
+        json!({"session_id": id, "format": "script"}),
+    )
+    .await;
+    assert!(!o.is_error, "{}", o.text);
+    let (ok, out) = python(&script, &[]);
+    assert!(ok, "the script runs: {out}");
+    assert!(
+        out.starts_with(&format!("name? hi {}\n", answer)) && !out.contains("\nINJECTED"),
+        "{out}"
+    );
     s.stop().await;
 }
 

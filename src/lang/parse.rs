@@ -65,6 +65,9 @@ pub fn parse_spec(origin: &str, text: &str, folder: Folder<'_>) -> anyhow::Resul
     if let Some(s) = spec.session.as_mut() {
         load("session.bootstrap", &mut s.bootstrap)?;
     }
+    if let Some(s) = spec.notebook.as_mut().and_then(|n| n.setup.as_mut()) {
+        load("notebook.setup", s)?;
+    }
     check_names(&spec, &bad)?;
     if let Some(p) = &spec.run.pool {
         check_pool(p, spec.run.compile.is_some(), &bad)?;
@@ -302,6 +305,12 @@ pub(super) mod tests {
             let used: Vec<&str> = std::iter::once(LANGUAGE_FILE)
                 .chain(spec.run.pool.as_ref().map(|p| p.loader.file.as_str()))
                 .chain(spec.session.as_ref().map(|s| s.bootstrap.file.as_str()))
+                .chain(
+                    spec.notebook
+                        .as_ref()
+                        .and_then(|n| n.setup.as_ref())
+                        .map(|s| s.file.as_str()),
+                )
                 // Code mode's in-sandbox modules (written into each channel's directory).
                 .chain(
                     crate::upstream::modules::FILES

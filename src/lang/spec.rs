@@ -122,6 +122,12 @@ pub struct NotebookSpec {
     /// What starts a line comment (`#`, `//`, `--`): the script export's cell separators
     /// (`# %%`) and the commented-out cells that failed.
     pub comment: String,
+    /// Code an export runs before the session's cells (a notebook's first cell, tagged
+    /// `replbox-setup`; a script's first part) so that they run again as they ran in the
+    /// session: the answers typed at its prompts, which `{answers:json}` is replaced by (a
+    /// string literal of the language), and its display settings.
+    #[serde(default)]
+    pub setup: Option<Source>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

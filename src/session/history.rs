@@ -26,6 +26,22 @@ pub struct Cell {
     pub replayed: bool,
     /// Code mode: the tool calls it made, without their results.
     pub tool_calls: Vec<crate::upstream::CallRecord>,
+    /// What `session_input` typed into it, as the terminal got it (each answer, and a
+    /// newline for each typed with Enter): an export carries it for the cell to read again.
+    pub typed: String,
+}
+
+/// The answers of `session_input` as the terminal got them: each one, with a newline
+/// unless it was typed without Enter (its index in `no_enter`).
+pub fn typed(inputs: &[String], no_enter: &[usize]) -> String {
+    let mut s = String::new();
+    for (i, a) in inputs.iter().enumerate() {
+        s.push_str(a);
+        if !no_enter.contains(&i) {
+            s.push('\n');
+        }
+    }
+    s
 }
 
 /// What a cell showed, as a notebook shows it.
@@ -398,6 +414,7 @@ mod tests {
             outputs: Outputs::default(),
             replayed: false,
             tool_calls: Vec::new(),
+            typed: String::new(),
         }
     }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
-use super::history::{Cell, Outputs, Pending};
+use super::history::{Cell, Outputs, Pending, typed};
 use super::interp::{Ending, Interp, Outcome};
 use super::journal::{self, CellEntry, Entry};
 use super::live::{End, Phase, Session, lock, unix};
@@ -301,6 +301,7 @@ file in the session's directory and read it from there instead",
             outputs: Outputs::default(),
             replayed: false,
             tool_calls: Vec::new(),
+            typed: String::new(),
         };
         for c in cells {
             while let Some(u) = stopped_in.next_if(|u| u.eval_id < c.eval_id) {
@@ -319,6 +320,7 @@ file in the session's directory and read it from there instead",
                     outputs: Outputs::default(),
                     replayed: false,
                     tool_calls: c.tool_calls.iter().map(|t| t.without_result()).collect(),
+                    typed: typed(&c.inputs, &c.no_enter),
                 });
                 continue;
             }
@@ -348,6 +350,7 @@ file in the session's directory and read it from there instead",
                         outputs: Outputs::default(),
                         replayed: false,
                         tool_calls: Vec::new(),
+                        typed: String::new(),
                     });
                     continue;
                 }
@@ -394,6 +397,7 @@ file in the session's directory and read it from there instead",
                 outputs: Outputs::of(&report, &before),
                 replayed: true,
                 tool_calls: calls.iter().map(|t| t.without_result()).collect(),
+                typed: answered(typed(&c.inputs, &c.no_enter), &report),
             });
         }
         for u in stopped_in {
@@ -435,6 +439,7 @@ file in the session's directory and read it from there instead",
                 outputs: Outputs::of(report, &p.output).after(p.shown),
                 replayed: false,
                 tool_calls: tool_calls.iter().map(|t| t.without_result()).collect(),
+                typed: answered(typed(&p.inputs, &p.no_enter), report),
             };
             if session.journal.is_none() {
                 r.history.push(cell);
@@ -580,4 +585,14 @@ fn failure(eval_id: u64, report: &EvalReport) -> ReplayFailure {
         error: report.error.clone(),
         output: out[start..].to_string(),
     }
+}
+
+/// What the cell read of what was typed into it: without what it left unread (discarded).
+fn answered(mut typed: String, report: &EvalReport) -> String {
+    if let Some(unread) = report.discarded_input.as_deref()
+        && typed.ends_with(unread)
+    {
+        typed.truncate(typed.len() - unread.len());
+    }
+    typed
 }

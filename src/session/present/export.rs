@@ -14,7 +14,7 @@ use crate::error::ToolError;
 use crate::identity::Caller;
 use crate::lang::{Language, NotebookSpec};
 use crate::session::files::export_uri;
-use crate::session::history::{Cell, CellInfo, HistoryReport, Outputs, Record};
+use crate::session::history::{Cell, CellInfo, HistoryReport, Outputs, Record, typed};
 use crate::session::live::lock;
 use crate::session::manager::SessionManager;
 use crate::session::report::EvalStatus;
@@ -110,6 +110,7 @@ impl SessionManager {
                     outputs: Outputs::default(),
                     replayed: false,
                     tool_calls: c.tool_calls.iter().map(|t| t.without_result()).collect(),
+                    typed: typed(&c.inputs, &c.no_enter),
                 })
                 .collect();
             return Ok(Source {
@@ -185,12 +186,13 @@ no kernel",
                 let (comment, ext) = facts.as_ref().map_or(("#", "txt"), |f| {
                     (f.comment.as_str(), &f.file_extension[1..])
                 });
+                let setup = facts.as_ref().and_then(|f| setup_code(f, &s.cells, false));
                 let mime = facts
                     .as_ref()
                     .and_then(|f| f.mimetype.clone())
                     .unwrap_or_else(|| "text/plain".into());
                 (
-                    script(&s, comment, version.as_deref()),
+                    script(&s, comment, version.as_deref(), setup.as_deref()),
                     export_uri(id, ext),
                     mime,
                     "script",
@@ -260,6 +262,16 @@ pub(super) fn notebook(s: &Source, facts: Option<&NotebookSpec>, version: Option
         this notebook.*",
                 s.dropped
             )),
+        }));
+    }
+    if let Some(code) = facts.and_then(|f| setup_code(f, &s.cells, true)) {
+        cells.push(json!({
+            "cell_type": "code",
+            "id": "replbox-setup",
+            "execution_count": null,
+            "metadata": {"tags": ["replbox-setup"], "replbox": {"setup": true}},
+            "source": lines(&code),
+            "outputs": [],
         }));
     }
     for c in &s.cells {
@@ -415,9 +427,28 @@ fn comment_lines(text: &str) -> Vec<&str> {
     v
 }
 
+/// The language's setup code for an export (see [`NotebookSpec::setup`]): the answers
+/// typed into the cells that run again (in a notebook those that raised too; in a script
+/// only those that succeeded), as a JSON string literal, which Python reads as its own.
+fn setup_code(facts: &NotebookSpec, cells: &[Cell], in_notebook: bool) -> Option<String> {
+    let setup = facts.setup.as_ref()?;
+    let answers: String = cells
+        .iter()
+        .filter(|c| c.status == EvalStatus::Ok || (in_notebook && c.status == EvalStatus::Error))
+        .map(|c| c.typed.as_str())
+        .collect();
+    let literal = serde_json::to_string(&answers).unwrap_or_else(|_| "\"\"".into());
+    Some(setup.text.replace("{answers:json}", &literal))
+}
+
 /// The session as a script: `# %%` before each cell (the language's line comment), cells
-/// that did not succeed commented out.
-pub(super) fn script(s: &Source, comment: &str, version: Option<&str>) -> String {
+/// that did not succeed commented out; the language's setup code first.
+pub(super) fn script(
+    s: &Source,
+    comment: &str,
+    version: Option<&str>,
+    setup: Option<&str>,
+) -> String {
     let mut out = format!(
         "{comment} replbox session {} ({}{}), {} cell(s)\n",
         s.id,
@@ -430,6 +461,13 @@ pub(super) fn script(s: &Source, comment: &str, version: Option<&str>) -> String
             "{comment} {} earlier cell(s) were no longer kept\n",
             s.dropped
         ));
+    }
+    if let Some(code) = setup {
+        out.push_str(&format!("\n{comment} %% [setup]\n"));
+        out.push_str(code);
+        if !code.ends_with('\n') {
+            out.push('\n');
+        }
     }
     for c in &s.cells {
         out.push('\n');
@@ -502,6 +540,7 @@ mod tests {
             outputs,
             replayed: false,
             tool_calls: Vec::new(),
+            typed: String::new(),
         };
         Source {
             id: "s1".into(),
@@ -566,6 +605,7 @@ mod tests {
             pygments_lexer: None,
             codemirror_mode: None,
             comment: "#".into(),
+            setup: None,
         };
         let nb = notebook(&source(), Some(&facts), Some("3.11.7"));
         assert_eq!(nb["nbformat"], 4);
@@ -609,7 +649,7 @@ mod tests {
 
     #[test]
     fn a_script_comments_out_what_failed() {
-        let s = script(&source(), "#", Some("3.11.7"));
+        let s = script(&source(), "#", Some("3.11.7"), None);
         assert!(s.starts_with("# replbox session s1 (python 3.11.7), 3 cell(s)\n"));
         assert!(s.contains("\n# %% [1]\nprint('hi')\n6 * 7\n"), "{s}");
         assert!(
@@ -617,7 +657,7 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("\n# %% [3] timeout\n# input()\n"), "{s}");
-        let js = script(&source(), "//", None);
+        let js = script(&source(), "//", None, None);
         assert!(js.contains("// %% [1]\n"));
     }
 
@@ -635,7 +675,7 @@ mod tests {
             }
         }
         for comment in ["#", "//"] {
-            let s = script(&src, comment, None);
+            let s = script(&src, comment, None, None);
             for line in s.split(LINE_BREAKS) {
                 assert!(
                     line.is_empty() || line.starts_with(comment),
