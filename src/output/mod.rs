@@ -28,6 +28,10 @@ pub struct HeadTail {
     whole: Option<Box<HeadTail>>,
 }
 
+/// The most a finished text adds to the bytes it keeps: the line break after the head and
+/// the line saying how many bytes were left out (20 digits and their 6 commas at most).
+pub const OMISSION_ROOM: usize = 64;
+
 impl HeadTail {
     /// A buffer keeping `cap` bytes in all: half from the start, half from the end.
     pub fn new(cap: usize) -> Self {
@@ -46,12 +50,15 @@ impl HeadTail {
         }
     }
 
-    /// A buffer of `cap` bytes that also keeps up to `whole_cap` bytes of the same stream
-    /// (see [`whole`](Self::whole)); a `whole_cap` no larger than `cap` keeps nothing more.
+    /// A buffer of `cap` bytes that also keeps the same stream within `whole_cap` bytes
+    /// (see [`whole`](Self::whole)), its text, the line saying what it left out included,
+    /// never longer (what holds it drops a longer one, and its link would lead nowhere); a
+    /// `whole_cap` that leaves no more than `cap` keeps nothing more.
     pub fn with_whole(cap: usize, whole_cap: usize) -> Self {
         let mut b = Self::new(cap);
-        if whole_cap > cap {
-            b.whole = Some(Box::new(Self::new(whole_cap)));
+        let room = whole_cap.saturating_sub(OMISSION_ROOM);
+        if room > cap {
+            b.whole = Some(Box::new(Self::new(room)));
         }
         b
     }
@@ -393,10 +400,10 @@ mod tests {
 
     #[test]
     fn the_whole_is_kept_only_when_the_text_is_cut() {
-        let mut small = HeadTail::with_whole(8, 100);
+        let mut small = HeadTail::with_whole(8, 100 + OMISSION_ROOM);
         small.push(b"0123");
         assert_eq!(small.whole(), None, "nothing cut, nothing kept apart");
-        let mut b = HeadTail::with_whole(8, 100);
+        let mut b = HeadTail::with_whole(8, 100 + OMISSION_ROOM);
         let all: Vec<u8> = (0..60u8).map(|i| b'a' + i % 26).collect();
         b.push(&all[..30]);
         b.push(&all[30..]);
@@ -406,12 +413,30 @@ mod tests {
             Some((String::from_utf8(all.clone()).expect("ascii"), 0))
         );
         // Past its own cap the whole is head and tail too.
-        let mut big = HeadTail::with_whole(8, 20);
+        let mut big = HeadTail::with_whole(8, 20 + OMISSION_ROOM);
         big.push(&all);
         let (w, left_out) = big.whole().expect("whole");
         assert_eq!(left_out, 40);
         assert!(w.starts_with("abcdefghij\n… 40 bytes omitted …\n"), "{w}");
         assert!(w.ends_with("yzabcdefgh"), "{w}");
+    }
+
+    /// The whole's text, with its omission line, is within its cap however much was left
+    /// out: a longer one would be dropped by the history and its link lead nowhere.
+    #[test]
+    fn the_whole_text_stays_within_its_cap() {
+        for (whole_cap, len) in [(1 << 20, 3 << 20), (4096, 10_000_000), (100, 1000)] {
+            let mut b = HeadTail::with_whole(16, whole_cap);
+            let line = b"0123456789abcdef\n".repeat(1024);
+            let mut pushed = 0;
+            while pushed < len {
+                b.push(&line);
+                pushed += line.len();
+            }
+            let (w, left_out) = b.whole().expect("kept whole");
+            assert!(left_out > 0);
+            assert!(w.len() <= whole_cap, "{} > {whole_cap}", w.len());
+        }
     }
 
     #[test]
