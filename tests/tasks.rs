@@ -256,6 +256,37 @@ async fn a_cell_waiting_for_input_is_answered_by_tasks_update() {
     let t = poll(peer, &id2, "completed", status_is(TaskStatus::Completed)).await;
     let (structured, _) = completed(&t);
     assert_eq!(structured["interrupted"], true, "{structured}");
+
+    // session_input is a task too: while a cell's task waits for input, the answer given
+    // by session_input (called as a task) is typed, and that task ends with the rest of
+    // the cell; the cell's own task ends as a plain call would have: paused for input.
+    let id3 = start_task(
+        peer,
+        "session_eval",
+        json!({"session_id": sid, "code": "v = input('v? ')\nprint('got', v)"}),
+    )
+    .await;
+    poll(
+        peer,
+        &id3,
+        "input_required",
+        status_is(TaskStatus::InputRequired),
+    )
+    .await;
+    let id4 = start_task(
+        peer,
+        "session_input",
+        json!({"session_id": sid, "text": "7"}),
+    )
+    .await;
+    let t = poll(peer, &id4, "completed", status_is(TaskStatus::Completed)).await;
+    let (structured, _) = completed(&t);
+    assert_eq!(structured["status"], "ok", "{structured}");
+    assert_eq!(structured["output"], "got 7\n", "{structured}");
+    let t = poll(peer, &id3, "completed", status_is(TaskStatus::Completed)).await;
+    let (structured, _) = completed(&t);
+    assert_eq!(structured["status"], "awaiting_input", "{structured}");
+    assert_eq!(structured["output"], "v? ", "{structured}");
     let o = http_call(peer, "session_list", json!({})).await;
     assert_eq!(o.structured["sessions"][0]["busy"], false, "{o:?}");
     s.stop().await;

@@ -158,7 +158,20 @@ new key to run it again",
                 response = self.call_route(interrupt_request(sid), &ctx).await;
                 break;
             };
-            let next = match handle.ask(question, message).await {
+            // The answer comes by tasks/update, unless another call (session_input,
+            // session_interrupt, session_close) moves the cell on first: then this call is
+            // over as a plain one would have been, paused for input, and the task says so.
+            let eval = r
+                .structured_content
+                .as_ref()
+                .and_then(|s| s.get("eval_id"))
+                .and_then(Value::as_u64);
+            let sid_str = sid.as_str().unwrap_or_default().to_string();
+            let answered = tokio::select! {
+                answer = handle.ask(question, message) => answer,
+                () = self.moved_on(&caller, &sid_str, eval) => break,
+            };
+            let next = match answered {
                 Ok(answer) => match read_answer(&answer) {
                     Answer::Text(text, enter) => {
                         let mut a = JsonObject::new();
@@ -198,6 +211,23 @@ new key to run it again",
                 duration_ms = took.as_millis() as u64,
                 "task ended"
             );
+        }
+    }
+
+    /// Returns once the session is no longer paused on evaluation `eval` (never, when the
+    /// result did not say which evaluation it was).
+    async fn moved_on(&self, caller: &Caller, session_id: &str, eval: Option<u64>) {
+        let Some(eval) = eval else {
+            return std::future::pending().await;
+        };
+        // The session table has no change notification; a few checks a second are cheap
+        // and a client polls the task no faster.
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
+        loop {
+            tick.tick().await;
+            if !self.app.sessions.awaits_input(caller, session_id, eval) {
+                return;
+            }
         }
     }
 

@@ -188,6 +188,14 @@ has returned."
             .map(|s| s.lang.id().to_string())
     }
 
+    /// Whether the caller's session `id` is still paused on evaluation `eval`, its program
+    /// waiting for input (false once it was answered, interrupted or ended, by any call).
+    pub fn awaits_input(&self, caller: &Caller, id: &str, eval: u64) -> bool {
+        self.table.open(caller, id).ok().is_some_and(
+            |s| matches!(s.phase(), super::live::Phase::AwaitingInput { eval: e, .. } if e == eval),
+        )
+    }
+
     /// Evaluate code in a session; a suspended one is restored first (unless the operator
     /// said not to).
     pub async fn eval(
