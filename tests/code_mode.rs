@@ -734,7 +734,12 @@ async fn a_restored_session_replays_with_the_recorded_results() {
         panic!("no notebook text")
     };
     let nb: Value = serde_json::from_str(&text).expect("a notebook");
-    let call = &nb["cells"][0]["metadata"]["replbox"]["tool_calls"][0];
+    // The session's first cell (a setup cell may come before it).
+    let first = nb["cells"]
+        .as_array()
+        .and_then(|cells| cells.iter().find(|c| c["id"] == "cell-1"))
+        .unwrap_or_else(|| panic!("no cell-1: {nb}"));
+    let call = &first["metadata"]["replbox"]["tool_calls"][0];
     assert_eq!(call["server"], "probe", "{nb}");
     assert_eq!(call["tool"], "count", "{nb}");
     assert_eq!(call["status"], "ok", "{nb}");
