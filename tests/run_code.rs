@@ -498,3 +498,20 @@ async fn compile_time_counts_against_the_timeout() {
     assert!(t.elapsed() < Duration::from_secs(5));
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shellscript_crlf_and_cr_line_endings_run_as_lf() {
+    let s = Server::stdio().start().await;
+    // Bash would run `echo a\r` (printing the CR) and `cd d\r` (no such directory).
+    let out = s.run("shellscript", "echo a\r\necho b\r\n").await;
+    assert!(!out.is_error, "{}", out.text);
+    assert_eq!(out.s("stdout"), "a\nb\n");
+    assert_eq!(out.structured["exit_code"], 0);
+    let out = s
+        .run("shellscript", "mkdir d\rcd d\recho \"${PWD##*/}\"\r")
+        .await;
+    assert!(!out.is_error, "{}", out.text);
+    assert_eq!(out.s("stdout"), "d\n");
+    assert_eq!(out.s("stderr"), "");
+    s.stop().await;
+}

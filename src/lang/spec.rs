@@ -167,6 +167,11 @@ pub struct RunSpec {
     pub compile_failure: Option<String>,
     /// The program's command line. `{args}` as a whole element expands to the caller's args.
     pub command: Vec<String>,
+    /// Write the program with CRLF and lone CR line endings made LF, as sessions type code:
+    /// for an interpreter that reads a carriage return as part of the line (bash would run
+    /// `echo a\r`). Off where CR may be meaningful to the program as written.
+    #[serde(default)]
+    pub unix_newlines: bool,
     /// Extra environment for the run.
     #[serde(default)]
     pub env: BTreeMap<String, String>,

@@ -217,7 +217,12 @@ impl Runner {
         report.interpreter = Some(place.info(lang));
         let spec = &lang.spec.run;
         let program = place.dir.path().join(&spec.file);
-        if let Err(e) = tokio::fs::write(program, &req.code).await {
+        let code = if spec.unix_newlines {
+            crate::session::interp::unix_newlines(&req.code)
+        } else {
+            std::borrow::Cow::Borrowed(req.code.as_str())
+        };
+        if let Err(e) = tokio::fs::write(program, code.as_bytes()).await {
             return Ok(fail(report, format!("cannot write the program: {e}")));
         }
         let vars = place.vars(lang);
