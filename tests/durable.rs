@@ -994,6 +994,27 @@ async fn session_vars_per_language() {
     s.stop().await;
 }
 
+/// A fresh bash session lists exactly what the cell defined: nothing of the bootstrap's
+/// (its prompts' PS0 included), also after a second cell and a `cd`.
+#[tokio::test(flavor = "multi_thread")]
+async fn bash_session_vars_list_only_what_the_user_defined() {
+    if !require("shellscript", "bash") {
+        return;
+    }
+    let s = Server::stdio().start().await;
+    let id = s.start_session("shellscript").await;
+    let o = s.eval(&id, "x=1").await;
+    assert_eq!(status(&o), "ok", "{}", o.text);
+    let names = |got: Vec<(String, String, String)>| -> Vec<String> {
+        got.into_iter().map(|v| v.0).collect()
+    };
+    assert_eq!(names(vars(&s, &id).await), ["x"]);
+    let o = s.eval(&id, "cd /; echo $x").await;
+    assert_eq!(output(&o), "1\n", "{}", o.text);
+    assert_eq!(names(vars(&s, &id).await), ["x"]);
+    s.stop().await;
+}
+
 /// Functions and classes imported from elsewhere are not the user's: named in `imported`,
 /// not listed among `vars`; each listed name says whether it is data, a function or a class.
 #[tokio::test(flavor = "multi_thread")]

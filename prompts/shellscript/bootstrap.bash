@@ -9,8 +9,10 @@ declare -r __rbx_c={ctl:shell} __rbx_n={nonce:shell} __rbx_cell={cell_file:shell
 __rbx_status=0
 # The prompts are ours between cells (replbox recognises them) and the user's while a cell
 # runs: `PS1='>>> '` or `source venv/bin/activate` set them for the cell, never printed.
-# __rbx_u holds the user's PS1, PS2, PS0 and PROMPT_COMMAND while ours are in place.
-__rbx_u=('\s-\v\$ ' '> ' '' '')
+# __rbx_u holds the user's PS1, PS2, PS0 and PROMPT_COMMAND while ours are in place, and
+# whether PS0 was set at all (bash starts without one: a PS0 the user never set is not
+# theirs to see in session_vars).
+__rbx_u=('\s-\v\$ ' '> ' '' '' '')
 PS1=$__rbx_p1
 PS2=$__rbx_p2
 # Run before every prompt, also the one after Ctrl-C, when the cell's end was skipped. An
@@ -20,7 +22,7 @@ PROMPT_COMMAND=([9]='{ __rbx_own; } 2> /dev/null')
 # by __rbx_own, and says whose prompts are in place.
 __rbx_own() {
   [[ ${PS1-} == "$__rbx_p1" ]] && return 0
-  __rbx_u=("${PS1-}" "${PS2-}" "${PS0-}" "${PROMPT_COMMAND[0]-}")
+  __rbx_u=("${PS1-}" "${PS2-}" "${PS0-}" "${PROMPT_COMMAND[0]-}" "${PS0+set}")
   PS1=$__rbx_p1
   PS2=$__rbx_p2
   unset PS0 'PROMPT_COMMAND[0]'
@@ -28,7 +30,8 @@ __rbx_own() {
 __rbx_give() {
   [[ ${PS1-} != "$__rbx_p1" ]] && return 0
   PROMPT_COMMAND[0]=${__rbx_u[3]}
-  PS2=${__rbx_u[1]} PS0=${__rbx_u[2]}
+  PS2=${__rbx_u[1]}
+  if [[ -n ${__rbx_u[4]} ]]; then PS0=${__rbx_u[2]}; else unset PS0; fi
   PS1=${__rbx_u[0]}
 }
 # __rbx_b64 STRING VAR: VAR = base64 of the ASCII STRING (no external program: the code
