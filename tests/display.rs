@@ -1047,6 +1047,33 @@ async fn r_frames_are_records_and_vars_run_no_user_method() {
         json!({"_row": "second", "v": 2.0, "q\"uote": "c\nd"})
     );
 
+    // Attributes with a class of their own: classed row names in a frame's display (its
+    // printing is the user's own quiet method), classed factor levels in session_vars.
+    let shown = eval(
+        &s,
+        &id,
+        "`[.mark` <- function(x, i) { writeLines('X', 'marker'); unclass(x)[i] }\n\
+         as.character.mark <- function(x, ...) { writeLines('X', 'marker'); 'm' }\n\
+         print.quiet <- function(x, ...) invisible(x)\n\
+         fl <- factor(c('a', 'b')); attr(fl, 'levels') <- structure(c('a', 'b'), class = 'mark')\n\
+         r <- structure(list(a = 1:2), class = c('quiet', 'data.frame'), \
+         row.names = structure(c('p', 'q'), class = 'mark'))\n\
+         display(r)",
+    )
+    .await;
+    let frame = &shown.structured["displays"][0]["frame"];
+    assert_eq!(frame["head"][1], json!({"_row": "q", "a": 2}), "{frame}");
+    // A name that is not UTF-8, a class name of a million bytes, a planted promise.
+    eval(
+        &s,
+        &id,
+        "assign(rawToChar(as.raw(c(0x61, 0xff))), 1)\n\
+         k <- structure(1, class = strrep('K', 1e6))\n\
+         delayedAssign('p', {writeLines('RAN', 'promise_marker'); 42})\n\
+         invisible(0)",
+    )
+    .await;
+
     let o = s.call("session_vars", json!({"session_id": id})).await;
     assert!(!o.is_error, "{}", o.text);
     let vars = o.structured["vars"].as_array().cloned().unwrap_or_default();
@@ -1077,6 +1104,32 @@ async fn r_frames_are_records_and_vars_run_no_user_method() {
         weird["summary"].as_str().unwrap_or("").contains("va\"l ue"),
         "{weird}"
     );
+    assert!(
+        find("fl")["summary"]
+            .as_str()
+            .unwrap_or("")
+            .contains("\"a\" \"b\"")
+    );
+    // The odd name is listed with its byte escaped, and so is every other name.
+    assert_eq!(find("a<ff>")["summary"], "double [1] 1");
+    let k = find("k");
+    assert_eq!(k["type"], "K".repeat(200), "the class name is cut");
+    assert_eq!(
+        o.structured["omitted"].as_u64().unwrap_or(0),
+        0,
+        "{}",
+        o.structured
+    );
+    // A promise the session planted with delayedAssign is forced (docs/security.md says so).
+    assert_eq!(find("p")["summary"], "double [1] 42");
+    // No method of the attributes' classes ran, in the display or in session_vars.
+    let after = eval(
+        &s,
+        &id,
+        "cat(file.exists('marker'), file.exists('promise_marker'), '\\n')",
+    )
+    .await;
+    assert!(after.text.starts_with("FALSE TRUE \n"), "{}", after.text);
     // Nothing printed into the session, which goes on.
     let after = eval(&s, &id, "cat('next\\n')").await;
     assert_eq!(after.text, "next\n");

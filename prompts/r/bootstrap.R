@@ -52,8 +52,16 @@ local({
     if (pad > 0) s[(length(s) - pad + 1):length(s)] <- "="
     paste(s, collapse = "")
   }
+  # Strings as UTF-8 whatever their bytes: bytes that are not UTF-8 become <xx>, so that no
+  # string function fails on them; cut to n characters.
+  clean <- function(s, n = 200) {
+    s <- enc2utf8(as.character(unclass(s)))
+    bad <- !is.na(s) & !validUTF8(s)
+    if (any(bad)) s[bad] <- iconv(s[bad], "UTF-8", "UTF-8", sub = "byte")
+    if (is.null(n)) s else substr(s, 1, n)
+  }
   js <- function(s) {
-    s <- enc2utf8(as.character(s)[1])
+    s <- clean(unclass(s)[1], NULL)
     if (is.na(s)) s <- "NA"
     for (p in list(c("\\", "\\\\"), c("\"", "\\\""), c("\n", "\\n"), c("\r", "\\r"),
                    c("\t", "\\t")))
@@ -223,7 +231,9 @@ local({
 
   # --- what replbox reads without printing: data frames as data, and session_vars. Every
   # value is the user's: nothing here dispatches on its class (unclass, attributes and
-  # primitives only), so no method of theirs runs; replbox bounds what it reads again. ---
+  # primitives only), so no method of theirs runs; replbox bounds what it reads again. An
+  # attribute's value may carry a class of its own: `at` reads it unclassed. ---
+  at <- function(x, which) unclass(attr(x, which, exact = TRUE))
   jnum <- function(v) ifelse(is.finite(v), sprintf("%.0f", v), "null")
   # A double stays one in JSON (1.0, not 1), as pandas writes it.
   jdbl <- function(v) {
@@ -233,13 +243,13 @@ local({
   }
   # The JSON values of rows `rows` of one column.
   cells <- function(col, rows) {
-    cls <- attr(col, "class")
+    cls <- at(col, "class")
     u <- unclass(col)
-    if (!is.atomic(u) || !is.null(attr(u, "dim"))) return(rep(js(typeof(u)), length(rows)))
+    if (!is.atomic(u) || !is.null(at(u, "dim"))) return(rep(js(typeof(u)), length(rows)))
     v <- u[rows]
     if (is.factor(col)) {
-      lv <- attr(col, "levels")
-      return(ifelse(is.na(v), "null", vapply(lv[v], js, "")))
+      lv <- at(col, "levels")
+      return(ifelse(is.na(v), "null", vapply(clean(lv[v]), js, "")))
     }
     if ("Date" %in% cls && is.numeric(v))
       return(ifelse(is.finite(v), vapply(format(as.Date(unclass(v), origin = "1970-01-01")), js, ""), "null"))
@@ -249,23 +259,23 @@ local({
     if (is.logical(v)) return(ifelse(is.na(v), "null", ifelse(v, "true", "false")))
     if (is.integer(v)) return(ifelse(is.na(v), "null", sprintf("%d", v)))
     if (is.double(v)) return(jdbl(v))
-    if (is.character(v)) return(ifelse(is.na(v), "null", vapply(substr(v, 1, 200), js, "")))
+    if (is.character(v)) return(ifelse(is.na(v), "null", vapply(clean(v), js, "")))
     rep(js(typeof(u)), length(rows))
   }
   frame_json <- function(x) {
     u <- unclass(x)
     nr <- .row_names_info(x, 2L)
     cols <- u[seq_len(min(length(u), 50))]
-    names(cols) <- substr(names(u)[seq_along(cols)], 1, 200)
+    names(cols) <- clean(at(u, "names")[seq_along(cols)])
     kinds <- vapply(cols, function(c) {
-      k <- attr(c, "class")
-      if (is.null(k)) typeof(c) else k[1]
+      k <- at(c, "class")
+      clean(if (is.null(k)) typeof(c) else k[1])
     }, "")
     columns <- paste(sprintf("{\"name\":%s,\"dtype\":%s}", vapply(names(cols), js, ""),
                              vapply(kinds, js, "")), collapse = ",")
     # Row names of its own (mtcars' models) go into the records as a column, as pandas'
     # index does.
-    if (.row_names_info(x) > 0) cols <- c(list("_row" = as.character(attr(x, "row.names"))), cols)
+    if (.row_names_info(x) > 0) cols <- c(list("_row" = clean(at(x, "row.names"))), cols)
     records <- function(rows) {
       if (length(rows) == 0) return("[]")
       vals <- lapply(cols, cells, rows = rows)
@@ -274,7 +284,7 @@ local({
         paste0("{", paste0(keys, ":", vapply(vals, `[`, "", i), collapse = ","), "}"), "")
       paste0("[", paste(recs, collapse = ","), "]")
     }
-    type <- attr(x, "class")[1]
+    type <- at(x, "class")[1]
     parts <- c(sprintf("\"type\":%s", js(if (is.null(type)) "data.frame" else type)),
                sprintf("\"shape\":[%d,%d]", as.integer(nr), length(u)),
                sprintf("\"columns\":[%s]", columns))
@@ -310,32 +320,34 @@ local({
       return(list(type = "active binding", kind = "data", summary = ""))
     }
     x <- get(name, envir = env, inherits = FALSE)
-    type <- attr(x, "class")[1]
-    if (is.null(type)) type <- typeof(x)
+    type <- at(x, "class")[1]
+    type <- clean(if (is.null(type)) typeof(x) else type)
     if (is.function(x)) {
       fm <- formals(x)
       args <- vapply(seq_along(fm), function(i) {
         d <- deparse(fm[[i]], width.cutoff = 60L)[1]
-        if (nzchar(d)) paste0(names(fm)[i], " = ", d) else names(fm)[i]
+        n <- clean(at(fm, "names")[i])
+        if (nzchar(d)) paste0(n, " = ", clean(d)) else n
       }, "")
       return(list(type = "function", kind = "function",
                   summary = paste0("function(", paste(args, collapse = ", "), ")")))
     }
     u <- unclass(x)
     summary <- if (is.data.frame(x)) {
-      kinds <- vapply(u, function(c) { k <- attr(c, "class"); if (is.null(k)) typeof(c) else k[1] }, "")
+      kinds <- vapply(u, function(c) { k <- at(c, "class"); clean(if (is.null(k)) typeof(c) else k[1]) }, "")
       sprintf("%d x %d: %s", .row_names_info(x, 2L), length(u),
-              paste(utils::head(paste0(names(u), " <", kinds, ">"), 20), collapse = ", "))
+              paste(utils::head(paste0(clean(at(u, "names")), " <", kinds, ">"), 20), collapse = ", "))
     } else if (is.atomic(u)) {
-      d <- attr(u, "dim")
+      d <- at(u, "dim")
       shape <- if (is.null(d)) sprintf("[%d]", length(u)) else sprintf("[%s]", paste(d, collapse = "x"))
-      v <- if (is.factor(x)) attr(x, "levels")[u[seq_len(min(length(u), 6))]] else u[seq_len(min(length(u), 6))]
-      shown <- if (is.character(v)) paste0("\"", substr(v, 1, 40), "\"") else format(v, digits = 6)
+      i <- seq_len(min(length(u), 6))
+      v <- if (is.factor(x)) at(x, "levels")[u[i]] else u[i]
+      shown <- if (is.character(v)) paste0("\"", clean(v, 40), "\"") else format(v, digits = 6)
       paste(c(typeof(u), shape, shown, if (length(u) > 6) "..."), collapse = " ")
     } else if (is.list(u)) {
-      nm <- names(u)
+      nm <- at(u, "names")
       sprintf("list of %d%s", length(u),
-              if (is.null(nm)) "" else paste0(": ", paste(utils::head(nm, 10), collapse = ", ")))
+              if (is.null(nm)) "" else paste0(": ", paste(clean(utils::head(nm, 10)), collapse = ", ")))
     } else typeof(u)
     size <- tryCatch(as.numeric(utils::object.size(x)), error = function(e) NA)
     list(type = type, kind = "data", summary = summary, size = size)
@@ -348,11 +360,16 @@ local({
     omitted <- 0
     for (name in names) {
       if (used > 11000) { omitted <- omitted + 1; next }
+      # One name at a time: whatever fails for one (its bytes, its value) fails only its
+      # own entry, and every string in an entry is cut, so no one entry takes the budget.
       e <- tryCatch(describe(name, env),
                     error = function(c) list(type = "?", kind = "data", summary = ""))
-      item <- sprintf("{\"name\":%s,\"type\":%s,\"kind\":%s,\"summary\":%s%s}", js(substr(name, 1, 200)),
-                      js(e$type), js(e$kind), js(substr(e$summary, 1, 200)),
-                      if (is.null(e$size) || is.na(e$size)) "" else sprintf(",\"size\":%s", jnum(e$size)))
+      item <- tryCatch(
+        sprintf("{\"name\":%s,\"type\":%s,\"kind\":%s,\"summary\":%s%s}", js(clean(name)),
+                js(clean(e$type)), js(e$kind), js(clean(e$summary)),
+                if (is.null(e$size) || is.na(e$size)) "" else sprintf(",\"size\":%s", jnum(e$size))),
+        error = function(c) NULL)
+      if (is.null(item)) { omitted <- omitted + 1; next }
       if (used + nchar(item, "bytes") + 1 > 11000) { omitted <- omitted + 1; used <- 11001; next }
       used <- used + nchar(item, "bytes") + 1
       found <- c(found, item)
