@@ -1052,3 +1052,37 @@ async fn a_thousand_line_ghci_cell() {
     assert_eq!((status(&o), output(&o)), ("ok", "1000\n"), "{}", o.text);
     s.stop().await;
 }
+
+/// A Ruby traceback names a cell's own top level `<main>`, as irb does, also for a block in
+/// it; a method keeps its name.
+#[tokio::test(flavor = "multi_thread")]
+async fn ruby_tracebacks_say_main_as_irb_does() {
+    if !require("ruby", "ruby") {
+        return;
+    }
+    let s = Server::stdio().start().await;
+    let id = s.start_session("ruby").await;
+    let o = s.eval(&id, "def h = raise('boom')\nh").await;
+    assert_eq!(status(&o), "error", "{}", o.text);
+    let out = output(&o);
+    let line = |prefix: &str| -> String {
+        out.lines()
+            .find(|l| l.contains(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in {out}"))
+            .to_string()
+    };
+    assert!(line("<cell 1>:1:in ").contains("h'"), "{out}");
+    let top = line("<cell 1>:2:in ");
+    assert!(top.starts_with("\tfrom <cell 1>:2:in "), "{out}");
+    assert!(top.ends_with("<main>'"), "{out}");
+    assert!(!out.contains("top (required)"), "{out}");
+    let o = s.eval(&id, "[1].each { raise 'again' }").await;
+    let out = output(&o);
+    assert!(
+        out.lines()
+            .any(|l| l.contains("<cell 2>:1:in ") && l.contains("block in <main>'")),
+        "{out}"
+    );
+    assert!(!out.contains("top (required)"), "{out}");
+    s.stop().await;
+}

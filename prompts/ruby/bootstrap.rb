@@ -95,6 +95,9 @@ report = lambda do |e|
   bt = e.backtrace || []
   cut = bt.index { |l| l.start_with?(boot) }
   bt = bt[0...cut] if cut
+  # A cell's own code is evaluated in irb's binding, which ruby names `<top (required)>`
+  # (irb was required); irb itself says `<main>` there.
+  bt = bt.map { |l| l.sub(/\A(<cell \d+>:\d+:in [`'](?:block (?:\(\d+ levels\) )?in )?)<top \(required\)>'/, "\\1<main>'") }
   if bt.empty?
     first, *rest = e.message.to_s.lines
     $stderr.print("#{first.to_s.chomp} (#{e.class})\n", *rest)
