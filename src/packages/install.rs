@@ -40,15 +40,45 @@ pub(super) struct Done {
 }
 
 /// Who asked, and until when.
-pub(super) struct Ask<'a> {
-    pub(super) principal: &'a str,
-    pub(super) deadline: tokio::time::Instant,
-    pub(super) cancel: &'a CancellationToken,
+struct Ask<'a> {
+    principal: &'a str,
+    deadline: tokio::time::Instant,
+    cancel: &'a CancellationToken,
 }
 
 impl Packages {
+    /// A fresh scratch directory, the installer's own, for one run's HOME (removed by
+    /// [`run_installer`](Self::run_installer) when the run ends).
+    pub(super) fn installer_home(&self) -> Result<PathBuf, Done> {
+        let home = self
+            .root
+            .join("tmp")
+            .join(uuid::Uuid::new_v4().simple().to_string());
+        super::own_dir(&home, 0o700, self.installer)
+            .map_err(|e| stopped(format!("cannot make the installer's home: {e}")))?;
+        Ok(home)
+    }
+
+    /// Run `job` for `principal` within the installers' deadline, then remove its home.
+    pub(super) async fn run_installer(
+        &self,
+        job: Job,
+        principal: &str,
+        cancel: &CancellationToken,
+    ) -> Done {
+        let home = job.home.clone();
+        let ask = Ask {
+            principal,
+            deadline: tokio::time::Instant::now() + self.timeout,
+            cancel,
+        };
+        let done = self.run_confined(job, &ask).await;
+        let _ = tokio::task::spawn_blocking(move || crate::workspace::remove_tree(&home)).await;
+        done
+    }
+
     /// Run `job` confined as the installer, its network the installers' proxy.
-    pub(super) async fn run_installer(&self, job: Job, ask: &Ask<'_>) -> Done {
+    async fn run_confined(&self, job: Job, ask: &Ask<'_>) -> Done {
         let exes: Vec<&Path> = job.exes.iter().map(PathBuf::as_path).collect();
         let mut child = ChildBuilder::new(&self.sandbox, None, &job.home)
             .interpreters(&exes)

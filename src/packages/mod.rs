@@ -473,13 +473,10 @@ impl Packages {
         principal: &str,
         cancel: &CancellationToken,
     ) -> install::Done {
-        let home = self
-            .root
-            .join("tmp")
-            .join(uuid::Uuid::new_v4().simple().to_string());
-        if let Err(e) = own_dir(&home, 0o700, self.installer) {
-            return install::stopped(format!("cannot make the installer's home: {e}"));
-        }
+        let home = match self.installer_home() {
+            Ok(home) => home,
+            Err(stopped) => return stopped,
+        };
         let mut argv: Vec<String> = [
             uv.display().to_string(),
             "pip".into(),
@@ -508,16 +505,9 @@ impl Packages {
             exes: vec![uv.to_path_buf(), python.to_path_buf()],
             // The shared cache and this one layer: never another run's or session's.
             rw: vec![self.root.join("uv"), layer.dir.clone()],
-            home: home.clone(),
+            home,
         };
-        let ask = install::Ask {
-            principal,
-            deadline: tokio::time::Instant::now() + self.timeout,
-            cancel,
-        };
-        let done = self.run_installer(job, &ask).await;
-        let _ = tokio::task::spawn_blocking(move || crate::workspace::remove_tree(&home)).await;
-        done
+        self.run_installer(job, principal, cancel).await
     }
 }
 

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::install::{self, Reason};
 use super::spec::Spec;
-use super::{Installed, Layer, Package, PackageError, Packages, own_dir, resolved_key};
+use super::{Installed, Layer, Package, PackageError, Packages, resolved_key};
 
 impl Packages {
     /// npm's `npm-cli.js` (see [`find_npm`]), found once; as root it must be reachable by
@@ -114,13 +114,10 @@ impl Packages {
         principal: &str,
         cancel: &CancellationToken,
     ) -> install::Done {
-        let home = self
-            .root
-            .join("tmp")
-            .join(uuid::Uuid::new_v4().simple().to_string());
-        if let Err(e) = own_dir(&home, 0o700, self.installer) {
-            return install::stopped(format!("cannot make the installer's home: {e}"));
-        }
+        let home = match self.installer_home() {
+            Ok(home) => home,
+            Err(stopped) => return stopped,
+        };
         let mut argv: Vec<String> = vec![
             node.display().to_string(),
             npm.display().to_string(),
@@ -152,16 +149,9 @@ impl Packages {
             exes: vec![node.to_path_buf(), npm.to_path_buf()],
             // The shared cache and this one layer: never another run's or session's.
             rw: vec![self.root.join("npm"), layer.dir.clone()],
-            home: home.clone(),
+            home,
         };
-        let ask = install::Ask {
-            principal,
-            deadline: tokio::time::Instant::now() + self.timeout,
-            cancel,
-        };
-        let done = self.run_installer(job, &ask).await;
-        let _ = tokio::task::spawn_blocking(move || crate::workspace::remove_tree(&home)).await;
-        done
+        self.run_installer(job, principal, cancel).await
     }
 }
 
