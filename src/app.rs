@@ -189,12 +189,13 @@ root: at level none, user code runs as the server's own user and could read the 
     }
 
     /// What a server starts once it answers: the removal of workspaces left by servers that
-    /// are gone, interpreter detection, the check of a remembered bwrap probe, then the warm
-    /// pools. They take time or spawn processes, so they come after the transport is up
-    /// rather than before.
+    /// are gone, the check of a remembered bwrap probe, then the warm pools. They take time or
+    /// spawn processes, so they come after the transport is up rather than before.
+    /// Interpreters are detected when a language is first used (a pool's fill is a use), not
+    /// all at start: probing every installed language ran about 15 programs (pyenv's shim and
+    /// rustup's proxy among them) for languages a server may never run.
     pub fn start_background(&self) {
         self.runner.workspace.sweep_stale_in_background();
-        self.registry.detect_all_in_background();
         self.sandbox.verify_in_background();
         self.runner.fill_pools(&self.registry);
         self.sessions.fill_pools();

@@ -438,16 +438,6 @@ impl Registry {
             .collect()
     }
 
-    /// Start detecting every installed language in the background.
-    pub fn detect_all_in_background(self: &Arc<Self>) {
-        for lang in self.langs.iter().filter(|l| l.installed()) {
-            let lang = lang.clone();
-            tokio::spawn(async move {
-                lang.detect().await;
-            });
-        }
-    }
-
     /// Detect every language, all at once, and return when each is done.
     pub async fn detect_all(&self) {
         let mut probes = tokio::task::JoinSet::new();
