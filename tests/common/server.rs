@@ -10,7 +10,8 @@
 //! Every server starts with the same environment: no run-code pool and no warm sessions
 //! (`REPLBOX_POOL=0`, `REPLBOX_SESSION_POOL=0`: tests count the server's processes; a test
 //! that wants them sets the variable), the operator variables of the test's own environment
-//! removed (`REPLBOX_TOKENS`, `REPLBOX_HTTP`, …), and `REPLBOX_LOG=warn` (with
+//! removed (`REPLBOX_TOKENS`, `REPLBOX_HTTP`, …), the directory of the real `python3` first on
+//! PATH when the one on PATH is a shim (unless the test sets PATH), and `REPLBOX_LOG=warn` (with
 //! `replbox=info` over HTTP, whose address is read from the log) unless the test sets it.
 //! The server's stderr is echoed to the test's (tagged with its pid) and kept: `log()`.
 //!
@@ -116,6 +117,17 @@ impl Spec {
         if let Some(v) = std::env::var_os("REPLBOX_LOG") {
             cmd.env("REPLBOX_LOG", v);
         }
+        // A `python3` on PATH that is a wrapper (pyenv's shim, a bash script that runs a
+        // dozen more) costs every server about 0.15 s of CPU to resolve: the interpreter's
+        // own directory goes first instead, unless the test sets PATH itself.
+        if !self.sets("PATH")
+            && let Some(dir) = python_dir()
+        {
+            let mut path = dir;
+            path.push(":");
+            path.push(std::env::var_os("PATH").unwrap_or_default());
+            cmd.env("PATH", path);
+        }
         for (k, v) in self.env {
             match v {
                 Some(v) => cmd.env(k, v),
@@ -131,6 +143,57 @@ impl Spec {
         }
         cmd
     }
+}
+
+/// The directory of the interpreter that the `python3` on PATH runs, when that `python3` is
+/// a script (a version manager's shim) rather than the interpreter; found once per test run
+/// and kept in the target's temporary directory (each test is a process of its own).
+fn python_dir() -> Option<OsString> {
+    use std::os::unix::ffi::OsStrExt;
+    static DIR: std::sync::OnceLock<Option<OsString>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let path = std::env::var_os("PATH")?;
+        let shim = std::env::split_paths(&path)
+            .map(|d| d.join("python3"))
+            .find(|p| p.is_file())?;
+        let head = std::fs::read(&shim).ok()?;
+        if !head.starts_with(b"#!") {
+            return None; // the interpreter itself
+        }
+        let mut key = shim.as_os_str().as_bytes().to_vec();
+        key.push(0);
+        key.extend_from_slice(path.as_bytes());
+        let digest = key.iter().fold(0xcbf29ce484222325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x100000001b3)
+        });
+        let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("python3-dir-{digest:016x}"));
+        if let Ok(dir) = std::fs::read(&cache) {
+            return Some(std::ffi::OsStr::from_bytes(&dir).to_owned());
+        }
+        let out = std::process::Command::new(&shim)
+            .args([
+                "-c",
+                "import os, sys; print(os.path.dirname(sys.executable))",
+            ])
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        let dir = out.stdout.strip_suffix(b"\n")?;
+        if !out.status.success()
+            || !std::path::Path::new(std::ffi::OsStr::from_bytes(dir))
+                .join("python3")
+                .is_file()
+        {
+            return None;
+        }
+        let tmp = cache.with_extension(format!("{}", std::process::id()));
+        if std::fs::write(&tmp, dir).is_ok() {
+            let _ = std::fs::rename(&tmp, &cache);
+        }
+        Some(std::ffi::OsStr::from_bytes(dir).to_owned())
+    })
+    .clone()
 }
 
 macro_rules! spec_setters {
