@@ -1133,5 +1133,338 @@ async fn r_frames_are_records_and_vars_run_no_user_method() {
     // Nothing printed into the session, which goes on.
     let after = eval(&s, &id, "cat('next\\n')").await;
     assert_eq!(after.text, "next\n");
+
+    // session_inspect in the same session: a frame's columns with nulls and distinct
+    // counts and its first and last rows, a matrix's shape and statistics, a function's
+    // formals and its own source, a list's members through a dotted path; and values
+    // whose classes' methods (and methods for the types' implicit classes) would leave a
+    // mark are read without running any of them.
+    eval(
+        &s,
+        &id,
+        "area <- function(w, h = 1) {\n  # width times height\n  w * h\n}\n\
+         mx <- matrix(1:6, 2)\n\
+         lst <- list(a = c(1.5, NA, 3), b = 'x')\n\
+         mark <- function(...) { writeLines('x', 'S3-ran'); stop('a method ran') }\n\
+         for (g in c('length', '[', '[[', '$', 'is.na', 'dim', 'names', 'format', 'unique', \
+         'summary', 'head', 'print', 'as.character', 'mean', 'levels')) \
+         assign(paste0(g, '.evil'), mark)\n\
+         ev <- structure(list(a = structure(c(1, 2, NA), class = 'evil'), b = c('u', 'v', 'u')), \
+         class = c('evil', 'data.frame'), row.names = c(NA, -3L))\n\
+         vec <- structure(c(2, 4, NA), class = 'evil')\n\
+         huge <- as.numeric(1:1e7)\n\
+         makeActiveBinding('ab', mark, globalenv())\n\
+         unique.numeric <- unique.integer <- format.numeric <- head.character <- mark\n\
+         invisible(0)",
+    )
+    .await;
+    let i = |name: &'static str| inspect(&s, &id, name, None);
+    let d = i("df").await;
+    assert!(!d.is_error, "{}", d.text);
+    let v = &d.structured["details"];
+    assert_eq!(
+        (&d.structured["type"], &v["shape"]),
+        (&json!("data.frame"), &json!([20, 5])),
+        "{v}"
+    );
+    assert_eq!(
+        v["columns"][2],
+        json!({"name": "s", "dtype": "character", "nulls": 1, "distinct": 19})
+    );
+    assert_eq!(
+        v["columns"][3],
+        json!({"name": "f", "dtype": "factor", "nulls": 0, "distinct": 2})
+    );
+    assert_eq!(
+        v["head"][1],
+        json!({"n": 2, "x": 1.0, "s": null, "f": "v", "d": "2024-01-02"})
+    );
+    assert_eq!(v["tail"][4]["n"], 20, "{v}");
+    let m = i("mx").await.structured;
+    assert_eq!(
+        (&m["details"]["shape"], &m["details"]["dtype"]),
+        (&json!([2, 3]), &json!("integer")),
+        "{m}"
+    );
+    assert_eq!(
+        m["details"]["stats"],
+        json!({"min": 1.0, "max": 6.0, "mean": 3.5, "sd": 1.87082869338697, "nans": 0})
+    );
+    let f = i("area").await;
+    assert_eq!(
+        f.structured["details"]["signature"], "function(w, h = 1)",
+        "{}",
+        f.structured
+    );
+    assert!(
+        f.text
+            .contains("source:\nfunction(w, h = 1) {\n  # width times height\n  w * h\n}"),
+        "{}",
+        f.text
+    );
+    let a = i("lst.a").await.structured;
+    assert_eq!(
+        (&a["type"], &a["details"]["nulls"], &a["details"]["head"]),
+        (&json!("double"), &json!(1), &json!([1.5, null, 3.0])),
+        "{a}"
+    );
+    let l = i("lst").await.structured;
+    assert_eq!(
+        l["details"]["members"],
+        json!([{"name": "a", "type": "double"}, {"name": "b", "type": "character"}]),
+        "{l}"
+    );
+    let ev = i("ev").await;
+    assert!(!ev.is_error, "{}", ev.text);
+    assert_eq!(ev.structured["type"], "evil");
+    assert_eq!(
+        ev.structured["details"]["columns"][0],
+        json!({"name": "a", "dtype": "evil", "nulls": 1, "distinct": 2})
+    );
+    assert_eq!(
+        ev.structured["details"]["head"][2],
+        json!({"a": null, "b": "u"})
+    );
+    let vec = i("vec").await.structured;
+    assert_eq!(vec["details"]["stats"]["max"], 4.0, "{vec}");
+    let h = inspect(&s, &id, "huge", Some(300)).await.structured;
+    assert_eq!(
+        (&h["details"]["len"], &h["details"]["stats"]["max"]),
+        (&json!(10_000_000), &json!(1e7)),
+        "{h}"
+    );
+    assert!(h["details"].to_string().len() <= 300, "{h}");
+    for (name, says) in [
+        ("ab", "active binding"),
+        ("nothing", "object 'nothing' not found"),
+        ("lst.zz", "no element zz"),
+    ] {
+        let r = inspect(&s, &id, name, None).await;
+        assert_eq!(r.error_kind(), "invalid_argument", "{name}: {}", r.text);
+        assert!(r.text.contains(says), "{name}: {}", r.text);
+    }
+    let after = eval(&s, &id, "cat(file.exists('S3-ran'), '\\n')").await;
+    assert_eq!(after.text, "FALSE \n");
+    s.stop().await;
+}
+
+/// A 1x1 PNG.
+const PNG_1X1: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+
+/// JavaScript: `display()` as in a notebook kernel. An object's display method (Deno's
+/// `Symbol.for("Jupyter.display")`, or `_repr_mimebundle_`) gives its MIME bundle, a plain
+/// object or array also comes back as JSON, a Buffer holding a PNG as an image, a string as
+/// text only; a cell's value with a display method comes back rich too. Values that fight
+/// back (a cycle, a throwing getter, a Proxy, a huge array) give text, never a broken cell.
+#[tokio::test(flavor = "multi_thread")]
+async fn javascript_display_returns_mime_bundles_as_content_blocks() {
+    if !require("javascript", "node") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let id = s.start_session("javascript").await;
+    let shown = eval(
+        &s,
+        &id,
+        r##"class Chart {
+  [Symbol.for("Jupyter.display")]() {
+    return {"text/plain": "Chart(3)", "text/html": "<b>3</b>",
+            "image/svg+xml": '<svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"/>',
+            "application/x-evil": "no"};
+  }
+}
+const md = { _repr_mimebundle_() { return {"text/markdown": "# T", "application/vnd.vegalite.v5+json": {mark: "bar"}}; } };
+display(new Chart(), md, {a: 1, b: [1, 2]}, "just text")
+console.log("after")"##,
+    )
+    .await;
+    assert!(shown.text.starts_with("Chart(3)\n"), "{}", shown.text);
+    assert!(
+        shown
+            .text
+            .contains("{ a: 1, b: [ 1, 2 ] }\njust text\nafter\n"),
+        "{}",
+        shown.text
+    );
+    assert_eq!(
+        shown.kinds(),
+        [
+            ("image", "image/svg+xml"),
+            ("resource", "text/html"),
+            ("resource", "application/vnd.vegalite.v5+json"),
+            ("resource", "text/markdown"),
+            ("resource", "application/json"),
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    assert_eq!(shown.resource("text/html").1, "<b>3</b>");
+    assert_eq!(shown.resource("text/markdown").1, "# T");
+    assert_eq!(
+        serde_json::from_str::<Value>(&shown.resource("application/json").1).expect("json"),
+        json!({"a": 1, "b": [1, 2]})
+    );
+    assert_eq!(
+        shown.structured["displays"].as_array().map(Vec::len),
+        Some(3)
+    );
+    let (uri, _) = shown.resource("text/html");
+    assert!(
+        uri.starts_with(&format!("replbox://sessions/{id}/displays/")),
+        "{uri}"
+    );
+
+    // A PNG in a Buffer is an image with its link; a cell's value with a display method
+    // comes back rich after the REPL's text of it; a plain value does not.
+    let shown = eval(
+        &s,
+        &id,
+        &format!("display(Buffer.from('{PNG_1X1}', 'base64'))"),
+    )
+    .await;
+    assert_eq!(shown.image("image/png"), PNG_1X1);
+    assert!(shown.text.starts_with("<image/png, "), "{}", shown.text);
+    assert_eq!(shown.links().len(), 1, "{:?}", shown.links());
+    let shown = eval(&s, &id, "new Chart()").await;
+    assert_eq!(shown.kinds().len(), 2, "{:?}", shown.kinds());
+    let shown = eval(&s, &id, "({a: 1})").await;
+    assert!(shown.kinds().is_empty(), "{:?}", shown.kinds());
+
+    // Hostile values: text only, and the cell goes on.
+    let shown = eval(
+        &s,
+        &id,
+        r#"const cyc = {}; cyc.self = cyc;
+const thrower = { get x() { throw new Error("getter ran"); } };
+const trap = new Proxy({}, { get() { throw new Error("trap ran"); }, ownKeys() { throw new Error("trap ran"); } });
+const huge = new Array(5e6).fill(1);
+display(cyc, thrower, trap, huge, null, undefined, 42)
+console.log("still here")"#,
+    )
+    .await;
+    assert!(shown.kinds().is_empty(), "{:?}", shown.kinds());
+    assert!(
+        shown.text.contains("<ref *1> { self: [Circular *1] }"),
+        "{}",
+        shown.text
+    );
+    assert!(shown.text.ends_with("42\nstill here\n"), "{}", shown.text);
+    assert!(!shown.text.contains("ran"), "{}", shown.text);
+
+    // session_inspect in the same session: arrays, typed arrays, functions, classes and
+    // objects within the budget; and the hostile values above (a cycle, getters that throw
+    // or never end, Proxies whose traps leave a mark, a huge sparse array) are read without
+    // running any of their code.
+    eval(
+        &s,
+        &id,
+        r#"const xs = [3, 1, 2, NaN];
+const f64 = new Float64Array([1, 2, 3, NaN]);
+function area(w, h = 1) {
+  // width times height
+  return w * h;
+}
+class Box { constructor(w, d) { this.w = w; } volume() { return 0; } }
+const spin = { get forever() { for (;;); }, get boom() { throw new Error("getter ran"); }, ok: 1 };
+const marks = new Proxy({}, {
+  get() { require("fs").writeFileSync("trap-ran", "1"); for (;;); },
+  ownKeys() { require("fs").writeFileSync("trap-ran", "1"); return []; },
+  getPrototypeOf() { require("fs").writeFileSync("trap-ran", "1"); return null; },
+  getOwnPropertyDescriptor() { require("fs").writeFileSync("trap-ran", "1"); return undefined; },
+});
+const holder = { inner: marks, cyc, n: 1 };
+const sparse = []; sparse[2 ** 32 - 2] = 1;
+const floats = new Float64Array(5e6).fill(0.5);
+Object.defineProperty(globalThis, "lazy", { get() { for (;;); } });
+undefined"#,
+    )
+    .await;
+    let i = |name: &'static str| inspect(&s, &id, name, None);
+    let xs = i("xs").await;
+    assert!(!xs.is_error, "{}", xs.text);
+    let d = &xs.structured["details"];
+    assert_eq!(
+        (&xs.structured["type"], &d["len"], &d["dtype"]),
+        (&json!("Array"), &json!(4), &json!("number")),
+        "{d}"
+    );
+    assert_eq!(
+        d["stats"],
+        json!({"min": 1, "max": 3, "mean": 2, "std": (2.0f64 / 3.0).sqrt(), "nans": 1, "count": 3})
+    );
+    let d = i("f64").await.structured["details"].clone();
+    assert_eq!(
+        (&d["dtype"], &d["stats"]["max"], &d["head"]),
+        (&json!("float64"), &json!(3), &json!([1, 2, 3, null])),
+        "{d}"
+    );
+    let f = i("area").await;
+    assert_eq!(
+        f.structured["details"]["signature"], "area(w, h = 1)",
+        "{}",
+        f.structured
+    );
+    assert!(
+        f.text
+            .contains("source:\nfunction area(w, h = 1) {\n  // width times height"),
+        "{}",
+        f.text
+    );
+    let c = i("Box").await.structured;
+    assert_eq!(
+        (
+            &c["type"],
+            &c["details"]["signature"],
+            &c["details"]["members"]
+        ),
+        (&json!("class"), &json!("Box(w, d)"), &json!(["volume"])),
+        "{c}"
+    );
+    let o = i("spin").await.structured;
+    assert_eq!(
+        o["details"]["keys"],
+        json!(["forever", "boom", "ok"]),
+        "{o}"
+    );
+    assert_eq!(
+        o["details"]["repr"], "{forever: [Getter], boom: [Getter], ok: 1}",
+        "{o}"
+    );
+    let p = i("marks").await.structured;
+    assert_eq!(p["type"], "Proxy", "{p}");
+    let h = i("holder").await.structured;
+    assert_eq!(
+        h["details"]["repr"], "{inner: Proxy, cyc: {self: [Circular]}, n: 1}",
+        "{h}"
+    );
+    let sp = i("sparse").await.structured;
+    assert_eq!(
+        (&sp["details"]["len"], &sp["details"]["dtype"]),
+        (&json!(4294967295u64), &json!("empty")),
+        "{sp}"
+    );
+    let fl = inspect(&s, &id, "floats", Some(400)).await.structured;
+    assert_eq!(
+        (&fl["details"]["len"], &fl["details"]["stats"]["mean"]),
+        (&json!(5_000_000), &json!(0.5)),
+        "{fl}"
+    );
+    assert!(fl["details"].to_string().len() <= 400, "{fl}");
+    for (name, says) in [
+        ("spin.forever", "getter is not run"),
+        ("marks.x", "traps are not run"),
+        ("lazy", "getter is not run"),
+        ("nothing", "ReferenceError"),
+    ] {
+        let r = inspect(&s, &id, name, None).await;
+        assert_eq!(r.error_kind(), "invalid_argument", "{name}: {}", r.text);
+        assert!(r.text.contains(says), "{name}: {}", r.text);
+    }
+    let after = eval(
+        &s,
+        &id,
+        "console.log(require('fs').existsSync('trap-ran'), xs.length)",
+    )
+    .await;
+    assert_eq!(after.text, "false 4\n");
     s.stop().await;
 }

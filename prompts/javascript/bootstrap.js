@@ -209,10 +209,15 @@ function main(require) {
   }
   // How many lines the value of the cell takes (the REPL shows it with its writer), so a
   // notebook export can tell it from what the cell printed.
+  // A value with a display method also comes back rich, as display(value) would return it.
   const writer = r.writer;
+  let shown = () => {};
   r.writer = function (v) {
     const text = writer.call(this, v);
-    if (cur && !cur.done) cur.extra.value_lines = String(text).split("\n").length;
+    if (cur && !cur.done) {
+      cur.extra.value_lines = String(text).split("\n").length;
+      shown(v);
+    }
     return text;
   };
   Object.assign(r.writer, writer);
@@ -416,6 +421,475 @@ function main(require) {
         "literals: await replbox.install('lodash', 'is-odd@3')")),
     }),
   });
+  // --- rich display: display(obj), and a cell's value with a display method, leave a MIME
+  // bundle (JSON, as in a notebook) in out/, which the end marker names; replbox returns
+  // each kind as content. What user code returns is checked and bounded here, and again by
+  // replbox. ---
+  const OUT = {out:json};
+  const MAX_DISPLAYS = 16;
+  const MAX_BUNDLE = 4 << 20;
+  // Deno's Jupyter kernel's protocol, and the method names Python's display protocol uses.
+  const JUPYTER = Symbol.for("Jupyter.display");
+  const REPRS = [["text/html", "_repr_html_"], ["text/markdown", "_repr_markdown_"],
+    ["text/latex", "_repr_latex_"], ["image/svg+xml", "_repr_svg_"],
+    ["image/png", "_repr_png_"], ["image/jpeg", "_repr_jpeg_"], ["application/json", "_repr_json_"]];
+  const MAGIC = [["image/png", [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]],
+    ["image/jpeg", [0xff, 0xd8, 0xff]], ["image/gif", [0x47, 0x49, 0x46, 0x38]]];
+  const T = util.types;
+  const isProxy = T.isProxy;
+  const isU8 = (v) => util.types.isUint8Array(v);
+  function imageType(v) {
+    if (!isU8(v)) return null;
+    for (const [mime, m] of MAGIC) if (v.length >= m.length && m.every((b, i) => v[i] === b)) return mime;
+    return null;
+  }
+  // JSON text of `v` within `limit` characters, or null (a cycle, a BigInt, too big): the
+  // replacer counts as it goes, so a huge value costs no more than the limit.
+  function boundedJson(v, limit) {
+    let used = 0;
+    const stop = {};
+    try {
+      return JSON.stringify(v, function (k, x) {
+        used += k.length + (typeof x === "string" ? x.length : 8);
+        if (used > limit) throw stop;
+        return x;
+      });
+    } catch {
+      return null;
+    }
+  }
+  function bundleOf(v) {
+    const parts = [];
+    const seen = new Set();
+    let used = 0;
+    const put = (mime, x) => {
+      if (typeof mime !== "string" || seen.has(mime) || mime === "text/plain" || x == null) return;
+      let text;
+      if (isU8(x) && mime.startsWith("image/")) text = JSON.stringify(Buffer.from(x.buffer, x.byteOffset, x.byteLength).toString("base64"));
+      else if (typeof x === "string") text = JSON.stringify(x);
+      else if (typeof x === "object" && /json$/.test(mime)) text = boundedJson(x, MAX_BUNDLE - used);
+      if (text == null || used + text.length > MAX_BUNDLE) return;
+      used += text.length;
+      seen.add(mime);
+      parts.push(JSON.stringify(mime) + ":" + text);
+    };
+    let plain;
+    if (v !== null && (typeof v === "object" || typeof v === "function") && !isProxy(v)) {
+      for (const name of [JUPYTER, "_repr_mimebundle_"]) {
+        try {
+          const m = v[name];
+          if (typeof m !== "function") continue;
+          const got = m.call(v);
+          if (got && typeof got === "object" && !isProxy(got)) {
+            for (const mime of Object.keys(got).slice(0, 32)) {
+              if (mime === "text/plain" && typeof got[mime] === "string") plain = got[mime];
+              else put(mime, got[mime]);
+            }
+          }
+          break;
+        } catch {}
+      }
+      for (const [mime, name] of REPRS) {
+        try {
+          const m = v[name];
+          if (typeof m === "function") put(mime, m.call(v));
+        } catch {}
+      }
+    }
+    return { parts, plain };
+  }
+  function publish(parts) {
+    const c = cur;
+    if (!c || c.done || !parts.length) return;
+    const list = c.extra.displays || (c.extra.displays = []);
+    if (list.length >= MAX_DISPLAYS) {
+      c.extra.displays_omitted = (c.extra.displays_omitted || 0) + 1;
+      return;
+    }
+    const name = "disp-" + c.n + "-" + (list.length + 1) + ".json";
+    try {
+      fs.writeFileSync(path.join(OUT, name), '{"data":{' + parts.join(",") + "}}");
+      list.push({ file: name });
+    } catch (e) {
+      process.stderr.write("[replbox: display could not be kept: " + e + "]\n");
+    }
+  }
+  // A notebook's display(): each value's text printed, its rich forms returned. Beyond the
+  // display methods: a Buffer or Uint8Array holding a PNG, JPEG or GIF is that image, and a
+  // plain object or array is also returned as JSON. A string is text only.
+  function display(...values) {
+    for (const v of values) {
+      if (typeof v === "string") {
+        process.stdout.write(v + "\n");
+        continue;
+      }
+      const { parts, plain } = bundleOf(v);
+      const image = imageType(v);
+      if (image) parts.push(JSON.stringify(image) + ":" + JSON.stringify(Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString("base64")));
+      let text = plain;
+      if (text === undefined && image) text = "<" + image + ", " + v.byteLength + " bytes>";
+      if (text === undefined) {
+        try { text = writer(v); } catch (e) { text = "<display: " + e + ">"; }
+      }
+      process.stdout.write(text + "\n");
+      if (!parts.length && !image && v !== null && typeof v === "object" && !isProxy(v)) {
+        let shape = false;
+        try { shape = Array.isArray(v) || Object.getPrototypeOf(v) === Object.prototype || Object.getPrototypeOf(v) === null; } catch {}
+        const json = shape ? boundedJson(v, MAX_BUNDLE) : null;
+        if (json != null) parts.push('"application/json":' + json);
+      }
+      publish(parts);
+    }
+  }
+  Object.defineProperty(globalThis, "display", {
+    enumerable: false,
+    configurable: true,
+    writable: true,
+    value: display,
+  });
+  shown = (v) => {
+    if (v === null || (typeof v !== "object" && typeof v !== "function")) return;
+    try { publish(bundleOf(v).parts); } catch {}
+  };
+
+  // --- session_inspect: one name looked at within a budget, printing nothing and running
+  // none of the value's own code. Properties are read through their descriptors (a getter
+  // is named, never called), a Proxy is named, never entered (no trap runs), lengths, sizes
+  // and entries come from the intrinsics captured here rather than the value's methods,
+  // and every walk is bounded (elements, keys, nodes, depth, characters). ---
+  const gOPD = Object.getOwnPropertyDescriptor;
+  const getProto = Object.getPrototypeOf;
+  const hasOwn = Function.prototype.call.bind(Object.prototype.hasOwnProperty);
+  const fnSource = Function.prototype.call.bind(Function.prototype.toString);
+  const TypedArray = getProto(Uint8Array.prototype);
+  const taLength = gOPD(TypedArray, "length").get;
+  const taName = gOPD(TypedArray, Symbol.toStringTag).get;
+  const mapSize = gOPD(Map.prototype, "size").get;
+  const setSize = gOPD(Set.prototype, "size").get;
+  const mapEntries = Map.prototype.entries;
+  const setValues = Set.prototype.values;
+  const mapNext = getProto(new Map().entries()).next;
+  const setNext = getProto(new Set().values()).next;
+  const dateIso = Date.prototype.toISOString;
+  const reSource = gOPD(RegExp.prototype, "source").get;
+  const symText = Symbol.prototype.toString;
+  const ELEMENT = { Int8Array: "int8", Uint8Array: "uint8", Uint8ClampedArray: "uint8",
+    Int16Array: "int16", Uint16Array: "uint16", Int32Array: "int32", Uint32Array: "uint32",
+    Float32Array: "float32", Float64Array: "float64", BigInt64Array: "int64",
+    BigUint64Array: "uint64" };
+  const SCAN = 1e7;        // typed array elements read for statistics
+  const SCAN_SLOTS = 1e5;  // plain array slots read (each through its descriptor)
+  // A property of a value that is not a Proxy, looked up along its prototype chain:
+  // {value}, or {getter}, {proxy}, {missing}.
+  function prop(o, k) {
+    for (let p = o, i = 0; p !== null && p !== undefined && i < 64; i++) {
+      if (isProxy(p)) return { proxy: true };
+      const d = gOPD(p, k);
+      if (d) return "value" in d ? { value: d.value } : { getter: true };
+      p = getProto(p);
+    }
+    return { missing: true };
+  }
+  function ownValue(o, k) {
+    const d = gOPD(o, k);
+    return d && "value" in d ? d.value : undefined;
+  }
+  function isClass(f) {
+    try { return /^class[\s{]/.test(fnSource(f)); } catch { return false; }
+  }
+  function typeName(v) {
+    if (v === null) return "null";
+    const t = typeof v;
+    if (t !== "object" && t !== "function") return t;
+    if (isProxy(v)) return "Proxy";
+    if (t === "function") return isClass(v) ? "class" : "function";
+    try {
+      const proto = getProto(v);
+      if (proto === null) return "Object (null prototype)";
+      const c = prop(proto, "constructor").value;
+      if (typeof c === "function" && !isProxy(c)) {
+        const n = ownValue(c, "name");
+        if (typeof n === "string" && n) return n.slice(0, 200);
+      }
+    } catch {}
+    return "Object";
+  }
+  // A short text of a value, util.inspect's look, within `st.left` characters and
+  // `st.nodes` values.
+  function brief(v, depth, st, seen) {
+    if (--st.nodes < 0 || st.left <= 0) return "…";
+    const put = (s) => { st.left -= s.length; return s; };
+    switch (typeof v) {
+      case "string": return put(JSON.stringify(v.length > 200 ? v.slice(0, 200) + "…" : v));
+      case "bigint": return put(String(v) + "n");
+      case "symbol": return put(symText.call(v));
+      case "function": {
+        if (isProxy(v)) return put("Proxy");
+        const n = ownValue(v, "name");
+        return put("[" + (isClass(v) ? "class " : "Function ") + (typeof n === "string" && n ? n.slice(0, 100) : "(anonymous)") + "]");
+      }
+      case "object": break;
+      default: return put(String(v));
+    }
+    if (v === null) return put("null");
+    if (isProxy(v)) return put("Proxy");
+    if (seen.has(v)) return put("[Circular]");
+    const type = typeName(v);
+    if (T.isDate(v)) { try { return put(dateIso.call(v)); } catch { return put("Invalid Date"); } }
+    if (T.isRegExp(v)) return put("/" + String(reSource.call(v)).slice(0, 200) + "/");
+    if (T.isPromise(v)) return put("Promise");
+    if (depth <= 0) return put("[" + type + "]");
+    seen.add(v);
+    const items = [];
+    let more = 0;
+    const room = () => st.nodes > 0 && st.left > 0 && items.length < 20;
+    try {
+      if (T.isTypedArray(v)) {
+        const n = taLength.call(v);
+        for (let i = 0; i < n; i++) {
+          if (!room()) { more = n - i; break; }
+          items.push(brief(v[i], depth - 1, st, seen));
+        }
+        return type + "(" + n + ") [" + items.join(", ") + (more ? ", … " + more + " more" : "") + "]";
+      }
+      if (T.isMap(v) || T.isSet(v)) {
+        const map = T.isMap(v);
+        const n = map ? mapSize.call(v) : setSize.call(v);
+        const it = map ? mapEntries.call(v) : setValues.call(v);
+        for (let i = 0; i < n; i++) {
+          if (!room()) { more = n - i; break; }
+          const r = (map ? mapNext : setNext).call(it);
+          if (r.done) break;
+          items.push(map ? brief(r.value[0], depth - 1, st, seen) + " => " + brief(r.value[1], depth - 1, st, seen)
+            : brief(r.value, depth - 1, st, seen));
+        }
+        return type + "(" + n + ") {" + items.join(", ") + (more ? ", … " + more + " more" : "") + "}";
+      }
+      if (Array.isArray(v)) {
+        const n = ownValue(v, "length");
+        for (let i = 0; i < n; i++) {
+          if (!room()) { more = n - i; break; }
+          const d = gOPD(v, i);
+          items.push(!d ? "<empty>" : "value" in d ? brief(d.value, depth - 1, st, seen) : put("[Getter]"));
+        }
+        return "[" + items.join(", ") + (more ? ", … " + more + " more" : "") + "]";
+      }
+      let count = 0;
+      for (const k in v) {
+        if (!hasOwn(v, k)) continue;
+        count++;
+        if (!room()) continue;
+        const d = gOPD(v, k);
+        const key = /^[\p{L}_$][\p{L}\p{N}_$]*$/u.test(k) ? k : JSON.stringify(k.slice(0, 100));
+        items.push(put(key + ": ") + (!d ? "?" : "value" in d ? brief(d.value, depth - 1, st, seen) : put("[Getter]")));
+        if (count > 1e5) break;
+      }
+      more = count - items.length;
+      const head = type === "Object" ? "" : type + " ";
+      return head + "{" + items.join(", ") + (more > 0 ? ", … " + more + " more" : "") + "}";
+    } finally {
+      seen.delete(v);
+    }
+  }
+  function short(v) {
+    return brief(v, 2, { nodes: 400, left: 4000 }, new Set());
+  }
+  // Statistics of numbers read by `get(i)` for i below n; NaN and infinities are counted,
+  // not summed.
+  function stats(n, get) {
+    let count = 0, mean = 0, m2 = 0, min = Infinity, max = -Infinity, nans = 0;
+    for (let i = 0; i < n; i++) {
+      const x = get(i);
+      if (typeof x !== "number") continue;
+      if (!Number.isFinite(x)) { nans++; continue; }
+      count++;
+      const delta = x - mean;
+      mean += delta / count;
+      m2 += delta * (x - mean);
+      if (x < min) min = x;
+      if (x > max) max = x;
+    }
+    if (!count) return { nans };
+    return { min, max, mean, std: count > 1 ? Math.sqrt(m2 / count) : 0, nans, count };
+  }
+  function signature(f, src) {
+    const name = ownValue(f, "name");
+    const label = typeof name === "string" && name ? name.slice(0, 100) : "(anonymous)";
+    if (/\{\s*\[native code\]\s*\}\s*$/.test(src)) {
+      return label + "(" + "… " + ownValue(f, "length") + " parameter(s), native)";
+    }
+    let s = src;
+    if (/^class[\s{]/.test(s)) {
+      const m = /\bconstructor\s*\(/.exec(s);
+      if (!m) return "class " + label;
+      s = s.slice(m.index + m[0].length - 1);
+    }
+    const arrow = /^(?:async\s+)?([\p{L}_$][\p{L}\p{N}_$]*)\s*=>/u.exec(s);
+    if (arrow) return label + "(" + arrow[1] + ")";
+    const open = s.indexOf("(");
+    if (open < 0) return label;
+    let depth = 0;
+    for (let i = open; i < Math.min(s.length, open + 2000); i++) {
+      if (s[i] === "(") depth++;
+      else if (s[i] === ")" && --depth === 0) return label + s.slice(open, i + 1).replace(/\s+/g, " ");
+    }
+    return label + "(…)";
+  }
+  function describeValue(v) {
+    const type = typeName(v);
+    const d = { type };
+    if (type === "Proxy") {
+      d.summary = "a Proxy: neither its target nor its handler is looked into (that would run its traps)";
+      return d;
+    }
+    if (typeof v === "function") {
+      let src = "";
+      try { src = fnSource(v); } catch {}
+      d.kind = type;
+      d.signature = signature(v, src);
+      d.len = ownValue(v, "length");
+      d.source = src.length > 20000 ? src.slice(0, 20000) + "…" : src;
+      if (src.length > 20000) d.truncated = true;
+      if (type === "class") {
+        const proto = ownValue(v, "prototype");
+        if (proto && typeof proto === "object" && !isProxy(proto)) {
+          d.members = Object.getOwnPropertyNames(proto).filter((k) => k !== "constructor").slice(0, 100);
+        }
+      }
+      return d;
+    }
+    if (v !== null && typeof v === "object" && T.isTypedArray(v)) {
+      const tag = taName.call(v);
+      const n = taLength.call(v);
+      d.kind = "array";
+      d.len = n;
+      d.dtype = ELEMENT[tag] || tag;
+      d.size = v.byteLength;
+      if (!tag.startsWith("Big")) {
+        d.stats = stats(Math.min(n, SCAN), (i) => v[i]);
+        if (n > SCAN) d.stats.of_first = SCAN;
+      }
+      d.head = [];
+      for (let i = 0; i < Math.min(n, 20); i++) d.head.push(typeof v[i] === "bigint" ? String(v[i]) : Number.isFinite(v[i]) ? v[i] : null);
+    } else if (Array.isArray(v)) {
+      const n = ownValue(v, "length");
+      const scanned = Math.min(n, SCAN_SLOTS);
+      const kinds = {};
+      const slot = (i) => {
+        const s = gOPD(v, i);
+        return s && "value" in s ? s.value : undefined;
+      };
+      for (let i = 0; i < scanned; i++) {
+        const s = gOPD(v, i);
+        const k = !s ? "empty" : !("value" in s) ? "getter" : s.value === null ? "null" : typeof s.value;
+        kinds[k] = (kinds[k] || 0) + 1;
+      }
+      const names = Object.keys(kinds);
+      d.kind = "array";
+      d.len = n;
+      d.dtype = names.length === 1 ? names[0] : names.length ? "mixed" : "empty";
+      d.types = kinds;
+      if (n > scanned) d.types_of_first = scanned;
+      if (kinds.number) {
+        d.stats = stats(scanned, slot);
+        if (n > scanned) d.stats.of_first = scanned;
+      }
+      d.head = [];
+      for (let i = 0; i < Math.min(n, 10); i++) d.head.push(short(slot(i)));
+      if (n > 10) {
+        d.tail = [];
+        for (let i = Math.max(10, n - 5); i < n; i++) d.tail.push(short(slot(i)));
+      }
+    } else if (v !== null && typeof v === "object" && (T.isMap(v) || T.isSet(v))) {
+      d.kind = "collection";
+      d.len = T.isMap(v) ? mapSize.call(v) : setSize.call(v);
+      d.repr = short(v);
+    } else if (typeof v === "string") {
+      d.len = v.length;
+      d.repr = JSON.stringify(v.length > 4000 ? v.slice(0, 4000) + "…" : v);
+      if (v.length > 4000) d.truncated = true;
+    } else if (v !== null && typeof v === "object") {
+      const keys = [];
+      let count = 0;
+      for (const k in v) {
+        if (!hasOwn(v, k)) continue;
+        if (++count <= 100) keys.push(k.slice(0, 200));
+        if (count > 1e6) break;
+      }
+      d.kind = "object";
+      d.len = count;
+      d.keys = keys;
+      d.repr = short(v);
+    } else {
+      d.repr = short(v);
+    }
+    return d;
+  }
+  // The longest field gives way (a text is cut, a list halved) until the whole fits.
+  function fit(d, budget) {
+    const size = () => JSON.stringify(d).length + 20;
+    let cut = false;
+    for (let i = 0; i < 64 && size() > budget; i++) {
+      cut = true;
+      let best = null, bestLen = 1;
+      for (const [k, x] of Object.entries(d)) {
+        if ((typeof x === "string" || Array.isArray(x)) && x.length > 1) {
+          const l = JSON.stringify(x).length;
+          if (l > bestLen) { best = k; bestLen = l; }
+        }
+      }
+      if (best === null) break;
+      const x = d[best];
+      d[best] = Array.isArray(x) ? x.slice(0, x.length >> 1) : x.slice(0, Math.max(1, x.length >> 1)) + "…";
+    }
+    const keys = Object.keys(d);
+    while (size() > budget && keys.length > 2) delete d[keys.pop()];
+    if (cut) d.truncated = true;
+    return d;
+  }
+  const IDENT = /^[\p{L}_$][\p{L}\p{N}_$]*$/u;
+  function lookup(path) {
+    const [head, ...rest] = path.split(".");
+    if (![head, ...rest].every((s) => IDENT.test(s))) throw new SyntaxError("not a name: " + path);
+    let v;
+    const g = gOPD(globalThis, head);
+    if (g) {
+      if (!("value" in g)) throw new TypeError(head + " is an accessor property: its getter is not run");
+      v = g.value;
+    } else if (lexicalNames().includes(head)) {
+      v = vm.runInThisContext(head);
+    } else {
+      throw new ReferenceError(head + " is not defined");
+    }
+    let at = head;
+    for (const k of rest) {
+      if (v === null || v === undefined) throw new TypeError(at + " is " + v);
+      if (isProxy(v)) throw new TypeError(at + " is a Proxy: its traps are not run");
+      const p = prop(typeof v === "object" || typeof v === "function" ? v : Object(v), k);
+      if (p.getter) throw new TypeError(at + "." + k + " is an accessor property: its getter is not run");
+      if (p.proxy) throw new TypeError(at + " has a Proxy in its prototype chain: its traps are not run");
+      if (p.missing) throw new TypeError(at + " has no property " + k);
+      v = p.value;
+      at += "." + k;
+    }
+    return v;
+  }
+  Object.defineProperty(globalThis, "__rbx_inspect", {
+    enumerable: false,
+    value: (hex, budget) => {
+      if (!cur) return;
+      let d;
+      try {
+        d = describeValue(lookup(Buffer.from(String(hex), "hex").toString("utf8")));
+      } catch (e) {
+        let text;
+        try { text = (e && e.name ? e.name + ": " : "") + String(e && e.message); } catch { text = "error"; }
+        d = { error: text.slice(0, 500) };
+      }
+      cur.extra.inspect = fit(d, Math.max(200, Number(budget) || 2000));
+    },
+  });
+
   listen();
   baseline = new Set(Object.getOwnPropertyNames(globalThis));
 

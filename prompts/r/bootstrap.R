@@ -21,7 +21,7 @@ local({
   options(our_prompts)
   options(width = 200, useFancyQuotes = FALSE, menu.graphics = FALSE)
 
-  num <- function(n) format(n, scientific = FALSE, trim = TRUE)
+  num <- function(n) format.default(n, scientific = FALSE, trim = TRUE)
 
   # Markers go to the terminal itself, in one write, so code that diverted its output with
   # sink() does not swallow them.
@@ -336,18 +336,18 @@ local({
     summary <- if (is.data.frame(x)) {
       kinds <- vapply(u, function(c) { k <- at(c, "class"); clean(if (is.null(k)) typeof(c) else k[1]) }, "")
       sprintf("%d x %d: %s", .row_names_info(x, 2L), length(u),
-              paste(utils::head(paste0(clean(at(u, "names")), " <", kinds, ">"), 20), collapse = ", "))
+              paste(paste0(clean(at(u, "names")), " <", kinds, ">")[seq_len(min(length(u), 20))], collapse = ", "))
     } else if (is.atomic(u)) {
       d <- at(u, "dim")
       shape <- if (is.null(d)) sprintf("[%d]", length(u)) else sprintf("[%s]", paste(d, collapse = "x"))
       i <- seq_len(min(length(u), 6))
       v <- if (is.factor(x)) at(x, "levels")[u[i]] else u[i]
-      shown <- if (is.character(v)) paste0("\"", clean(v, 40), "\"") else format(v, digits = 6)
+      shown <- if (is.character(v)) paste0("\"", clean(v, 40), "\"") else format.default(v, digits = 6)
       paste(c(typeof(u), shape, shown, if (length(u) > 6) "..."), collapse = " ")
     } else if (is.list(u)) {
       nm <- at(u, "names")
       sprintf("list of %d%s", length(u),
-              if (is.null(nm)) "" else paste0(": ", paste(clean(utils::head(nm, 10)), collapse = ", ")))
+              if (is.null(nm)) "" else paste0(": ", paste(clean(nm[seq_len(min(length(nm), 10))]), collapse = ", ")))
     } else typeof(u)
     size <- tryCatch(as.numeric(utils::object.size(x)), error = function(e) NA)
     list(type = type, kind = "data", summary = summary, size = size)
@@ -376,6 +376,201 @@ local({
     }
     cell$extra[["vars"]] <- paste0("[", paste(found, collapse = ","), "]")
     if (omitted > 0) cell$extra[["vars_omitted"]] <- num(omitted)
+    invisible()
+  }
+
+  # --- session_inspect: one name looked at within a budget, read as session_vars reads
+  # (unclassed, attributes, primitives and .Internal calls: no S3 or S4 method of the
+  # value's classes runs, nor one a user defined for a type's implicit class), bounded: 50
+  # columns, distinct values counted on the first million, 20 values shown, 500 lines of
+  # source. An answer is a list of fields, each raw JSON, a text or an array of JSON items,
+  # cut to the budget here (and again by replbox). ---
+  raw_f <- function(v) list(k = "raw", v = v)
+  str_f <- function(v) list(k = "str", v = clean(v, 20000))
+  arr_f <- function(v) list(k = "arr", v = as.character(v))
+  ser <- function(e) switch(e$k, raw = e$v, str = js(e$v),
+                            arr = paste0("[", paste(e$v, collapse = ","), "]"))
+  fit <- function(f, budget) {
+    size <- function() 20 + sum(vapply(names(f), function(n)
+      nchar(n, "bytes") + 4 + nchar(ser(f[[n]]), "bytes"), 0))
+    cut <- FALSE
+    for (i in 1:64) {
+      if (size() <= budget) break
+      cut <- TRUE
+      lens <- vapply(f, function(e) if (e$k == "arr" && length(e$v) > 1 ||
+                                        e$k == "str" && nchar(e$v) > 1)
+        nchar(ser(e), "bytes") else 0, 0)
+      if (max(lens) == 0) break
+      k <- which.max(lens)
+      e <- f[[k]]
+      if (e$k == "arr") e$v <- e$v[seq_len(length(e$v) %/% 2)]
+      else e$v <- paste0(substr(e$v, 1, max(1, nchar(e$v) %/% 2)), "...")
+      f[[k]] <- e
+    }
+    while (size() > budget && length(f) > 2) f[[length(f)]] <- NULL
+    if (cut) f$truncated <- raw_f("true")
+    paste0("{", paste(vapply(names(f), js, ""), vapply(f, ser, ""), sep = ":",
+                      collapse = ","), "}")
+  }
+  unhex <- function(h) {
+    n <- nchar(h)
+    if (n == 0 || n %% 2 == 1) stop("not a name")
+    rawToChar(as.raw(strtoi(substring(h, seq(1, n, 2), seq(2, n, 2)), 16L)))
+  }
+  # The value of a name: a variable of the global environment (its name may hold dots), then
+  # elements of a list or an environment for the rest of the dotted path.
+  lookup <- function(path) {
+    env <- globalenv()
+    parts <- strsplit(path, ".", fixed = TRUE)[[1]]
+    k <- length(parts)
+    while (k > 0 && !exists(paste(parts[1:k], collapse = "."), envir = env, inherits = FALSE))
+      k <- k - 1
+    if (k == 0) stop(sprintf("object '%s' not found", clean(path)), call. = FALSE)
+    name <- paste(parts[1:k], collapse = ".")
+    if (bindingIsActive(name, env))
+      stop(sprintf("%s is an active binding: it is not run", clean(name)), call. = FALSE)
+    x <- get(name, envir = env, inherits = FALSE)
+    for (p in parts[-seq_len(k)]) {
+      if (is.environment(x)) {
+        if (!exists(p, envir = x, inherits = FALSE))
+          stop(sprintf("%s has no %s", clean(name), clean(p)), call. = FALSE)
+        if (bindingIsActive(p, x))
+          stop(sprintf("%s$%s is an active binding: it is not run", clean(name), clean(p)),
+               call. = FALSE)
+        x <- get(p, envir = x, inherits = FALSE)
+      } else {
+        u <- unclass(x)
+        i <- if (is.list(u)) match(p, at(u, "names")) else NA
+        if (is.na(i)) stop(sprintf("%s has no element %s", clean(name), clean(p)), call. = FALSE)
+        x <- .subset2(u, i)
+      }
+      name <- paste0(name, "$", p)
+    }
+    x
+  }
+  # A function's source: its own lines when it kept them (cells are parsed with their
+  # source), else deparsed; at most 500 lines.
+  fn_source <- function(f) {
+    lines <- tryCatch({
+      sr <- attr(f, "srcref", exact = TRUE)
+      r <- as.integer(unclass(sr))
+      sf <- attr(sr, "srcfile", exact = TRUE)
+      all <- if (is.environment(sf) && exists("lines", envir = sf, inherits = FALSE))
+        unclass(get("lines", envir = sf, inherits = FALSE))
+      if (length(r) < 6 || !is.character(all) || r[3] > length(all) || r[1] < 1) NULL else {
+        l <- all[r[1]:min(r[3], r[1] + 499)]
+        if (r[3] - r[1] < 500) l[length(l)] <- substr(l[length(l)], 1, r[6])
+        l[1] <- substr(l[1], r[5], nchar(l[1]))
+        l
+      }
+    }, error = function(e) NULL)
+    if (is.null(lines)) lines <- deparse(unclass(f), width.cutoff = 80L, nlines = 500L)
+    paste(clean(lines, 2000), collapse = "\n")
+  }
+  stats_of <- function(u) {
+    v <- u[is.finite(u)]
+    n <- length(v)
+    missing <- length(u) - n
+    if (n == 0) return(raw_f(sprintf("{\"nans\":%d}", missing)))
+    m <- sum(v) / n
+    s <- if (n > 1) sqrt(sum((v - m)^2) / (n - 1)) else 0
+    raw_f(sprintf("{\"min\":%s,\"max\":%s,\"mean\":%s,\"sd\":%s,\"nans\":%d}", jdbl(min(v)),
+                  jdbl(max(v)), jdbl(m), jdbl(s), missing))
+  }
+  distinct <- function(u) {
+    if (!is.atomic(u) || length(u) == 0) return(if (is.atomic(u)) 0 else NA)
+    attributes(u) <- NULL
+    if (length(u) > 1e6) u <- u[seq_len(1e6)]
+    # Missing values are not a distinct value, as pandas counts them.
+    uq <- .Internal(unique(u, FALSE, FALSE, NA))
+    length(uq) - sum(is.na(uq))
+  }
+  frame_records <- function(x, rows) {
+    u <- unclass(x)
+    cols <- u[seq_len(min(length(u), 50))]
+    names(cols) <- clean(at(u, "names")[seq_along(cols)])
+    if (.row_names_info(x) > 0) cols <- c(list("_row" = at(x, "row.names")), cols)
+    if (length(rows) == 0) return(character())
+    vals <- lapply(cols, cells, rows = rows)
+    keys <- vapply(names(cols), js, "")
+    vapply(seq_along(rows), function(i)
+      paste0("{", paste0(keys, ":", vapply(vals, `[`, "", i), collapse = ","), "}"), "")
+  }
+  inspect_value <- function(x) {
+    cls <- at(x, "class")
+    f <- list(type = str_f(if (is.null(cls)) typeof(x) else cls[1]))
+    tmp <- new.env()
+    assign("v", x, envir = tmp)
+    d <- tryCatch(describe("v", tmp), error = function(e) NULL)
+    if (!is.null(d)) {
+      f$summary <- str_f(d$summary)
+      if (!is.null(d$size) && !is.na(d$size)) f$size <- raw_f(jnum(d$size))
+    }
+    u <- unclass(x)
+    if (is.data.frame(x)) {
+      nr <- .row_names_info(x, 2L)
+      f$kind <- raw_f("\"table\"")
+      f$shape <- raw_f(sprintf("[%d,%d]", as.integer(nr), length(u)))
+      cols <- u[seq_len(min(length(u), 50))]
+      nm <- clean(at(u, "names")[seq_along(cols)])
+      f$columns <- arr_f(vapply(seq_along(cols), function(i) {
+        col <- cols[[i]]
+        k <- at(col, "class")
+        v <- unclass(col)
+        sprintf("{\"name\":%s,\"dtype\":%s,\"nulls\":%s,\"distinct\":%s}", js(nm[i]),
+                js(clean(if (is.null(k)) typeof(v) else k[1])),
+                jnum(if (is.atomic(v) || is.list(v)) sum(is.na(v)) else NA), jnum(distinct(v)))
+      }, ""))
+      if (length(u) > 50) f$columns_omitted <- raw_f(jnum(length(u) - 50))
+      f$head <- arr_f(frame_records(x, seq_len(min(nr, 5))))
+      if (nr > 5) f$tail <- arr_f(frame_records(x, max(6, nr - 4):nr))
+    } else if (is.function(x)) {
+      f$kind <- raw_f("\"function\"")
+      f$signature <- str_f(if (is.null(d)) "function" else d$summary)
+      f$source <- str_f(fn_source(x))
+    } else if (is.atomic(u)) {
+      dim <- at(u, "dim")
+      f$kind <- raw_f("\"array\"")
+      f$len <- raw_f(jnum(length(u)))
+      if (!is.null(dim)) f$shape <- arr_f(jnum(dim))
+      f$dtype <- str_f(typeof(u))
+      f$nulls <- raw_f(jnum(sum(is.na(u))))
+      if (is.factor(x)) {
+        lv <- at(x, "levels")
+        f$levels <- arr_f(vapply(clean(lv[seq_len(min(length(lv), 20))]), js, ""))
+      } else if (is.numeric(u)) {
+        f$stats <- stats_of(u)
+      }
+      if (length(u) > 0) f$distinct <- raw_f(jnum(distinct(u)))
+      n <- min(length(u), 20)
+      flat <- if (is.null(dim)) x else { w <- u; attributes(w) <- NULL; w }
+      f$head <- arr_f(cells(flat, seq_len(n)))
+    } else if (is.list(u)) {
+      f$kind <- raw_f("\"list\"")
+      f$len <- raw_f(jnum(length(u)))
+      nm <- at(u, "names")
+      n <- min(length(u), 30)
+      f$members <- arr_f(vapply(seq_len(n), function(i) {
+        e <- .subset2(u, i)
+        k <- at(e, "class")
+        sprintf("{\"name\":%s,\"type\":%s}", js(if (is.null(nm)) "" else clean(nm[i])),
+                js(clean(if (is.null(k)) typeof(e) else k[1])))
+      }, ""))
+    } else if (is.environment(x)) {
+      names <- ls(x, all.names = TRUE, sorted = FALSE)
+      f$kind <- raw_f("\"environment\"")
+      f$len <- raw_f(jnum(length(names)))
+      f$members <- arr_f(vapply(clean(names[seq_len(min(length(names), 50))]), js, ""))
+    } else {
+      f$repr <- str_f(paste(deparse(u, width.cutoff = 80L, nlines = 50L), collapse = "\n"))
+    }
+    f
+  }
+  inspect <- function(hex, budget) {
+    out <- tryCatch(fit(inspect_value(lookup(unhex(hex))), max(200, budget)),
+                    error = function(e) sprintf("{\"error\":%s}",
+                                                js(paste0("Error: ", conditionMessage(e)))))
+    cell$extra[["inspect"]] <- out
     invisible()
   }
 
@@ -504,6 +699,7 @@ local({
   tools <- attach(NULL, name = "tools:replbox")
   assign(".rbx_eval", run, envir = tools)
   assign(".rbx_vars", vars, envir = tools)
+  assign(".rbx_inspect", inspect, envir = tools)
   # As IRkernel's display(): each object printed, a data frame also returned as data.
   assign("display", function(...) {
     for (x in list(...)) {
