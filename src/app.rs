@@ -199,6 +199,9 @@ root: at level none, user code runs as the server's own user and could read the 
         self.sandbox.verify_in_background();
         self.runner.fill_pools(&self.registry);
         self.sessions.fill_pools();
+        if let Some(p) = &self.runner.packages {
+            p.start_upkeep();
+        }
     }
 
     /// The metrics, with the gauges read from the server's state now.

@@ -82,6 +82,8 @@ pub struct PackageMetrics {
     installs: Family<SourceLabel, Counter>,
     hits: Counter,
     misses: Counter,
+    bytes: Gauge,
+    evictions: Counter,
 }
 
 impl PackageMetrics {
@@ -107,6 +109,16 @@ impl PackageMetrics {
         self.misses.inc_by(downloaded);
         self.hits
             .inc_by((packages as u64).saturating_sub(downloaded));
+    }
+
+    /// The shared cache holds `bytes` now.
+    pub fn cache_bytes(&self, bytes: u64) {
+        self.bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// A package was evicted from the shared cache.
+    pub fn evicted(&self) {
+        self.evictions.inc();
     }
 }
 
@@ -246,6 +258,17 @@ impl Metrics {
             "Packages the installer downloaded from the index",
             packages.misses.clone(),
         );
+        registry.register_with_unit(
+            "package_cache",
+            "Size of the shared package cache (uv's and npm's), as last measured",
+            Unit::Bytes,
+            packages.bytes.clone(),
+        );
+        registry.register(
+            "package_cache_evictions",
+            "Packages evicted from the shared cache to keep it under --package-cache-mb",
+            packages.evictions.clone(),
+        );
         Self {
             registry,
             upstream,
@@ -354,6 +377,8 @@ mod tests {
         m.upstream().upstream_call("everything", "ok", 0.002);
         m.packages().online(3, 2);
         m.packages().offline(3);
+        m.packages().cache_bytes(1234);
+        m.packages().evicted();
         let text = m.encode(Gauges {
             sessions_open: 3,
             warm_pool: vec![("python".into(), 2)],
@@ -368,6 +393,8 @@ mod tests {
             "replbox_package_installs_total{source=\"cache\"} 1",
             "replbox_package_cache_hits_total 4",
             "replbox_package_cache_misses_total 2",
+            "replbox_package_cache_bytes 1234",
+            "replbox_package_cache_evictions_total 1",
             "replbox_tool_calls_total{tool=\"session_eval\",status=\"timeout\"} 1",
             "# TYPE replbox_run_duration_seconds histogram",
             "replbox_run_duration_seconds_count{language=\"python\"} 1",

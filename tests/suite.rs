@@ -22,6 +22,7 @@ mod isolation;
 mod languages;
 mod lifecycle;
 mod nginx;
+mod package_cache;
 mod packages;
 mod pool;
 mod r;

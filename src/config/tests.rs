@@ -76,6 +76,7 @@ fn to_args_round_trips() {
             no_packages: true,
             package_index: Some("https://i/simple".into()),
             package_cache: Some("/p/c".into()),
+            package_cache_mb: Some(64),
             installer_uid: Some(7),
             package_timeout_s: Some(9),
             uv: Some("/u/v".into()),

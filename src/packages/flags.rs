@@ -21,6 +21,12 @@ pub struct Flags {
     #[arg(long, env = "REPLBOX_PACKAGE_CACHE", value_name = "DIR")]
     pub package_cache: Option<PathBuf>,
 
+    /// The most the shared cache may hold, in MiB (default: no cap). Past it, the
+    /// packages used least recently are evicted, never one a running installation or a
+    /// live session's or run's packages use.
+    #[arg(long, env = "REPLBOX_PACKAGE_CACHE_MB", value_name = "MIB")]
+    pub package_cache_mb: Option<u64>,
+
     /// The uid (and gid) the installer runs as when the server runs as root; it alone
     /// writes the cache (default: --uid-base minus 1).
     #[arg(long, env = "REPLBOX_INSTALLER_UID", value_name = "UID")]
@@ -92,6 +98,9 @@ impl Flags {
         if let Some(v) = &self.package_cache {
             a.extend(["--package-cache".into(), v.into()]);
         }
+        if let Some(m) = self.package_cache_mb {
+            a.extend(["--package-cache-mb".into(), m.to_string().into()]);
+        }
         if let Some(u) = self.installer_uid {
             a.extend(["--installer-uid".into(), u.to_string().into()]);
         }
@@ -114,6 +123,9 @@ impl Flags {
     pub fn check(&self) -> Result<(), String> {
         self.python_index()?;
         self.npm_registry()?;
+        if self.package_cache_mb == Some(0) {
+            return Err("--package-cache-mb must be at least 1 (leave it out for no cap)".into());
+        }
         if self.package_timeout_s == Some(0) {
             return Err("--package-timeout-s must be at least 1".into());
         }

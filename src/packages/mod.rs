@@ -14,6 +14,7 @@
 //!                  removed after it
 //!   tmp/ID/        installer 0700: one installation's home, removed after it
 //!   egress/        the installer's proxy sockets
+//!   usage.json     the server's: when each package was last installed (for eviction)
 //!   installer/uv   root's 0755, as root only: the operator's uv when the installer's uid
 //!                  cannot reach where it is installed
 //! SESSION_DIR/packages/  installer 0755: a session's packages, gone with the session
@@ -24,6 +25,7 @@
 //! there; separate rules at Landlock). A layer is read by its run or session only, through
 //! a read-only view of that one directory.
 
+mod cache;
 mod flags;
 mod install;
 mod npm;
@@ -169,6 +171,8 @@ pub struct Packages {
     timeout: Duration,
     resolved: Resolved,
     metrics: crate::metrics::PackageMetrics,
+    /// The cache's size, cap and record of use (see `cache`).
+    upkeep: cache::Upkeep,
 }
 
 /// One run's or session's packages: a directory on its PYTHONPATH (npm's: its
@@ -179,10 +183,16 @@ pub struct Layer {
     pub dir: PathBuf,
     pub eco: Eco,
     remove: bool,
+    /// The packages installed into it, which eviction leaves in the cache while it lives.
+    held: std::sync::Mutex<Vec<String>>,
+    book: Option<Arc<cache::Book>>,
 }
 
 impl Drop for Layer {
     fn drop(&mut self) {
+        if let Some(book) = &self.book {
+            book.release(&self.held.lock().unwrap_or_else(|e| e.into_inner()));
+        }
         if !self.remove {
             return;
         }
@@ -292,6 +302,7 @@ impl Packages {
         {
             anyhow::bail!("--npm {}: not npm's npm-cli.js", f.display());
         }
+        let upkeep = cache::Upkeep::new(&root, flags.package_cache_mb);
         Ok(Some(Arc::new(Self {
             sandbox,
             egress,
@@ -305,6 +316,7 @@ impl Packages {
             npm: tokio::sync::OnceCell::new(),
             resolved: Resolved::default(),
             metrics,
+            upkeep,
             timeout: flags
                 .package_timeout_s
                 .map(|s| Duration::from_secs(s.max(1)))
@@ -356,14 +368,20 @@ impl Packages {
         };
         own_dir(&dir, 0o755, self.installer)
             .map_err(|e| PackageError::Failed(format!("cannot make a package layer: {e}")))?;
-        Ok(Layer { dir, eco, remove })
+        Ok(Layer {
+            dir,
+            eco,
+            remove,
+            held: std::sync::Mutex::default(),
+            book: Some(self.upkeep.book.clone()),
+        })
     }
 
     /// Install `specs` (checked here) into `layer` for the interpreter `exe` (python, or
     /// the node that runs npm), as `principal` asked. Refused specifiers are an error
     /// before anything runs.
     pub async fn install(
-        &self,
+        self: &Arc<Self>,
         exe: &Path,
         specs: &[String],
         layer: &Layer,
@@ -381,10 +399,31 @@ impl Packages {
             });
         }
         let ask = (principal, cancel);
-        match layer.eco {
+        // Shared with other installations; an eviction waits for it alone.
+        let gate = self.upkeep.gate.read().await;
+        let r = match layer.eco {
             Eco::Python => self.install_python(exe, &specs, layer, ask, started).await,
-            Eco::Npm => self.install_npm(exe, &specs, layer, ask, started).await,
+            Eco::Npm => {
+                self.upkeep.saw_node(exe);
+                self.install_npm(exe, &specs, layer, ask, started).await
+            }
+        };
+        if let Ok(out) = &r {
+            // Recorded before the gate opens: no eviction sees them unheld.
+            let mut held = layer.held.lock().unwrap_or_else(|e| e.into_inner());
+            self.upkeep.book.used(layer.eco, &out.installed, &mut held);
         }
+        drop(gate);
+        if r.as_ref().is_ok_and(|out| out.downloaded > 0) {
+            self.upkeep_in_background();
+        }
+        r
+    }
+
+    /// What a server starts once it answers: the cache measured (and brought under its
+    /// cap).
+    pub fn start_upkeep(self: &Arc<Self>) {
+        self.upkeep_in_background();
     }
 
     async fn install_python(

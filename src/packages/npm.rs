@@ -155,6 +155,46 @@ impl Packages {
     }
 }
 
+impl Packages {
+    /// One run of `npm cache ARGS` on the shared cache, as the installer (eviction: `ls`
+    /// lists a package's keys, `clean` removes them).
+    pub(super) async fn run_npm_cache(
+        &self,
+        node: &Path,
+        npm: &Path,
+        args: &[&str],
+        cancel: &CancellationToken,
+    ) -> install::Done {
+        let home = match self.installer_home() {
+            Ok(home) => home,
+            Err(stopped) => return stopped,
+        };
+        let mut argv: Vec<String> = vec![
+            node.display().to_string(),
+            npm.display().to_string(),
+            "cache".into(),
+            "--no-update-notifier".into(),
+            "--userconfig".into(),
+            home.join("npmrc").display().to_string(),
+            "--registry".into(),
+            self.registry.url.clone(),
+            "--cache".into(),
+            self.root.join("npm").display().to_string(),
+        ];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        let mut env = super::installer_env();
+        env.push(("NODE_OPTIONS".into(), String::new()));
+        let job = install::Job {
+            argv,
+            env,
+            exes: vec![node.to_path_buf(), npm.to_path_buf()],
+            rw: vec![self.root.join("npm")],
+            home,
+        };
+        self.run_installer(job, "", cancel).await
+    }
+}
+
 /// npm's `npm-cli.js`: `flag`, else what the `npm` on PATH is (a link to it), else the one
 /// installed beside `node` (`PREFIX/lib/node_modules/npm`).
 fn find_npm(flag: Option<&Path>, node: &Path) -> Option<PathBuf> {
@@ -310,6 +350,8 @@ mod tests {
             dir: PathBuf::from("/l"),
             eco: super::super::Eco::Npm,
             remove: false,
+            held: std::sync::Mutex::default(),
+            book: None,
         };
         let specs = super::super::spec::check(super::super::Eco::Npm, &["is-odd@3".into()])
             .expect("a specifier");
