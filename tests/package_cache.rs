@@ -279,3 +279,101 @@ async fn the_cache_stays_under_its_cap_and_metrics_say_so() {
     );
     s.stop().await;
 }
+
+/// With warm sessions, a `session_start` with packages the cache already has starts from a
+/// warm session and adds them to its layer (the result says `warm`; the package imports).
+/// One whose top-level module a warm session has already imported (here the `--preload`
+/// module `colorsys`, shadowed by a package of the same name) starts cold, and gets the
+/// layer's module.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_session_takes_cached_packages() {
+    let Some((files, cache, index)) = setup("warm", &["rbwarm", "colorsys"], 1024) else {
+        return;
+    };
+    let s = Server::http()
+        .token(TOKEN)
+        .env("REPLBOX_SESSION_POOL", "1")
+        .args([
+            "--package-cache",
+            &cache.s(),
+            "--package-index",
+            &index,
+            "--preload",
+            "colorsys",
+        ])
+        .start()
+        .await;
+    let _files = files;
+    let c = s.connect(TOKEN).await;
+    // Each comes into the cache (and the request's resolution is kept).
+    for pkg in ["rbwarm", "colorsys"] {
+        let o = http_call(
+            c.peer(),
+            "run-code",
+            json!({"languageId": "python", "packages": [pkg],
+                   "code": format!("import {pkg}; print({pkg}.VALUE)")}),
+        )
+        .await;
+        assert_eq!(o.text.lines().next(), Some(pkg), "{}", o.text);
+    }
+    // Wait for the server to say a warm python session is ready (a backstop bound).
+    let ready = || async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let m = scrape(s.addr).await;
+            if m.contains("replbox_warm_sessions{language=\"python\"} 1") {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "no warm session: {m}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    ready().await;
+    let o = http_call(
+        c.peer(),
+        "session_start",
+        json!({"language": "python", "packages": ["rbwarm"]}),
+    )
+    .await;
+    assert!(!o.is_error, "{}", o.text);
+    assert_eq!(o.structured["warm"], json!(true), "{}", o.text);
+    assert_eq!(
+        o.structured["packages"]["installed"],
+        json!([{"name": "rbwarm", "version": "1.0"}]),
+        "{}",
+        o.text
+    );
+    assert_eq!(
+        o.structured["packages"]["downloaded"],
+        json!(0),
+        "{}",
+        o.text
+    );
+    let id = o.structured["session_id"].as_str().expect("id").to_string();
+    let o = http_call(
+        c.peer(),
+        "session_eval",
+        json!({"session_id": id, "code": "import rbwarm; print(rbwarm.VALUE)"}),
+    )
+    .await;
+    assert_eq!(output(&o).trim(), "rbwarm", "{}", o.text);
+    // The warm session imported the stdlib's colorsys: it cannot stand for the package.
+    ready().await;
+    let o = http_call(
+        c.peer(),
+        "session_start",
+        json!({"language": "python", "packages": ["colorsys"]}),
+    )
+    .await;
+    assert!(!o.is_error, "{}", o.text);
+    assert_eq!(o.structured["warm"], json!(false), "{}", o.text);
+    let id = o.structured["session_id"].as_str().expect("id").to_string();
+    let o = http_call(
+        c.peer(),
+        "session_eval",
+        json!({"session_id": id, "code": "import colorsys; print(colorsys.VALUE)"}),
+    )
+    .await;
+    assert_eq!(output(&o).trim(), "colorsys", "{}", o.text);
+    s.stop().await;
+}

@@ -550,6 +550,66 @@ impl Packages {
     }
 }
 
+impl Packages {
+    /// Whether `specs` would be installed from the cache alone for the interpreter `exe`:
+    /// the same request was resolved lately (see [`RESOLVED_FRESH`]).
+    pub fn cached(&self, eco: Eco, exe: &Path, specs: &[String]) -> bool {
+        let Ok(specs) = spec::check(eco, specs) else {
+            return false;
+        };
+        let texts: Vec<String> = specs.iter().map(|s| s.text.clone()).collect();
+        let index = match eco {
+            Eco::Python => &self.index.url,
+            Eco::Npm => &self.registry.url,
+        };
+        self.resolved
+            .get(&resolved_key(exe, index, &texts))
+            .is_some()
+    }
+}
+
+/// What [`warm_check`]'s code prints when the session can take its layer as it is.
+pub const WARM_CLEAR: &str = "replbox-layer-clear";
+
+/// Most top-level names of a layer [`warm_check`] asks about.
+const WARM_CHECK_NAMES: usize = 2000;
+
+/// For a Python layer filled after its interpreter started (a warm session's): code that
+/// makes the import system look at the layer again and prints [`WARM_CLEAR`] unless a
+/// module of the same name as one the layer now holds at its top level is already
+/// imported (that one, not the layer's, would be what `import` gives). None for npm
+/// (node's `require` looks at every call, and nothing is preloaded).
+pub fn warm_check(layer: &Layer) -> Option<String> {
+    if layer.eco != Eco::Python {
+        return None;
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&layer.dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_str()?.to_string();
+            let stem = n.split('.').next()?.to_string();
+            let ident = stem
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && stem.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            (ident && !n.ends_with(".dist-info") && !n.ends_with(".data")).then_some(stem)
+        })
+        .take(WARM_CHECK_NAMES)
+        .collect();
+    names.sort();
+    names.dedup();
+    let list = serde_json::to_string(&names).ok()?;
+    // One expression that leaves no name behind and whose value (None) is not shown.
+    Some(format!(
+        "(lambda i, s: [i.invalidate_caches(), print({WARM_CLEAR:?} if not \
+         [n for n in {list} if n in s.modules] else 'replbox-layer-shadowed')] and None)\
+         (__import__('importlib'), __import__('sys'))"
+    ))
+}
+
 /// What a request resolved to is kept under: the interpreter, the index and the request.
 fn resolved_key(python: &Path, index: &str, specs: &[String]) -> String {
     format!("{}\n{index}\n{}", python.display(), specs.join("\n"))

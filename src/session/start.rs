@@ -48,7 +48,7 @@ impl SessionManager {
         let journaled = restoring.is_none().then(|| req.clone());
         let idle_timeout = self.config.idle_timeout(req.idle_timeout_s);
         let warm = match restoring {
-            None => self.warm.take(&lang, &req).await,
+            None => self.warm.take(&lang, &req, &caller.principal).await?,
             Some(_) => None,
         };
         let (mut up, warm) = match warm {

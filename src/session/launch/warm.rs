@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{Launcher, StartRequest, Up, VenvAsk};
+use crate::error::ToolError;
 use crate::lang::{Language, Registry, expand};
 use crate::pool::{Pool, Ready};
 use crate::sandbox::{Holder, Reclaim};
@@ -224,8 +225,65 @@ impl WarmSessions {
             && req.allow_domains.is_empty()
             // Code mode's channel and variables are made with the session (cold).
             && req.mcp_servers.is_empty()
-            // Packages are installed before the interpreter starts.
-            && req.packages.is_empty()
+    }
+
+    /// Whether `packages` would come from the shared cache alone (the same request was
+    /// resolved lately for this language's interpreter): then a warm session takes them
+    /// into its layer in milliseconds; otherwise a cold start installs them while nothing
+    /// waits on a taken warm session.
+    async fn cached(&self, lang: &Arc<Language>, packages: &[String]) -> bool {
+        let Some(pk) = self.launcher.packages.get().and_then(Option::as_ref) else {
+            return false;
+        };
+        let Some(eco) = crate::packages::Eco::of(lang.id()) else {
+            return false;
+        };
+        let Ok((lang, spec)) = self.launcher.session_language(lang.id()) else {
+            return false;
+        };
+        let Ok(it) = self.launcher.interpreter(lang, spec).await else {
+            return false;
+        };
+        pk.cached(eco, &it.exe, packages)
+    }
+
+    /// Install `packages` into a taken warm session's layer for `principal`; Ok(false)
+    /// when the session cannot be what the request asks for (it has no layer, or it has
+    /// already imported a module of the same name as one now in its layer, as a
+    /// `--preload` module or one of theirs: a cold start would import the layer's).
+    async fn add_packages(
+        &self,
+        up: &mut Up,
+        packages: &[String],
+        principal: &str,
+    ) -> Result<bool, ToolError> {
+        let Some(sp) = up.dirs.packages.clone() else {
+            return Ok(false);
+        };
+        let never = tokio_util::sync::CancellationToken::new();
+        let installed = sp
+            .service
+            .install(&sp.exe, packages, &sp.layer, principal, &never)
+            .await
+            .map_err(crate::packages::PackageError::into_tool)?;
+        if let Some(code) = crate::packages::warm_check(&sp.layer) {
+            let out = up
+                .interp
+                .internal(&code, tokio::time::Instant::now() + PRELOAD_TIMEOUT)
+                .await;
+            let clear = matches!(out.ending, Ending::Done(_))
+                && out
+                    .output
+                    .text
+                    .lines()
+                    .any(|l| l.trim() == crate::packages::WARM_CLEAR);
+            if !clear {
+                tracing::debug!(output = %out.output.text, "a warm session could not take packages");
+                return Ok(false);
+            }
+        }
+        up.dirs.installed = Some(installed);
+        Ok(true)
     }
 
     /// A warm session of `lang`, its uid left unbound (see the module's documentation);
@@ -235,14 +293,29 @@ impl WarmSessions {
         self: &Arc<Self>,
         lang: &Arc<Language>,
         req: &StartRequest,
-    ) -> Option<Up> {
+        principal: &str,
+    ) -> Result<Option<Up>, ToolError> {
         if !self.poolable(req) {
-            return None;
+            return Ok(None);
+        }
+        if !req.packages.is_empty() && !self.cached(lang, &req.packages).await {
+            return Ok(None);
         }
         let taken = self.pool.take(lang.id());
         self.refill(lang);
-        let mut pending = taken?;
-        pending.up.take()
+        let Some(mut pending) = taken else {
+            return Ok(None);
+        };
+        if !req.packages.is_empty() {
+            let Some(up) = pending.up.as_mut() else {
+                return Ok(None);
+            };
+            // Dropped (its tree, directory and uid released) when it cannot be used.
+            if !self.add_packages(up, &req.packages, principal).await? {
+                return Ok(None);
+            }
+        }
+        Ok(pending.up.take())
     }
 
     /// Start one warm session of `lang` as a cold `session_start` without arguments would
