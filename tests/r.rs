@@ -1,5 +1,6 @@
 //! R sessions beyond the conformance rows of tests/languages.rs, through the MCP client:
-//! plots come back as PNG images (base graphics, grid, ggplot2 when installed), data frames
+//! plots come back as PNG images and SVG links (base graphics, grid, ggplot2 when
+//! installed), data frames
 //! print wide, errors carry the condition's class, interrupts (at the deadline, of a
 //! readline, by SIGINT at the prompt) keep the state; and `run-code` runs R through Rscript.
 
@@ -79,6 +80,30 @@ async fn plots_come_back_as_png_images() {
         o.text
     );
     assert!(o.text.contains("[images attached: figure-1.png (672x480)]"));
+    // Its SVG is kept too, as a resource the result links to (not a second image).
+    assert_eq!(
+        o.structured["displays"][0]["mime_types"],
+        json!(["image/svg+xml"]),
+        "{}",
+        o.structured
+    );
+    let uri = o.structured["displays"][0]["uris"][0]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        uri.starts_with(&format!("replbox://sessions/{id}/displays/")) && uri.ends_with(".svg"),
+        "{uri}"
+    );
+    let svg = s
+        .client
+        .peer()
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(&uri))
+        .await
+        .expect("the SVG is readable");
+    let svg = serde_json::to_value(&svg.contents[0]).expect("json");
+    assert_eq!(svg["mimeType"], "image/svg+xml");
+    assert!(svg["text"].as_str().unwrap_or("").contains("<svg"), "{svg}");
     // The page is still open: adding to it sends it again, under its number; a cell that
     // does not draw sends nothing.
     let o = s.eval(&id, "abline(h = 5)").await;
@@ -107,10 +132,27 @@ async fn plots_come_back_as_png_images() {
         )
         .await;
     assert_eq!(names(&o), ["figure-5.png"], "{}", o.text);
-    // The cap: the first --max-images (8) come back, the rest are counted.
+    // The cap: the first --max-images (8) come back, the rest are counted; their SVGs are
+    // links, not counted as images. options(replbox.svg = FALSE) keeps the PNGs alone.
     let o = s.eval(&id, "for (i in 1:10) plot(i)").await;
     assert_eq!(o.images.len(), 8, "{}", o.text);
     assert_eq!(o.structured["images_omitted"], 2, "{}", o.structured);
+    assert_eq!(
+        o.structured["displays"].as_array().map(Vec::len),
+        Some(8),
+        "{}",
+        o.structured
+    );
+    let o = s.eval(&id, "plot(runif(1e5))").await;
+    assert_eq!(o.images.len(), 1, "{}", o.text);
+    assert!(
+        o.structured.get("displays").is_none(),
+        "100,000 points get no SVG: {}",
+        o.structured
+    );
+    let o = s.eval(&id, "options(replbox.svg = FALSE); plot(1)").await;
+    assert_eq!(o.images.len(), 1, "{}", o.text);
+    assert!(o.structured.get("displays").is_none(), "{}", o.structured);
     // A file device of the code's own is its business: the file is listed, not attached.
     let o = s
         .eval(&id, "png('mine.png'); plot(1); invisible(dev.off())")
@@ -143,6 +185,12 @@ async fn ggplot2_plots_come_back() {
     );
     let o = s.eval_t(&id, "p", 60_000).await;
     assert_eq!(names(&o), ["figure-1.png"], "{}", o.text);
+    assert_eq!(
+        o.structured["displays"][0]["mime_types"],
+        json!(["image/svg+xml"]),
+        "ggplot2's plot has its SVG: {}",
+        o.structured
+    );
     let o = s
         .eval_t(&id, "print(p); print(p + ggtitle('again'))", 60_000)
         .await;

@@ -203,10 +203,41 @@ local({
         FALSE
       })
       if (old > 1 && old %in% grDevices::dev.list()) grDevices::dev.set(old)
-      if (ok) shots[[length(shots) + 1]] <- sprintf("{\"file\":%s,\"figure\":%d}", js(name),
-                                                    as.integer(plots[[i]]$fig))
+      if (ok) {
+        shots[[length(shots) + 1]] <- sprintf("{\"file\":%s,\"figure\":%d}", js(name),
+                                              as.integer(plots[[i]]$fig))
+        try(svg_of(plots[[i]]$plot, n, i), silent = TRUE)
+      }
     }
     shots
+  }
+  # The same plot as SVG, kept by replbox as a resource and only linked from the result (the
+  # PNG is what the reader sees): with cairo's svg device, unless options(replbox.svg =
+  # FALSE). An SVG grows with every point drawn (100,000 points: 30 MB, seconds to write),
+  # so a plot whose recorded drawing is large gets none: over 300 kB for base graphics
+  # (about 10,000 points), 2.5 MB for grid's (ggplot2 records 1.3 MB for a few points);
+  # nor does an SVG over 4 MiB.
+  svg_of <- function(p, n, i) {
+    if (!isTRUE(capabilities("cairo")) || !isTRUE(getOption("replbox.svg", TRUE)) ||
+        length(cell$displays) >= max_displays) return(invisible())
+    calls <- vapply(p[[1]], function(e)
+      tryCatch(as.character(e[[2]][[1]]$name)[1], error = function(x) ""), "")
+    grid <- !any(startsWith(calls, "C_"), na.rm = TRUE)  # base graphics' calls are C_*
+    if (as.numeric(utils::object.size(p)) > if (grid) 2.5e6 else 3e5) return(invisible())
+    path <- file.path(out, sprintf("img-%s-%d.svg", num(n), i))
+    on.exit(unlink(path))
+    old <- grDevices::dev.cur()
+    grDevices::svg(path, width = size$width, height = size$height)
+    tryCatch(suppressWarnings(grDevices::replayPlot(p)), finally = grDevices::dev.off())
+    if (old > 1 && old %in% grDevices::dev.list()) grDevices::dev.set(old)
+    bytes <- file.size(path)
+    if (is.na(bytes) || bytes > 4 * 2^20) return(invisible())
+    text <- readChar(path, bytes, useBytes = TRUE)
+    name <- sprintf("disp-%s-%d.json", num(n), length(cell$displays) + 1)
+    writeLines(paste0("{\"data\":{\"image/svg+xml\":", js(text), "},\"linked\":true}"),
+               file.path(out, name), useBytes = TRUE)
+    cell$displays[[length(cell$displays) + 1]] <- sprintf("{\"file\":%s}", js(name))
+    invisible()
   }
 
   # Input typed into this cell (replbox says so with a file) that the program did not read

@@ -64,7 +64,8 @@ pub(super) fn eval_result(r: &EvalReport) -> CallToolResult {
             out.content.push(ContentBlock::resource_link(link));
         }
     }
-    // A display's images are followed by their links; its text parts carry their URI.
+    // A display's images are followed by their links; its text parts carry their URI; its
+    // linked parts are links only.
     for block in &r.rich {
         match &block.content {
             RichContent::Image(data) => {
@@ -72,6 +73,11 @@ pub(super) fn eval_result(r: &EvalReport) -> CallToolResult {
                     b64.encode(data),
                     block.mime_type.clone(),
                 ));
+                let name = block.uri.rsplit('/').next().unwrap_or_default();
+                out.content
+                    .push(shown_link(&block.uri, name, &block.mime_type, data.len()));
+            }
+            RichContent::Link(data) => {
                 let name = block.uri.rsplit('/').next().unwrap_or_default();
                 out.content
                     .push(shown_link(&block.uri, name, &block.mime_type, data.len()));

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use super::report::{ErrorInfo, EvalReport, EvalStatus, OutputSplit};
+use super::report::{ErrorInfo, EvalReport, EvalStatus, OutputSplit, RichContent};
 
 /// One evaluation as the history keeps it.
 #[derive(Debug, Clone)]
@@ -69,6 +69,9 @@ pub struct Shown {
     pub uri: String,
     pub mime_type: String,
     pub data: Vec<u8>,
+    /// Only linked from its result (an R plot's SVG beside its PNG): a notebook export
+    /// leaves it out, the figure is already there.
+    pub linked: bool,
 }
 
 impl Outputs {
@@ -91,6 +94,7 @@ impl Outputs {
                     uri: a.uri.clone(),
                     mime_type: a.mime_type.clone(),
                     data: a.data.clone(),
+                    linked: false,
                 })
                 .collect(),
             displays: report
@@ -100,12 +104,14 @@ impl Outputs {
                     uri: b.uri.clone(),
                     mime_type: b.mime_type.clone(),
                     data: b.content.bytes().to_vec(),
+                    linked: matches!(b.content, RichContent::Link(_)),
                 })
                 .collect(),
             whole: report.whole.as_ref().map(|(uri, text)| Shown {
                 uri: uri.clone(),
                 mime_type: "text/plain".into(),
                 data: text.as_bytes().to_vec(),
+                linked: false,
             }),
         }
     }
@@ -454,6 +460,7 @@ mod tests {
                 uri: format!("u{n}"),
                 mime_type: "text/plain".into(),
                 data: vec![b'a'; len],
+                linked: false,
             });
             c
         };

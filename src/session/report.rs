@@ -189,12 +189,15 @@ pub struct RichBlock {
 pub enum RichContent {
     Image(Vec<u8>),
     Text(String),
+    /// Kept as a resource and only linked from the result (a bundle's `linked` parts: an R
+    /// plot's SVG beside its PNG), so it costs the reader a link, not a copy.
+    Link(Vec<u8>),
 }
 
 impl RichContent {
     pub fn bytes(&self) -> &[u8] {
         match self {
-            RichContent::Image(b) => b,
+            RichContent::Image(b) | RichContent::Link(b) => b,
             RichContent::Text(t) => t.as_bytes(),
         }
     }

@@ -52,6 +52,10 @@ struct Bundle {
     data: serde_json::Map<String, Value>,
     #[serde(default)]
     frame: Option<Value>,
+    /// Its parts are kept as resources and only linked from the result (within the same
+    /// caps on bytes; a linked image does not count against the images returned).
+    #[serde(default)]
+    linked: bool,
 }
 
 /// What becomes of one MIME type.
@@ -183,7 +187,7 @@ pub(super) fn bundle(
                 if !bytes.starts_with(magic) {
                     continue;
                 }
-                if !take_image(out, caps, bytes.len() as u64, mime) {
+                if !take_image(out, caps, bytes.len() as u64, mime, b.linked) {
                     continue;
                 }
                 let uri = namer.uri("displays", ext);
@@ -191,20 +195,29 @@ pub(super) fn bundle(
                 out.blocks.push(RichBlock {
                     mime_type: mime.clone(),
                     uri,
-                    content: RichContent::Image(bytes),
+                    content: if b.linked {
+                        RichContent::Link(bytes)
+                    } else {
+                        RichContent::Image(bytes)
+                    },
                 });
             }
             Kind::Svg => {
                 let Some(s) = value.as_str() else { continue };
-                if !s.contains("<svg") || !take_image(out, caps, s.len() as u64, mime) {
+                if !s.contains("<svg") || !take_image(out, caps, s.len() as u64, mime, b.linked) {
                     continue;
                 }
                 let uri = namer.uri("displays", "svg");
                 info.uris.push(uri.clone());
+                let bytes = s.as_bytes().to_vec();
                 out.blocks.push(RichBlock {
                     mime_type: mime.clone(),
                     uri,
-                    content: RichContent::Image(s.as_bytes().to_vec()),
+                    content: if b.linked {
+                        RichContent::Link(bytes)
+                    } else {
+                        RichContent::Image(bytes)
+                    },
                 });
             }
             Kind::Text(ext) => {
@@ -228,7 +241,11 @@ evaluation's budget for rich text (--output-cap); its text form is in the output
                 out.blocks.push(RichBlock {
                     mime_type: mime.clone(),
                     uri,
-                    content: RichContent::Text(text),
+                    content: if b.linked {
+                        RichContent::Link(text.into_bytes())
+                    } else {
+                        RichContent::Text(text)
+                    },
                 });
             }
         }
@@ -240,9 +257,10 @@ evaluation's budget for rich text (--output-cap); its text form is in the output
     }
 }
 
-/// Whether one more image fits; a note when it does not.
-fn take_image(out: &mut Displays, caps: Caps, bytes: u64, mime: &str) -> bool {
-    if out.images >= caps.images {
+/// Whether one more image fits (a linked one only within the bytes per image); a note
+/// when it does not.
+fn take_image(out: &mut Displays, caps: Caps, bytes: u64, mime: &str, linked: bool) -> bool {
+    if !linked && out.images >= caps.images {
         out.omitted += 1;
         out.notes.push(format!(
             "a display's {mime} was not returned: the evaluation has returned all its images \
@@ -260,7 +278,9 @@ fn take_image(out: &mut Displays, caps: Caps, bytes: u64, mime: &str) -> bool {
         ));
         return false;
     }
-    out.images += 1;
+    if !linked {
+        out.images += 1;
+    }
     true
 }
 
@@ -392,6 +412,23 @@ mod tests {
             d.infos[0].frame,
             Some(json!({"shape": [9, 1], "records_omitted": true}))
         );
+    }
+
+    #[test]
+    fn linked_parts_are_links_within_the_bytes_cap_but_not_the_count() {
+        let svg = "<svg xmlns=\"http://www.w3.org/2000/svg\"/>";
+        let mut out = Displays::default();
+        let mut left = 100;
+        for _ in 0..3 {
+            let b = json!({"data": {"image/svg+xml": svg}, "linked": true}).to_string();
+            bundle(b.as_bytes(), &mut namer(), CAPS, &mut left, &mut out);
+        }
+        assert_eq!((out.images, out.omitted, out.blocks.len()), (0, 0, 3));
+        assert!(matches!(out.blocks[0].content, RichContent::Link(_)));
+        let big = format!("<svg>{}</svg>", "x".repeat(1000));
+        let b = json!({"data": {"image/svg+xml": big}, "linked": true}).to_string();
+        bundle(b.as_bytes(), &mut namer(), CAPS, &mut left, &mut out);
+        assert_eq!((out.blocks.len(), out.omitted), (3, 1));
     }
 
     #[test]

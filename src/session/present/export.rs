@@ -346,7 +346,7 @@ fn code_cell(c: &Cell) -> Value {
     }
     // Each part of a rich display as display_data with its MIME type: text forms as lines,
     // JSON forms as JSON, images as base64 (as nbformat's mimebundle has them).
-    for d in &o.displays {
+    for d in o.displays.iter().filter(|d| !d.linked) {
         let m = d.mime_type.as_str();
         let value = if m.starts_with("image/") && m != "image/svg+xml" {
             Value::from(b64.encode(&d.data))
@@ -561,17 +561,20 @@ mod tests {
                             uri: "replbox://sessions/s/figures/1-1.png".into(),
                             mime_type: "image/png".into(),
                             data: b"\x89PNG".to_vec(),
+                            linked: false,
                         }],
                         displays: vec![
                             crate::session::history::Shown {
                                 uri: "replbox://sessions/s/displays/1-2.html".into(),
                                 mime_type: "text/html".into(),
                                 data: b"<b>x</b>\n<i>y</i>".to_vec(),
+                                linked: false,
                             },
                             crate::session::history::Shown {
                                 uri: "replbox://sessions/s/displays/1-3.json".into(),
                                 mime_type: "application/vnd.plotly.v1+json".into(),
                                 data: br#"{"data": []}"#.to_vec(),
+                                linked: false,
                             },
                         ],
                         whole: None,
