@@ -1,9 +1,10 @@
 //! Several servers as one cluster (`--cluster`): each test starts its own etcd on loopback
 //! ports and two or three `replbox serve --http` nodes with one shared directory of
 //! journals, and drives them through rmcp's HTTP client. A node killed with SIGKILL, or
-//! stopped, leaves its sessions to the others: the owner's next call on another node adopts
-//! the session and replays it; another principal never sees it (one node of three killed
-//! with 20 sessions of four principals on them: none lost). An etcd of three members that
+//! stopped, leaves its sessions to the others: they adopt them at once as suspended (each
+//! on its principal's heir, listed there before any call), and the owner's next call, on
+//! whichever node it reaches, replays it; another principal never sees it (one node of
+//! three killed with 20 sessions of four principals on them: none lost, none held twice). An etcd of three members that
 //! loses one, its leader, changes nothing.
 
 use crate::common;
@@ -391,21 +392,89 @@ async fn fleet(nodes: &[At]) -> Vec<Member> {
     all
 }
 
-/// After node `dead` of `nodes` died: every session of the fleet answers its owner with its
-/// value on a live node (the dead node's adopted and replayed there), and no one else; each
-/// principal's `session_list` on the live nodes is exactly its own sessions. One lane of
-/// calls per principal.
+/// The sessions `token`'s principal sees held by `at` in its `session_list`: (id, "open")
+/// and (id, "suspended") (those that ended, closed ones among them, are not held).
+async fn listing(at: &impl Endpoint, token: &str) -> Vec<(String, String)> {
+    let l = call(at, token, "session_list", json!({})).await;
+    let mut out = Vec::new();
+    for e in l.structured["sessions"].as_array().into_iter().flatten() {
+        out.push((
+            e["session_id"].as_str().unwrap_or("?").into(),
+            "open".into(),
+        ));
+    }
+    for e in l.structured["ended"].as_array().into_iter().flatten() {
+        if e["state"] == "suspended" {
+            let id = e["session_id"].as_str().unwrap_or("?");
+            out.push((id.into(), "suspended".into()));
+        }
+    }
+    out
+}
+
+/// Every principal's sessions as the live nodes list them, sorted (a session held twice is
+/// listed twice).
+async fn listed_by_principal(nodes: &[At], live: &[usize]) -> Vec<Vec<(String, String)>> {
+    let mut all = Vec::new();
+    for (_, token) in PRINCIPALS {
+        let mut listed = Vec::new();
+        for &n in live {
+            listed.extend(listing(&nodes[n], token).await);
+        }
+        listed.sort();
+        all.push(listed);
+    }
+    all
+}
+
+/// After node `dead` of `nodes` died: its sessions are adopted eagerly, listed as
+/// suspended by their owners' `session_list` on the live nodes before any call names them;
+/// every session of the fleet answers its owner with its value on a live node (the dead
+/// node's replayed there, wherever the owner's call lands), and no one else; each
+/// principal's `session_list` on the live nodes is exactly its own sessions, each once.
+/// One lane of calls per principal.
 async fn check_fleet(fleet: Vec<Member>, nodes: &[At], dead: usize, dir: &Path, names: &[&str]) {
     let live: Vec<usize> = (0..nodes.len()).filter(|&n| n != dead).collect();
+    let want = |state_of_orphans: &str| -> Vec<Vec<(String, String)>> {
+        (0..PRINCIPALS.len())
+            .map(|p| {
+                let mut v: Vec<(String, String)> = fleet
+                    .iter()
+                    .filter(|m| m.principal == p)
+                    .map(|m| {
+                        let state = if m.node == dead {
+                            state_of_orphans
+                        } else {
+                            "open"
+                        };
+                        (m.id.clone(), state.to_string())
+                    })
+                    .collect();
+                v.sort();
+                v
+            })
+            .collect()
+    };
+    let (want_suspended, want_open) = (want("suspended"), want("open"));
+    // Eager adoption: before any call names them, the dead node's sessions are listed as
+    // suspended by their owners on the live nodes, each on one node.
+    let t0 = Instant::now();
+    loop {
+        let now = listed_by_principal(nodes, &live).await;
+        if now == want_suspended {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "not adopted eagerly: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let mut lanes = tokio::task::JoinSet::new();
     let mut by_principal: Vec<Vec<Member>> = (0..PRINCIPALS.len()).map(|_| Vec::new()).collect();
     for m in fleet {
         by_principal[m.principal].push(m);
     }
-    let expected: Vec<Vec<String>> = by_principal
-        .iter()
-        .map(|ms| ms.iter().map(|m| m.id.clone()).collect())
-        .collect();
     for members in by_principal {
         let (nodes, live) = (nodes.to_vec(), live.clone());
         let (dir, names): (PathBuf, Vec<String>) = (
@@ -429,7 +498,7 @@ async fn check_fleet(fleet: Vec<Member>, nodes: &[At], dead: usize, dir: &Path, 
                     o.text
                 );
                 if orphan {
-                    assert!(journal(&dir, &names[dead], &m.id).is_file(), "{}", m.id);
+                    assert!(!journal(&dir, &names[dead], &m.id).exists(), "{}", m.id);
                 }
                 let o = eval(at, token, &m.id, "print(v)").await;
                 assert_eq!(output(&o), format!("{}\n", m.value), "{}", o.text);
@@ -450,20 +519,9 @@ async fn check_fleet(fleet: Vec<Member>, nodes: &[At], dead: usize, dir: &Path, 
     while let Some(lane) = lanes.join_next().await {
         lane.expect("a principal's lane");
     }
-    // Nothing lost, nothing shown to another principal.
-    for (p, (name, token)) in PRINCIPALS.iter().enumerate() {
-        let mut listed = Vec::new();
-        for &n in &live {
-            let l = call(&nodes[n], token, "session_list", json!({})).await;
-            for e in l.structured["sessions"].as_array().into_iter().flatten() {
-                listed.push(e["session_id"].as_str().unwrap_or("?").to_string());
-            }
-        }
-        listed.sort();
-        let mut want = expected[p].clone();
-        want.sort();
-        assert_eq!(listed, want, "{name}'s sessions on the live nodes");
-    }
+    // Nothing lost, nothing shown to another principal, nothing listed twice (a session
+    // taken over from the node that adopted it eagerly is no longer listed there).
+    assert_eq!(listed_by_principal(nodes, &live).await, want_open);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -507,16 +565,40 @@ async fn a_killed_nodes_sessions_are_adopted_once_and_only_by_their_owners() {
 
     a.kill().await;
     let killed = Instant::now();
-    etcd.wait_gone(&key, Duration::from_secs(30)).await;
+    // Adopted eagerly once a's lease expired, before any call names it: suspended on
+    // exactly one live node (the heir of alice's sessions), listed there for her only, its
+    // journal moved there.
+    let t0 = Instant::now();
+    let heir = loop {
+        let mut holders = Vec::new();
+        for (name, n) in [("b", &b), ("c", &c)] {
+            let l = listing(n, ALICE).await;
+            if l.contains(&(id.clone(), "suspended".to_string())) {
+                holders.push(name);
+            }
+        }
+        assert!(holders.len() <= 1, "adopted twice: {holders:?}");
+        if let [h] = holders[..] {
+            break h;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "never adopted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let record: Value = serde_json::from_str(&etcd.get(&key).await.unwrap().unwrap()).unwrap();
+    assert_eq!(record["node"], heir, "{record}");
+    assert_eq!(record["suspended"], true, "{record}");
+    assert!(journal(&sh.dir, heir, &id).is_file());
+    assert!(!journal(&sh.dir, "a", &id).exists());
+    // Another principal still sees nothing, and moves nothing.
+    for n in [&b, &c] {
+        let o = eval(n, BOB, &id, "y").await;
+        assert_eq!(o.error_kind(), "unknown_session", "{}", o.text);
+        let l = call(n, BOB, "session_list", json!({})).await;
+        assert!(!l.structured.to_string().contains(&id), "{}", l.structured);
+    }
 
-    // Orphaned now: another principal still sees nothing, and moves nothing.
-    let o = eval(&b, BOB, &id, "y").await;
-    assert_eq!(o.error_kind(), "unknown_session", "{}", o.text);
-    let l = call(&b, BOB, "session_list", json!({})).await;
-    assert!(!l.structured.to_string().contains(&id), "{}", l.structured);
-    assert!(journal(&sh.dir, "a", &id).is_file());
-
-    // Its owner's calls race on two nodes: exactly one adopts and serves it.
+    // Its owner's calls race on two nodes: exactly one serves it (the heir restoring it,
+    // or the other node taking it over from the heir).
     let asked = Instant::now();
     let (ob, oc) = tokio::join!(eval(&b, ALICE, &id, "y"), eval(&c, ALICE, &id, "y"));
     let served = Instant::now();
@@ -537,7 +619,7 @@ async fn a_killed_nodes_sessions_are_adopted_once_and_only_by_their_owners() {
     );
     eprintln!(
         "adoption: {} ms from SIGKILL to the first answer (lease TTL included), {} ms of it \
-claim, move and replay",
+the call (a take-over, if any, and the replay)",
         served.duration_since(killed).as_millis(),
         served.duration_since(asked).as_millis()
     );

@@ -146,6 +146,7 @@ impl Registry for Etcd {
             Ok(Some(Kv {
                 value: B64.decode(value)?,
                 create_revision: int(&kv["create_revision"]),
+                mod_revision: int(&kv["mod_revision"]),
                 lease: int(&kv["lease"]),
             }))
         })
@@ -186,4 +187,67 @@ impl Registry for Etcd {
             Ok(())
         })
     }
+
+    fn replace(
+        &self,
+        key: String,
+        value: Vec<u8>,
+        lease: i64,
+        revision: i64,
+    ) -> Fut<'_, Option<i64>> {
+        Box::pin(async move {
+            let k = b64(key.as_bytes());
+            let v = self
+                .call(
+                    "/v3/kv/txn",
+                    json!({
+                        "compare": [{"target": "MOD", "key": k, "mod_revision": revision.to_string(), "result": "EQUAL"}],
+                        "success": [{"request_put": {"key": k, "value": b64(&value), "lease": lease.to_string()}}],
+                    }),
+                )
+                .await?;
+            if v["succeeded"].as_bool() == Some(true) {
+                Ok(Some(int(&v["header"]["revision"])))
+            } else {
+                Ok(None)
+            }
+        })
+    }
+
+    fn keys(&self, prefix: String) -> Fut<'_, Vec<String>> {
+        Box::pin(async move {
+            let v = self
+                .call(
+                    "/v3/kv/range",
+                    json!({
+                        "key": b64(prefix.as_bytes()),
+                        "range_end": b64(&prefix_end(prefix.as_bytes())),
+                        "keys_only": true,
+                    }),
+                )
+                .await?;
+            let mut out = Vec::new();
+            for kv in v["kvs"].as_array().into_iter().flatten() {
+                let key = B64.decode(kv["key"].as_str().unwrap_or(""))?;
+                if let Ok(key) = String::from_utf8(key) {
+                    out.push(key);
+                }
+            }
+            Ok(out)
+        })
+    }
+}
+
+/// The end of the range of keys starting with `prefix` (etcd's convention: the prefix with
+/// its last byte that is not 0xff incremented).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every key: etcd's "\0".
+    vec![0]
 }

@@ -69,7 +69,11 @@ impl ClusterFlags {
 pub struct Record {
     pub node: String,
     pub principal: String,
-    /// The registry's revision of the claim (its key's creation): it grows with every
+    /// Adopted eagerly, not asked for yet: another node the owner's calls reach may take
+    /// it over ([`Cluster::take_over`]) until its holder restores it ([`Cluster::activate`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspended: bool,
+    /// The registry's revision of the claim (its key's last write): it grows with every
     /// claim, so a journal line of an older one is a former owner's.
     #[serde(skip)]
     pub generation: i64,
@@ -84,6 +88,8 @@ pub struct Kv {
     pub value: Vec<u8>,
     /// The revision that created the key.
     pub create_revision: i64,
+    /// The revision that wrote it last.
+    pub mod_revision: i64,
     /// The lease it is bound to (0: none).
     pub lease: i64,
 }
@@ -110,6 +116,17 @@ pub trait Registry: Send + Sync {
     fn create(&self, key: String, value: Vec<u8>, lease: i64) -> Fut<'_, Option<i64>>;
     /// Delete `key` if it is held under `lease`.
     fn delete_held(&self, key: String, lease: i64) -> Fut<'_, ()>;
+    /// Put `key` under `lease` only where its last write was at `revision` (a
+    /// compare-and-swap): the revision of the write, or `None` when it changed meanwhile.
+    fn replace(
+        &self,
+        key: String,
+        value: Vec<u8>,
+        lease: i64,
+        revision: i64,
+    ) -> Fut<'_, Option<i64>>;
+    /// The keys that start with `prefix`.
+    fn keys(&self, prefix: String) -> Fut<'_, Vec<String>>;
 }
 
 /// A node id: a file name on the shared filesystem and a registry key, so 1-64 of
@@ -150,6 +167,9 @@ pub struct Cluster {
     renewed: Mutex<Instant>,
     /// Held while a lease is taken, so that two joins never hold two leases.
     joining: tokio::sync::Mutex<()>,
+    /// Held while a session is adopted here (eagerly, or by a call), so that a call never
+    /// races this node's own eager adoption of the session it names.
+    pub adopting: tokio::sync::Mutex<()>,
 }
 
 impl Cluster {
@@ -189,6 +209,7 @@ not {}",
             lease: AtomicI64::new(0),
             renewed: Mutex::new(Instant::now()),
             joining: tokio::sync::Mutex::new(()),
+            adopting: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -201,6 +222,7 @@ not {}",
             lease: AtomicI64::new(0),
             renewed: Mutex::new(Instant::now()),
             joining: tokio::sync::Mutex::new(()),
+            adopting: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -240,6 +262,11 @@ not {}",
         Ok(false)
     }
 
+    /// The lease held now (0: none): a new one means a new membership.
+    pub fn lease_id(&self) -> i64 {
+        self.lease.load(Ordering::SeqCst)
+    }
+
     /// Whether this node may not have its lease any more: then it serves none of its
     /// sessions' evaluations, since another node may adopt them.
     pub fn fenced(&self) -> bool {
@@ -277,7 +304,7 @@ not {}",
         let mut record: Record = serde_json::from_slice(&kv.value).map_err(|e| {
             anyhow::anyhow!("the registry's record of session {id} is not readable: {e}")
         })?;
-        record.generation = kv.create_revision;
+        record.generation = kv.mod_revision;
         record.lease = kv.lease;
         Ok(Some(record))
     }
@@ -285,10 +312,21 @@ not {}",
     /// Claim session `id` for this node where no live node holds it: the record written, or
     /// `None` when another node holds it.
     pub async fn claim(&self, id: &str, principal: &str) -> anyhow::Result<Option<Record>> {
+        self.claim_as(id, principal, false).await
+    }
+
+    /// [`Cluster::claim`], marked `suspended` when it is an eager adoption.
+    pub async fn claim_as(
+        &self,
+        id: &str,
+        principal: &str,
+        suspended: bool,
+    ) -> anyhow::Result<Option<Record>> {
         let lease = self.lease()?;
         let mut record = Record {
             node: self.node.clone(),
             principal: principal.to_string(),
+            suspended,
             generation: 0,
             lease,
         };
@@ -298,6 +336,54 @@ not {}",
         };
         record.generation = rev;
         Ok(Some(record))
+    }
+
+    /// Take session `id` over from the node that adopted it eagerly (`held` is its record,
+    /// `suspended`): the record written, or `None` when it changed meanwhile (restored
+    /// there, or taken by another node).
+    pub async fn take_over(&self, id: &str, held: &Record) -> anyhow::Result<Option<Record>> {
+        let lease = self.lease()?;
+        self.rewrite(id, held, lease).await
+    }
+
+    /// Session `id`, adopted here eagerly (`held`), is being restored: no other node may
+    /// take it over any more. `false` when one did meanwhile.
+    pub async fn activate(&self, id: &str, held: &Record) -> anyhow::Result<bool> {
+        Ok(self.rewrite(id, held, held.lease).await?.is_some())
+    }
+
+    async fn rewrite(&self, id: &str, held: &Record, lease: i64) -> anyhow::Result<Option<Record>> {
+        let mut record = Record {
+            node: self.node.clone(),
+            principal: held.principal.clone(),
+            suspended: false,
+            generation: 0,
+            lease,
+        };
+        let value = serde_json::to_vec(&record)?;
+        let Some(rev) = self
+            .registry
+            .replace(session_key(id), value, lease, held.generation)
+            .await?
+        else {
+            return Ok(None);
+        };
+        record.generation = rev;
+        Ok(Some(record))
+    }
+
+    /// The nodes that hold a lease now, this one among them.
+    pub async fn live_nodes(&self) -> anyhow::Result<std::collections::BTreeSet<String>> {
+        let prefix = node_key("");
+        let mut live: std::collections::BTreeSet<String> = self
+            .registry
+            .keys(prefix.clone())
+            .await?
+            .into_iter()
+            .filter_map(|k| k.strip_prefix(&prefix).map(str::to_string))
+            .collect();
+        live.insert(self.node.clone());
+        Ok(live)
     }
 
     /// Give session `id` up (it was closed, or a start failed).
@@ -319,6 +405,28 @@ not {}",
     }
 }
 
+/// The node of `live` that adopts a dead node's sessions of `principal`: the highest of a
+/// hash of (principal, node), rendezvous hashing. Every node computes the same answer from
+/// the same live set without asking anyone; a principal's sessions stay together; a node
+/// dying moves only the principals it was chosen for. A stable hash (SHA-256), so nodes of
+/// different builds agree.
+pub fn heir<'a>(principal: &str, live: impl IntoIterator<Item = &'a String>) -> Option<&'a str> {
+    use sha2::Digest;
+    live.into_iter()
+        .map(|node| {
+            let mut h = sha2::Sha256::new();
+            h.update(principal.as_bytes());
+            h.update([0u8]);
+            h.update(node.as_bytes());
+            let d = h.finalize();
+            let mut score = [0u8; 8];
+            score.copy_from_slice(&d[..8]);
+            (u64::from_be_bytes(score), node)
+        })
+        .max()
+        .map(|(_, node)| node.as_str())
+}
+
 fn node_key(node: &str) -> String {
     format!("replbox/nodes/{node}")
 }
@@ -330,6 +438,27 @@ fn session_key(id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_principal_has_one_heir_and_a_death_moves_only_its_own() {
+        let nodes: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let principals: Vec<String> = (0..200).map(|i| format!("p{i}")).collect();
+        let mut counts = [0usize; 3];
+        for p in &principals {
+            let h = heir(p, &nodes).unwrap();
+            // The same answer in any order.
+            assert_eq!(heir(p, nodes.iter().rev()), Some(h));
+            counts[nodes.iter().position(|n| n == h).unwrap()] += 1;
+            // Without c, only c's principals move.
+            let without_c: Vec<String> = nodes[..2].to_vec();
+            let h2 = heir(p, &without_c).unwrap();
+            if h != "c" {
+                assert_eq!(h2, h, "{p}");
+            }
+        }
+        assert!(counts.iter().all(|&c| c > 30), "spread: {counts:?}");
+        assert_eq!(heir("p", &Vec::<String>::new()), None);
+    }
 
     #[test]
     fn node_ids_are_names_not_paths() {

@@ -449,6 +449,7 @@ while) and suspended ones (`ended`).",
                     open_world_hint = false)
     )]
     async fn session_list(&self, Extension(caller): Extension<Caller>) -> CallToolResult {
+        self.app.sessions.cluster_prune(&caller).await;
         let r = self.app.sessions.list(&caller);
         let mut text = String::new();
         if r.sessions.is_empty() {

@@ -3,6 +3,7 @@
 //! the shared filesystem (claimed first, then moved into this node's state directory, then
 //! suspended: the first evaluation replays it). See docs/cluster.md.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
@@ -10,7 +11,7 @@ use super::journal::{self, Journaled};
 use super::live::{End, Session};
 use super::manager::SessionManager;
 use super::table::Entry;
-use crate::cluster::{Cluster, RENEW_EVERY, Record, check_node_id};
+use crate::cluster::{Cluster, RENEW_EVERY, Record, check_node_id, heir};
 use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 
@@ -62,6 +63,7 @@ impl SessionManager {
             return;
         }
         let weak: Weak<Self> = Arc::downgrade(self);
+        tokio::spawn(Self::watch_nodes(weak.clone()));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(RENEW_EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -86,6 +88,124 @@ impl SessionManager {
                 }
             }
         });
+    }
+
+    /// Eager adoption: every [`RENEW_EVERY`], the live nodes; when one has gone (its lease
+    /// expired or revoked), and once after joining, the sessions left in the directories of
+    /// nodes that are not live are adopted here as suspended, those whose principal's
+    /// [`heir`] this node is. A task of its own, so that a long sweep never delays renewal.
+    async fn watch_nodes(weak: Weak<Self>) {
+        let mut tick = tokio::time::interval(RENEW_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut known: Option<BTreeSet<String>> = None;
+        let mut lease = 0;
+        loop {
+            tick.tick().await;
+            let Some(me) = weak.upgrade() else { return };
+            let Some(cluster) = me.cluster.get().cloned() else {
+                return;
+            };
+            if cluster.fenced() {
+                continue;
+            }
+            let live = match cluster.live_nodes().await {
+                Ok(live) => live,
+                Err(e) => {
+                    tracing::warn!("cluster: cannot list the live nodes: {e}");
+                    continue;
+                }
+            };
+            // A new lease (the first, or after one was lost): this node's own journals
+            // were left to adoption too.
+            let joined = cluster.lease_id() != lease;
+            let gone = known
+                .as_ref()
+                .is_some_and(|k| k.iter().any(|n| !live.contains(n)));
+            if joined || gone {
+                lease = cluster.lease_id();
+                me.sweep(&cluster, &live, joined).await;
+            }
+            known = Some(live);
+        }
+    }
+
+    /// Adopt as suspended the sessions whose journals are in the directories of nodes not
+    /// in `live` (and in this node's own, `own`: journals of its former run), held by no
+    /// node, whose principal's heir is this node. Each is claimed first (exactly one node
+    /// wins), then its journal is moved here.
+    async fn sweep(&self, cluster: &Arc<Cluster>, live: &BTreeSet<String>, own: bool) {
+        let (shared, mine, live_) = (cluster.shared.clone(), cluster.node.clone(), live.clone());
+        let found = tokio::task::spawn_blocking(move || left_journals(&shared, &mine, &live_, own))
+            .await
+            .unwrap_or_default();
+        let mut adopted = 0usize;
+        for (id, path) in found {
+            if cluster.fenced() {
+                return;
+            }
+            let _one = cluster.adopting.lock().await;
+            if self.table.read(|st| st.get(&id).is_some()) {
+                continue;
+            }
+            match cluster.owner(&id).await {
+                Ok(None) => {}
+                Ok(Some(_)) => continue,
+                Err(e) => {
+                    tracing::warn!("cluster: eager adoption stopped: {e}");
+                    return;
+                }
+            }
+            let (id_, max) = (id.clone(), self.journals.max());
+            let owner = tokio::task::spawn_blocking(move || {
+                journal::read(&path, &id_, max).ok().map(|j| j.owner)
+            })
+            .await
+            .ok()
+            .flatten();
+            let Some(owner) = owner else { continue };
+            if heir(&owner, live) != Some(cluster.node.as_str()) {
+                continue;
+            }
+            let record = match cluster.claim_as(&id, &owner, true).await {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!("cluster: eager adoption stopped: {e}");
+                    return;
+                }
+            };
+            if self
+                .take_journal(cluster, &owner, &id, &record)
+                .await
+                .is_ok()
+            {
+                adopted += 1;
+            }
+        }
+        if adopted > 0 {
+            tracing::info!(node = %cluster.node, adopted, "adopted a dead node's sessions as suspended");
+        }
+    }
+
+    /// Before `session_list`: the caller's suspended sessions another node has taken over
+    /// since they were adopted here are no longer listed (nor held) here.
+    pub async fn cluster_prune(&self, caller: &Caller) {
+        let Some(cluster) = self.cluster.get() else {
+            return;
+        };
+        let ids: Vec<String> = self.table.read(|st| {
+            st.entries()
+                .filter(|(_, e)| matches!(e, Entry::Suspended(_)) && e.owner() == caller)
+                .map(|(id, _)| id.clone())
+                .collect()
+        });
+        for id in ids {
+            if let Ok(Some(r)) = cluster.owner(&id).await
+                && r.node != cluster.node
+            {
+                self.table.unsuspend(Some(caller), &id);
+            }
+        }
     }
 
     /// The lease was lost: other nodes may have adopted this node's sessions. The open ones
@@ -163,12 +283,14 @@ impl SessionManager {
         let Some(cluster) = self.cluster.get() else {
             return Ok(());
         };
-        let here = self.table.read(|st| {
-            matches!(
-                st.get(id),
-                Some(Entry::Open(_) | Entry::Suspended(_) | Entry::Starting { .. })
-            )
-        });
+        let state = || {
+            self.table.read(|st| match st.get(id) {
+                Some(Entry::Open(_) | Entry::Starting { .. }) => (true, false),
+                // The caller's suspended session may have been adopted here eagerly: checked.
+                Some(e @ Entry::Suspended(_)) => (true, e.owner() == caller),
+                _ => (false, false),
+            })
+        };
         if cluster.fenced() {
             return Err(ToolError::new(
                 ErrorKind::Unavailable,
@@ -178,14 +300,55 @@ it is back (another server may take its sessions over). Try again in a few secon
             .session(id));
         }
         // Only a session id names a journal: anything else is unknown, no file looked at.
-        if here || uuid::Uuid::parse_str(id).map_or(true, |u| u.to_string() != id) {
+        let (here_now, suspended) = state();
+        if (here_now && !suspended)
+            || (!here_now && uuid::Uuid::parse_str(id).map_or(true, |u| u.to_string() != id))
+        {
+            return Ok(());
+        }
+        let _one = cluster.adopting.lock().await;
+        let (here, suspended) = state();
+        if suspended {
+            // Held here; adopted eagerly, it is restored now, so no other node may take it
+            // over any more.
+            if let Some(r) = cluster.owner(id).await.map_err(unavailable)?
+                && r.node == cluster.node
+                && (!r.suspended || cluster.activate(id, &r).await.map_err(unavailable)?)
+            {
+                return Ok(());
+            }
+            // Orphaned again (re-adopted below), or taken over by another node.
+            self.table.unsuspend(Some(caller), id);
+        } else if here {
             return Ok(());
         }
         let record = match cluster.owner(id).await.map_err(unavailable)? {
             Some(r) if r.principal != caller.principal => return Ok(()),
+            // Adopted eagerly by another node and not restored there: its owner's call
+            // reached this node, so the session comes here.
+            Some(r) if r.node != cluster.node && r.suspended => {
+                match cluster.take_over(id, &r).await.map_err(unavailable)? {
+                    Some(taken) => {
+                        tracing::info!(session = %id, from = %r.node, generation = taken.generation, "taking a session over");
+                        taken
+                    }
+                    None => {
+                        return match cluster.owner(id).await.map_err(unavailable)? {
+                            Some(r) if r.node != cluster.node => Err(elsewhere(id)),
+                            _ => Err(taking_over(id)),
+                        };
+                    }
+                }
+            }
             Some(r) if r.node != cluster.node => return Err(elsewhere(id)),
-            // Ours in the registry, not in the table: adopted from its journal below.
-            Some(r) => r,
+            // Ours in the registry, not in the table: adopted from its journal below (and
+            // restored now, if it was adopted eagerly).
+            Some(r) => {
+                if r.suspended && !cluster.activate(id, &r).await.map_err(unavailable)? {
+                    return Err(taking_over(id));
+                }
+                r
+            }
             None => {
                 let Some(from) = self.orphan(cluster, id, caller).await else {
                     // Moved by a node that claimed it meanwhile, or no journal at all.
@@ -206,7 +369,8 @@ it is back (another server may take its sessions over). Try again in a few secon
                 }
             }
         };
-        self.take_journal(cluster, caller, id, &record).await
+        self.take_journal(cluster, &caller.principal, id, &record)
+            .await
     }
 
     /// The journal of `id` on the shared filesystem if it is the caller's session: where it
@@ -233,7 +397,7 @@ it is back (another server may take its sessions over). Try again in a few secon
     async fn take_journal(
         &self,
         cluster: &Arc<Cluster>,
-        caller: &Caller,
+        principal: &str,
         id: &str,
         record: &Record,
     ) -> Result<(), ToolError> {
@@ -277,7 +441,7 @@ it is back (another server may take its sessions over). Try again in a few secon
             .map_err(|e| e.to_string())
             .and_then(|r| r);
         match moved {
-            Ok(Some(j)) if j.owner == caller.principal => {
+            Ok(Some(j)) if j.owner == principal => {
                 let path = self.journals.path_of(id).unwrap_or_default();
                 self.table.load(Journaled::of(&j, path));
                 Ok(())
@@ -310,6 +474,7 @@ it is back (another server may take its sessions over). Try again in a few secon
                 let r = Record {
                     node: node.clone(),
                     principal: j.owner.clone(),
+                    suspended: false,
                     generation: *generation,
                     lease: *lease,
                 };
@@ -395,6 +560,48 @@ fn find_journal(shared: &Path, mine: &str, id: &str) -> Option<PathBuf> {
         }
     }
     None
+}
+
+/// The journals (session id, path) in the directories of `shared` of nodes not in `live`,
+/// and in `mine`'s when `own`; entries that are not plain directories named like a node, or
+/// plain files named like a session's journal, are skipped, links never followed.
+fn left_journals(
+    shared: &Path,
+    mine: &str,
+    live: &BTreeSet<String>,
+    own: bool,
+) -> Vec<(String, PathBuf)> {
+    let suffix = format!(".{}", super::state_dir::SUFFIX);
+    let mut out = Vec::new();
+    let Ok(nodes) = std::fs::read_dir(shared) else {
+        return out;
+    };
+    for e in nodes.flatten() {
+        let name = e.file_name();
+        let Some(node) = name.to_str() else { continue };
+        let wanted = if node == mine {
+            own
+        } else {
+            !live.contains(node)
+        };
+        if !wanted || check_node_id(node).is_err() || !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let Ok(files) = std::fs::read_dir(e.path()) else {
+            continue;
+        };
+        for f in files.flatten() {
+            let name = f.file_name();
+            let Some(id) = name.to_str().and_then(|n| n.strip_suffix(&suffix)) else {
+                continue;
+            };
+            let is_id = uuid::Uuid::parse_str(id).is_ok_and(|u| u.to_string() == id);
+            if is_id && f.file_type().is_ok_and(|t| t.is_file()) {
+                out.push((id.to_string(), f.path()));
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
