@@ -165,7 +165,8 @@ impl Etcd {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).expect("signal etcd");
     }
 
-    /// Wait (bounded) until `key` is gone: a dead node's lease has expired.
+    /// Wait (bounded) until `key` is gone. A node's key, since its lease has expired then
+    /// (a session's key comes back at once when a survivor adopts it eagerly).
     async fn wait_gone(&self, key: &str, within: Duration) {
         let t0 = Instant::now();
         while self.get(key).await != Ok(None) {
@@ -897,7 +898,6 @@ async fn a_cut_off_owner_never_appends_to_a_journal_another_node_adopted() {
     let link = Link::to(&etcd).await;
     let (a, b) = tokio::join!(node_at(&link.url, &sh, "a"), node(&etcd, &sh, "b"));
     let id = alices_session(&a).await;
-    let key = format!("replbox/sessions/{id}");
     // A cell runs on a until the test lets it finish.
     let cell = "import os, time\nwhile not os.path.exists('go'): time.sleep(0.02)\nz = 1";
     let (in_flight, ()) = tokio::join!(eval(&a, ALICE, &id, cell), async {
@@ -911,7 +911,8 @@ async fn a_cut_off_owner_never_appends_to_a_journal_another_node_adopted() {
         };
         // a loses etcd (nothing else): its lease expires, b adopts the session.
         link.set_cut(true);
-        etcd.wait_gone(&key, Duration::from_secs(30)).await;
+        etcd.wait_gone("replbox/nodes/a", Duration::from_secs(30))
+            .await;
         let o = eval(&b, ALICE, &id, "y").await;
         assert_eq!(output(&o), "42\n", "{}", o.text);
         assert_eq!(o.structured["replayed"], 2, "{}", o.structured);
@@ -1018,7 +1019,7 @@ async fn a_three_member_etcd_loses_its_leader_and_the_cluster_goes_on() {
     // a's is renewed through them meanwhile: its claim is the same one.
     etcd.kill_member(leader).await;
     b.kill().await;
-    etcd.wait_gone(&format!("replbox/sessions/{bobs}"), Duration::from_secs(60))
+    etcd.wait_gone("replbox/nodes/b", Duration::from_secs(60))
         .await;
     let still = etcd.range(&key).await.unwrap().expect("alice's key kept");
     assert_eq!(still["create_revision"], held["create_revision"], "{still}");
