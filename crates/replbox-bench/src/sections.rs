@@ -41,6 +41,7 @@ use crate::server::Server;
 mod code_mode;
 mod failover;
 mod flood;
+mod packages;
 mod session_pool;
 
 /// `replbox-bench` flags.
@@ -177,6 +178,10 @@ pub const SECTIONS: &[Section] = &[
     Section {
         name: "session_pool",
         measure: |ctx| Box::pin(session_pool::session_pool(ctx)),
+    },
+    Section {
+        name: "packages",
+        measure: |ctx| Box::pin(packages::packages(ctx)),
     },
     Section {
         name: "sessions_sleep",
