@@ -215,6 +215,43 @@ async fn display_and_a_value_return_each_mime_type_as_its_content_block() {
         "{}",
         shown.structured
     );
+
+    // The exported notebook holds each part as display_data and is valid nbformat.
+    let nbformat = std::process::Command::new("python3")
+        .args(["-c", "import nbformat, jsonschema"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if nbformat || skip("python3 cannot import nbformat and jsonschema (pip install nbformat)") {
+        let uri = format!("replbox://sessions/{id}/export.ipynb");
+        let nb = read_on(s.client.peer(), &uri).await.expect("the notebook");
+        let text = nb[0]["text"].as_str().expect("text").to_string();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("n.ipynb");
+        std::fs::write(&path, &text).expect("write");
+        let o = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import sys, nbformat\n\
+nb = nbformat.read(sys.argv[1], as_version=nbformat.NO_CONVERT)\n\
+nbformat.validate(nb)\n\
+print([list(o.get('data', {})) for o in nb.cells[2].outputs])",
+            ])
+            .arg(&path)
+            .output()
+            .expect("python3");
+        let out =
+            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+        assert!(
+            o.status.success(),
+            "the notebook is not valid nbformat: {out}"
+        );
+        assert_eq!(
+            out.trim(),
+            "[[], ['image/png'], ['image/svg+xml'], ['application/json'], ['text/html'], \
+['text/latex'], ['text/markdown']]",
+            "{text}"
+        );
+    }
     s.stop().await;
 }
 
