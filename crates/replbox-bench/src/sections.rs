@@ -38,6 +38,7 @@ use crate::langs::{LANGS, Lang};
 use crate::report::{self, FloorReport, Machine, Report, SectionReport, Series, Stats};
 use crate::server::Server;
 
+mod cluster_cost;
 mod code_mode;
 mod failover;
 mod flood;
@@ -210,6 +211,10 @@ pub const SECTIONS: &[Section] = &[
     Section {
         name: "code_mode",
         measure: |ctx| Box::pin(code_mode::code_mode(ctx)),
+    },
+    Section {
+        name: "cluster",
+        measure: |ctx| Box::pin(cluster_cost::cluster_cost(ctx)),
     },
     Section {
         name: "failover",

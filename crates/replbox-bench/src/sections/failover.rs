@@ -20,7 +20,7 @@ use tokio::process::{Child, Command};
 
 use super::{Ctx, Measurement, Row, python_here};
 
-const TOKEN: &str = "bench-failover-token-0123456789";
+pub(super) const TOKEN: &str = "bench-failover-token-0123456789";
 /// Longest wait for a node to listen, etcd to answer, or the session to come back.
 const WITHIN: Duration = Duration::from_secs(60);
 
@@ -39,9 +39,10 @@ pub(super) async fn failover(ctx: &Ctx) -> Result<Vec<Row>> {
     for round in 0..ctx.slow_rounds() {
         let shared = root.join(format!("shared-{round}"));
         std::fs::create_dir(&shared)?;
+        let (dir_a, dir_b) = (shared.join("a"), shared.join("b"));
         let (mut a, b) = tokio::try_join!(
-            node(ctx, &etcd.1, &shared, "a"),
-            node(ctx, &etcd.1, &shared, "b")
+            node(ctx, Some(&etcd.1), &dir_a, "a"),
+            node(ctx, Some(&etcd.1), &dir_b, "b")
         )?;
         let (_, started) = call(&a.1, "session_start", json!({"language": "python"})).await?;
         let id = started["session_id"]
@@ -97,7 +98,7 @@ another (3-cell journal; lease TTL included)"
     }])
 }
 
-fn on_path(program: &str) -> bool {
+pub(super) fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
 }
@@ -109,7 +110,7 @@ fn free_port() -> Result<u16> {
 }
 
 /// etcd on loopback ports, killed on drop, and its client URL once it answers.
-async fn etcd(root: &Path) -> Result<(Child, String)> {
+pub(super) async fn etcd(root: &Path) -> Result<(Child, String)> {
     let (client, peer) = (free_port()?, free_port()?);
     let url = format!("http://127.0.0.1:{client}");
     let peer_url = format!("http://127.0.0.1:{peer}");
@@ -143,12 +144,21 @@ async fn etcd(root: &Path) -> Result<(Child, String)> {
     Ok((child, url))
 }
 
-/// A node of the cluster (killed on drop) and its MCP URL, once it listens.
-async fn node(ctx: &Ctx, etcd: &str, shared: &Path, id: &str) -> Result<(Child, String)> {
+/// A node of the cluster at `etcd` (a server of its own without one), with `state_dir`,
+/// killed on drop, and its MCP URL once it listens.
+pub(super) async fn node(
+    ctx: &Ctx,
+    etcd: Option<&str>,
+    state_dir: &Path,
+    id: &str,
+) -> Result<(Child, String)> {
     let mut cmd = ctx.serve_with(&ctx.without_pool());
-    cmd.args(["--http", "127.0.0.1:0", "--cluster", etcd, "--node-id", id])
-        .arg("--state-dir")
-        .arg(shared.join(id))
+    cmd.args(["--http", "127.0.0.1:0"]);
+    if let Some(etcd) = etcd {
+        cmd.args(["--cluster", etcd, "--node-id", id]);
+    }
+    cmd.arg("--state-dir")
+        .arg(state_dir)
         .env("REPLBOX_TOKENS", TOKEN)
         .env("REPLBOX_LOG", "warn,replbox::http=info")
         .stdin(Stdio::null())
