@@ -16,6 +16,7 @@ mod fuzz;
 mod helper;
 mod http;
 mod http_limits;
+mod inspect_attacks;
 mod install;
 mod interrupts;
 mod isolation;

@@ -137,11 +137,16 @@ function main(require) {
     if (v === null) type = "null";
     else if (type === "object" || type === "function") {
       try { type = (v.constructor && v.constructor.name) || type; } catch {}
+      // A class's `static name` may be anything: only a string goes into the JSON.
+      if (typeof type !== "string") type = typeof v;
       if (typeof v === "function") type = /^class\s/.test(Function.prototype.toString.call(v)) ? "class" : "function";
     }
     let summary;
     try {
-      summary = util.inspect(v, { depth: 0, breakLength: Infinity, maxArrayLength: 5, maxStringLength: 60, colors: false });
+      // A String object's index keys (one per character) would all be listed first.
+      summary = util.types.isStringObject(v)
+        ? "[String: " + util.inspect(String.prototype.valueOf.call(v), { maxStringLength: 60 }) + "]"
+        : util.inspect(v, { depth: 0, breakLength: Infinity, maxArrayLength: 5, maxStringLength: 60, colors: false });
       if (Array.isArray(v) || typeof v === "string") summary = "length " + v.length + ": " + summary;
       else if (v instanceof Map || v instanceof Set) summary = "size " + v.size + ": " + summary;
     } catch (e) {
@@ -323,10 +328,27 @@ function main(require) {
 
   function describe(e) {
     if (e && e.code === "ERR_SCRIPT_EXECUTION_INTERRUPTED") return ["interrupted", null];
-    const type = (e && e.name) || typeof e;
-    let message;
-    try { message = e && e.message !== undefined ? String(e.message) : String(e); } catch { message = "?"; }
-    return ["error", { type, message: message.slice(0, 2000) }];
+    // Only primitives are taken (no toString of the thrown value runs, no Proxy trap): an
+    // object there would make the end marker's JSON throw, and the cell never end. A
+    // getter (DOMException's name) runs as the thrown value's own code, its result a string.
+    const text = (x) => (x !== null && (typeof x === "object" || typeof x === "function") ? undefined : String(x));
+    const field = (k) => {
+      if (e === null || (typeof e !== "object" && typeof e !== "function")) return undefined;
+      try {
+        const p = prop(e, k);
+        if ("value" in p) return p.value;
+        if (!p.getter) return undefined;
+        const got = e[k];
+        return typeof got === "string" ? got : undefined;
+      } catch {
+        return undefined;
+      }
+    };
+    const name = field("name");
+    const type = (name && text(name)) || typeof e;
+    const m = field("message");
+    const message = (m !== undefined ? text(m) : text(e)) || "?";
+    return ["error", { type: type.slice(0, 200), message: message.slice(0, 2000) }];
   }
   // The watchdog stops the script wherever it is, possibly inside a write to the terminal
   // after the stream marked it in flight and before it recorded its completion: the stream
@@ -559,11 +581,23 @@ function main(require) {
   // and every walk is bounded (elements, keys, nodes, depth, characters). ---
   const gOPD = Object.getOwnPropertyDescriptor;
   const getProto = Object.getPrototypeOf;
-  const hasOwn = Function.prototype.call.bind(Object.prototype.hasOwnProperty);
   const fnSource = Function.prototype.call.bind(Function.prototype.toString);
   const TypedArray = getProto(Uint8Array.prototype);
   const taLength = gOPD(TypedArray, "length").get;
   const taName = gOPD(TypedArray, Symbol.toStringTag).get;
+  const taBytes = gOPD(TypedArray, "byteLength").get;
+  // Own enumerable keys of a value that is not a Proxy: unlike for-in, nothing up the
+  // prototype chain (where a Proxy's traps would run) is asked. Within one inspection each
+  // object's keys are listed once, so a big object referred to many times costs one walk.
+  const keysOf = Object.keys;
+  const strValue = String.prototype.valueOf;
+  let keyCache = null;
+  function ownKeys(o) {
+    if (!keyCache) return keysOf(o);
+    let ks = keyCache.get(o);
+    if (!ks) { ks = keysOf(o); keyCache.set(o, ks); }
+    return ks;
+  }
   const mapSize = gOPD(Map.prototype, "size").get;
   const setSize = gOPD(Set.prototype, "size").get;
   const mapEntries = Map.prototype.entries;
@@ -674,17 +708,15 @@ function main(require) {
         }
         return "[" + items.join(", ") + (more ? ", … " + more + " more" : "") + "]";
       }
-      let count = 0;
-      for (const k in v) {
-        if (!hasOwn(v, k)) continue;
-        count++;
-        if (!room()) continue;
+      if (T.isStringObject(v)) return put("[String: " + brief(strValue.call(v), 0, st, seen) + "]");
+      const keys = ownKeys(v);
+      for (const k of keys) {
+        if (!room()) break;
         const d = gOPD(v, k);
         const key = /^[\p{L}_$][\p{L}\p{N}_$]*$/u.test(k) ? k : JSON.stringify(k.slice(0, 100));
         items.push(put(key + ": ") + (!d ? "?" : "value" in d ? brief(d.value, depth - 1, st, seen) : put("[Getter]")));
-        if (count > 1e5) break;
       }
-      more = count - items.length;
+      more = keys.length - items.length;
       const head = type === "Object" ? "" : type + " ";
       return head + "{" + items.join(", ") + (more > 0 ? ", … " + more + " more" : "") + "}";
     } finally {
@@ -764,7 +796,7 @@ function main(require) {
       d.kind = "array";
       d.len = n;
       d.dtype = ELEMENT[tag] || tag;
-      d.size = v.byteLength;
+      d.size = taBytes.call(v);
       if (!tag.startsWith("Big")) {
         d.stats = stats(Math.min(n, SCAN), (i) => v[i]);
         if (n > SCAN) d.stats.of_first = SCAN;
@@ -808,16 +840,15 @@ function main(require) {
       d.len = v.length;
       d.repr = JSON.stringify(v.length > 4000 ? v.slice(0, 4000) + "…" : v);
       if (v.length > 4000) d.truncated = true;
+    } else if (v !== null && typeof v === "object" && T.isStringObject(v)) {
+      d.len = strValue.call(v).length;
+      d.repr = short(v);
     } else if (v !== null && typeof v === "object") {
+      const all = ownKeys(v);
       const keys = [];
-      let count = 0;
-      for (const k in v) {
-        if (!hasOwn(v, k)) continue;
-        if (++count <= 100) keys.push(k.slice(0, 200));
-        if (count > 1e6) break;
-      }
+      for (let i = 0; i < Math.min(all.length, 100); i++) keys.push(all[i].slice(0, 200));
       d.kind = "object";
-      d.len = count;
+      d.len = all.length;
       d.keys = keys;
       d.repr = short(v);
     } else {
@@ -880,11 +911,14 @@ function main(require) {
       if (!cur) return;
       let d;
       try {
+        keyCache = new Map();
         d = describeValue(lookup(Buffer.from(String(hex), "hex").toString("utf8")));
       } catch (e) {
         let text;
         try { text = (e && e.name ? e.name + ": " : "") + String(e && e.message); } catch { text = "error"; }
         d = { error: text.slice(0, 500) };
+      } finally {
+        keyCache = null;
       }
       cur.extra.inspect = fit(d, Math.max(200, Number(budget) || 2000));
     },

@@ -486,8 +486,12 @@ local({
       sr <- attr(f, "srcref", exact = TRUE)
       r <- as.integer(unclass(sr))
       sf <- attr(sr, "srcfile", exact = TRUE)
-      all <- if (is.environment(sf) && exists("lines", envir = sf, inherits = FALSE))
-        unclass(get("lines", envir = sf, inherits = FALSE))
+      # The srcfile is any environment the session made: its `lines` is read with
+      # substitute(), which gives a promise's expression rather than forcing it, and an
+      # active binding is not read at all.
+      all <- if (is.environment(sf) && exists("lines", envir = sf, inherits = FALSE) &&
+                 !bindingIsActive("lines", sf))
+        unclass(eval(call("substitute", as.name("lines"), sf)))
       if (length(r) < 6 || !is.character(all) || r[3] > length(all) || r[1] < 1) NULL else {
         l <- all[r[1]:min(r[3], r[1] + 499)]
         if (r[3] - r[1] < 500) l[length(l)] <- substr(l[length(l)], 1, r[6])
