@@ -142,3 +142,93 @@ per_row!(
         s.stop().await;
     }
 );
+
+/// (language, a cell that catches the interrupt its deadline sends and finishes, its output,
+/// a cell whose own handler counts the interrupts while it runs on for a while after the
+/// first, then prints `interrupts: N`)
+type Caught = (
+    &'static str,
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+);
+
+const CAUGHT: &[Caught] = &[
+    (
+        "python",
+        "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('caught')\n'after'",
+        "caught\n'after'\n",
+        Some(
+            "import signal\nn = 0\ndef count(sig, frame):\n    global n\n    n += 1\n\
+             signal.signal(signal.SIGINT, count)\nwhile not n:\n    time.sleep(0.02)\n\
+             time.sleep(2.5)\nprint('interrupts:', n)",
+        ),
+    ),
+    (
+        "ruby",
+        "begin\n  sleep 60\nrescue Interrupt\n  puts 'caught'\nend\n:after",
+        "caught\n=> :after\n",
+        Some(
+            "n = 0\ntrap('INT') { n += 1 }\nsleep 0.02 while n == 0\nsleep 2.5\nputs \"interrupts: #{n}\"",
+        ),
+    ),
+    (
+        "javascript",
+        "await new Promise(r => process.once('SIGINT', () => { console.log('caught'); r(); })); 'after'",
+        "caught\n'after'\n",
+        Some(
+            "let n = 0; const count = () => { n++; }; process.on('SIGINT', count);\n\
+             await new Promise(r => { const t = setInterval(() => { if (n) { clearInterval(t); setTimeout(r, 2500); } }, 20); });\n\
+             process.removeListener('SIGINT', count); console.log(`interrupts: ${n}`)",
+        ),
+    ),
+    (
+        // bash takes Ctrl-C itself while it waits (a foreground program gets it alone).
+        "shellscript",
+        "trap 'echo caught' INT\n{ sleep 60 & } 2> /dev/null\nwait $!\nkill $!\ntrap - INT\necho after",
+        "caught\nafter\n",
+        Some(
+            "n=0; trap 'n=$((n + 1))' INT\n\
+             { sleep 3 & until ((n)); do wait $!; done; wait $!; wait $!; } 2> /dev/null\n\
+             trap - INT\necho interrupts: $n",
+        ),
+    ),
+    (
+        "r",
+        "tryCatch(Sys.sleep(60), interrupt = function(e) cat('caught\\n'))\n'after'",
+        "caught\n[1] \"after\"\n",
+        None,
+    ),
+];
+
+per_row!(
+    /// A cell that catches the interrupt its deadline sends and finishes is an ordinary
+    /// finished cell: `ok`, `interrupted: true`, with its whole output, nothing restarted.
+    /// A handler of the cell's own runs once per interrupt: the interrupt is sent once.
+    a_caught_interrupt_is_a_finished_cell,
+    CAUGHT,
+    [python, ruby, javascript, shellscript, r],
+    |&(lang, code, shown, handler)| {
+        let s = Server::stdio().start().await;
+        let id = s.start_session(lang).await;
+        let o = s.eval_t(&id, code, 1000).await;
+        assert_eq!(
+            (status(&o), &o.structured["interrupted"], output(&o)),
+            ("ok", &serde_json::json!(true), shown),
+            "{lang}: {}",
+            o.text
+        );
+        assert!(!o.is_error, "{lang}: {}", o.text);
+        assert_eq!(o.structured.get("restarted"), None, "{lang}: {}", o.text);
+        if let Some(handler) = handler {
+            let o = s.eval_t(&id, handler, 1000).await;
+            assert_eq!(
+                (status(&o), &o.structured["interrupted"], output(&o)),
+                ("ok", &serde_json::json!(true), "interrupts: 1\n"),
+                "{lang}: {}",
+                o.text
+            );
+        }
+        s.stop().await;
+    }
+);

@@ -256,11 +256,14 @@ function main(require) {
       held = true;
     }
   } catch {}
+  // A SIGINT listener of the cell's own takes the interrupt while it awaits, as in a
+  // program: the REPL then leaves the awaited promise alone.
   const onSigint = () => {
-    if (awaiting) r.emit("SIGINT");
+    if (awaiting && !process.listeners("SIGINT").some((l) => l !== onSigint)) r.emit("SIGINT");
   };
   function listenSigint() {
-    if (!process.listeners("SIGINT").includes(onSigint)) process.on("SIGINT", onSigint);
+    // First, so that it sees a `process.once` listener the call is about to remove.
+    if (!process.listeners("SIGINT").includes(onSigint)) process.prependListener("SIGINT", onSigint);
   }
   function armSigint() {
     if (!watchdog) listenSigint();

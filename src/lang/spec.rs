@@ -271,6 +271,12 @@ pub struct SessionSpec {
     /// killed and restarted.
     #[serde(default = "default_interrupt_grace_ms")]
     pub interrupt_grace_ms: u64,
+    /// Whether an interrupt the REPL has not answered is sent again every second within
+    /// `interrupt_grace_ms` (default true), for REPLs that can drop one that lands in their
+    /// own code. A bootstrap that defers interrupts to the user's code says false: the one
+    /// interrupt reaches the code, and a handler of the code's own runs once per interrupt.
+    #[serde(default = "default_true")]
+    pub repeat_interrupt: bool,
     /// Milliseconds the REPL may take to start and answer its first (empty) evaluation.
     #[serde(default = "default_start_timeout_ms")]
     pub start_timeout_ms: u64,
@@ -384,6 +390,9 @@ fn default_interrupt() -> String {
 /// Long enough for a loaded machine: only an interpreter that is really stuck waits it out.
 fn default_interrupt_grace_ms() -> u64 {
     5000
+}
+fn default_true() -> bool {
+    true
 }
 fn default_start_timeout_ms() -> u64 {
     30_000

@@ -44,7 +44,11 @@ impl Interp {
                 }
             }
         }
-        let prompts_before = self.shared.lock().prompts;
+        let prompts_before = {
+            let mut st = self.shared.lock();
+            st.late = None;
+            st.prompts
+        };
         // Tell the bootstrap before interrupting: a REPL that goes on with input it has
         // queued (ghci runs the rest of a macro's commands after "Interrupted.") can look
         // for this file and stop there. Removed when the evaluation ends.
@@ -59,6 +63,8 @@ impl Interp {
         let until = Instant::now() + grace;
         // An interrupt that arrives at a bad moment (or gets lost on a loaded machine) is
         // repeated every second until the grace period ends; only then is the tree killed.
+        // Not for a REPL whose bootstrap defers it to the user's code: there it is never
+        // lost, and a handler of the code's own would run once more per repetition.
         let mut again =
             tokio::time::interval_at(Instant::now() + REPEAT_INTERRUPT, REPEAT_INTERRUPT);
         let mut look = tokio::time::interval_at(Instant::now() + LOOK_AGAIN, LOOK_AGAIN);
@@ -80,7 +86,9 @@ impl Interp {
             }
             tokio::select! {
                 changed = rx.changed() => { if changed.is_err() { break None; } }
-                _ = again.tick() => { let _ = self.send_interrupt().await; }
+                _ = again.tick(), if self.launch.spec.repeat_interrupt => {
+                    let _ = self.send_interrupt().await;
+                }
                 _ = look.tick() => {
                     reading = if self.repl_reads() { reading + 1 } else { 0 };
                     if reading >= 2 {
@@ -95,7 +103,7 @@ impl Interp {
                 }
             }
         };
-        self.after_interrupt(marker, grace).await
+        self.after_interrupt(n, marker, grace).await
     }
 
     /// Deliver the interrupt; false when the terminal is gone.
@@ -118,7 +126,12 @@ impl Interp {
 
     /// After the REPL answered an interrupt: keep what the interrupted evaluation printed,
     /// then drain any stray output of the interrupt with an empty evaluation.
-    async fn after_interrupt(&mut self, marker: Option<EndMarker>, grace: Duration) -> Recovery {
+    async fn after_interrupt(
+        &mut self,
+        n: u64,
+        marker: Option<EndMarker>,
+        grace: Duration,
+    ) -> Recovery {
         // Keep what the interrupted evaluation printed; then drain any stray output of the
         // interrupt (a REPL that was already idle prints its own notice) with an empty
         // evaluation whose output is thrown away.
@@ -154,9 +167,13 @@ impl Interp {
         }
         match sync.ending {
             Ending::Done(_) => {
+                let mut st = self.shared.lock();
                 // Output between the interrupt and the sync is noise of the interrupt.
-                self.shared.lock().background = Renderer::new(self.launch.output_cap / 4);
-                Recovery::Back(marker)
+                st.background = Renderer::new(self.launch.output_cap / 4);
+                // A REPL that shows its prompt before the end marker (node) was back at
+                // the prompt with the marker on its way: it came before the sync's own.
+                let late = st.late.take().filter(|m| m.n == n);
+                Recovery::Back(marker.or(late))
             }
             Ending::Exited(st) => Recovery::Exited(st),
             _ => match self.restart_keeping_output().await {

@@ -24,6 +24,9 @@ pub(super) struct StreamState {
     /// The bootstrap announced that evaluation N began running.
     pub(super) started: Option<u64>,
     pub(super) end: Option<EndMarker>,
+    /// The last end marker of an evaluation no longer in flight: an interrupted one whose
+    /// REPL showed its prompt before writing it (node), read once the REPL is back.
+    pub(super) late: Option<EndMarker>,
     /// Output that arrived between evaluations: the earlier cells' (a thread, a timer, a
     /// background job), reported beside the next evaluation's output, never in it.
     pub(super) background: Renderer,
@@ -58,6 +61,7 @@ impl Shared {
                 out: Renderer::new(launch.output_cap),
                 started: None,
                 end: None,
+                late: None,
                 background: Renderer::new(launch.output_cap / 4),
                 early: Renderer::new(launch.output_cap / 4),
                 announces: spec.announces_start,
@@ -102,8 +106,10 @@ impl StreamState {
                 Event::End(m) => {
                     if st.current == Some(m.n) && st.end.is_none() {
                         st.end = Some(m);
+                    } else {
+                        // Stale (an interrupted evaluation finishing late): kept aside only.
+                        st.late = Some(m);
                     }
-                    // Otherwise stale (an interrupted evaluation finishing late): ignore.
                 }
             }
         }
