@@ -96,6 +96,16 @@ pub fn pids_of_uid(uid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// What tells one program a process runs from the next it `exec`s: where the kernel put the
+/// random bytes of its auxiliary vector (`AT_RANDOM`, on the fresh stack every `execve`
+/// builds) and its entry point. None when unreadable.
+pub fn exec_id(pid: u32) -> Option<(u64, u64)> {
+    const AT_ENTRY: u64 = 9;
+    const AT_RANDOM: u64 = 25;
+    let auxv = process(pid)?.auxv().ok()?;
+    Some((*auxv.get(&AT_RANDOM)?, *auxv.get(&AT_ENTRY)?))
+}
+
 /// The command name of a process.
 pub fn comm(pid: u32) -> Option<String> {
     Some(process(pid)?.stat().ok()?.comm)

@@ -1575,3 +1575,115 @@ per_row!(
         s.stop().await;
     }
 );
+
+/// (language, a cell that replaces the interpreter with a program that waits at its own
+/// prompt, that program's name)
+const REPLACED: &[(&str, &str, &str)] = &[
+    ("shellscript", "x=1\nexec bash --norc", "bash"),
+    (
+        "python",
+        "import os\nos.execvp('python3', ['python3', '-q'])",
+        "python3",
+    ),
+];
+
+per_row!(
+    /// `exec bash` (anything that replaces the REPL with a program waiting at its own
+    /// prompt) is reported as the interpreter replaced, status `exited`, never as
+    /// `awaiting_input` at a raw prompt; the program is stopped and the session has ended,
+    /// which the next call says.
+    a_replaced_interpreter_ends_the_session_saying_so,
+    REPLACED,
+    [shellscript, python],
+    |&(lang, code, program)| {
+        let s = Server::stdio().start().await;
+        let o = s.call("session_start", json!({"language": lang})).await;
+        assert!(!o.is_error, "{lang}: {}", o.text);
+        let id = o.s("session_id").to_string();
+        let pid = o.structured["pid"].as_i64().unwrap_or_default() as i32;
+        let o = s.eval(&id, code).await;
+        assert_eq!(status(&o), "exited", "{lang}: {}", o.text);
+        assert_eq!(
+            o.structured["error"]["type"], "InterpreterReplaced",
+            "{lang}: {}",
+            o.text
+        );
+        let message = o.structured["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!("{program:?}")) && message.contains("session_start"),
+            "{lang}: {message}"
+        );
+        let o = s.eval(&id, "1").await;
+        assert_eq!(o.error_kind(), "ended_session", "{lang}: {}", o.text);
+        assert!(
+            o.text.contains("replaced its interpreter") && o.text.contains(program),
+            "{lang}: {}",
+            o.text
+        );
+        assert!(
+            wait_gone(&[pid], std::time::Duration::from_secs(10))
+                .await
+                .is_empty(),
+            "{lang}: the program that replaced the interpreter is stopped"
+        );
+        s.stop().await;
+    }
+);
+
+/// A session reaped for idleness while a cell waits for input says so to the next call:
+/// when, after how long, which evaluation was waiting and what it asked. One whose
+/// interpreter is killed meanwhile says that it exited, and how.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_ended_while_waiting_for_input_says_so() {
+    if !here("python") {
+        return;
+    }
+    let s = Server::stdio().start().await;
+    let o = s
+        .call(
+            "session_start",
+            json!({"language": "python", "idle_timeout_s": 1}),
+        )
+        .await;
+    let reaped = o.s("session_id").to_string();
+    let o = s.call("session_start", json!({"language": "python"})).await;
+    let killed = o.s("session_id").to_string();
+    let pid = o.structured["pid"].as_i64().unwrap_or_default() as i32;
+    for id in [&reaped, &killed] {
+        let o = s.eval(id, "name = input('Name? ')").await;
+        assert_eq!(status(&o), "awaiting_input", "{}", o.text);
+    }
+    // Reaped (the reaper runs twice a second): gone from the list, then the answer comes.
+    let listed = |o: &Out, id: &str| {
+        o.structured["sessions"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|r| r["session_id"] == id))
+    };
+    let t = std::time::Instant::now();
+    while listed(&s.call("session_list", json!({})).await, &reaped) {
+        assert!(t.elapsed().as_secs() < 30, "not reaped");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let o = input(&s, &reaped, "Ada").await;
+    assert_eq!(o.error_kind(), "ended_session", "{}", o.text);
+    assert!(
+        o.text.contains("closed for idleness")
+            && o.text.contains("while evaluation 1 was waiting for input")
+            && o.text.contains("\"Name? \"")
+            && o.text.contains("session_start"),
+        "{}",
+        o.text
+    );
+    // Killed while it waits: the answer is not typed, and the result says it exited.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the interpreter");
+    let o = input(&s, &killed, "Ada").await;
+    assert_eq!(status(&o), "exited", "{}", o.text);
+    assert_eq!(o.structured["signal"], "SIGKILL", "{}", o.text);
+    let o = input(&s, &killed, "Ada").await;
+    assert_eq!(o.error_kind(), "ended_session", "{}", o.text);
+    s.stop().await;
+}

@@ -15,7 +15,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
 use serde_json::{Value, json};
 
-use super::ReplboxServer;
+use super::{ReplboxServer, reply};
 use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 use crate::tasks::{Claim, TaskError, TaskHandle, result_object};
@@ -169,7 +169,13 @@ new key to run it again",
             let sid_str = sid.as_str().unwrap_or_default().to_string();
             let answered = tokio::select! {
                 answer = handle.ask(question, message) => answer,
-                () = self.moved_on(&caller, &sid_str, eval) => break,
+                () = self.moved_on(&caller, &sid_str, eval) => {
+                    // Reaped, closed or ended meanwhile: the task says so, not "waiting".
+                    if let Some(e) = self.app.sessions.not_open(&caller, &sid_str) {
+                        response = Ok(CallToolResponse::Complete(reply::error_result(&e)));
+                    }
+                    break;
+                }
             };
             let next = match answered {
                 Ok(answer) => match read_answer(&answer) {

@@ -76,6 +76,7 @@ impl SessionManager {
             let how = End::Reaped {
                 at: SystemTime::now(),
                 idle,
+                waiting: s.waiting_for_input(),
             };
             self.end(s, how).await;
         }

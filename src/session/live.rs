@@ -50,14 +50,19 @@ pub(super) enum End {
     Exited {
         code: Option<i32>,
         signal: Option<String>,
+        /// The code replaced the interpreter with this program (`exec`).
+        replaced_by: Option<String>,
     },
     Reaped {
         at: SystemTime,
         idle: Duration,
+        /// The evaluation that was waiting for input then, and what it asked.
+        waiting: Option<(u64, String)>,
     },
     Evicted {
         at: SystemTime,
         idle: Duration,
+        waiting: Option<(u64, String)>,
     },
     /// Its node lost its cluster lease: another node may hold it now (from its journal).
     HandedOver,
@@ -78,21 +83,30 @@ impl End {
     pub(super) fn message(&self, id: &str) -> String {
         match self {
             End::Closed => format!("session {id} was closed. Start a new one with session_start."),
-            End::Exited { code, signal } => format!(
+            End::Exited {
+                replaced_by: Some(program),
+                ..
+            } => format!(
+                "session {id} ended: a cell replaced its interpreter with another program \
+({program:?}, through exec), which replbox cannot drive. Start a new one with session_start."
+            ),
+            End::Exited { code, signal, .. } => format!(
                 "session {id} ended: its interpreter exited ({}). Start a new one with session_start.",
                 describe_exit(*code, signal.as_deref())
             ),
-            End::Reaped { at, idle } => format!(
-                "session {id} was closed for idleness at {} (unix time) after {} s without use. \
+            End::Reaped { at, idle, waiting } => format!(
+                "session {id} was closed for idleness at {} (unix time) after {} s without use{}. \
 Start a new one with session_start (and pass idle_timeout_s to keep it longer).",
                 unix(*at),
-                idle.as_secs()
+                idle.as_secs(),
+                while_waiting(waiting.as_ref())
             ),
-            End::Evicted { at, idle } => format!(
-                "session {id} was closed at {} (unix time) after {} s without use, to make room \
-under the session limit. Start a new one with session_start.",
+            End::Evicted { at, idle, waiting } => format!(
+                "session {id} was closed at {} (unix time) after {} s without use{}, to make \
+room under the session limit. Start a new one with session_start.",
                 unix(*at),
-                idle.as_secs()
+                idle.as_secs(),
+                while_waiting(waiting.as_ref())
             ),
             End::HandedOver => format!(
                 "this server lost contact with its cluster registry, so session {id} was stopped \
@@ -229,6 +243,14 @@ impl Session {
     /// Its phase now.
     pub(super) fn phase(&self) -> Phase {
         lock(&self.phase).clone()
+    }
+
+    /// The evaluation paused waiting for input, and the prompt it printed, if one is.
+    pub(super) fn waiting_for_input(&self) -> Option<(u64, String)> {
+        match &*lock(&self.phase) {
+            Phase::AwaitingInput { eval, prompt } => Some((*eval, prompt.clone())),
+            _ => None,
+        }
     }
 
     /// A call starts evaluation `eval` (from idle, or resuming one paused for input):
@@ -418,6 +440,21 @@ pub(super) fn unix(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// What a session ended while waiting for input was waiting for (the answer never typed).
+fn while_waiting(waiting: Option<&(u64, String)>) -> String {
+    match waiting {
+        None => String::new(),
+        Some((eval, prompt)) if prompt.is_empty() => format!(
+            " while evaluation {eval} was waiting for input (no answer was typed; it was not run \
+to its end)"
+        ),
+        Some((eval, prompt)) => format!(
+            " while evaluation {eval} was waiting for input (it asked: {prompt:?}; no answer was \
+typed, and it was not run to its end)"
+        ),
+    }
 }
 
 fn describe_exit(code: Option<i32>, signal: Option<&str>) -> String {

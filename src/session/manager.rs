@@ -196,6 +196,12 @@ has returned."
         )
     }
 
+    /// Why the caller's session `id` is not open (ended, reaped, suspended, unknown), or
+    /// None while it is.
+    pub fn not_open(&self, caller: &Caller, id: &str) -> Option<ToolError> {
+        self.lookup(caller, id).err()
+    }
+
     /// Evaluate code in a session; a suspended one is restored first (unless the operator
     /// said not to).
     pub async fn eval(

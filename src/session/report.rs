@@ -625,6 +625,17 @@ pub(super) fn apply_ending(
             report.error = error("ReplboxError", reason.clone());
         }
         Ending::AwaitingInput => report.status = EvalStatus::AwaitingInput,
+        Ending::Replaced(program) => {
+            report.status = EvalStatus::Exited;
+            report.error = error(
+                "InterpreterReplaced",
+                format!(
+                    "the code replaced the interpreter with another program ({program:?}, \
+through exec), found waiting for input where the REPL was; replbox cannot drive it, so it \
+was stopped and the session has ended. Start a new one with session_start."
+                ),
+            );
+        }
         Ending::Exited(status) => {
             report.status = EvalStatus::Exited;
             if let Some(st) = status {

@@ -131,6 +131,7 @@ session_close (session_list shows them), or reuse one with session_eval.",
                     let how = End::Evicted {
                         at: SystemTime::now(),
                         idle,
+                        waiting: victim.waiting_for_input(),
                     };
                     self.end(victim, how).await;
                 }

@@ -494,11 +494,15 @@ file in the session's directory and read it from there instead",
                     .collect();
                 awaiting = Some((eval_id, prompt));
             }
-            Ending::Exited(_) => {
+            Ending::Exited(_) | Ending::Replaced(_) => {
                 *guard = None;
                 let how = End::Exited {
                     code: report.exit_code,
                     signal: report.signal.clone(),
+                    replaced_by: match outcome.ending {
+                        Ending::Replaced(program) => Some(program),
+                        _ => None,
+                    },
                 };
                 table.mark_ended(session, how);
             }

@@ -256,6 +256,7 @@ session_input, or stop it with session_interrupt, first"
                 let how = End::Exited {
                     code: None,
                     signal: None,
+                    replaced_by: None,
                 };
                 table.mark_ended(session, how);
                 Err(session.ended_error())

@@ -65,6 +65,9 @@ pub enum Ending {
     Failed(String),
     /// The code is blocked reading the terminal; the evaluation is paused.
     AwaitingInput,
+    /// The code replaced the interpreter with another program (`exec`), found waiting for
+    /// input where the REPL was (its command name): its tree was killed.
+    Replaced(String),
 }
 
 /// How often a running evaluation checks whether it is blocked reading the terminal.
@@ -136,6 +139,9 @@ pub struct Interp {
     /// The helper's pid once the interpreter answered (it stays the same for its life):
     /// looked up in /proc once rather than at every evaluation.
     helper_seen: Option<u32>,
+    /// The interpreter's program as it answered first (`proc::exec_id`): another one in
+    /// its process means the code replaced it.
+    exec_id: Option<(u64, u64)>,
 }
 
 impl Drop for Interp {
@@ -169,6 +175,7 @@ impl Interp {
             typed: Vec::new(),
             typed_flag: false,
             helper_seen: None,
+            exec_id: None,
         };
         me.ready(timeout).await?;
         Ok(me)
@@ -187,6 +194,7 @@ impl Interp {
             Ending::Done(_) => {
                 self.pid = self.proc.program_pid().unwrap_or(self.helper_pid);
                 self.helper_seen = self.proc.helper_pid();
+                self.exec_id = crate::proc::exec_id(self.pid);
                 // Whatever the interpreter printed while starting (banners) is not output.
                 self.shared.lock().background = Renderer::new(self.launch.output_cap / 4);
                 return Ok(());
@@ -492,6 +500,11 @@ impl Interp {
         match wait {
             Some(w) if self.nothing_unread(n) => {
                 if input::confirm(suspected, version, w.timeout, Instant::now()) {
+                    if let Some(program) = self.replaced() {
+                        tracing::info!(program = %program, "the interpreter was replaced");
+                        self.kill().await;
+                        return Some(Ending::Replaced(program));
+                    }
                     return Some(Ending::AwaitingInput);
                 }
             }
@@ -561,6 +574,15 @@ impl Interp {
         let st = self.proc.kill_tree().await;
         self.reader.abort();
         st
+    }
+
+    /// The program that now runs in the interpreter's process, when the code replaced the
+    /// interpreter with it (`exec bash`, `os.execv`): what reads the terminal then is no
+    /// REPL this session can drive.
+    fn replaced(&self) -> Option<String> {
+        let was = self.exec_id?;
+        let now = crate::proc::exec_id(self.pid)?;
+        (now != was).then(|| crate::proc::comm(self.pid).unwrap_or_else(|| "?".into()))
     }
 
     /// The last line printed so far by the evaluation in flight.
