@@ -77,6 +77,35 @@ impl Etcd {
         }
         Err(last.unwrap_or_else(|| anyhow::anyhow!("no etcd endpoint")))
     }
+
+    /// Put `key` under `lease` in one transaction, only where `compare` holds: the revision
+    /// of the write, or `None` when it did not hold (creation and compare-and-swap).
+    fn put_if(
+        &self,
+        compare: Value,
+        key: String,
+        value: Vec<u8>,
+        lease: i64,
+    ) -> Fut<'_, Option<i64>> {
+        Box::pin(async move {
+            let k = b64(key.as_bytes());
+            let v = self
+                .call(
+                    "/v3/kv/txn",
+                    json!({
+                        "compare": [compare],
+                        "success": [{"request_put": {"key": k, "value": b64(&value), "lease": lease.to_string()}}],
+                    }),
+                )
+                .await?;
+            // proto3 JSON leaves a false `succeeded` out.
+            if v["succeeded"].as_bool() == Some(true) {
+                Ok(Some(int(&v["header"]["revision"])))
+            } else {
+                Ok(None)
+            }
+        })
+    }
 }
 
 /// An int64 of the gateway's JSON (a string), 0 when absent.
@@ -153,24 +182,8 @@ impl Registry for Etcd {
     }
 
     fn create(&self, key: String, value: Vec<u8>, lease: i64) -> Fut<'_, Option<i64>> {
-        Box::pin(async move {
-            let k = b64(key.as_bytes());
-            let v = self
-                .call(
-                    "/v3/kv/txn",
-                    json!({
-                        "compare": [{"target": "CREATE", "key": k, "create_revision": "0", "result": "EQUAL"}],
-                        "success": [{"request_put": {"key": k, "value": b64(&value), "lease": lease.to_string()}}],
-                    }),
-                )
-                .await?;
-            // proto3 JSON leaves a false `succeeded` out.
-            if v["succeeded"].as_bool() == Some(true) {
-                Ok(Some(int(&v["header"]["revision"])))
-            } else {
-                Ok(None)
-            }
-        })
+        let compare = json!({"target": "CREATE", "key": b64(key.as_bytes()), "create_revision": "0", "result": "EQUAL"});
+        self.put_if(compare, key, value, lease)
     }
 
     fn delete_held(&self, key: String, lease: i64) -> Fut<'_, ()> {
@@ -195,23 +208,8 @@ impl Registry for Etcd {
         lease: i64,
         revision: i64,
     ) -> Fut<'_, Option<i64>> {
-        Box::pin(async move {
-            let k = b64(key.as_bytes());
-            let v = self
-                .call(
-                    "/v3/kv/txn",
-                    json!({
-                        "compare": [{"target": "MOD", "key": k, "mod_revision": revision.to_string(), "result": "EQUAL"}],
-                        "success": [{"request_put": {"key": k, "value": b64(&value), "lease": lease.to_string()}}],
-                    }),
-                )
-                .await?;
-            if v["succeeded"].as_bool() == Some(true) {
-                Ok(Some(int(&v["header"]["revision"])))
-            } else {
-                Ok(None)
-            }
-        })
+        let compare = json!({"target": "MOD", "key": b64(key.as_bytes()), "mod_revision": revision.to_string(), "result": "EQUAL"});
+        self.put_if(compare, key, value, lease)
     }
 
     fn keys(&self, prefix: String) -> Fut<'_, Vec<String>> {
