@@ -118,39 +118,24 @@ impl Packages {
             Ok(home) => home,
             Err(stopped) => return stopped,
         };
-        let mut argv: Vec<String> = vec![
-            node.display().to_string(),
-            npm.display().to_string(),
-            "install".into(),
-            "--prefix".into(),
-            layer.dir.display().to_string(),
-            "--ignore-scripts".into(),
-            "--no-audit".into(),
-            "--no-fund".into(),
-            "--no-update-notifier".into(),
-            "--json".into(),
-            "--loglevel".into(),
-            "http".into(),
-            "--userconfig".into(),
-            home.join("npmrc").display().to_string(),
-            "--registry".into(),
-            self.registry.url.clone(),
-            "--cache".into(),
-            self.root.join("npm").display().to_string(),
-        ];
-        argv.extend(flags.iter().map(|f| f.to_string()));
-        argv.push("--".into());
-        argv.extend(reqs.iter().cloned());
-        let mut env = super::installer_env();
-        env.push(("NODE_OPTIONS".into(), String::new()));
-        let job = install::Job {
-            argv,
-            env,
-            exes: vec![node.to_path_buf(), npm.to_path_buf()],
-            // The shared cache and this one layer: never another run's or session's.
-            rw: vec![self.root.join("npm"), layer.dir.clone()],
-            home,
-        };
+        let mut args: Vec<String> = [
+            "--prefix",
+            &layer.dir.display().to_string(),
+            "--ignore-scripts",
+            "--no-audit",
+            "--no-fund",
+            "--json",
+            "--loglevel",
+            "http",
+        ]
+        .iter()
+        .chain(flags)
+        .map(|a| a.to_string())
+        .collect();
+        args.push("--".into());
+        args.extend(reqs.iter().cloned());
+        // The shared cache and this one layer: never another run's or session's.
+        let job = self.npm_job(node, npm, home, "install", args, Some(&layer.dir));
         self.run_installer(job, principal, cancel).await
     }
 }
@@ -169,29 +154,50 @@ impl Packages {
             Ok(home) => home,
             Err(stopped) => return stopped,
         };
+        let args = args.iter().map(|a| a.to_string()).collect();
+        let job = self.npm_job(node, npm, home, "cache", args, None);
+        self.run_installer(job, "", cancel).await
+    }
+}
+
+impl Packages {
+    /// `npm SUBCOMMAND` with the settings every run of it has (the installer's npmrc, the
+    /// operator's registry, the shared cache), then `args`; it may write the cache and
+    /// `layer`, nothing else.
+    fn npm_job(
+        &self,
+        node: &Path,
+        npm: &Path,
+        home: PathBuf,
+        subcommand: &str,
+        args: Vec<String>,
+        layer: Option<&Path>,
+    ) -> install::Job {
+        let cache = self.root.join("npm");
         let mut argv: Vec<String> = vec![
             node.display().to_string(),
             npm.display().to_string(),
-            "cache".into(),
+            subcommand.into(),
             "--no-update-notifier".into(),
             "--userconfig".into(),
             home.join("npmrc").display().to_string(),
             "--registry".into(),
             self.registry.url.clone(),
             "--cache".into(),
-            self.root.join("npm").display().to_string(),
+            cache.display().to_string(),
         ];
-        argv.extend(args.iter().map(|a| a.to_string()));
+        argv.extend(args);
         let mut env = super::installer_env();
         env.push(("NODE_OPTIONS".into(), String::new()));
-        let job = install::Job {
+        install::Job {
             argv,
             env,
             exes: vec![node.to_path_buf(), npm.to_path_buf()],
-            rw: vec![self.root.join("npm")],
+            rw: std::iter::once(cache)
+                .chain(layer.map(Path::to_path_buf))
+                .collect(),
             home,
-        };
-        self.run_installer(job, "", cancel).await
+        }
     }
 }
 
