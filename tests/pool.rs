@@ -300,7 +300,7 @@ print(sys.modules['__main__'].__dict__ is globals(), __annotations__, type(__bui
         (
             "timeout",
             with(
-                "print('started', flush=True)\nwhile True: pass",
+                "print('started', flush=True)\nimport time\nwhile True: time.sleep(1)",
                 json!({"timeout_ms": 1500}),
             ),
         ),
@@ -407,9 +407,10 @@ fn node_programs() -> Vec<(&'static str, Value)> {
             "stderr with exit 0",
             js("console.log('out')\nconsole.error('err')"),
         ),
-        // node keeps the CPU limit it started with (the default timeout's): the servers of
-        // this test have a short default timeout, and this program takes it.
-        ("timeout", js("console.log('started')\nwhile (true) {}")),
+        // node keeps the CPU limit it started with (the default timeout's), so a shorter
+        // timeout runs cold: the servers of this test have a short default timeout for node,
+        // and this program takes it (waiting, not spinning: the deadline is what is tested).
+        ("timeout", js("console.log('started')\nsetInterval(() => {}, 1000)")),
     ]
 }
 
@@ -495,7 +496,7 @@ fn ruby_programs() -> Vec<(&'static str, Value)> {
         (
             "timeout",
             with(
-                "puts 'started'\n$stdout.flush\nloop {}",
+                "puts 'started'\n$stdout.flush\nloop { sleep 1 }",
                 json!({"timeout_ms": 1500}),
             ),
         ),
@@ -553,7 +554,7 @@ fn bash_programs() -> Vec<(&'static str, Value)> {
         (
             "timeout",
             with(
-                "echo started\nwhile :; do :; done",
+                "echo started\nwhile :; do sleep 1; done",
                 json!({"timeout_ms": 1500}),
             ),
         ),
