@@ -410,7 +410,10 @@ fn node_programs() -> Vec<(&'static str, Value)> {
         // node keeps the CPU limit it started with (the default timeout's), so a shorter
         // timeout runs cold: the servers of this test have a short default timeout for node,
         // and this program takes it (waiting, not spinning: the deadline is what is tested).
-        ("timeout", js("console.log('started')\nsetInterval(() => {}, 1000)")),
+        (
+            "timeout",
+            js("console.log('started')\nsetInterval(() => {}, 1000)"),
+        ),
     ]
 }
 
