@@ -2,6 +2,8 @@
 //! controls. Built only with the `fuzzing` feature, so that the library's surface otherwise
 //! stays what the binaries and the tests use.
 
+pub use crate::lang::protocol::Format;
+pub use crate::lang::{BUILTIN, Folder, parse_spec};
 pub use crate::output::{HeadTail, Renderer};
 pub use crate::session::EvalReport;
 pub use crate::session::files::{file_uri, parse_uri};

@@ -1,7 +1,8 @@
 //! replbox: an MCP server for persistent interpreter sessions and one-shot code runs.
 //!
-//! The library serves the `replbox` binary, the benchmark and the tests; only what they use
-//! is public.
+//! The library serves the `replbox` binary, the benchmark, the fuzz targets and the tests;
+//! what they use is public through [`api`] (and `fuzzing`, with the `fuzzing` feature),
+//! every module else is private to the crate.
 
 // replbox is built on Linux interfaces throughout (bubblewrap, Landlock, seccomp, /proc,
 // PTYs, fs credentials), so on any other target this is the one error a build reports:
@@ -14,62 +15,64 @@ compile_error!(
 );
 
 #[cfg(target_os = "linux")]
-pub mod app;
+pub mod api;
 #[cfg(target_os = "linux")]
-pub mod clients;
+mod app;
 #[cfg(target_os = "linux")]
-pub mod cluster;
+mod clients;
 #[cfg(target_os = "linux")]
-pub mod config;
+mod cluster;
 #[cfg(target_os = "linux")]
-pub mod doctor;
+mod config;
 #[cfg(target_os = "linux")]
-pub mod egress;
+mod doctor;
 #[cfg(target_os = "linux")]
-pub(crate) mod error;
+mod egress;
 #[cfg(target_os = "linux")]
-pub mod exec;
+mod error;
+#[cfg(target_os = "linux")]
+mod exec;
 #[cfg(all(target_os = "linux", feature = "fuzzing"))]
 pub mod fuzzing;
 #[cfg(target_os = "linux")]
-pub mod hostfs;
+mod hostfs;
 #[cfg(target_os = "linux")]
-pub mod http;
+mod http;
 #[cfg(target_os = "linux")]
-pub(crate) mod identity;
+mod identity;
 #[cfg(target_os = "linux")]
-pub mod install;
+mod install;
 #[cfg(target_os = "linux")]
-pub mod lang;
+mod lang;
 #[cfg(target_os = "linux")]
-pub mod mcp;
+mod mcp;
 #[cfg(target_os = "linux")]
-pub mod metrics;
+mod metrics;
 #[cfg(target_os = "linux")]
-pub(crate) mod output;
+mod output;
 #[cfg(target_os = "linux")]
-pub(crate) mod packages;
+mod packages;
 #[cfg(target_os = "linux")]
-pub(crate) mod pool;
+mod pool;
 #[cfg(target_os = "linux")]
-pub(crate) mod proc;
+mod proc;
 #[cfg(target_os = "linux")]
-pub(crate) mod progress;
+mod progress;
 #[cfg(target_os = "linux")]
-pub mod run;
+mod run;
 #[cfg(target_os = "linux")]
-pub mod sandbox;
+mod sandbox;
 #[cfg(target_os = "linux")]
-pub(crate) mod session;
+mod session;
 #[cfg(target_os = "linux")]
-pub(crate) mod share;
+mod share;
 #[cfg(target_os = "linux")]
-pub mod stdio;
+mod stdio;
 #[cfg(target_os = "linux")]
-pub(crate) mod tasks;
+mod tasks;
 #[cfg(target_os = "linux")]
-pub mod upstream;
+mod upstream;
 #[cfg(target_os = "linux")]
-pub(crate) mod venv;
+mod venv;
 #[cfg(target_os = "linux")]
-pub(crate) mod workspace;
+mod workspace;

@@ -7,10 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use replbox::app::App;
-use replbox::config::{Config, HttpConfig, LogFormat};
-use replbox::mcp::ReplboxServer;
-use replbox::run::RunRequest;
+use replbox::api::{App, Config, HttpConfig, LogFormat, ReplboxServer, RunRequest};
 use rmcp::ServiceExt;
 
 #[derive(Parser)]
@@ -86,7 +83,7 @@ enum Command {
     Install {
         /// The client whose configuration to write.
         #[arg(long, value_enum)]
-        client: replbox::clients::Client,
+        client: replbox::api::clients::Client,
         /// A project directory sessions may use as their `cwd` although the sandbox hides
         /// its tree (`--allow-cwd DIR` in the entry); repeatable.
         #[arg(long = "project", value_name = "DIR")]
@@ -266,7 +263,7 @@ fn main() -> ExitCode {
                 config,
             } => run(config, language, code, file, stdin, timeout_ms, args).await,
             Command::Languages { config } => languages(config).await,
-            Command::Doctor { config } => replbox::doctor::run(config).await,
+            Command::Doctor { config } => replbox::api::doctor(config).await,
             Command::Install { .. } => unreachable!("handled before the runtime"),
         }
     });
@@ -282,13 +279,13 @@ fn main() -> ExitCode {
 }
 
 /// Installed from a wheel, replbox must not take its own environment's Python for the
-/// user's (see `replbox::install`).
+/// user's (see `replbox::api::path_without_own_env`).
 fn drop_own_python_env_from_path() {
     let (Some(path), Ok(exe)) = (std::env::var_os("PATH"), std::env::current_exe()) else {
         return;
     };
     let active = std::env::var_os("VIRTUAL_ENV");
-    if let Some(new) = replbox::install::path_without_own_env(&path, &exe, active.as_deref()) {
+    if let Some(new) = replbox::api::path_without_own_env(&path, &exe, active.as_deref()) {
         // SAFETY: called first thing in `main`, before the runtime or any other thread
         // exists, so nothing reads the environment concurrently.
         unsafe { std::env::set_var("PATH", new) };
@@ -329,7 +326,7 @@ fn init_logging(format: LogFormat, filter: Option<&str>) {
     };
     tracing_subscriber::registry()
         .with(stderr.with_filter(filter.and(not_a_client_mistake)))
-        .with(replbox::mcp::client_log::layer())
+        .with(replbox::api::client_log_layer())
         .init();
 }
 
@@ -352,7 +349,7 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     let app = App::new(config)?;
     app.log_settings();
     let server = ReplboxServer::new(app.clone());
-    let framing = replbox::stdio::transport(app.config.max_line_bytes);
+    let framing = replbox::api::stdio_transport(app.config.max_line_bytes);
     let service = server.serve(framing).await?;
     tracing::info!("serving MCP on stdio");
     // Detection and the warm pools spawn interpreters; start them after the handshake so
@@ -390,7 +387,7 @@ async fn serve_http(
     let app = App::new(config)?;
     app.log_settings();
     app.join_cluster().await;
-    replbox::http::serve(app, &http, &addr, wait_for_termination()).await?;
+    replbox::api::serve_http(app, &http, &addr, wait_for_termination()).await?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -426,7 +423,7 @@ async fn run(
     let lang = app.registry.get(&language).map_err(|e| {
         anyhow::anyhow!(
             "{e}.{} Available: {}",
-            replbox::lang::did_you_mean(app.registry.suggest(&language, false).as_deref()),
+            replbox::api::did_you_mean(app.registry.suggest(&language, false).as_deref()),
             app.registry.available_names().join(", ")
         )
     })?;
@@ -471,7 +468,7 @@ async fn run(
 }
 
 /// The process exit status mirroring the program's (128+N for a signal, 124 on timeout).
-fn exit_code_for(report: &replbox::run::RunReport) -> ExitCode {
+fn exit_code_for(report: &replbox::api::RunReport) -> ExitCode {
     if report.timed_out {
         return ExitCode::from(124);
     }
@@ -586,7 +583,7 @@ fn warn_unknown_variables() {
 
 /// `replbox install`: the entry written into (or printed for) the client's configuration.
 fn install(command: Command) -> ExitCode {
-    use replbox::clients::{self, Change, Client, Entry};
+    use replbox::api::clients::{self, Change, Client, Entry};
     let Command::Install {
         client,
         projects,

@@ -12,8 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::*;
-use replbox::exec::{self, SpawnSpec, Stdio3};
-use replbox::sandbox::{Jail, Level, Limits, Mode, Sandbox, Settings};
+use replbox::api::{Jail, Level, Limits, Mode, Sandbox, Settings, SpawnSpec, Stdio3, spawn};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -21,7 +20,7 @@ const HELPER: &str = env!("CARGO_BIN_EXE_replbox-exec");
 
 /// A sandbox at level `none` using the built helper, with its own uid range.
 fn sandbox(work: &std::path::Path) -> Sandbox {
-    replbox::sandbox::set_helper_exe(PathBuf::from(HELPER));
+    replbox::api::set_helper_exe(PathBuf::from(HELPER));
     let settings = Settings {
         mode: Mode::None,
         require: None,
@@ -64,7 +63,7 @@ fn spec(argv: &[&str], env: &[(&str, &str)], cwd: PathBuf, jail: Jail) -> SpawnS
 async fn the_programs_values_stay_out_of_the_helper() {
     let work = tempfile::tempdir().expect("tempdir");
     let sb = sandbox(work.path());
-    let mut proc = exec::spawn(
+    let mut proc = spawn(
         &sb,
         spec(
             &[
@@ -124,7 +123,7 @@ async fn the_callers_path_does_not_choose_the_program() {
     std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
     let path = format!("{}:/usr/bin:/bin", work.path().display());
-    let mut proc = exec::spawn(
+    let mut proc = spawn(
         &sb,
         spec(
             &["env"],
@@ -154,7 +153,7 @@ async fn a_killed_tree_reports_the_programs_end_and_a_clean_tree() {
         dirty: Some(dirty.clone()),
         ..Jail::default()
     };
-    let mut proc = exec::spawn(
+    let mut proc = spawn(
         &sb,
         spec(
             &["sh", "-c", "sleep 1000 & sleep 1000; wait"],

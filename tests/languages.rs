@@ -5,7 +5,7 @@
 use crate::common;
 
 use common::*;
-use replbox::lang::protocol::Format;
+use replbox::api::Format;
 use serde_json::{Value, json};
 
 /// The code one language runs for each check, and what it must show.
@@ -198,7 +198,7 @@ fn error_of(o: &Out) -> (&str, &str) {
 
 #[test]
 fn every_session_language_has_a_row() {
-    let registry = replbox::lang::Registry::load(None).expect("the built-in languages load");
+    let registry = replbox::api::Registry::load(None).expect("the built-in languages load");
     let mut sessions: Vec<&str> = registry
         .all()
         .iter()
@@ -421,7 +421,7 @@ per_row!(
 /// hostile directory names, it parses in its language.
 #[test]
 fn bootstrap_sources_parse_as_they_are_and_expanded() {
-    let registry = replbox::lang::Registry::load(None).expect("the built-in languages load");
+    let registry = replbox::api::Registry::load(None).expect("the built-in languages load");
     let tmp = tempfile::tempdir().expect("tempdir");
     let hostile = tmp.path().join(HOSTILE);
     for row in installed() {

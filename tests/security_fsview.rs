@@ -121,7 +121,7 @@ fn world_python() -> Option<PathBuf> {
     let found = std::env::split_paths(&path)
         .map(|d| d.join("python3"))
         .chain([PathBuf::from("/usr/bin/python3")])
-        .find(|p| p.is_file() && replbox::sandbox::reachable_by_others(p));
+        .find(|p| p.is_file() && replbox::api::reachable_by_others(p));
     if found.is_none() {
         skip("no python3 that other users can run");
     }

@@ -1000,7 +1000,7 @@ fn readme_matches_help_and_the_registry() {
         );
     }
 
-    let registry = replbox::lang::Registry::load(None).expect("built-in languages");
+    let registry = replbox::api::Registry::load(None).expect("built-in languages");
     let rows = table_after(&languages_doc, "| `language` | aliases |");
     let session_langs: Vec<_> = registry.all().iter().filter(|l| l.has_session()).collect();
     assert_eq!(rows.len(), session_langs.len(), "{rows:?}");

@@ -264,10 +264,10 @@ per_row!(
     |&(lang, template)| {
         let s = Server::stdio().start().await;
         let quoted = match lang {
-            "haskell" => replbox::lang::protocol::Format::Haskell.quote(CHILD_ASKS),
-            "ruby" => replbox::lang::protocol::Format::Ruby.quote(CHILD_ASKS),
-            "shellscript" => replbox::lang::protocol::Format::Shell.quote(CHILD_ASKS),
-            _ => replbox::lang::protocol::Format::Json.quote(CHILD_ASKS),
+            "haskell" => replbox::api::Format::Haskell.quote(CHILD_ASKS),
+            "ruby" => replbox::api::Format::Ruby.quote(CHILD_ASKS),
+            "shellscript" => replbox::api::Format::Shell.quote(CHILD_ASKS),
+            _ => replbox::api::Format::Json.quote(CHILD_ASKS),
         };
         let code = template.replace("CMD", &quoted);
         let id = s.start_session(lang).await;

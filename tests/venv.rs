@@ -69,7 +69,7 @@ fn base_python() -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let found = std::env::split_paths(&path)
         .map(|d| d.join("python3"))
-        .find(|p| p.is_file() && replbox::sandbox::reachable_by_others(p));
+        .find(|p| p.is_file() && replbox::api::reachable_by_others(p));
     if found.is_none() {
         skip("venv tests: no python3 on PATH that other users can run");
     }

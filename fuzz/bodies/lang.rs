@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use replbox::lang::{BUILTIN, Folder, parse_spec};
+use replbox::fuzzing::{BUILTIN, Folder, parse_spec};
 
 const NONCE: &str = "f00dfeed01234567";
 /// A path with everything that would break out of a literal, or a line.

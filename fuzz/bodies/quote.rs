@@ -5,7 +5,7 @@
 //! Ruby through a JSON parser, Shell and Haskell through decoders of their escapes); a Ruby
 //! literal holds no `#` (no interpolation); a Haskell literal is ASCII.
 
-use replbox::lang::protocol::Format;
+use replbox::fuzzing::Format;
 
 /// Bash's `$'…'` as `Format::Shell` writes it: `\\`, `\'` and three-digit octal escapes.
 fn unshell(q: &str) -> Option<String> {

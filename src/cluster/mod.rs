@@ -213,19 +213,6 @@ not {}",
         }))
     }
 
-    /// A node with this registry (for tests of the logic above the registry).
-    pub fn with_registry(node: String, shared: PathBuf, registry: Box<dyn Registry>) -> Self {
-        Self {
-            node,
-            shared,
-            registry,
-            lease: AtomicI64::new(0),
-            renewed: Mutex::new(Instant::now()),
-            joining: tokio::sync::Mutex::new(()),
-            adopting: tokio::sync::Mutex::new(()),
-        }
-    }
-
     /// Take a lease and register this node under it (nothing when one is held).
     pub async fn join(&self) -> anyhow::Result<()> {
         let _one = self.joining.lock().await;

@@ -56,13 +56,6 @@ pub struct Walk {
     pub into_workspaces: bool,
 }
 
-/// Whether a walk stopped at a link, a non-directory or a mount point (for messages).
-pub fn is_link_error(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::ELOOP) | Some(libc::ENOTDIR) | Some(libc::EXDEV)
-    )
-}
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
@@ -300,38 +293,6 @@ pub(super) fn walk_path(
         }
     }
     Ok((fd, at))
-}
-
-/// Open a file of the host (an absolute path) as the calling thread's user: ordinary links
-/// are followed with that user's rights, magic links (`/proc/self/fd/...`) are not, and
-/// nothing on a pseudo-filesystem is read. No policy: a caller's path goes through
-/// [`open_caller_file`].
-pub fn open_host_file(path: &Path) -> io::Result<File> {
-    if !path.is_absolute() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "give an absolute path",
-        ));
-    }
-    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    let fd = match rustix::fs::openat2(
-        rustix::fs::CWD,
-        path,
-        flags,
-        Mode::empty(),
-        ResolveFlags::NO_MAGICLINKS,
-    ) {
-        Err(rustix::io::Errno::NOSYS) => {
-            // Without openat2, the canonical path is opened from `/` following nothing.
-            let real = std::fs::canonicalize(path)?;
-            let parent = real.parent().unwrap_or(Path::new("/"));
-            let (dir, _) = walk_path(parent, &Walk::default()).map_err(|(e, _)| e)?;
-            let name = real.file_name().unwrap_or_default();
-            open_one(dir.as_fd(), name, flags, Mode::empty(), &Walk::default())?
-        }
-        r => r?,
-    };
-    regular_file(fd)
 }
 
 /// `fd` as a file, when it is a regular one and not on a pseudo-filesystem.

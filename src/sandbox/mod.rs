@@ -33,8 +33,7 @@ pub mod uid_pool;
 pub mod view;
 
 pub use level::{Level, Mode};
-pub use probe::Probe;
-pub use uid_pool::{Holder, Lease, Refused, UidPool, bound_per_principal, kill_uid};
+pub use uid_pool::{Holder, Lease, Refused, UidPool, bound_per_principal};
 
 /// Directories hidden from user code at every level that can hide anything: they hold other
 /// users' files, credentials, sockets of system services and other programs' temp files.

@@ -31,7 +31,7 @@ use serde::Serialize;
 
 pub use channel::{Channel, ScopeGuard};
 pub use flags::Flags;
-pub use record::{CallRecord, CallStatus, CallSummary};
+pub use record::{CallRecord, CallSummary};
 use spec::{Grants, ServerSpec, ToolSet};
 
 use crate::error::{ErrorKind, ToolError};
@@ -101,11 +101,6 @@ impl Access {
     pub fn listing(&self) -> Vec<ServerTools> {
         self.listing.clone()
     }
-
-    /// The servers asked for, as the journal keeps them.
-    pub fn server_names(&self) -> Vec<String> {
-        self.servers.iter().map(|g| g.name.clone()).collect()
-    }
 }
 
 impl Upstreams {
@@ -147,11 +142,6 @@ impl Upstreams {
             instances: Mutex::new(HashMap::new()),
             root,
         })
-    }
-
-    /// Whether any server is configured.
-    pub fn configured(&self) -> bool {
-        !self.specs.is_empty()
     }
 
     /// The largest message read from an upstream: a result over the bound still reads (and

@@ -8,10 +8,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use tokio::process::{Child, Command};
 
-use replbox::config::Config;
-use replbox::exec::env as cenv;
-use replbox::exec::pty::{self, PtyMaster, ReadOutcome};
-use replbox::lang::Registry;
+use replbox::api::env as cenv;
+use replbox::api::pty::{self, PtyMaster, ReadOutcome};
+use replbox::api::{Config, Registry};
 
 use crate::client::CALL_TIMEOUT;
 use crate::langs::RawReplSpec;

@@ -25,9 +25,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use replbox::config::Config;
-use replbox::lang::Registry;
-use replbox::sandbox::Mode;
+use replbox::api::{Config, Mode, Registry};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
@@ -1521,7 +1519,7 @@ async fn peer(ctx: &Ctx) -> Result<Vec<Row>> {
         return Ok(Vec::new());
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
-    if replbox::lang::which("npx", &path).is_none() {
+    if replbox::api::which("npx", &path).is_none() {
         ctx.note(format!("{PEER}: not measured (npx is not on PATH)"));
         return Ok(Vec::new());
     }

@@ -100,8 +100,8 @@ fn helper_of(server: &Path) -> PathBuf {
     }
     server
         .parent()
-        .map(|dir| dir.join(replbox::sandbox::HELPER_BIN))
-        .unwrap_or_else(|| PathBuf::from(replbox::sandbox::HELPER_BIN))
+        .map(|dir| dir.join(replbox::api::HELPER_BIN))
+        .unwrap_or_else(|| PathBuf::from(replbox::api::HELPER_BIN))
 }
 
 fn is_executable(p: &Path) -> bool {
