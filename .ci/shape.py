@@ -44,6 +44,22 @@ print("longest functions:", longest[:8])
 print("functions over 80 lines:", len([l for l in longest if l[0] > 80]))
 pubre = re.compile(r'^\s*pub\s+(async\s+)?(fn|struct|enum|const|static|mod|trait|type|use)\b')
 print("pub items (pub, not pub(crate)):", sum(1 for p in files for l in open(p) if pubre.match(l)))
+# The library's public surface: the names the `pub mod`s of lib.rs export (an item, or each
+# name of a `pub use`); every other module is private, so its `pub` items are the crate's own.
+def exported(path):
+    text = re.sub(r'//[^\n]*', '', open(path).read())
+    n = 0
+    for m in re.finditer(r'\bpub\s+use\s+([^;]*);', text):
+        body = m.group(1)
+        inner = body[body.index('{') + 1:body.rindex('}')] if '{' in body else body
+        n += len([x for x in re.split(r'[{},]', inner) if x.strip() and x.strip() != 'self'])
+    n += len(re.findall(r'\bpub\s+(async\s+)?(fn|struct|enum|const|static|trait|type)\b', text))
+    return n
+surface = {}
+for m in re.findall(r'^pub mod (\w+);', open(os.path.join(src, "lib.rs")).read(), re.M):
+    f = os.path.join(src, m + ".rs")
+    surface[m] = exported(f if os.path.exists(f) else os.path.join(src, m, "mod.rs"))
+print("public surface (names exported by lib.rs's pub modules):", sum(surface.values()), surface)
 # module deps: top-level module of each file
 def mod_of(p):
     rel = os.path.relpath(p, src)
