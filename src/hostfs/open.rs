@@ -56,7 +56,6 @@ pub struct Walk {
     pub into_workspaces: bool,
 }
 
-
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
