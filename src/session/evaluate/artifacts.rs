@@ -162,7 +162,7 @@ fn read_images(
             let read = hostfs::open_beneath(out_dir, &[file], &hostfs::Walk::default())
                 .and_then(|f| crate::workspace::read_capped(f, max_bytes));
             match read {
-                Ok(Ok(data)) => match png_size(&data) {
+                Ok(Ok(data)) => match super::image::size("image/png", &data) {
                     Some((width, height)) => {
                         let uri = namer.uri("figures", "png");
                         out.images.push((
@@ -190,15 +190,4 @@ fn read_images(
         let _ = hostfs::remove_beneath(out_dir, &[file], false);
     }
     out
-}
-
-/// Width and height of a PNG, from its signature and IHDR chunk.
-fn png_size(data: &[u8]) -> Option<(u32, u32)> {
-    const SIG: &[u8] = b"\x89PNG\r\n\x1a\n";
-    if data.len() < 24 || &data[..8] != SIG || &data[12..16] != b"IHDR" {
-        return None;
-    }
-    let w = u32::from_be_bytes(data[16..20].try_into().ok()?);
-    let h = u32::from_be_bytes(data[20..24].try_into().ok()?);
-    Some((w, h))
 }

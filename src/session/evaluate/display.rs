@@ -61,8 +61,9 @@ struct Bundle {
 /// What becomes of one MIME type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    /// Base64 of these bytes, which must start with the magic; the file extension.
-    Raster(&'static [u8], &'static str),
+    /// Base64 of an image whose header must be its format's (`image::size`); the file
+    /// extension.
+    Raster(&'static str),
     Svg,
     /// Text, returned as an embedded resource with the given file extension.
     Text(&'static str),
@@ -72,9 +73,9 @@ enum Kind {
 /// the output), in the order their blocks go into the result.
 fn kind(mime: &str) -> Option<Kind> {
     Some(match mime {
-        "image/png" => Kind::Raster(b"\x89PNG\r\n\x1a\n", "png"),
-        "image/jpeg" => Kind::Raster(b"\xff\xd8\xff", "jpg"),
-        "image/gif" => Kind::Raster(b"GIF8", "gif"),
+        "image/png" => Kind::Raster("png"),
+        "image/jpeg" => Kind::Raster("jpg"),
+        "image/gif" => Kind::Raster("gif"),
         "image/svg+xml" => Kind::Svg,
         "text/html" => Kind::Text("html"),
         "text/markdown" => Kind::Text("md"),
@@ -174,17 +175,18 @@ pub(super) fn bundle(
         .filter_map(|(m, v)| kind(m).map(|k| (m, v, k)))
         .collect();
     // Images first, then text, each in a fixed order whatever the bundle's.
-    let image = |k: &Kind| matches!(k, Kind::Raster(..) | Kind::Svg);
+    let image = |k: &Kind| matches!(k, Kind::Raster(_) | Kind::Svg);
     entries.sort_by(|a, b| (!image(&a.2), a.0).cmp(&(!image(&b.2), b.0)));
     for (mime, value, kind) in entries {
         match kind {
-            Kind::Raster(magic, ext) => {
+            Kind::Raster(ext) => {
                 let Some(s) = value.as_str() else { continue };
                 let clean: String = s.chars().filter(|c| !c.is_ascii_whitespace()).collect();
                 let Ok(bytes) = b64.decode(clean.as_bytes()) else {
                     continue;
                 };
-                if !bytes.starts_with(magic) {
+                // The same check as a figure's: the signature and a header with a size.
+                if super::image::size(mime, &bytes).is_none() {
                     continue;
                 }
                 if !take_image(out, caps, bytes.len() as u64, mime, b.linked) {
@@ -343,7 +345,8 @@ mod tests {
 
     #[test]
     fn known_types_become_blocks_images_first() {
-        let png = base64::engine::general_purpose::STANDARD.encode(b"\x89PNG\r\n\x1a\nrest");
+        let png = base64::engine::general_purpose::STANDARD
+            .encode(crate::session::evaluate::image::tests::png_header(4, 3));
         let d = run(json!({"data": {
             "text/html": "<b>x</b>", "text/plain": "x", "image/png": png,
             "application/vnd.vegalite.v5+json": {"mark": "bar"},
@@ -372,12 +375,20 @@ mod tests {
 
     #[test]
     fn forged_and_oversized_parts_are_left_out() {
-        // Not a PNG behind the label, not base64, a type with a path in it, text over the
-        // budget, and not a bundle at all.
-        let fake = base64::engine::general_purpose::STANDARD.encode(b"GIF89a");
+        // Not a PNG behind the label, a PNG's signature with no header after it, not
+        // base64, a type with a path in it, text over the budget, and not a bundle at all.
+        let b64 = base64::engine::general_purpose::STANDARD;
         let d = run(json!({"data": {
-            "image/png": fake, "image/jpeg": "!!!", "application/vnd./../x+json": "{}",
+            "image/png": b64.encode(b"GIF89a"), "image/gif": b64.encode(b"GIF89a"),
+            "image/jpeg": "!!!", "application/vnd./../x+json": "{}",
             "text/markdown": "m".repeat(101)
+        }}));
+        assert!(d.blocks.is_empty(), "{:?}", d.blocks);
+        let d = run(json!({"data": {"image/png": b64.encode(b"\x89PNG\r\n\x1a\nno IHDR here")}}));
+        assert!(d.blocks.is_empty(), "{:?}", d.blocks);
+        let d = run(json!({"data": {
+            "image/png": b64.encode(b"GIF89a"), "image/jpeg": "!!!",
+            "application/vnd./../x+json": "{}", "text/markdown": "m".repeat(101)
         }}));
         assert!(d.blocks.is_empty(), "{:?}", d.blocks);
         assert_eq!(d.omitted, 1);
@@ -433,7 +444,8 @@ mod tests {
 
     #[test]
     fn images_count_against_the_cap() {
-        let png = base64::engine::general_purpose::STANDARD.encode(b"\x89PNG\r\n\x1a\n");
+        let png = base64::engine::general_purpose::STANDARD
+            .encode(crate::session::evaluate::image::tests::png_header(4, 3));
         let mut out = Displays::default();
         let mut left = 100;
         for _ in 0..3 {

@@ -7,6 +7,7 @@
 
 mod artifacts;
 mod display;
+mod image;
 mod inspect;
 mod pip;
 mod vars;
