@@ -449,7 +449,8 @@ local({
     rawToChar(as.raw(strtoi(substring(h, seq(1, n, 2), seq(2, n, 2)), 16L)))
   }
   # The value of a name: a variable of the global environment (its name may hold dots), then
-  # elements of a list or an environment for the rest of the dotted path.
+  # elements of a list or an environment for the rest of the dotted path. A promise in an
+  # environment along the path is not forced: its expression is what is shown.
   lookup <- function(path) {
     env <- globalenv()
     parts <- strsplit(path, ".", fixed = TRUE)[[1]]
@@ -468,7 +469,11 @@ local({
         if (bindingIsActive(p, x))
           stop(sprintf("%s$%s is an active binding: it is not run", clean(name), clean(p)),
                call. = FALSE)
-        x <- get(p, envir = x, inherits = FALSE)
+        # substitute() gives a promise's expression rather than forcing it (a value as
+        # it is); in the global environment, which substitute() leaves alone, the name is
+        # read as a top-level one is.
+        x <- if (identical(x, globalenv())) get(p, envir = x, inherits = FALSE)
+             else eval(call("substitute", as.name(p), x))
       } else {
         u <- unclass(x)
         i <- if (is.list(u)) match(p, at(u, "names")) else NA
