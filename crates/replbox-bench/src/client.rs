@@ -95,6 +95,18 @@ impl McpServer {
         ))
     }
 
+    /// The server's `tools/list` answer as JSON text: what a client reads once per
+    /// connection.
+    pub async fn tools_list_json(&self) -> Result<String> {
+        let tools = tokio::time::timeout(CALL_TIMEOUT, self.client.peer().list_all_tools())
+            .await
+            .with_context(|| format!("tools/list on `{}` took too long", self.label))?
+            .with_context(|| format!("tools/list on `{}` failed", self.label))?;
+        Ok(serde_json::to_string(
+            &serde_json::json!({ "tools": tools }),
+        )?)
+    }
+
     /// The server's process id.
     pub fn pid(&self) -> Option<u32> {
         self.pid

@@ -40,6 +40,7 @@ mod cluster_cost;
 mod code_mode;
 mod failover;
 mod flood;
+mod model_bytes;
 mod packages;
 mod session_pool;
 
@@ -193,6 +194,10 @@ pub const SECTIONS: &[Section] = &[
     Section {
         name: "big_output",
         measure: |ctx| Box::pin(big_output(ctx)),
+    },
+    Section {
+        name: "model_bytes",
+        measure: |ctx| Box::pin(model_bytes::model_bytes(ctx)),
     },
     Section {
         name: "render_flood",

@@ -126,6 +126,19 @@ fn bench_json_has_every_section_with_its_samples() {
                 "concurrent_run_code",
                 "big_output:run_code",
                 "big_output:session",
+            ]
+            .map(String::from),
+        );
+        // The reference analysis session needs pandas and matplotlib (else a note).
+        let data_stack = Command::new("python3")
+            .args(["-c", "import pandas, matplotlib"])
+            .status()
+            .is_ok_and(|s| s.success());
+        if data_stack {
+            expected.push("model_bytes".into());
+        }
+        expected.extend(
+            [
                 "render_flood",
                 "render_flood:bystander",
                 "idle_memory",
