@@ -55,6 +55,8 @@ mod packages;
 #[cfg(target_os = "linux")]
 mod pool;
 #[cfg(target_os = "linux")]
+mod present;
+#[cfg(target_os = "linux")]
 mod proc;
 #[cfg(target_os = "linux")]
 mod progress;

@@ -1,11 +1,8 @@
 //! What a tool call sends back: results with a text and a structured form, evaluation
 //! results with their images, errors, and progress notifications while it runs.
 
-use base64::Engine;
 use rmcp::handler::server::tool::IntoCallToolResult;
-use rmcp::model::{
-    CallToolResponse, CallToolResult, ContentBlock, ProgressNotificationParam, ResourceContents,
-};
+use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, ProgressNotificationParam};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
 use serde::Serialize;
@@ -14,90 +11,36 @@ use serde_json::Value;
 use crate::error::ToolError;
 use crate::progress::Progress;
 use crate::session::EvalReport;
-use crate::session::report::RichContent;
 
 /// A result with both a text and a structured form.
 pub(super) fn result<T: Serialize>(text: String, structured: &T, is_error: bool) -> CallToolResult {
+    with_content(vec![ContentBlock::text(text)], structured, is_error)
+}
+
+/// A result with these contents (the presentation layer's, text first) and a structured form.
+pub(super) fn with_content<T: Serialize>(
+    content: Vec<ContentBlock>,
+    structured: &T,
+    is_error: bool,
+) -> CallToolResult {
     let value = structured_value(structured);
     let mut r = if is_error {
         CallToolResult::structured_error(value)
     } else {
         CallToolResult::structured(value)
     };
-    r.content = vec![ContentBlock::text(text)];
+    r.content = content;
     r
+}
+
+/// An evaluation's result: its contents and its report as the structured form.
+pub(super) fn eval_result(r: &EvalReport) -> CallToolResult {
+    with_content(r.content(), r, r.is_error())
 }
 
 /// A structured result (the result types write no `null`: an optional field is absent).
 pub(super) fn structured_value<T: Serialize>(structured: &T) -> Value {
     serde_json::to_value(structured).unwrap_or(Value::Null)
-}
-
-/// An evaluation's result: its text, then its images as image contents.
-pub(super) fn eval_result(r: &EvalReport) -> CallToolResult {
-    let mut out = result(r.text(), r, r.is_error());
-    let b64 = base64::engine::general_purpose::STANDARD;
-    // The whole output, when the text holds only its head and tail.
-    if let Some((uri, text)) = &r.whole {
-        let name = uri.rsplit('/').next().unwrap_or_default();
-        out.content
-            .push(shown_link(uri, name, "text/plain", text.len()));
-    }
-    // Each figure, then a link that reads it again later.
-    for (a, info) in r.attachments.iter().zip(&r.images) {
-        out.content.push(ContentBlock::image(
-            b64.encode(&a.data),
-            a.mime_type.clone(),
-        ));
-        out.content
-            .push(shown_link(&a.uri, &info.name, &a.mime_type, a.data.len()));
-    }
-    // Files the evaluation created or changed, as links the client can read (`resources/read`)
-    // instead of copies; at most the ten the text names.
-    for f in r.files.iter().take(10) {
-        if let Some(uri) = &f.uri {
-            let mut link =
-                rmcp::model::Resource::new(uri.clone(), f.path.clone()).with_size(f.size);
-            if let Some(m) = crate::session::files::mime_for(&f.path) {
-                link = link.with_mime_type(m);
-            }
-            out.content.push(ContentBlock::resource_link(link));
-        }
-    }
-    // A display's images are followed by their links; its text parts carry their URI; its
-    // linked parts are links only.
-    for block in &r.rich {
-        match &block.content {
-            RichContent::Image(data) => {
-                out.content.push(ContentBlock::image(
-                    b64.encode(data),
-                    block.mime_type.clone(),
-                ));
-                let name = block.uri.rsplit('/').next().unwrap_or_default();
-                out.content
-                    .push(shown_link(&block.uri, name, &block.mime_type, data.len()));
-            }
-            RichContent::Link(data) => {
-                let name = block.uri.rsplit('/').next().unwrap_or_default();
-                out.content
-                    .push(shown_link(&block.uri, name, &block.mime_type, data.len()));
-            }
-            RichContent::Text(text) => out.content.push(ContentBlock::resource(
-                ResourceContents::text(text.clone(), block.uri.clone())
-                    .with_mime_type(&block.mime_type),
-            )),
-        }
-    }
-    out
-}
-
-/// A `resource_link` to a figure or display part the session keeps.
-fn shown_link(uri: &str, name: &str, mime: &str, size: usize) -> ContentBlock {
-    ContentBlock::resource_link(
-        rmcp::model::Resource::new(uri.to_string(), name.to_string())
-            .with_mime_type(mime.to_string())
-            .with_size(size as u64),
-    )
 }
 
 /// Tell the client its resource list changed when the evaluation created or deleted files

@@ -1,5 +1,5 @@
 //! The tools: each translates its parameters into a call of `run` or `session` and the
-//! answer into a tool result.
+//! answer into a tool result (its text and contents are `crate::present`'s).
 
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
@@ -11,10 +11,13 @@ use super::params::{
     ExportFormat, RunCodeParams, SessionEvalParams, SessionExportParams, SessionIdParams,
     SessionInputParams, SessionInspectParams, SessionStartParams, SessionVarsParams,
 };
-use super::reply::{announce_files, eval_result, progress_reporter, result, structured_value};
+use super::reply::{
+    announce_files, eval_result, progress_reporter, result, structured_value, with_content,
+};
 use super::{ReplboxServer, schema};
 use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
+use crate::present::already_closed;
 use crate::run::{RunReport, RunRequest};
 use crate::session::evaluate::{InspectReport, MAX_BUDGET, MIN_BUDGET, VarsReport};
 use crate::session::history::HistoryReport;
@@ -23,7 +26,6 @@ use crate::session::report::RestoreReport;
 use crate::session::{
     Answer, CloseReport, EvalReport, InFile, InterruptReport, ListReport, StartReport, StartRequest,
 };
-use rmcp::model::{ContentBlock, ResourceContents};
 use schemars::JsonSchema;
 use serde::Serialize;
 
@@ -140,36 +142,7 @@ empty stderr, else stdout, stderr and a trailer ([exit code 3], [timed out after
             packages: p.packages,
         };
         let r = self.app.sessions.start(&caller, req).await?;
-        let mut text = format!(
-            "session {} started{}: {} {} (pid {}) in {} (sandbox: {})\ninterpreter: {}",
-            r.session_id,
-            if r.warm { " warm" } else { "" },
-            r.language,
-            r.version,
-            r.pid,
-            r.cwd,
-            r.sandbox,
-            r.interpreter.line()
-        );
-        if !r.files.is_empty() {
-            text.push_str(&format!("\nfiles brought in: {}", r.files.join(", ")));
-        }
-        if let Some(p) = &r.packages {
-            text.push('\n');
-            text.push_str(&p.line());
-        }
-        for s in &r.mcp_servers {
-            text.push_str(&format!(
-                "\nMCP server {} (tools.{}): {}",
-                s.name,
-                s.name,
-                s.tools.join(", ")
-            ));
-        }
-        for n in &r.notes {
-            text.push_str(&format!("\n[{n}]"));
-        }
-        Ok(result(text, &r, false))
+        Ok(result(r.text(), &r, false))
     }
 
     /// Evaluate code in a session.
@@ -266,16 +239,7 @@ as from session_eval.",
             out.is_error = Some(false);
             return Ok(out);
         }
-        let text = if r.interrupted {
-            format!(
-                "interrupted evaluation {} of session {}",
-                r.eval_id.unwrap_or_default(),
-                r.session_id
-            )
-        } else {
-            format!("session {} has nothing to interrupt", r.session_id)
-        };
-        Ok(result(text, &r, false))
+        Ok(result(r.text(), &r, false))
     }
 
     /// Close a session.
@@ -294,14 +258,10 @@ closed session succeeds.",
         Extension(caller): Extension<Caller>,
     ) -> Result<CallToolResult, ToolError> {
         let (text, closed) = match self.app.sessions.close(&caller, &p.session_id).await {
-            Ok(r) => (format!("session {} closed", r.session_id), Closed::now(r)),
+            Ok(r) => (r.text(), Closed::now(r)),
             // Closing is idempotent: a session that has ended is closed already.
             Err(e) if e.kind == ErrorKind::EndedSession => {
-                let how = e.message.split(". ").next().unwrap_or_default();
-                (
-                    format!("already closed: {how}"),
-                    Closed::already(&p.session_id),
-                )
+                (already_closed(&e), Closed::already(&p.session_id))
             }
             Err(e) => return Err(e),
         };
@@ -351,18 +311,7 @@ resource (also replbox://sessions/{id}/export.ipynb, .py, …).",
             .sessions
             .export(&caller, &p.session_id, format)
             .await?;
-        let mut text = format!(
-            "session {} exported as {} ({} cells, {} bytes): {}",
-            r.session_id, r.format, r.cells, r.bytes, r.uri
-        );
-        for n in &r.notes {
-            text.push_str(&format!("\n[{n}]"));
-        }
-        let mut out = result(text, &r, false);
-        out.content.push(ContentBlock::resource(
-            ResourceContents::text(r.document.clone(), r.uri.clone()).with_mime_type(&r.mime_type),
-        ));
-        Ok(out)
+        Ok(with_content(r.content(), &r, false))
     }
 
     /// Restore a suspended session.
@@ -451,36 +400,7 @@ while) and suspended ones (`ended`).",
     async fn session_list(&self, Extension(caller): Extension<Caller>) -> CallToolResult {
         self.app.sessions.cluster_prune(&caller).await;
         let r = self.app.sessions.list(&caller);
-        let mut text = String::new();
-        if r.sessions.is_empty() {
-            text.push_str("no open sessions\n");
-        }
-        for s in &r.sessions {
-            text.push_str(&format!(
-                "{} {} pid {} evals {} idle {} s{} {}\n",
-                s.session_id,
-                s.language,
-                s.pid,
-                s.evals,
-                s.idle_s,
-                if s.busy { " busy" } else { "" },
-                s.cwd
-            ));
-        }
-        for e in &r.ended {
-            text.push_str(&format!(
-                "{} {} {} ({})",
-                e.session_id, e.language, e.state, e.reason
-            ));
-            if let Some(until) = e.files_kept_until {
-                text.push_str(&format!(", files kept until {until} (unix time)"));
-            }
-            if e.restorable {
-                text.push_str(", restorable with session_restore");
-            }
-            text.push('\n');
-        }
-        result(text, &r, false)
+        result(r.text(), &r, false)
     }
 }
 

@@ -4,7 +4,7 @@ use base64::Engine;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::files::{Change, FileChange, human_size};
+use super::files::FileChange;
 use super::interp::Ending;
 use super::scan;
 
@@ -306,104 +306,6 @@ impl EvalReport {
             EvalStatus::Error | EvalStatus::Timeout | EvalStatus::Exited
         )
     }
-
-    /// The text content: the output, then a line saying how it ended when not `ok`.
-    pub fn text(&self) -> String {
-        let mut t = match &self.background_output {
-            Some(bg) => {
-                let nl = if bg.ends_with('\n') { "" } else { "\n" };
-                format!(
-                    "[background output of earlier cells]\n{bg}{nl}[this cell]\n{}",
-                    self.output
-                )
-            }
-            None => self.output.clone(),
-        };
-        let trailer = match self.status {
-            EvalStatus::Ok => None,
-            EvalStatus::Error => Some(match &self.error {
-                Some(e) if e.message.is_empty() => format!("[error: {}]", e.kind),
-                Some(e) => format!("[error: {}: {}]", e.kind, first_line(&e.message)),
-                None => "[error]".to_string(),
-            }),
-            EvalStatus::Timeout => Some(if self.restarted == Some(true) {
-                format!(
-                    "[timed out after {} ms; the interpreter did not stop and was restarted: state lost]",
-                    self.duration_ms
-                )
-            } else {
-                format!(
-                    "[timed out after {} ms; interrupted, the session keeps its state]",
-                    self.duration_ms
-                )
-            }),
-            EvalStatus::Exited => Some(format!(
-                "[the interpreter exited ({}); start a new session with session_start]",
-                match (&self.exit_code, &self.signal) {
-                    (Some(c), _) => format!("exit code {c}"),
-                    (None, Some(s)) => format!("killed by {s}"),
-                    _ => "status unknown".into(),
-                }
-            )),
-            EvalStatus::AwaitingInput => {
-                Some("[waiting for input: answer with session_input, or interrupt]".to_string())
-            }
-        };
-        let mut lines: Vec<String> = trailer.into_iter().collect();
-        if !self.images.is_empty() {
-            let list: Vec<String> = self
-                .images
-                .iter()
-                .map(|i| format!("{} ({}x{})", i.name, i.width, i.height))
-                .collect();
-            lines.push(format!("[images attached: {}]", list.join(", ")));
-        }
-        for d in &self.displays {
-            let mut what = d.mime_types.join(", ");
-            if let Some(shape) = d.frame.as_ref().and_then(|f| f.get("shape")) {
-                if !what.is_empty() {
-                    what.push_str("; ");
-                }
-                what.push_str(&format!("a table of shape {shape} in structuredContent"));
-            }
-            lines.push(format!("[display: {what}]"));
-        }
-        if !self.files.is_empty() {
-            lines.push(files_line(&self.files, self.files_omitted));
-        }
-        lines.extend(self.notes.iter().map(|n| format!("[{n}]")));
-        for line in lines {
-            if !t.is_empty() && !t.ends_with('\n') {
-                t.push('\n');
-            }
-            t.push_str(&line);
-        }
-        t
-    }
-}
-
-/// `[files: created out.csv (1.2 KiB); modified a.txt (3 B); deleted old.txt]`, at most
-/// ten named.
-fn files_line(files: &[FileChange], omitted: u64) -> String {
-    const SHOWN: usize = 10;
-    let mut parts: Vec<String> = files
-        .iter()
-        .take(SHOWN)
-        .map(|f| match f.change {
-            Change::Created => format!("created {} ({})", f.path, human_size(f.size)),
-            Change::Modified => format!("modified {} ({})", f.path, human_size(f.size)),
-            Change::Deleted => format!("deleted {}", f.path),
-        })
-        .collect();
-    let more = files.len().saturating_sub(SHOWN) as u64 + omitted;
-    if more > 0 {
-        parts.push(format!("and {more} more"));
-    }
-    format!("[files: {}]", parts.join("; "))
-}
-
-fn first_line(s: &str) -> &str {
-    s.lines().next().unwrap_or("")
 }
 
 /// What `session_start` returns.
@@ -531,33 +433,6 @@ pub struct RestoreReport {
     pub duration_ms: u64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
-}
-
-impl RestoreReport {
-    pub fn text(&self) -> String {
-        let mut t = format!(
-            "session {} restored: {} {} (pid {}) in {}; {} cell(s) replayed",
-            self.session_id, self.language, self.version, self.pid, self.cwd, self.replayed
-        );
-        if self.skipped > 0 {
-            t.push_str(&format!(", {} that had failed skipped", self.skipped));
-        }
-        t.push_str(&format!(" ({} ms)", self.duration_ms));
-        for f in &self.failed {
-            t.push_str(&format!(
-                "\n[cell {} failed on replay: {}]",
-                f.eval_id,
-                f.error
-                    .as_ref()
-                    .map(|e| format!("{}: {}", e.kind, e.message))
-                    .unwrap_or_else(|| format!("{:?}", f.status).to_lowercase())
-            ));
-        }
-        for n in &self.notes {
-            t.push_str(&format!("\n[{n}]"));
-        }
-        t
-    }
 }
 
 /// What `session_interrupt` returns.
@@ -776,31 +651,5 @@ mod tests {
             }]
         );
         assert_eq!(r.images_omitted, 2);
-    }
-
-    #[test]
-    fn text_lists_images_files_and_notes_after_the_output() {
-        let mut r = EvalReport::empty("s", 1);
-        r.output = "hi\n".into();
-        assert_eq!(r.text(), "hi\n");
-        r.images.push(ImageInfo {
-            name: "figure-1.png".into(),
-            mime_type: "image/png".into(),
-            bytes: 10,
-            width: 640,
-            height: 480,
-            uri: String::new(),
-        });
-        r.files.push(FileChange {
-            path: "out.csv".into(),
-            size: 1229,
-            change: Change::Created,
-            uri: None,
-        });
-        r.notes.push("2 figures left out".into());
-        assert_eq!(
-            r.text(),
-            "hi\n[images attached: figure-1.png (640x480)]\n[files: created out.csv (1.2 KiB)]\n[2 figures left out]"
-        );
     }
 }

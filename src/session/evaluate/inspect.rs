@@ -43,52 +43,8 @@ pub struct InspectReport {
     pub truncated: bool,
 }
 
-impl InspectReport {
-    pub fn text(&self) -> String {
-        let mut t = format!("{}: {}\n", self.name, self.kind);
-        // The short facts first, then the samples, then the long texts.
-        let rank = |k: &str| ORDER.iter().position(|o| *o == k).unwrap_or(ORDER.len());
-        let mut fields: Vec<(&String, &Value)> = self.details.iter().collect();
-        fields.sort_by_key(|(k, _)| rank(k));
-        for (k, v) in fields {
-            match v {
-                // Code and prose read as they are, in their own lines.
-                Value::String(s) if s.contains('\n') => {
-                    t.push_str(&format!("{k}:\n{}\n", printable(s).trim_end()));
-                }
-                Value::String(s) => t.push_str(&format!("{k}: {}\n", printable(s))),
-                v => t.push_str(&format!("{k}: {v}\n")),
-            }
-        }
-        if self.truncated {
-            t.push_str("[cut to the budget: ask for a larger budget_bytes to see more]\n");
-        }
-        t
-    }
-}
-
-/// The order fields are shown in; others come last.
-const ORDER: &[&str] = &[
-    "summary",
-    "kind",
-    "shape",
-    "dtype",
-    "len",
-    "size",
-    "nulls",
-    "signature",
-    "stats",
-    "columns",
-    "head",
-    "tail",
-    "members",
-    "doc",
-    "source",
-    "repr",
-];
-
 /// A text without terminal controls (newlines and tabs kept).
-fn printable(s: &str) -> String {
+pub fn printable(s: &str) -> String {
     s.chars()
         .map(|c| {
             if c.is_control() && c != '\n' && c != '\t' {

@@ -29,7 +29,7 @@ use crate::config::Config;
 use crate::error::{ErrorKind, ToolError};
 use crate::progress::Progress;
 use crate::workspace::DirId;
-pub use inspect::{DEFAULT_BUDGET, InspectReport, MAX_BUDGET, MIN_BUDGET};
+pub use inspect::{DEFAULT_BUDGET, InspectReport, MAX_BUDGET, MIN_BUDGET, printable};
 pub use vars::VarsReport;
 
 /// What `session_input` types: the text, and whether Enter follows it.

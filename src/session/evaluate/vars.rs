@@ -55,36 +55,6 @@ pub struct VarsReport {
     pub omitted: u64,
 }
 
-impl VarsReport {
-    pub fn text(&self) -> String {
-        let mut t = if self.vars.is_empty() {
-            format!("session {}: no names defined\n", self.session_id)
-        } else {
-            String::new()
-        };
-        // The user's data first, then what they defined to work on it.
-        let data = self.vars.iter().filter(|v| v.category == "data");
-        let defined = self.vars.iter().filter(|v| v.category != "data");
-        for v in data.chain(defined) {
-            t.push_str(&format!("{}: {}", v.name, v.kind));
-            if !v.summary.is_empty() {
-                t.push_str(&format!(" = {}", v.summary));
-            }
-            if let Some(s) = v.size {
-                t.push_str(&format!(" ({})", crate::session::files::human_size(s)));
-            }
-            t.push('\n');
-        }
-        if !self.imported.is_empty() {
-            t.push_str(&format!("imported: {}\n", self.imported.join(", ")));
-        }
-        if self.omitted > 0 {
-            t.push_str(&format!("[{} more not listed]\n", self.omitted));
-        }
-        t
-    }
-}
-
 fn cut(s: &str) -> String {
     let s: String = s
         .chars()
