@@ -1,4 +1,4 @@
-//! What `run-code` returns: the structured result (its text is `crate::present`'s).
+//! What `run-code` returns: the structured result (its text: src/present/run.rs).
 
 use schemars::JsonSchema;
 use serde::Serialize;
