@@ -179,13 +179,14 @@ fn setup(tag: &str, names: &[&str], blob: usize) -> Option<(Dir, Dir, String)> {
     Some((files, Dir::new(&format!("pkgcache-{tag}")), index))
 }
 
-/// Two packages of 600 KiB each under a 1 MiB cap: the second one's installation evicts
-/// the first (used least recently, held by nothing), never the one a live session holds;
+/// Two packages of 900 KiB each under a 2 MiB cap (each weighs twice that: uv's copy in
+/// the cache and its shared layer's): the second one's installation evicts the first and
+/// its layer (used least recently, held by nothing), never what a live session holds;
 /// `/metrics` counts the hits and misses and says the cache's size, which stays under the
 /// cap; the evicted package is downloaded again when asked for again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cache_stays_under_its_cap_and_metrics_say_so() {
-    let Some((_files, cache, index)) = setup("cap", &["rbcapa", "rbcapb"], 600 << 10) else {
+    let Some((_files, cache, index)) = setup("cap", &["rbcapa", "rbcapb"], 900 << 10) else {
         return;
     };
     let s = Server::http()
@@ -194,7 +195,7 @@ async fn the_cache_stays_under_its_cap_and_metrics_say_so() {
             "--package-cache",
             &cache.s(),
             "--package-cache-mb",
-            "1",
+            "2",
             "--package-index",
             &index,
         ])
@@ -221,8 +222,8 @@ async fn the_cache_stays_under_its_cap_and_metrics_say_so() {
         "{}",
         o.text
     );
-    // The session holds rbcapb while it lives: its installation takes the cache past the
-    // cap, and rbcapa (no run holds it now) is what goes.
+    // The session holds rbcapb (and its layer) while it lives: its installation takes the
+    // cache past the cap, and rbcapa and its layer (no run holds them now) are what go.
     let o = http_call(
         c.peer(),
         "session_start",
@@ -236,7 +237,7 @@ async fn the_cache_stays_under_its_cap_and_metrics_say_so() {
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     let m = loop {
         let m = scrape(s.addr).await;
-        if metric(&m, "replbox_package_cache_evictions_total") >= 1 {
+        if metric(&m, "replbox_package_cache_evictions_total") >= 2 {
             break m;
         }
         assert!(std::time::Instant::now() < deadline, "no eviction: {m}");
@@ -244,13 +245,13 @@ async fn the_cache_stays_under_its_cap_and_metrics_say_so() {
     };
     assert_eq!(
         metric(&m, "replbox_package_cache_evictions_total"),
-        1,
+        2,
         "{m}"
     );
     assert_eq!(metric(&m, "replbox_package_cache_hits_total"), 1, "{m}");
     assert_eq!(metric(&m, "replbox_package_cache_misses_total"), 2, "{m}");
     let bytes = metric(&m, "replbox_package_cache_bytes");
-    assert!(bytes > 600 << 10 && bytes <= 1 << 20, "{bytes}: {m}");
+    assert!(bytes > 1800 << 10 && bytes <= 2 << 20, "{bytes}: {m}");
     assert!(
         m.contains("replbox_package_installs_total{source=\"index\"} 2"),
         "{m}"
@@ -264,7 +265,7 @@ async fn the_cache_stays_under_its_cap_and_metrics_say_so() {
     .await;
     assert_eq!(
         output(&o).trim(),
-        format!("rbcapb {}", 600 << 10),
+        format!("rbcapb {}", 900 << 10),
         "{}",
         o.text
     );
@@ -375,5 +376,212 @@ async fn a_warm_session_takes_cached_packages() {
     )
     .await;
     assert_eq!(output(&o).trim(), "colorsys", "{}", o.text);
+    s.stop().await;
+}
+
+/// npm packages `NAME@1.0.0` (an `index.js` exporting its name, and `blob.bin` of `blob`
+/// random bytes, which gzip cannot shrink) packed by python into `dir`; each one's
+/// registry document (its tarball at `base`).
+fn build_npm(
+    dir: &std::path::Path,
+    names: &[&str],
+    blob: usize,
+    base: &str,
+) -> Vec<(String, String)> {
+    let script = r#"
+import base64, hashlib, io, json, os, sys, tarfile
+out, blob, base = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+for name in sys.argv[4:]:
+    files = {
+        "package/package.json": json.dumps({"name": name, "version": "1.0.0", "main": "index.js"}).encode(),
+        "package/index.js": f"module.exports = {name!r};\n".encode(),
+        "package/blob.bin": os.urandom(blob),
+    }
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for p, d in files.items():
+            i = tarfile.TarInfo(p)
+            i.size = len(d)
+            i.mode = 0o644
+            t.addfile(i, io.BytesIO(d))
+    data = buf.getvalue()
+    file = f"{name}-1.0.0.tgz"
+    open(os.path.join(out, file), "wb").write(data)
+    doc = {"name": name, "dist-tags": {"latest": "1.0.0"}, "versions": {"1.0.0": {
+        "name": name, "version": "1.0.0", "main": "index.js",
+        "dist": {"tarball": f"{base}/{name}/-/{file}",
+                 "shasum": hashlib.sha1(data).hexdigest(),
+                 "integrity": "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()}}}}
+    print(name, json.dumps(doc))
+"#;
+    let mut args = vec![
+        "-c".to_string(),
+        script.to_string(),
+        dir.display().to_string(),
+        blob.to_string(),
+        base.to_string(),
+    ];
+    args.extend(names.iter().map(|n| n.to_string()));
+    let out = std::process::Command::new("python3")
+        .args(&args)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(n, d)| (n.to_string(), d.to_string()))
+        .collect()
+}
+
+/// A loopback npm registry serving the packages `build_npm` makes in `dir` (documents at
+/// `/NAME`, tarballs at `/NAME/-/FILE`), on its own thread's runtime; its base URL.
+fn serve_npm(dir: PathBuf, names: &[&str], blob: usize) -> String {
+    use axum::extract::Path as P;
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let base = format!(
+        "http://127.0.0.1:{}",
+        listener.local_addr().expect("addr").port()
+    );
+    let docs = std::sync::Arc::new(build_npm(&dir, names, blob, &base));
+    let doc = move |P(name): P<String>| {
+        let docs = docs.clone();
+        async move {
+            match docs.iter().find(|(n, _)| *n == name) {
+                Some((_, d)) => (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "application/json")],
+                    d.clone(),
+                )
+                    .into_response(),
+                None => StatusCode::NOT_FOUND.into_response(),
+            }
+        }
+    };
+    let file = move |P((_, f)): P<(String, String)>| {
+        let dir = dir.clone();
+        async move {
+            if f.contains('/') || f.starts_with('.') {
+                return StatusCode::NOT_FOUND.into_response();
+            }
+            match std::fs::read(dir.join(&f)) {
+                Ok(b) => (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "application/octet-stream")],
+                    b,
+                )
+                    .into_response(),
+                Err(_) => StatusCode::NOT_FOUND.into_response(),
+            }
+        }
+    };
+    let app = axum::Router::new()
+        .route("/{name}", axum::routing::get(doc))
+        .route("/{name}/-/{file}", axum::routing::get(file));
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(listener).expect("listener");
+            let _ = axum::serve(l, app).await;
+        });
+    });
+    base
+}
+
+/// npm's half of the cap: two packages of 600 KiB each (npm's cache keeps the tarball, as
+/// large) under a 1 MiB cap, from a loopback registry. The second one's installation (a
+/// live session holds it) evicts the first, npm's cache keys for it cleaned by npm itself;
+/// `/metrics` says so, the cache stays under the cap, and the first is downloaded again
+/// when asked for again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn npm_cache_stays_under_its_cap() {
+    if !require("javascript", "node") || !require("npm", "npm") {
+        return;
+    }
+    let files = Dir::new("npm-registry-cap");
+    let registry = serve_npm(files.0.clone(), &["rbnpma", "rbnpmb"], 600 << 10);
+    let cache = Dir::new("npmcache-cap");
+    let s = Server::http()
+        .token(TOKEN)
+        .args([
+            "--package-cache",
+            &cache.s(),
+            "--package-cache-mb",
+            "1",
+            "--npm-registry",
+            &registry,
+        ])
+        .start()
+        .await;
+    let c = s.connect(TOKEN).await;
+    let run = |pkg: &str| {
+        json!({"languageId": "javascript", "packages": [pkg],
+               "code": format!("console.log(require('{pkg}'))")})
+    };
+    let o = http_call(c.peer(), "run-code", run("rbnpma")).await;
+    assert_eq!(o.text.lines().next(), Some("rbnpma"), "{}", o.text);
+    assert_eq!(
+        o.structured["packages"]["downloaded"],
+        json!(1),
+        "{}",
+        o.text
+    );
+    let o = http_call(
+        c.peer(),
+        "session_start",
+        json!({"language": "javascript", "packages": ["rbnpmb"]}),
+    )
+    .await;
+    assert!(!o.is_error, "{}", o.text);
+    let id = o.structured["session_id"].as_str().expect("id").to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let m = loop {
+        let m = scrape(s.addr).await;
+        if metric(&m, "replbox_package_cache_evictions_total") >= 1 {
+            break m;
+        }
+        assert!(std::time::Instant::now() < deadline, "no eviction: {m}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        metric(&m, "replbox_package_cache_evictions_total"),
+        1,
+        "{m}"
+    );
+    assert_eq!(metric(&m, "replbox_package_cache_misses_total"), 2, "{m}");
+    let bytes = metric(&m, "replbox_package_cache_bytes");
+    assert!(bytes > 600 << 10 && bytes <= 1 << 20, "{bytes}: {m}");
+    // What the session holds still loads.
+    let o = http_call(
+        c.peer(),
+        "session_eval",
+        json!({"session_id": id, "code": "console.log(require('rbnpmb'))"}),
+    )
+    .await;
+    assert_eq!(output(&o).trim(), "rbnpmb", "{}", o.text);
+    // rbnpma was evicted: asked for again (within the hour, so npm is tried offline
+    // first), npm's cache no longer has it and it comes from the registry again.
+    let o = http_call(c.peer(), "run-code", run("rbnpma")).await;
+    assert_eq!(o.text.lines().next(), Some("rbnpma"), "{}", o.text);
+    let m = scrape(s.addr).await;
+    assert!(
+        m.contains("replbox_package_installs_total{source=\"index\"} 3"),
+        "{m}"
+    );
+    assert!(
+        !m.contains("replbox_package_installs_total{source=\"cache\"}"),
+        "{m}"
+    );
+    drop(files);
     s.stop().await;
 }

@@ -330,6 +330,50 @@ async fn no_packages_turns_them_off() {
     s.stop().await;
 }
 
+/// A cache path too long for the installer's proxy socket beneath it stops the server at
+/// its start, naming the flag and the limit, rather than failing every installation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_package_cache_path_too_long_for_its_socket_is_refused_at_the_start() {
+    let cache = Cache::new(&format!("long-{}", "d".repeat(80)));
+    let e = match common::Server::stdio()
+        .args(["--package-cache", cache.s()])
+        .try_start()
+        .await
+    {
+        Ok(s) => {
+            s.stop().await;
+            panic!(
+                "a server started with a {}-byte cache path",
+                cache.s().len()
+            );
+        }
+        Err(e) => e,
+    };
+    assert!(e.contains("--package-cache"), "{e}");
+    assert!(e.contains("Unix socket path limit of 107 bytes"), "{e}");
+    assert!(!cache.0.exists(), "{e}");
+    // At the limit it starts and installs (through a socket of the longest path).
+    let limit = 107 - 38 - "/egress".len();
+    let base = std::env::temp_dir().join(format!("replbox-pkg-{}-", std::process::id()));
+    let pad = limit - base.as_os_str().len();
+    let cache = Cache(PathBuf::from(format!(
+        "{}{}",
+        base.display(),
+        "e".repeat(pad)
+    )));
+    let _ = std::fs::remove_dir_all(&cache.0);
+    assert_eq!(cache.s().len(), limit);
+    let Some(s) = server(&cache, &[]).await else {
+        return;
+    };
+    let o = s
+        .call("run-code", run("import six; print('ok')", &["six"]))
+        .await;
+    assert!(!o.is_error, "{}", o.text);
+    assert!(o.text.starts_with("ok\n"), "{}", o.text);
+    s.stop().await;
+}
+
 // --- every level, as root and not -------------------------------------------------------
 
 /// Unprivileged servers (when the tests run as root) each get a uid of their own.
@@ -427,6 +471,118 @@ print("layer", os.path.dirname(six.__file__))
     )
 }
 
+/// What user code tries against the shared layer its `six` came from (and the store of
+/// them), printed `refused NAME` or `DID NAME` each.
+const SHARED_ATTACK: &str = r#"
+import os, shutil, six
+d = os.path.dirname(six.__file__)
+store = os.path.dirname(d)
+layers = os.path.dirname(store)
+print("shared", d)
+def t(name, f):
+    try:
+        f()
+        print("DID", name)
+    except OSError as e:
+        print("refused", name, type(e).__name__)
+t("write", lambda: open(os.path.join(d, "six.py"), "a").write("x"))
+t("create", lambda: open(os.path.join(d, "planted.py"), "w").write("x"))
+t("rename", lambda: os.rename(os.path.join(d, "six.py"), os.path.join(d, "six2.py")))
+t("unlink", lambda: os.unlink(os.path.join(d, "six.py")))
+t("rmtree", lambda: shutil.rmtree(d))
+t("rename-layer", lambda: os.rename(d, d + "x"))
+t("plant-layer", lambda: os.mkdir(os.path.join(store, "0" * 40)))
+t("plant-building", lambda: os.mkdir(os.path.join(layers, "building", "0" * 40)))
+t("list-store", lambda: os.listdir(store))
+t("chmod", lambda: os.chmod(os.path.join(d, "six.py"), 0o666))
+"#;
+
+/// `SHARED_ATTACK`'s output checked: nothing written, renamed, removed or planted (listing
+/// the store and chmod are refused where the level says so: see docs/security.md); the
+/// host's layer sealed and intact. The layer's path.
+fn shared_unharmed(cache: &Cache, at: &str, said: &str, root: bool, level: &str) -> String {
+    for what in [
+        "write",
+        "create",
+        "rename",
+        "unlink",
+        "rmtree",
+        "rename-layer",
+        "plant-layer",
+        "plant-building",
+    ] {
+        assert!(
+            said.contains(&format!("refused {what} ")),
+            "{at}: {what}: {said}"
+        );
+    }
+    if root {
+        // Another uid: the store is passable, not listable; the layer root's.
+        assert!(said.contains("refused list-store "), "{at}: {said}");
+    }
+    if root || level == "bwrap" {
+        assert!(said.contains("refused chmod "), "{at}: {said}");
+    }
+    let layer = said
+        .lines()
+        .find_map(|l| l.strip_prefix("shared "))
+        .unwrap_or_else(|| panic!("{at}: {said}"))
+        .trim()
+        .to_string();
+    let store = cache.0.join("layers/shared");
+    assert_eq!(
+        std::path::Path::new(&layer).parent(),
+        Some(store.as_path()),
+        "{at}: not a shared layer: {said}"
+    );
+    let keys: Vec<String> = std::fs::read_dir(&store)
+        .expect("the store")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().to_string())
+        .collect();
+    assert!(
+        !keys.iter().any(|k| k.starts_with("0000")),
+        "{at}: {keys:?}"
+    );
+    let six = std::fs::read_to_string(format!("{layer}/six.py")).expect("six.py");
+    assert!(!six.ends_with('x'), "{at}: six.py altered");
+    assert!(
+        !std::path::Path::new(&format!("{layer}/planted.py")).exists(),
+        "{at}"
+    );
+    // Sealed: nothing in it writable, set-uid or set-gid; root's when the server is. (Not
+    // root at Landlock, the session's chmod above went through: modes only, see
+    // docs/security.md.)
+    if !root && level != "bwrap" {
+        return layer;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let mut stack = vec![PathBuf::from(&layer)];
+    while let Some(p) = stack.pop() {
+        let m = std::fs::symlink_metadata(&p).expect("entry");
+        if m.file_type().is_symlink() {
+            continue;
+        }
+        assert_eq!(
+            m.mode() & 0o7222,
+            0,
+            "{at}: {} is {:o}",
+            p.display(),
+            m.mode()
+        );
+        if root {
+            assert_eq!(m.uid(), 0, "{at}: {} not root's", p.display());
+        }
+        if m.is_dir() {
+            stack.extend(
+                std::fs::read_dir(&p)
+                    .expect("dir")
+                    .map(|e| e.expect("e").path()),
+            );
+        }
+    }
+    layer
+}
+
 /// The host's cache holds nothing user code wrote (`x` files, an appended `x`).
 fn untouched(cache: &Cache, at: &str, said: &str) {
     for p in ["uv/x", "layers/x"] {
@@ -457,6 +613,8 @@ async fn packages_at(level: &'static str) {
     if we_are_root {
         setups.push(false);
     }
+    // JavaScript too, on the same servers, when node, npm and the registry are here.
+    let js = js_server_ok().is_some();
     for root in setups {
         let cache = Cache::new(&format!("{level}-{root}"));
         let copy = (!root && we_are_root).then_some(uv.as_ref()).flatten();
@@ -489,6 +647,10 @@ async fn packages_at(level: &'static str) {
             .await;
         assert!(!o.is_error, "{at}: {}", o.text);
         let a = o.s("session_id").to_string();
+        // Its six is the run's: one shared layer, sealed, that its code cannot change.
+        let o = s.eval(&a, SHARED_ATTACK).await;
+        assert!(!o.is_error, "{at}: {}", o.text);
+        let shared = shared_unharmed(&cache, &at, output(&o), root, level);
         let o = s.eval(&a, "%pip install iniconfig").await;
         assert!(!o.is_error, "{at}: {}", o.text);
         assert!(o.text.contains("iniconfig=="), "{at}: {}", o.text);
@@ -503,6 +665,7 @@ async fn packages_at(level: &'static str) {
             .find_map(|l| l.strip_prefix("layer "))
             .unwrap_or_else(|| panic!("{at}: {}", o.text))
             .to_string();
+        assert_eq!(layer, shared, "{at}: {}", o.text);
         // Another session (installing the same package) can alter neither its own packages
         // nor the first one's, nor the cache; and it is offline too.
         let b = s.start_session("python").await;
@@ -530,8 +693,78 @@ async fn packages_at(level: &'static str) {
         );
         let o = s.eval(&a, "print(six.PY3, iniconfig.__name__)").await;
         assert_eq!(output(&o).trim(), "True iniconfig", "{at}: {}", o.text);
+        if js {
+            js_packages_at(&s, &cache, &at).await;
+        }
         s.stop().await;
     }
+}
+
+/// JavaScript's half of [`packages_at`]: `packages` in run-code (whose code reaches
+/// neither the registry nor a writable cache or package), then a session with `packages`
+/// that installs more with `replbox.install` and requires both.
+async fn js_packages_at(s: &TestServer, cache: &Cache, at: &str) {
+    let probe = format!(
+        r#"
+const fs = require('fs');
+console.log('odd', require('is-odd')(3));
+for (const p of [{cache:?} + '/npm/x', {cache:?} + '/layers/x', require.resolve('is-odd')]) {{
+  try {{ fs.appendFileSync(p, 'x'); console.log('WROTE', p); }}
+  catch (e) {{ console.log('refused', e.code); }}
+}}
+fetch('https://registry.npmjs.org/is-odd', {{ signal: AbortSignal.timeout(10000) }})
+  .then(() => console.log('REACHED'), (e) => console.log('blocked', e.name));
+"#,
+        cache = cache.s()
+    );
+    let o = s.call("run-code", js_run(&probe, &["is-odd@3"])).await;
+    assert!(!o.is_error, "{at}: {}", o.text);
+    assert!(o.text.starts_with("odd true"), "{at}: {}", o.text);
+    assert!(
+        installed(&o.structured)
+            .iter()
+            .any(|p| p.starts_with("is-odd==3.")),
+        "{at}: {}",
+        o.structured
+    );
+    // What it could write is at most a private view of its own (bwrap not root): the
+    // host's cache is unchanged, and its package refused.
+    assert!(o.text.contains("refused"), "{at}: {}", o.text);
+    assert!(
+        !o.text
+            .lines()
+            .any(|l| l.starts_with("WROTE") && l.contains("is-odd")),
+        "{at}: {}",
+        o.text
+    );
+    assert!(o.text.contains("blocked"), "{at}: {}", o.text);
+    assert!(!o.text.contains("REACHED"), "{at}: {}", o.text);
+    for p in ["npm/x", "layers/x"] {
+        assert!(!cache.0.join(p).exists(), "{at}: {p} written: {}", o.text);
+    }
+    let o = s
+        .call(
+            "session_start",
+            json!({"language": "javascript", "packages": ["is-odd@3"]}),
+        )
+        .await;
+    assert!(!o.is_error, "{at}: {}", o.text);
+    assert_eq!(
+        o.structured["packages"]["downloaded"],
+        json!(0),
+        "{at}: {}",
+        o.text
+    );
+    let id = o.s("session_id").to_string();
+    let o = s
+        .eval(
+            &id,
+            "await replbox.install('is-even@1');\nconsole.log('even', require('is-even')(4), require('is-odd')(4))",
+        )
+        .await;
+    assert!(!o.is_error, "{at}: {}", o.text);
+    assert!(o.text.contains("even true false"), "{at}: {}", o.text);
+    assert!(o.text.contains("is-even==1."), "{at}: {}", o.text);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -584,7 +817,8 @@ async fn one_principal_cannot_alter_what_another_installs() {
     // B's code tries to plant a module in A's layer, alter A's six and the cache's copy.
     let attack = format!(
         r#"
-import glob, os
+import glob, os, six
+print("mine", os.path.dirname(six.__file__))
 targets = [{layer:?} + "/six.py", {layer:?} + "/sitecustomize.py"]
 targets += glob.glob({cache:?} + "/uv/**/six.py", recursive=True)
 for p in targets + [{cache:?} + "/uv/planted"]:
@@ -603,6 +837,24 @@ for p in targets + [{cache:?} + "/uv/planted"]:
     )
     .await;
     assert!(!o.is_error, "{}", o.text);
+    // The same set: one shared layer for both principals, built once.
+    assert!(
+        o.text.contains(&format!("mine {layer}\n")),
+        "not A's layer {layer}: {}",
+        o.text
+    );
+    assert_eq!(
+        std::path::Path::new(&layer).parent(),
+        Some(cache.0.join("layers/shared").as_path()),
+        "{}",
+        o.text
+    );
+    assert_eq!(
+        std::fs::read_dir(cache.0.join("layers/shared"))
+            .expect("the store")
+            .count(),
+        1
+    );
     let six = std::fs::read_to_string(format!("{layer}/six.py")).expect("A's six.py");
     assert!(!six.contains("POISONED"), "A's six altered: {}", o.text);
     assert!(

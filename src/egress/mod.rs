@@ -108,6 +108,17 @@ impl Drop for Endpoint {
     }
 }
 
+/// Longest path a Unix socket may have (`sun_path` holds 108 bytes, its terminating NUL
+/// included).
+pub const SOCKET_PATH_MAX: usize = 107;
+
+/// Bytes a socket's name in the proxy's directory adds to the directory's path
+/// (`/` + 32 hex digits + `.sock`).
+pub const SOCKET_NAME_LEN: usize = 1 + 32 + 5;
+
+/// Longest directory [`Egress::unix`] can make sockets in.
+pub const SOCKET_DIR_MAX: usize = SOCKET_PATH_MAX - SOCKET_NAME_LEN;
+
 impl Egress {
     /// The proxy for `policy`, keeping its sockets in `dir` (created, the server's own).
     pub fn new(policy: Policy, dir: &Path) -> std::io::Result<Self> {
@@ -167,6 +178,10 @@ impl Egress {
         let path = self
             .dir
             .join(format!("{}.sock", uuid::Uuid::new_v4().simple()));
+        debug_assert_eq!(
+            path.as_os_str().len(),
+            self.dir.as_os_str().len() + SOCKET_NAME_LEN
+        );
         let listener = tokio::net::UnixListener::bind(&path)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
         let secret = new_secret();

@@ -67,10 +67,10 @@ impl Child {
         self
     }
 
-    /// Give it its packages: a directory readable to it, and the variables that name it
-    /// (PYTHONPATH) set by the server.
-    pub fn with_packages(mut self, layer: Option<(PathBuf, Vec<(String, String)>)>) -> Self {
-        let Some((dir, vars)) = layer else {
+    /// Give it its packages: directories readable to it (its layer, the store of shared
+    /// layers), and the variables that name them (PYTHONPATH, NODE_PATH) set by the server.
+    pub fn with_packages(mut self, layer: Option<PackagesView>) -> Self {
+        let Some((dirs, vars)) = layer else {
             return self;
         };
         for (k, v) in vars {
@@ -81,7 +81,7 @@ impl Child {
             };
             cenv::set(&mut self.env.server, &k, v);
         }
-        self.jail.ro.push(dir);
+        self.jail.ro.extend(dirs);
         self
     }
 
@@ -105,6 +105,9 @@ impl Child {
         self
     }
 }
+
+/// The directories a program reads its packages from, and the variables naming them.
+pub type PackagesView = (Vec<PathBuf>, Vec<(String, String)>);
 
 /// Builds a [`Child`]: its home (HOME and TMPDIR, writable), the interpreter it runs, the
 /// other directories it may write or read, its CPU limit, and the two environment layers.

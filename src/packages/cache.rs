@@ -44,6 +44,11 @@ fn key(eco: Eco, name: &str) -> String {
     }
 }
 
+/// A shared layer's key in the record (see `shared`).
+pub(super) fn layer_key(key: &str) -> String {
+    format!("layer:{key}")
+}
+
 fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -68,6 +73,17 @@ impl Book {
                 *e.held.entry(k.clone()).or_default() += 1;
                 held.push(k);
             }
+        }
+    }
+
+    /// `k` (a shared layer) was taken by a layer (whose holdings are `held`): used now, and
+    /// held until that layer goes.
+    pub(super) fn hold(&self, k: &str, held: &mut Vec<String>) {
+        let mut e = self.lock();
+        e.last.insert(k.to_string(), now());
+        if !held.iter().any(|h| h == k) {
+            *e.held.entry(k.to_string()).or_default() += 1;
+            held.push(k.to_string());
         }
     }
 
@@ -127,7 +143,8 @@ impl Book {
             Ok(map) => {
                 let mut e = self.lock();
                 for (k, t) in map {
-                    if k.starts_with("python:") || k.starts_with("npm:") {
+                    if k.starts_with("python:") || k.starts_with("npm:") || k.starts_with("layer:")
+                    {
                         e.last.entry(k).or_insert(t);
                     }
                 }
@@ -202,9 +219,11 @@ impl Packages {
         let _alone = self.upkeep.gate.write().await;
         let found = {
             let root = self.root.clone();
-            tokio::task::spawn_blocking(move || recorded_nowhere(&root))
+            let mut found = tokio::task::spawn_blocking(move || recorded_nowhere(&root))
                 .await
-                .unwrap_or_default()
+                .unwrap_or_default();
+            found.extend(self.store.keys().iter().map(|k| layer_key(k)));
+            found
         };
         let mut tried: HashSet<String> = HashSet::new();
         while size > cap {
@@ -236,7 +255,11 @@ impl Packages {
 
     /// The cache's size now (the gauge set to it).
     async fn measure(&self) -> u64 {
-        let dirs = [self.root.join("uv"), self.root.join("npm")];
+        let dirs = [
+            self.root.join("uv"),
+            self.root.join("npm"),
+            self.store.dir.clone(),
+        ];
         let size = tokio::task::spawn_blocking(move || {
             let mut seen = HashSet::new();
             dirs.iter().map(|d| tree_bytes(d, &mut seen)).sum::<u64>()
@@ -275,6 +298,13 @@ impl Packages {
     /// own command; whether that ran.
     async fn evict(&self, key: &str) -> bool {
         let never = CancellationToken::new();
+        if let Some(k) = key.strip_prefix("layer:") {
+            // The server's own: out of the store at once (renamed), then removed.
+            let (store, k) = (self.store.dir.clone(), k.to_string());
+            return tokio::task::spawn_blocking(move || super::shared::remove(&store, &k))
+                .await
+                .unwrap_or(false);
+        }
         if let Some(name) = key.strip_prefix("python:") {
             // The program found at the first installation (none yet: nothing of it to evict
             // but what an earlier server left, which waits for one).

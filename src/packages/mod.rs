@@ -12,6 +12,9 @@
 //!   layers/ID/     installer 0755: one run's packages (`--target`, on its PYTHONPATH; for
 //!                  npm `--prefix`, its node_modules/ on NODE_PATH), read-only to it,
 //!                  removed after it
+//!   layers/shared/ the server's, 0711: sealed layers of resolved Python sets (`shared`)
+//!   layers/building/  the server's, 0711: layers being built (installer 0755 each)
+//!   shared.key     the server's, 0600: the secret the shared layers' keys are made with
 //!   tmp/ID/        installer 0700: one installation's home, removed after it
 //!   egress/        the installer's proxy sockets
 //!   usage.json     the server's: when each package was last installed (for eviction)
@@ -23,12 +26,14 @@
 //! An installation may write the cache and its own layer, nothing else: never another
 //! run's or session's layer (separate mounts at bwrap, so uv copies out of its cache
 //! there; separate rules at Landlock). A layer is read by its run or session only, through
-//! a read-only view of that one directory.
+//! a read-only view of that one directory; a shared layer, sealed, by every run or session
+//! that asks for its set.
 
 mod cache;
 mod flags;
 mod install;
 mod npm;
+mod shared;
 mod spec;
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -173,6 +178,8 @@ pub struct Packages {
     metrics: crate::metrics::PackageMetrics,
     /// The cache's size, cap and record of use (see `cache`).
     upkeep: cache::Upkeep,
+    /// The shared, sealed layers of resolved sets (see `shared`).
+    store: shared::Store,
 }
 
 /// One run's or session's packages: a directory on its PYTHONPATH (npm's: its
@@ -183,9 +190,15 @@ pub struct Layer {
     pub dir: PathBuf,
     pub eco: Eco,
     remove: bool,
-    /// The packages installed into it, which eviction leaves in the cache while it lives.
+    /// The packages installed into it, which eviction leaves in the cache while it lives
+    /// (and the shared layer it uses, `layer:KEY`, which eviction leaves in the store).
     held: std::sync::Mutex<Vec<String>>,
     book: Option<Arc<cache::Book>>,
+    /// The store of shared layers, read-only to the layer's program from its start (a warm
+    /// session takes one later, by its path); None for npm.
+    store: Option<PathBuf>,
+    /// The shared layer (sealed, in the store) on its search path after `dir`.
+    shared: std::sync::Mutex<Option<PathBuf>>,
 }
 
 impl Drop for Layer {
@@ -218,18 +231,35 @@ pub struct SessionPackages {
 }
 
 impl Layer {
-    /// What a child is given to import its packages: the directory, readable, and the
-    /// variables naming it.
-    pub fn view(&self) -> (PathBuf, Vec<(String, String)>) {
+    /// What a child is given to import its packages: the directories it reads (its own
+    /// layer, and the store of shared layers), and the variables naming them (its own
+    /// first, so that what `%pip` puts there wins).
+    pub fn view(&self) -> (Vec<PathBuf>, Vec<(String, String)>) {
+        let mut dirs = vec![self.dir.clone()];
+        dirs.extend(self.store.clone());
         let var = match self.eco {
-            Eco::Python => ("PYTHONPATH".into(), self.dir.display().to_string()),
+            Eco::Python => {
+                let mut path = self.dir.display().to_string();
+                if let Some(s) = self.shared_dir() {
+                    path = format!("{path}:{}", s.display());
+                }
+                ("PYTHONPATH".into(), path)
+            }
             // node looks in it at every require: what is installed later is found at once.
             Eco::Npm => (
                 "NODE_PATH".into(),
                 self.dir.join("node_modules").display().to_string(),
             ),
         };
-        (self.dir.clone(), vec![var])
+        (dirs, vec![var])
+    }
+
+    /// The shared layer it uses, if any.
+    pub fn shared_dir(&self) -> Option<PathBuf> {
+        self.shared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -249,6 +279,26 @@ impl Packages {
         let index = flags.python_index().map_err(|e| anyhow::anyhow!(e))?;
         let registry = flags.npm_registry().map_err(|e| anyhow::anyhow!(e))?;
         let root = flags.package_cache.clone().unwrap_or_else(default_cache);
+        // The installer's proxy socket lies beneath it (`egress/NAME.sock`): a path the
+        // kernel cannot bind would fail every installation, so say so now.
+        let egress_dir = root.join("egress");
+        if egress_dir.as_os_str().len() > crate::egress::SOCKET_DIR_MAX {
+            let why = format!(
+                "the package cache {} is too long a path ({} bytes): the installer's proxy \
+                 socket beneath it (DIR/egress/NAME.sock) must fit the Unix socket path \
+                 limit of {} bytes, so the cache's path may have at most {} bytes; name a \
+                 shorter one with --package-cache DIR",
+                root.display(),
+                root.as_os_str().len(),
+                crate::egress::SOCKET_PATH_MAX,
+                crate::egress::SOCKET_DIR_MAX - "/egress".len(),
+            );
+            if flags.package_cache.is_some() {
+                anyhow::bail!(why);
+            }
+            tracing::warn!("packages on demand are off: {why}");
+            return Ok(None);
+        }
         let installer = sandbox
             .root
             .then(|| flags.installer_uid.unwrap_or(uid_base.saturating_sub(1)));
@@ -289,7 +339,7 @@ impl Packages {
             }
         }
         let policy = Policy::new(false, &[], &hosts, &[]).map_err(|e| anyhow::anyhow!(e))?;
-        let egress = Egress::new(policy, &root.join("egress"))
+        let egress = Egress::new(policy, &egress_dir)
             .map_err(|e| anyhow::anyhow!("cannot set up the installer's proxy: {e}"))?;
         // The operator's --uv must be a program: a typo stops the server at once.
         if let Some(f) = &flags.uv {
@@ -303,6 +353,8 @@ impl Packages {
             anyhow::bail!("--npm {}: not npm's npm-cli.js", f.display());
         }
         let upkeep = cache::Upkeep::new(&root, flags.package_cache_mb);
+        let store = shared::Store::new(&root.join("layers"), &root.join("shared.key"))
+            .map_err(|e| err("shared layers", e))?;
         Ok(Some(Arc::new(Self {
             sandbox,
             egress,
@@ -317,6 +369,7 @@ impl Packages {
             resolved: Resolved::default(),
             metrics,
             upkeep,
+            store,
             timeout: flags
                 .package_timeout_s
                 .map(|s| Duration::from_secs(s.max(1)))
@@ -374,7 +427,125 @@ impl Packages {
             remove,
             held: std::sync::Mutex::default(),
             book: Some(self.upkeep.book.clone()),
+            store: (eco == Eco::Python).then(|| self.store.dir.clone()),
+            shared: std::sync::Mutex::default(),
         })
+    }
+
+    /// Install a run's or session's `packages` (checked here) into its `layer` before its
+    /// program starts (or into a warm session that has run nothing of its caller's): for
+    /// Python, a set whose exact pins are known (resolved lately, or exact pins themselves)
+    /// is taken from the store of shared layers, read-only, without running the installer;
+    /// one not there yet is built there (see `shared`) and taken. Otherwise (npm, a layer
+    /// that holds packages already) as [`install`](Self::install).
+    pub async fn provide(
+        self: &Arc<Self>,
+        exe: &Path,
+        specs: &[String],
+        layer: &Layer,
+        principal: &str,
+        cancel: &CancellationToken,
+    ) -> Result<Installed, PackageError> {
+        if layer.eco != Eco::Python
+            || layer.store.is_none()
+            || layer.shared_dir().is_some()
+            || !layer_is_empty(&layer.dir)
+        {
+            return self.install(exe, specs, layer, principal, cancel).await;
+        }
+        let started = Instant::now();
+        let checked = spec::check(layer.eco, specs).map_err(PackageError::Refused)?;
+        if checked.is_empty() {
+            return self.install(exe, specs, layer, principal, cancel).await;
+        }
+        let Some(tag) = self.store.tag(exe).await else {
+            return self.install(exe, specs, layer, principal, cancel).await;
+        };
+        let texts: Vec<String> = checked.iter().map(|s| s.text.clone()).collect();
+        let gate = self.upkeep.gate.read().await;
+        // Known pins, and their layer in the store: nothing to run.
+        if let Some(pins) = self
+            .resolved
+            .get(&resolved_key(exe, &self.index.url, &texts))
+        {
+            let key = self.store.key(&pins, &self.index.url, &tag);
+            if self.store.path(&key).is_dir() {
+                let out = Installed {
+                    installed: pins
+                        .iter()
+                        .filter_map(|p| p.split_once("=="))
+                        .map(|(n, v)| Package {
+                            name: n.to_string(),
+                            version: v.to_string(),
+                        })
+                        .collect(),
+                    downloaded: 0,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    pins,
+                };
+                self.attach(layer, &key, &out);
+                self.metrics.offline(out.installed.len());
+                return Ok(out);
+            }
+        }
+        // Build it: the installer fills a directory of its own in `building/` (offline
+        // from the pins when known), the server seals it and puts it in the store.
+        let build = Layer {
+            dir: self
+                .store
+                .building
+                .join(uuid::Uuid::new_v4().simple().to_string()),
+            eco: layer.eco,
+            remove: false,
+            held: std::sync::Mutex::default(),
+            book: None,
+            store: None,
+            shared: std::sync::Mutex::default(),
+        };
+        own_dir(&build.dir, 0o755, self.installer)
+            .map_err(|e| PackageError::Failed(format!("cannot make a package layer: {e}")))?;
+        let r = self
+            .install_python(exe, &checked, &build, (principal, cancel), started)
+            .await;
+        let dir = build.dir.clone();
+        let r = match r {
+            Ok(out) => {
+                let key = self.store.key(&out.pins, &self.index.url, &tag);
+                let (store, built, k) = (self.store.dir.clone(), dir.clone(), key.clone());
+                let put = tokio::task::spawn_blocking(move || shared::publish(&store, &built, &k))
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+                match put {
+                    Ok(_) => {
+                        self.attach(layer, &key, &out);
+                        Ok(out)
+                    }
+                    Err(e) => Err(PackageError::Failed(format!(
+                        "packages: cannot put the installed packages in place: {e}"
+                    ))),
+                }
+            }
+            Err(e) => {
+                let _ = tokio::task::spawn_blocking(move || shared::remove_sealed(&dir)).await;
+                Err(e)
+            }
+        };
+        drop(gate);
+        if r.is_ok() {
+            // The store grew (and the cache, when it downloaded): measured, kept in the cap.
+            self.upkeep_in_background();
+        }
+        r
+    }
+
+    /// `layer` takes the shared layer `key` (which holds `out`'s packages): on its search
+    /// path, and held (with its packages) while it lives. Called with the gate shared, so
+    /// that no eviction runs between finding the layer and holding it.
+    fn attach(&self, layer: &Layer, key: &str, out: &Installed) {
+        *layer.shared.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.store.path(key));
+        let mut held = layer.held.lock().unwrap_or_else(|e| e.into_inner());
+        self.upkeep.book.used(layer.eco, &out.installed, &mut held);
+        self.upkeep.book.hold(&cache::layer_key(key), &mut held);
     }
 
     /// Install `specs` (checked here) into `layer` for the interpreter `exe` (python, or
@@ -443,6 +614,7 @@ impl Packages {
         // in the cache, pruned since) falls through to the index.
         let fresh = layer_is_empty(&layer.dir);
         let pins = fresh.then(|| self.resolved.get(&key)).flatten();
+        let known = pins.is_some();
         let offline: Option<(Vec<&str>, Vec<String>)> = match pins {
             Some(pins) => Some((vec!["--offline", "--no-deps"], pins)),
             None if specs.iter().all(spec::Spec::is_exact_pin) => {
@@ -458,6 +630,10 @@ impl Packages {
                 let mut out = parse_uv(&done.stderr);
                 out.duration_ms = started.elapsed().as_millis() as u64;
                 self.metrics.offline(out.installed.len());
+                // Exact pins resolved from the cache: what a repeat gets too.
+                if fresh && !known && !out.installed.is_empty() {
+                    self.resolved.put(key, out.pins.clone());
+                }
                 return Ok(out);
             }
             if done.stopped.is_some() && cancel.is_cancelled() {
@@ -535,6 +711,11 @@ impl Packages {
             layer.dir.display().to_string(),
         ]
         .into();
+        if layer.dir.starts_with(&self.store.building) {
+            // A shared layer is sealed (its files made root's) once built: copies, never
+            // hard links to the cache's files, which would be sealed with it.
+            argv.extend(["--link-mode".into(), "copy".into()]);
+        }
         argv.extend(flags.iter().map(|f| f.to_string()));
         argv.push("--".into());
         argv.extend(reqs.iter().cloned());
@@ -583,10 +764,11 @@ pub fn warm_check(layer: &Layer) -> Option<String> {
     if layer.eco != Eco::Python {
         return None;
     }
-    let mut names: Vec<String> = std::fs::read_dir(&layer.dir)
+    let shared = layer.shared_dir();
+    let mut names: Vec<String> = [Some(layer.dir.clone()), shared.clone()]
         .into_iter()
         .flatten()
-        .flatten()
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
         .filter_map(|e| {
             let n = e.file_name().to_str()?.to_string();
             let stem = n.split('.').next()?.to_string();
@@ -602,9 +784,25 @@ pub fn warm_check(layer: &Layer) -> Option<String> {
     names.sort();
     names.dedup();
     let list = serde_json::to_string(&names).ok()?;
+    // The shared layer goes on sys.path right after the session's own (as PYTHONPATH
+    // would have put it at a cold start): the store is visible to the session from its
+    // start, the layer's path is known to it only now.
+    let add = match &shared {
+        Some(sh) => {
+            let (own, sh) = (
+                serde_json::to_string(&layer.dir.display().to_string()).ok()?,
+                serde_json::to_string(&sh.display().to_string()).ok()?,
+            );
+            format!(
+                "s.path.insert(s.path.index({own}) + 1 if {own} in s.path else 0, {sh}) \
+                 if {sh} not in s.path else None, "
+            )
+        }
+        None => String::new(),
+    };
     // One expression that leaves no name behind and whose value (None) is not shown.
     Some(format!(
-        "(lambda i, s: [i.invalidate_caches(), print({WARM_CLEAR:?} if not \
+        "(lambda i, s: [{add}i.invalidate_caches(), print({WARM_CLEAR:?} if not \
          [n for n in {list} if n in s.modules] else 'replbox-layer-shadowed')] and None)\
          (__import__('importlib'), __import__('sys'))"
     ))

@@ -93,6 +93,7 @@ impl Packages {
             )));
         }
         let mut out = parse_npm(&done.stdout, &done.stderr, layer, specs);
+        tracing::debug!(stderr = %done.stderr, downloaded = out.downloaded, "packages: npm installed");
         out.duration_ms = started.elapsed().as_millis() as u64;
         self.metrics.online(out.installed.len(), out.downloaded);
         self.resolved.put(key, out.pins.clone());
@@ -358,6 +359,8 @@ mod tests {
             remove: false,
             held: std::sync::Mutex::default(),
             book: None,
+            store: None,
+            shared: std::sync::Mutex::default(),
         };
         let specs = super::super::spec::check(super::super::Eco::Npm, &["is-odd@3".into()])
             .expect("a specifier");

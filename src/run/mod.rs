@@ -329,7 +329,7 @@ impl Runner {
         })?;
         let layer = pk.layer(eco, None)?;
         let installed = pk
-            .install(&place.exe, &req.packages, &layer, &req.principal, cancel)
+            .provide(&place.exe, &req.packages, &layer, &req.principal, cancel)
             .await?;
         Ok(Some((layer, installed)))
     }

@@ -553,7 +553,7 @@ have put it there; this session runs the server's Python. Pass venv to use it an
             ));
         };
         let cancel = tokio_util::sync::CancellationToken::new();
-        pk.install(&sp.exe, packages, &sp.layer, &caller.principal, &cancel)
+        pk.provide(&sp.exe, packages, &sp.layer, &caller.principal, &cancel)
             .await
             .map_err(|e| e.into_tool())
     }

@@ -263,7 +263,7 @@ impl WarmSessions {
         let never = tokio_util::sync::CancellationToken::new();
         let installed = sp
             .service
-            .install(&sp.exe, packages, &sp.layer, principal, &never)
+            .provide(&sp.exe, packages, &sp.layer, principal, &never)
             .await
             .map_err(crate::packages::PackageError::into_tool)?;
         if let Some(code) = crate::packages::warm_check(&sp.layer) {
