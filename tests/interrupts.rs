@@ -232,3 +232,74 @@ per_row!(
         s.stop().await;
     }
 );
+
+/// Ruby: an interrupt that lands inside rubygems' `require` (a value's `inspect` that
+/// requires, as `pp` does on every call) is taken once rubygems' bookkeeping is done, so
+/// rubygems never sees its lock left held: no dump of rubygems' own check, no error, and
+/// `require` still works afterwards from another thread (a lock left held by the main
+/// thread would hang it). Forced: one cell takes 60 interrupts, each at a random moment of
+/// a loop of `require`s (without the hold, a few percent of them land in rubygems' own
+/// code). The user's slow `inspect` is still interrupted by a deadline, and an interrupt
+/// the cell catches starts at the cell's frame, not the bootstrap's.
+#[tokio::test]
+async fn a_ruby_interrupt_inside_require_is_taken_after_it() {
+    if !require_language("ruby") {
+        return;
+    }
+    let s = Server::stdio().start().await;
+    let id = s.start_session("ruby").await;
+    let o = s
+        .eval(
+            &id,
+            "bad = []\n\
+             Thread.handle_interrupt(Interrupt => :never) do\n\
+             \x20 60.times do\n\
+             \x20   kid = fork { sleep 0.005 + rand * 0.015; Process.kill('INT', Process.ppid); exit! }\n\
+             \x20   begin\n\
+             \x20     Thread.handle_interrupt(Interrupt => :immediate) { loop { require 'io/console'; require 'set' } }\n\
+             \x20   rescue Interrupt\n\
+             \x20   rescue Exception => e\n\
+             \x20     bad << e.class\n\
+             \x20   end\n\
+             \x20   Process.wait(kid)\n\
+             \x20 end\n\
+             end\n\
+             t = Thread.new { require 'json'; :free }\n\
+             [bad, t.join(20) ? t.value : :held]",
+        )
+        .await;
+    assert_eq!(
+        (status(&o), output(&o)),
+        ("ok", "=> [[], :free]\n"),
+        "every interrupt is the cell's, rubygems' lock is free: {}",
+        o.text
+    );
+    let o = s
+        .eval(
+            &id,
+            "class Slow\n  def inspect\n    loop { require 'io/console' }\n  end\nend\nnil",
+        )
+        .await;
+    assert_eq!(status(&o), "ok", "{}", o.text);
+    let o = s.eval_t(&id, "Slow.new", 300).await;
+    assert_eq!(
+        (status(&o), output(&o)),
+        ("timeout", "Interrupt\n"),
+        "the slow inspect is interrupted, nothing else shows: {}",
+        o.text
+    );
+    assert_eq!(o.structured.get("restarted"), None, "{}", o.text);
+    let o = s
+        .eval_t(
+            &id,
+            "begin\n  sleep 60\nrescue Interrupt => e\n  puts e.backtrace.first\nend",
+            300,
+        )
+        .await;
+    assert!(
+        status(&o) == "ok" && output(&o).starts_with("<cell "),
+        "{}",
+        o.text
+    );
+    s.stop().await;
+}

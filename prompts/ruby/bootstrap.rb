@@ -72,6 +72,39 @@ to_ours = lambda do |ctx|
   ctx.instance_variable_set(:@prompt_i, marker)
   %i[@prompt_s @prompt_c @prompt_n].each { |iv| ctx.instance_variable_set(iv, cont) }
 end
+# Rubygems' `require` takes any exception raised in its own code (finding the file, its
+# lock) for a lock left held: it dumps its state, raises, and may keep the lock. An
+# interrupt that comes there is held until that `require` returns (a file it loads is the
+# code's own and is interrupted at once). The interrupt carries the code's frames, not ours.
+gems_req = Kernel.instance_method(:require)
+gems_file = gems_req.source_location&.first
+gems_dir = gems_file && File.dirname(gems_file.delete_prefix("<internal:").delete_suffix(">"), 2)
+gems_depth = lambda do |locs|
+  locs.count { |l| l.path == gems_file && l.label == "require" }
+end
+# How many of rubygems' `require` frames are on the stack when `locs` are inside one's own
+# code (nothing but rubygems and ruby's internals above it), else nil.
+in_gems = lambda do |locs|
+  locs.each do |l|
+    path = l.path.to_s
+    return gems_depth.(locs) if path == gems_file && l.label == "require"
+    return nil unless path.start_with?("<internal:") || path.start_with?(gems_dir)
+  end
+  nil
+end
+held = []
+held_bt = []
+deliver = TracePoint.new(:return) do |tp|
+  d = held[0]
+  next unless d && Thread.current.equal?(Thread.main) && gems_depth.(caller_locations) <= d
+  held.clear
+  tp.disable
+  Thread.main.raise(Interrupt, "Interrupt", held_bt[0] || [])
+end
+unheld = lambda do
+  held.clear
+  deliver.disable if deliver.enabled?
+end
 # Ctrl-C raises Interrupt in the cell, as in a Ruby program (irb's own handler raises
 # IRB::Abort, which `rescue Interrupt` does not catch); a trap the code sets is kept.
 # The interrupt goes through the main thread's queue of asynchronous exceptions (ruby's
@@ -80,7 +113,24 @@ end
 # nothing (irb's handler would drop the line it is reading: the next cell's).
 irb_int = nil
 quiet = proc {}
-to_code = proc { Thread.main.raise(Interrupt) }
+# A second Ctrl-C that comes while the first is being taken adds nothing.
+taking = []
+to_code = proc do
+  next if taking[0]
+  taking[0] = true
+  begin
+    d = gems_dir && in_gems.(caller_locations)
+    if d
+      held[0] = d
+      held_bt[0] = caller
+      deliver.enable(target: gems_req) unless deliver.enabled?
+    else
+      Thread.main.raise(Interrupt, "Interrupt", caller)
+    end
+  ensure
+    taking.clear
+  end
+end
 int_to_user = lambda do
   prev = trap("INT", to_code)
   irb_int ||= prev
@@ -136,6 +186,7 @@ end
 Object.send(:define_method, :__rbx_eval) do |n|
   Thread.handle_interrupt(Interrupt => :never, IRB::Abort => :never) do
     ctx = IRB.CurrentContext
+    unheld.()
     to_user.(ctx)
     int_to_user.()
     tell.("\e_rbx;#{nc};s;#{n}\e\\")
@@ -173,6 +224,7 @@ Object.send(:define_method, :__rbx_eval) do |n|
         exit!(status == "ok" ? 0 : 1)
       end
       int_to_irb.()
+      unheld.()
       to_ours.(ctx)
       late.()
       emit.(n, status, err, discard_unread.(n)) unless exiting
