@@ -1092,3 +1092,162 @@ async fn a_data_frame_is_summarised_with_shape_dtypes_and_size() {
     assert!(!list.iter().any(|v| v["name"] == "pd" || v["name"] == "np"));
     s.stop().await;
 }
+
+/// An answer that tries, in every language's way, to become code of the exported script:
+/// quotes of each kind, a triple quote, a backslash-n, `$(…)`, backquotes, `#{…}`, R's and
+/// Python's closing of a call, a `%` format, R's `\U{…}`; none of it may run (each would
+/// create a file). NULs, which a terminal does not pass as typed, are the unit tests'.
+const HOSTILE: &str = "a\"b'c\"\"\"d\\ne$(touch pwned1)`touch pwned2`#{`touch pwned3`}\
+\\\"); system('touch pwned4'); (\"%s'); require('fs').writeFileSync('pwned5', ''); ('\\U{0}";
+
+/// (language, the program that runs its exported script, cells each with the answers typed
+/// into it and its status, what the script prints, stdout and stderr together, with `{A}`
+/// for [`HOSTILE`])
+type Rerun = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static [&'static str], &'static str)],
+    &'static str,
+);
+
+const RERUN: &[Rerun] = &[
+    (
+        "ruby",
+        "ruby",
+        &[
+            (
+                "print 'Name? '\nname = gets.chomp\nputs \"hello #{name}\"",
+                &[HOSTILE],
+                "ok",
+            ),
+            (
+                "2.times { print '> '; p STDIN.gets }",
+                &["x  y", "two"],
+                "ok",
+            ),
+            ("raise 'boom'", &[], "error"),
+            ("puts $stdin.gets.inspect", &[""], "ok"),
+        ],
+        "Name? hello {A}\n> \"x  y\\n\"\n> \"two\\n\"\n\"\\n\"\n",
+    ),
+    (
+        "shellscript",
+        "bash",
+        &[
+            (
+                "read -r -p 'Name? ' name\necho \"hello $name\"",
+                &[HOSTILE],
+                "ok",
+            ),
+            (
+                "for i in 1 2; do read -r -p '> ' l; printf '%q\\n' \"$l\"; done",
+                &["x  y", "two"],
+                "ok",
+            ),
+            ("false", &[], "error"),
+            ("mapfile -t -n 2 rest; declare -p rest", &["", "last"], "ok"),
+        ],
+        "Name? hello {A}\n> x\\ \\ y\n> two\ndeclare -a rest=([0]=\"\" [1]=\"last\")\n",
+    ),
+    (
+        "r",
+        "Rscript",
+        &[
+            (
+                "name <- readline('Name? ')\ncat('hello ', name, '\\n', sep = '')",
+                &[HOSTILE],
+                "ok",
+            ),
+            (
+                "x <- scan(n = 3, quiet = TRUE)\nprint(sum(x))",
+                &["1 2", "3"],
+                "ok",
+            ),
+            ("m <- menu(c('tea', 'coffee'))\nprint(m)", &["coffee"], "ok"),
+            ("stop('boom')", &[], "error"),
+            ("print(readLines('stdin', n = 1))", &["two"], "ok"),
+        ],
+        "Name? hello {A}\n[1] 6\n\n1: tea\n2: coffee\n\nSelection: [1] 2\n[1] \"two\"\n",
+    ),
+    (
+        "javascript",
+        "node",
+        &[
+            (
+                "const rl = require('readline').createInterface({input: process.stdin, output: process.stdout})\n\
+                 const name = await new Promise(r => rl.question('Name? ', r))\nrl.close()\n\
+                 console.log('hello ' + name)",
+                &[HOSTILE],
+                "ok",
+            ),
+            (
+                "const rl2 = require('readline').createInterface({input: process.stdin, output: process.stdout})\n\
+                 for (const q of ['> ', '> ']) console.log(JSON.stringify(await new Promise(r => rl2.question(q, r))))\n\
+                 rl2.close()",
+                &["x  y", "two"],
+                "ok",
+            ),
+            ("null.x", &[], "error"),
+        ],
+        "Name? hello {A}\n> \"x  y\"\n> \"two\"\n",
+    ),
+];
+
+per_row!(
+    /// A session whose cells read answers (`session_input`) exports a script that runs
+    /// again without a terminal and prints what the cells printed: the answers are carried
+    /// into the script's setup as data (an answer written to break out of its literal stays
+    /// text: no file appears), one after another in the order they were typed, a failed
+    /// cell's answers not among them.
+    exports_run_again_with_their_answers,
+    RERUN,
+    [ruby, shellscript, r, javascript],
+    |&(lang, program, cells, printed)| {
+        let s = Server::stdio().start().await;
+        let id = s.start_session(lang).await;
+        for (code, answers, want) in cells {
+            let mut o = s.eval(&id, code).await;
+            for a in *answers {
+                assert_eq!(status(&o), "awaiting_input", "{lang}: {code}: {}", o.text);
+                o = s
+                    .call("session_input", json!({"session_id": id, "text": a}))
+                    .await;
+            }
+            assert_eq!(status(&o), *want, "{lang}: {code}: {}", o.text);
+        }
+        let (o, _, _, script) = embedded(
+            &s,
+            "session_export",
+            json!({"session_id": id, "format": "script"}),
+        )
+        .await;
+        assert!(!o.is_error, "{lang}: {}", o.text);
+        s.stop().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("export");
+        std::fs::write(&file, &script).expect("write the script");
+        let out = std::fs::File::create(dir.path().join("out")).expect("out");
+        let status = std::process::Command::new(program)
+            .arg(&file)
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("dup"))
+            .stderr(out)
+            .status()
+            .expect("run the script");
+        let out = std::fs::read_to_string(dir.path().join("out")).expect("its output");
+        let pwned: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("pwned"))
+            .collect();
+        assert!(pwned.is_empty(), "{lang}: an answer ran as code: {pwned:?}\n{script}");
+        let want = printed.replace("{A}", HOSTILE);
+        assert!(
+            status.success() && out == want,
+            "{lang}: the script runs again differently ({status}):\n{out:?}\nwanted\n{want:?}\n\
+             script:\n{script}"
+        );
+    }
+);

@@ -2,8 +2,9 @@
 //! (`lang::protocol::Format::quote`): directory names and the nonce, never spliced as code.
 //!
 //! Properties: no literal spans lines; each one reads back as the original text (JSON and
-//! Ruby through a JSON parser, Shell and Haskell through decoders of their escapes); a Ruby
-//! literal holds no `#` (no interpolation); a Haskell literal is ASCII.
+//! Ruby through a JSON parser, Shell, Haskell and R through decoders of their escapes; Shell
+//! and R without NULs, which their strings cannot hold); a Ruby literal holds no `#` (no
+//! interpolation); Haskell and R literals are ASCII.
 
 use replbox::fuzzing::Format;
 
@@ -65,6 +66,32 @@ fn unhaskell(q: &str) -> Option<String> {
     Some(out)
 }
 
+/// An R string literal as `Format::R` writes it: `\"`, `\\` and `\U{hex}`.
+fn unr(q: &str) -> Option<String> {
+    let inner = q.strip_prefix('"')?.strip_suffix('"')?;
+    let mut out = String::new();
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next()? {
+                '"' => out.push('"'),
+                '\\' => out.push('\\'),
+                'U' => {
+                    if chars.next()? != '{' {
+                        return None;
+                    }
+                    let hex: String = chars.by_ref().take_while(|c| *c != '}').collect();
+                    out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
+                }
+                _ => return None,
+            },
+            '"' => return None,
+            c => out.push(c),
+        }
+    }
+    Some(out)
+}
+
 /// Check one input (libFuzzer's, or a corpus file's).
 pub fn run(data: &[u8]) {
     let Ok(s) = std::str::from_utf8(data) else {
@@ -77,9 +104,15 @@ pub fn run(data: &[u8]) {
             Format::Json | Format::Ruby => serde_json::from_str::<String>(&q).ok(),
             Format::Shell => unshell(&q),
             Format::Haskell => unhaskell(&q),
+            Format::R => unr(&q),
         };
-        assert_eq!(back.as_deref(), Some(s), "{name}: {q:?}");
+        let want = match f {
+            Format::Shell | Format::R => s.replace('\0', ""),
+            _ => s.to_string(),
+        };
+        assert_eq!(back.as_deref(), Some(want.as_str()), "{name}: {q:?}");
     }
     assert!(!Format::Ruby.quote(s).contains('#'));
     assert!(Format::Haskell.quote(s).is_ascii());
+    assert!(Format::R.quote(s).is_ascii());
 }

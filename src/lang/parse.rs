@@ -67,6 +67,8 @@ pub fn parse_spec(origin: &str, text: &str, folder: Folder<'_>) -> anyhow::Resul
     }
     if let Some(s) = spec.notebook.as_mut().and_then(|n| n.setup.as_mut()) {
         load("notebook.setup", s)?;
+        protocol::check_source(&s.text, protocol::SETUP_VARS)
+            .map_err(|e| bad("notebook.setup", &e))?;
     }
     check_names(&spec, &bad)?;
     if let Some(p) = &spec.run.pool {

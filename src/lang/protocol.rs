@@ -32,16 +32,21 @@ pub enum Format {
     Ruby,
     /// A Haskell string (ASCII only; other characters as numeric escapes).
     Haskell,
-    /// A Bash `$'…'` string (one line whatever the value holds).
+    /// A Bash `$'…'` string (one line whatever the value holds; a NUL, which no Bash
+    /// string can hold, is left out).
     Shell,
+    /// An R string: ASCII, every other character as a `\U{…}` escape, so the source reads
+    /// the same in any locale; a NUL, which no R string can hold, is left out.
+    R,
 }
 
 impl Format {
-    pub const NAMES: [(&'static str, Format); 4] = [
+    pub const NAMES: [(&'static str, Format); 5] = [
         ("json", Format::Json),
         ("ruby", Format::Ruby),
         ("haskell", Format::Haskell),
         ("shell", Format::Shell),
+        ("r", Format::R),
     ];
 
     pub fn parse(name: &str) -> Option<Self> {
@@ -84,6 +89,7 @@ impl Format {
                     match c {
                         '\\' => out.push_str("\\\\"),
                         '\'' => out.push_str("\\'"),
+                        '\0' => {}
                         c if (c as u32) < 0x20 || c == '\u{7f}' => {
                             let _ = write!(out, "\\{:03o}", c as u32);
                         }
@@ -91,6 +97,23 @@ impl Format {
                     }
                 }
                 out.push('\'');
+                out
+            }
+            Format::R => {
+                let mut out = String::with_capacity(s.len() + 2);
+                out.push('"');
+                for c in s.chars() {
+                    match c {
+                        '"' => out.push_str("\\\""),
+                        '\\' => out.push_str("\\\\"),
+                        '\0' => {}
+                        c if c == ' ' || c.is_ascii_graphic() => out.push(c),
+                        c => {
+                            let _ = write!(out, "\\U{{{:x}}}", c as u32);
+                        }
+                    }
+                }
+                out.push('"');
                 out
             }
         }
@@ -130,6 +153,9 @@ pub const SESSION_VARS: &[(&str, Kind)] = &[
     ("sync_base", Kind::Number),
     ("max_images", Kind::Number),
 ];
+
+/// Placeholders of an export's setup code: the answers typed into the exported cells.
+pub const SETUP_VARS: &[(&str, Kind)] = &[("answers", Kind::Text)];
 
 /// Placeholders of the `eval` line.
 pub const EVAL_VARS: &[(&str, Kind)] = &[("n", Kind::Number), ("cell", Kind::Text)];
@@ -271,7 +297,7 @@ pub fn check_source(text: &str, vars: &[(&str, Kind)]) -> Result<(), String> {
             (Some((name, Kind::Text)), None) => {
                 return Err(format!(
                     "{{{name}}} is text spliced into code: write it as a literal, \
-{{{name}:json}} (Python, JavaScript), {{{name}:ruby}}, {{{name}:haskell}} or {{{name}:shell}}"
+{{{name}:json}} (Python, JavaScript), {{{name}:ruby}}, {{{name}:haskell}}, {{{name}:shell}} or {{{name}:r}}"
                 ));
             }
             (None, Some(f)) if Format::parse(f).is_some() => {
@@ -307,7 +333,11 @@ mod tests {
             Format::Haskell.quote("é1\u{1b}x\"\\"),
             r#""\233\&1\27x\"\\""#
         );
-        assert_eq!(Format::Shell.quote("it's\n\\"), r"$'it\'s\012\\'");
+        assert_eq!(Format::Shell.quote("it's\n\\\0"), r"$'it\'s\012\\'");
+        assert_eq!(
+            Format::R.quote("a\"\\\n\0é`$(x)"),
+            r#""a\"\\\U{a}\U{e9}`$(x)""#
+        );
         for (_, f) in Format::NAMES {
             let q = f.quote(NASTY);
             assert!(!q.contains('\n') && !q.contains('\r'), "{f:?}: {q}");

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::error::ToolError;
 use crate::identity::Caller;
-use crate::lang::{Language, NotebookSpec};
+use crate::lang::{Language, NotebookSpec, protocol};
 use crate::session::files::export_uri;
 use crate::session::history::{Cell, CellInfo, HistoryReport, Outputs, Record, typed};
 use crate::session::live::lock;
@@ -429,7 +429,8 @@ fn comment_lines(text: &str) -> Vec<&str> {
 
 /// The language's setup code for an export (see [`NotebookSpec::setup`]): the answers
 /// typed into the cells that run again (in a notebook those that raised too; in a script
-/// only those that succeeded), as a JSON string literal, which Python reads as its own.
+/// only those that succeeded), as a string literal of the language (`{answers:json}`,
+/// `{answers:r}`, …: data, whatever the answers hold).
 fn setup_code(facts: &NotebookSpec, cells: &[Cell], in_notebook: bool) -> Option<String> {
     let setup = facts.setup.as_ref()?;
     let answers: String = cells
@@ -437,8 +438,10 @@ fn setup_code(facts: &NotebookSpec, cells: &[Cell], in_notebook: bool) -> Option
         .filter(|c| c.status == EvalStatus::Ok || (in_notebook && c.status == EvalStatus::Error))
         .map(|c| c.typed.as_str())
         .collect();
-    let literal = serde_json::to_string(&answers).unwrap_or_else(|_| "\"\"".into());
-    Some(setup.text.replace("{answers:json}", &literal))
+    Some(protocol::expand_source(
+        &setup.text,
+        &[(protocol::SETUP_VARS[0].0, protocol::Value::Text(&answers))],
+    ))
 }
 
 /// The session as a script: `# %%` before each cell (the language's line comment), cells
@@ -686,5 +689,38 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Answers that try to end their literal (quotes, triple quotes, newlines, `\\n`,
+    /// NUL, `$(…)`, backquotes, `#{…}`, R's `\\U{…}`) reach every language's setup as one
+    /// literal on its own line, with no NUL: data, never code.
+    #[test]
+    fn answers_reach_every_setup_as_one_literal() {
+        let reg = crate::lang::Registry::load(None).expect("built-in languages");
+        let nasty =
+            "a'b\"c\n\"\"\"d\\ne\0f$(g)`h`#{i}#$j\\U{0}\r\u{2028}\u{85}é✓\x1b%s{answers:json}";
+        let mut cell = source().cells[0].clone();
+        cell.typed = nasty.into();
+        let mut with_setup = 0;
+        for lang in reg.all() {
+            let Some(facts) = lang.spec.notebook.as_ref() else {
+                continue;
+            };
+            let Some(setup) = facts.setup.as_ref() else {
+                continue;
+            };
+            with_setup += 1;
+            let code = setup_code(facts, std::slice::from_ref(&cell), false).expect("setup");
+            assert_eq!(
+                code.split('\n').count(),
+                setup.text.split('\n').count(),
+                "{}: the answers stay on their line:\n{code}",
+                lang.id()
+            );
+            assert!(!code.contains('\0'), "{}: {code}", lang.id());
+            // The answers' own `{answers:json}` is not expanded again.
+            assert!(code.contains("{answers:json}"), "{}: {code}", lang.id());
+        }
+        assert_eq!(with_setup, 5, "python, javascript, ruby, shellscript, r");
     }
 }
