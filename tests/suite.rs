@@ -24,6 +24,7 @@ mod languages;
 mod lifecycle;
 mod nginx;
 mod package_cache;
+mod package_layer_attacks;
 mod packages;
 mod pool;
 mod r;

@@ -399,6 +399,15 @@ impl Packages {
         r.clone()
     }
 
+    /// Whether user code cannot change the mode of what it reads its packages from: as
+    /// root (another uid), or at bwrap (read-only mounts). Not root at Landlock it runs as
+    /// the cache's owner and chmod is no Landlock right: there no layer is shared between
+    /// runs or sessions (no store), and none links the cache's files, else one principal's
+    /// chmod would make another's imports fail, or fall through to another copy.
+    fn modes_sealed(&self) -> bool {
+        self.sandbox.root || self.sandbox.level == crate::sandbox::Level::Bwrap
+    }
+
     /// Check a request's specifiers before anything is started for it.
     pub fn check(eco: Eco, specs: &[String]) -> Result<(), PackageError> {
         spec::check(eco, specs)
@@ -427,7 +436,7 @@ impl Packages {
             remove,
             held: std::sync::Mutex::default(),
             book: Some(self.upkeep.book.clone()),
-            store: (eco == Eco::Python).then(|| self.store.dir.clone()),
+            store: (eco == Eco::Python && self.modes_sealed()).then(|| self.store.dir.clone()),
             shared: std::sync::Mutex::default(),
         })
     }
@@ -711,9 +720,11 @@ impl Packages {
             layer.dir.display().to_string(),
         ]
         .into();
-        if layer.dir.starts_with(&self.store.building) {
+        if layer.dir.starts_with(&self.store.building) || !self.modes_sealed() {
             // A shared layer is sealed (its files made root's) once built: copies, never
-            // hard links to the cache's files, which would be sealed with it.
+            // hard links to the cache's files, which would be sealed with it. Where user
+            // code could chmod its layer's files, a hard link would let it chmod the
+            // cache's, which every later installation links.
             argv.extend(["--link-mode".into(), "copy".into()]);
         }
         argv.extend(flags.iter().map(|f| f.to_string()));
