@@ -29,6 +29,10 @@ fn unsafe_dir(path: &Path, why: &str) -> anyhow::Error {
     )
 }
 
+/// How long a server starting on a locked state directory waits for the server that holds
+/// it to let go (one killed a moment ago is still exiting) before it refuses to start.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl StateDir {
     /// Create (0700) or check the directory, and lock it.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
@@ -72,12 +76,26 @@ impl StateDir {
             .custom_flags(libc::O_NOFOLLOW)
             .open(path.join("lock"))
             .map_err(|e| unsafe_dir(path, &format!("cannot open its lock file: {e}")))?;
-        let lock = Flock::lock(lock, FlockArg::LockExclusiveNonblock).map_err(|_| {
-            anyhow::anyhow!(
-                "state directory {} is in use by another replbox server",
-                path.display()
-            )
-        })?;
+        // A server killed a moment ago holds its lock until its last thread has exited, which
+        // can be after its process already shows as ended: a restart waits that long, not
+        // more ([`LOCK_WAIT`]).
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        let mut file = lock;
+        let lock = loop {
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(l) => break l,
+                Err((f, nix::errno::Errno::EWOULDBLOCK))
+                    if std::time::Instant::now() < deadline =>
+                {
+                    file = f;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(_) => anyhow::bail!(
+                    "state directory {} is in use by another replbox server",
+                    path.display()
+                ),
+            }
+        };
         Ok(Self {
             path: path.to_path_buf(),
             _lock: lock,
