@@ -114,7 +114,19 @@ per_row!(
             match status(&o) {
                 "ok" => {
                     oks += 1;
-                    assert_eq!(out, value, "{lang}: round {i} ({ms} ms): {}", o.text);
+                    // ghci prints its own notice of an interrupt that lands after the cell's
+                    // last statement, between two commands of the bootstrap's queue (no
+                    // handler of ours runs there); the cell's value and status stand. Only
+                    // ghci: every other REPL's late interrupt is held by its bootstrap.
+                    let late = lang == "haskell"
+                        && out
+                            .strip_prefix(value)
+                            .is_some_and(|rest| interrupted.contains(&rest));
+                    assert!(
+                        out == value || late,
+                        "{lang}: round {i} ({ms} ms): {out:?}: {}",
+                        o.text
+                    );
                 }
                 "timeout" => {
                     timeouts += 1;
