@@ -196,6 +196,9 @@ Object.send(:define_method, :__rbx_eval) do |n|
       src = File.read(File.join(dir, cell_file.sub("{n}", n.to_s)), encoding: "UTF-8")
       done = false
       Thread.handle_interrupt(Interrupt => :immediate, IRB::Abort => :immediate) do
+        # One that came before the code is taken here, where it stops the code as it begins,
+        # not at the code's first check for interrupts (which may be in rubygems' `require`).
+        Thread.pass
         # irb's `exit` throws :IRB_EXIT, and irb then exits 0 whatever the argument.
         code = catch(:IRB_EXIT) do
           value = eval(src, ctx.workspace.binding, "<cell #{n}>", 1)
