@@ -146,6 +146,21 @@ fn serve_index(dir: PathBuf, wheels: Vec<(String, String)>) -> String {
     format!("http://127.0.0.1:{port}/simple")
 }
 
+/// The metrics once the server has counted `n` evictions. Eviction runs after an
+/// installation, in the background: this waits for the server to say so (the bound is only
+/// a backstop).
+async fn after_evictions(addr: std::net::SocketAddr, n: u64) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let m = scrape(addr).await;
+        if metric(&m, "replbox_package_cache_evictions_total") >= n {
+            return m;
+        }
+        assert!(std::time::Instant::now() < deadline, "no eviction: {m}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// `/metrics`, scraped over HTTP with the token.
 async fn scrape(addr: std::net::SocketAddr) -> String {
     reqwest::Client::new()
@@ -232,17 +247,7 @@ async fn the_cache_stays_under_its_cap_and_metrics_say_so() {
     .await;
     assert!(!o.is_error, "{}", o.text);
     let id = o.structured["session_id"].as_str().expect("id").to_string();
-    // Eviction runs after the installation, in the background: wait for the server to
-    // count it (a bound only as a backstop).
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let m = loop {
-        let m = scrape(s.addr).await;
-        if metric(&m, "replbox_package_cache_evictions_total") >= 2 {
-            break m;
-        }
-        assert!(std::time::Instant::now() < deadline, "no eviction: {m}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let m = after_evictions(s.addr, 2).await;
     assert_eq!(
         metric(&m, "replbox_package_cache_evictions_total"),
         2,
@@ -544,15 +549,7 @@ async fn npm_cache_stays_under_its_cap() {
     .await;
     assert!(!o.is_error, "{}", o.text);
     let id = o.structured["session_id"].as_str().expect("id").to_string();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let m = loop {
-        let m = scrape(s.addr).await;
-        if metric(&m, "replbox_package_cache_evictions_total") >= 1 {
-            break m;
-        }
-        assert!(std::time::Instant::now() < deadline, "no eviction: {m}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let m = after_evictions(s.addr, 1).await;
     assert_eq!(
         metric(&m, "replbox_package_cache_evictions_total"),
         1,
