@@ -1,6 +1,10 @@
 //! The errors a tool call reports to the agent: a kind to branch on and a message that says
 //! what happened and what to do next. Sessions and runs return them; the MCP layer turns them
 //! into `isError` results with `structuredContent: {"error": {kind, message, …}}`.
+//!
+//! Below this edge each layer has its own error type (`thiserror`), whose variants carry the
+//! data; beside each, one `From` impl into [`ToolError`] decides which [`ErrorKind`] each
+//! variant becomes, its message being the error's `Display`.
 
 use serde::Serialize;
 

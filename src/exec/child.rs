@@ -14,7 +14,7 @@ use crate::venv::Venv;
 
 /// Check a caller's variables before anything is started: names must be non-empty and hold
 /// neither `=` nor NUL, values no NUL.
-pub fn check_caller_env(vars: &BTreeMap<String, String>) -> Result<(), String> {
+pub fn check_caller_env(vars: &BTreeMap<String, String>) -> Result<(), cenv::EnvError> {
     for (k, v) in vars {
         cenv::validate_name(k).and_then(|_| cenv::validate_value(k, v))?;
     }

@@ -53,19 +53,35 @@ pub fn set(env: &mut Vec<(String, String)>, key: &str, value: String) {
     }
 }
 
+/// A caller's environment variable refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvError {
+    #[error(
+        "invalid environment variable name {name:?}: names must be non-empty and contain neither '=' nor NUL"
+    )]
+    Name { name: String },
+    #[error("environment variable {name} contains a NUL byte")]
+    Nul { name: String },
+}
+
 /// Check a caller-supplied variable name: what the user may set must be a valid name.
-pub fn validate_name(name: &str) -> Result<(), String> {
+pub fn validate_name(name: &str) -> Result<(), EnvError> {
     if name.is_empty() || name.contains('=') || name.contains('\0') {
-        return Err(format!(
-            "invalid environment variable name {name:?}: names must be non-empty and contain neither '=' nor NUL"
-        ));
+        return Err(EnvError::Name { name: name.into() });
     }
     Ok(())
 }
 
-pub fn validate_value(name: &str, value: &str) -> Result<(), String> {
+pub fn validate_value(name: &str, value: &str) -> Result<(), EnvError> {
     if value.contains('\0') {
-        return Err(format!("environment variable {name} contains a NUL byte"));
+        return Err(EnvError::Nul { name: name.into() });
     }
     Ok(())
+}
+
+/// A variable refused: the caller's to fix.
+impl From<EnvError> for crate::error::ToolError {
+    fn from(e: EnvError) -> Self {
+        Self::invalid(e.to_string())
+    }
 }

@@ -69,7 +69,7 @@ const NPMJS: &str = "https://registry.npmjs.org/";
 
 impl Flags {
     /// The Python index in force.
-    pub fn python_index(&self) -> Result<Index, String> {
+    pub fn python_index(&self) -> Result<Index, FlagError> {
         index(
             "--package-index",
             self.package_index.as_deref(),
@@ -78,7 +78,7 @@ impl Flags {
     }
 
     /// The npm registry in force.
-    pub fn npm_registry(&self) -> Result<Index, String> {
+    pub fn npm_registry(&self) -> Result<Index, FlagError> {
         index(
             "--npm-registry",
             self.npm_registry.as_deref(),
@@ -120,25 +120,48 @@ impl Flags {
     }
 
     /// Check the values a server cannot run with.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), FlagError> {
         self.python_index()?;
         self.npm_registry()?;
         if self.package_cache_mb == Some(0) {
-            return Err("--package-cache-mb must be at least 1 (leave it out for no cap)".into());
+            return Err(FlagError::CacheMb);
         }
         if self.package_timeout_s == Some(0) {
-            return Err("--package-timeout-s must be at least 1".into());
+            return Err(FlagError::Timeout);
         }
         Ok(())
     }
 }
 
+/// A package flag the server cannot run with: the operator's to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlagError {
+    #[error("{flag}: {value:?} is neither {short} nor an http(s) URL")]
+    NotUrl {
+        flag: &'static str,
+        value: String,
+        short: &'static str,
+    },
+    #[error("{flag}: {value:?}: only http and https URLs")]
+    Scheme { flag: &'static str, value: String },
+    #[error("{flag}: {value:?}: credentials in the URL are not supported")]
+    Credentials { flag: &'static str, value: String },
+    #[error("{flag}: {value:?}: bad port")]
+    Port { flag: &'static str, value: String },
+    #[error("{flag}: {value:?}: no host name")]
+    Host { flag: &'static str, value: String },
+    #[error("--package-cache-mb must be at least 1 (leave it out for no cap)")]
+    CacheMb,
+    #[error("--package-timeout-s must be at least 1")]
+    Timeout,
+}
+
 /// `value` (a public index's short name, else a URL) as an [`Index`].
 fn index(
-    flag: &str,
+    flag: &'static str,
     value: Option<&str>,
-    (short, url, domains): (&str, &str, &[&str]),
-) -> Result<Index, String> {
+    (short, url, domains): (&'static str, &str, &[&str]),
+) -> Result<Index, FlagError> {
     let v = value.map(str::trim).unwrap_or(short);
     if v == short {
         return Ok(Index {
@@ -147,25 +170,35 @@ fn index(
             host: None,
         });
     }
-    let (scheme, rest) = v
-        .split_once("://")
-        .ok_or_else(|| format!("{flag}: {v:?} is neither {short} nor an http(s) URL"))?;
+    let (scheme, rest) = v.split_once("://").ok_or_else(|| FlagError::NotUrl {
+        flag,
+        value: v.into(),
+        short,
+    })?;
     let default_port = match scheme {
         "https" => 443,
         "http" => 80,
-        _ => return Err(format!("{flag}: {v:?}: only http and https URLs")),
+        _ => {
+            return Err(FlagError::Scheme {
+                flag,
+                value: v.into(),
+            });
+        }
     };
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     if authority.contains('@') {
-        return Err(format!(
-            "{flag}: {v:?}: credentials in the URL are not supported"
-        ));
+        return Err(FlagError::Credentials {
+            flag,
+            value: v.into(),
+        });
     }
     let (host, port) = match authority.rsplit_once(':') {
         Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => (
             h,
-            p.parse::<u16>()
-                .map_err(|_| format!("{flag}: {v:?}: bad port"))?,
+            p.parse::<u16>().map_err(|_| FlagError::Port {
+                flag,
+                value: v.into(),
+            })?,
         ),
         _ => (authority, default_port),
     };
@@ -175,7 +208,10 @@ fn index(
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | ':'))
     {
-        return Err(format!("{flag}: {v:?}: no host name"));
+        return Err(FlagError::Host {
+            flag,
+            value: v.into(),
+        });
     }
     Ok(Index {
         url: v.to_string(),
@@ -187,6 +223,30 @@ fn index(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_name_the_flag_and_value() {
+        let f = |v: &str| Flags {
+            package_index: Some(v.into()),
+            ..Flags::default()
+        };
+        assert_eq!(
+            f("pip").check().unwrap_err().to_string(),
+            "--package-index: \"pip\" is neither pypi nor an http(s) URL"
+        );
+        assert_eq!(
+            f("http://u:p@h/").check().unwrap_err().to_string(),
+            "--package-index: \"http://u:p@h/\": credentials in the URL are not supported"
+        );
+        let f = Flags {
+            package_timeout_s: Some(0),
+            ..Flags::default()
+        };
+        assert_eq!(
+            f.check().unwrap_err().to_string(),
+            "--package-timeout-s must be at least 1"
+        );
+    }
 
     #[test]
     fn indexes_are_the_public_ones_or_an_operators_url() {

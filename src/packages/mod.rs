@@ -112,13 +112,20 @@ impl PackageError {
             Self::Refused(m) | Self::Failed(m) => m,
         }
     }
+}
 
-    /// As a refused tool call (nothing of the request was started).
-    pub fn into_tool(self) -> crate::error::ToolError {
-        use crate::error::{ErrorKind, ToolError};
-        match self {
-            Self::Refused(m) => ToolError::invalid(m),
-            Self::Failed(m) => ToolError::new(ErrorKind::PackageUnavailable, m),
+impl From<spec::SpecError> for PackageError {
+    fn from(e: spec::SpecError) -> Self {
+        Self::Refused(e.to_string())
+    }
+}
+
+/// A package request: refused (nothing of it was started), or a package that cannot be had.
+impl From<PackageError> for crate::error::ToolError {
+    fn from(e: PackageError) -> Self {
+        match e {
+            PackageError::Refused(m) => Self::invalid(m),
+            PackageError::Failed(m) => Self::new(crate::error::ErrorKind::PackageUnavailable, m),
         }
     }
 }
@@ -275,9 +282,9 @@ impl Packages {
         if flags.no_packages {
             return Ok(None);
         }
-        flags.check().map_err(|e| anyhow::anyhow!(e))?;
-        let index = flags.python_index().map_err(|e| anyhow::anyhow!(e))?;
-        let registry = flags.npm_registry().map_err(|e| anyhow::anyhow!(e))?;
+        flags.check()?;
+        let index = flags.python_index()?;
+        let registry = flags.npm_registry()?;
         let root = flags.package_cache.clone().unwrap_or_else(default_cache);
         // The installer's proxy socket lies beneath it (`egress/NAME.sock`): a path the
         // kernel cannot bind would fail every installation, so say so now.
@@ -412,7 +419,7 @@ impl Packages {
     pub fn check(eco: Eco, specs: &[String]) -> Result<(), PackageError> {
         spec::check(eco, specs)
             .map(|_| ())
-            .map_err(PackageError::Refused)
+            .map_err(PackageError::from)
     }
 
     /// A new, empty layer (the installer's, readable by all: it holds public packages):
@@ -463,7 +470,7 @@ impl Packages {
             return self.install(exe, specs, layer, principal, cancel).await;
         }
         let started = Instant::now();
-        let checked = spec::check(layer.eco, specs).map_err(PackageError::Refused)?;
+        let checked = spec::check(layer.eco, specs)?;
         if checked.is_empty() {
             return self.install(exe, specs, layer, principal, cancel).await;
         }
@@ -569,7 +576,7 @@ impl Packages {
         cancel: &CancellationToken,
     ) -> Result<Installed, PackageError> {
         let started = Instant::now();
-        let specs = spec::check(layer.eco, specs).map_err(PackageError::Refused)?;
+        let specs = spec::check(layer.eco, specs)?;
         if specs.is_empty() {
             return Ok(Installed {
                 installed: Vec::new(),

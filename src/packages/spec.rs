@@ -69,14 +69,92 @@ impl Spec {
     }
 }
 
-/// Check a request's specifiers for `eco`; sorted and without duplicates. The message says
+/// A request's specifiers refused: the caller's to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("packages: {count} specifiers, more than {MAX_SPECS}; ask for fewer at once")]
+    TooMany { count: usize },
+    /// One specifier (its first 80 characters shown), and why.
+    #[error("packages: {shown:?} is not a package specifier: {why}. Give {}", accepted(*.eco))]
+    Refused { shown: String, eco: Eco, why: Why },
+}
+
+/// What a specifier of `eco` may be, for the message refusing one.
+fn accepted(eco: Eco) -> &'static str {
+    match eco {
+        Eco::Python => {
+            "a name with optional extras and versions, as pip takes it (\"polars\", \
+             \"requests==2.32.*\", \"pandas[excel]>=2\")"
+        }
+        Eco::Npm => {
+            "a registry package's name, optionally @ a version range or tag \
+             (\"lodash\", \"lodash@^4.17\", \"@types/node@20\")"
+        }
+    }
+}
+
+/// Why one specifier is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Why {
+    #[error("it is empty")]
+    Empty,
+    #[error("it is longer than {MAX_LEN} bytes")]
+    TooLong,
+    #[error("options are not accepted")]
+    Option,
+    #[error("it holds a control character")]
+    Control,
+    #[error("direct references (name @ URL) are not accepted")]
+    DirectReference,
+    #[error("a name starts and ends with a letter or digit")]
+    NameEdge,
+    #[error("an extra's list is not closed with ]")]
+    ExtrasNotClosed,
+    #[error("{0:?} is not an extra's name")]
+    Extra(String),
+    #[error("{0:?} is not a version clause (==, >=, ~=, …)")]
+    Clause(String),
+    #[error("{0:?} is not a version")]
+    Version(String),
+    #[error("its environment marker {0}")]
+    Marker(Marker),
+    #[error("a scoped name is @scope/name")]
+    Scope,
+    /// A scope's or a name's segment (which one).
+    #[error("a {0} is letters, digits, - _ and ., starting with a letter or digit")]
+    Word(&'static str),
+    #[error("a name is at most {NPM_NAME_MAX} bytes")]
+    NameTooLong,
+    #[error("tarballs are not accepted")]
+    Tarball,
+    #[error("nothing follows the @ (give a version range or tag)")]
+    EmptyRange,
+    #[error("paths are not accepted")]
+    Path,
+    #[error("{0:?} is not a version range or tag (URLs, paths, git and aliases are not accepted)")]
+    Range(String),
+}
+
+/// What is wrong with an environment marker.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Marker {
+    #[error("is empty")]
+    Empty,
+    #[error("has a string that is not closed")]
+    Unclosed,
+    #[error("names {0:?}, which is not a marker variable")]
+    Variable(String),
+    #[error("holds {0:?}, which markers never do")]
+    Char(char),
+    #[error("has {0:?}, which is not a comparison")]
+    Operator(String),
+}
+
+/// Check a request's specifiers for `eco`; sorted and without duplicates. The error says
 /// which one is refused and what is accepted.
-pub fn check(eco: Eco, specs: &[String]) -> Result<Vec<Spec>, String> {
+pub fn check(eco: Eco, specs: &[String]) -> Result<Vec<Spec>, SpecError> {
     if specs.len() > MAX_SPECS {
-        return Err(format!(
-            "packages: {} specifiers, more than {MAX_SPECS}; ask for fewer at once",
-            specs.len()
-        ));
+        return Err(SpecError::TooMany { count: specs.len() });
     }
     let mut out = Vec::with_capacity(specs.len());
     for s in specs {
@@ -84,19 +162,10 @@ pub fn check(eco: Eco, specs: &[String]) -> Result<Vec<Spec>, String> {
             Eco::Python => python(s),
             Eco::Npm => npm(s),
         };
-        let spec = parsed.map_err(|why| {
-            let shown: String = s.chars().take(80).collect();
-            let accepted = match eco {
-                Eco::Python => {
-                    "a name with optional extras and versions, as pip takes it (\"polars\", \
-                     \"requests==2.32.*\", \"pandas[excel]>=2\")"
-                }
-                Eco::Npm => {
-                    "a registry package's name, optionally @ a version range or tag \
-                     (\"lodash\", \"lodash@^4.17\", \"@types/node@20\")"
-                }
-            };
-            format!("packages: {shown:?} is not a package specifier: {why}. Give {accepted}")
+        let spec = parsed.map_err(|why| SpecError::Refused {
+            shown: s.chars().take(80).collect(),
+            eco,
+            why,
         })?;
         if !out.contains(&spec) {
             out.push(spec);
@@ -106,19 +175,19 @@ pub fn check(eco: Eco, specs: &[String]) -> Result<Vec<Spec>, String> {
     Ok(out)
 }
 
-fn common(s: &str) -> Result<&str, String> {
+fn common(s: &str) -> Result<&str, Why> {
     let t = s.trim();
     if t.is_empty() {
-        return Err("it is empty".into());
+        return Err(Why::Empty);
     }
     if t.len() > MAX_LEN {
-        return Err(format!("it is longer than {MAX_LEN} bytes"));
+        return Err(Why::TooLong);
     }
     if t.starts_with('-') {
-        return Err("options are not accepted".into());
+        return Err(Why::Option);
     }
     if t.chars().any(|c| c.is_control()) {
-        return Err("it holds a control character".into());
+        return Err(Why::Control);
     }
     Ok(t)
 }
@@ -142,14 +211,14 @@ pub fn normalize_python(name: &str) -> String {
 }
 
 /// A PEP 508 requirement without a URL: `name[extras] clauses ; markers`.
-fn python(s: &str) -> Result<Spec, String> {
+fn python(s: &str) -> Result<Spec, Why> {
     let t = common(s)?;
     let (req, marker) = match t.split_once(';') {
         Some((r, m)) => (r.trim(), Some(m.trim())),
         None => (t, None),
     };
     if req.contains('@') {
-        return Err("direct references (name @ URL) are not accepted".into());
+        return Err(Why::DirectReference);
     }
     let name_end = req
         .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
@@ -157,14 +226,12 @@ fn python(s: &str) -> Result<Spec, String> {
     let name = &req[..name_end];
     let ok_edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
     if !ok_edge(name.chars().next()) || !ok_edge(name.chars().last()) {
-        return Err("a name starts and ends with a letter or digit".into());
+        return Err(Why::NameEdge);
     }
     let mut rest = req[name_end..].trim_start();
     let mut text = name.to_string();
     if let Some(after) = rest.strip_prefix('[') {
-        let (extras, tail) = after
-            .split_once(']')
-            .ok_or_else(|| "an extra's list is not closed with ]".to_string())?;
+        let (extras, tail) = after.split_once(']').ok_or(Why::ExtrasNotClosed)?;
         let mut list = Vec::new();
         for e in extras.split(',').map(str::trim) {
             if e.is_empty()
@@ -172,7 +239,7 @@ fn python(s: &str) -> Result<Spec, String> {
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
             {
-                return Err(format!("{e:?} is not an extra's name"));
+                return Err(Why::Extra(e.into()));
             }
             list.push(e);
         }
@@ -224,10 +291,10 @@ const MARKER_VARS: [&str; 13] = [
 /// An environment marker made only of PEP 508's tokens: its variables, quoted strings
 /// without quotes or backslashes inside, comparison operators, `and`/`or`/`in`/`not` and
 /// parentheses. The installer parses it; this keeps anything else from reaching it.
-fn marker_check(m: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("its environment marker {why}"));
+fn marker_check(m: &str) -> Result<(), Why> {
+    let bad = |why: Marker| Err(Why::Marker(why));
     if m.is_empty() {
-        return bad("is empty");
+        return bad(Marker::Empty);
     }
     let mut rest = m;
     while let Some(c) = rest.chars().next() {
@@ -236,7 +303,7 @@ fn marker_check(m: &str) -> Result<(), String> {
         } else if c == '\'' || c == '"' {
             match rest[1..].find(c) {
                 Some(end) if !rest[1..1 + end].contains(['\\', '\'', '"']) => end + 2,
-                _ => return bad("has a string that is not closed"),
+                _ => return bad(Marker::Unclosed),
             }
         } else if "<>=!~".contains(c) {
             rest.find(|c: char| !"<>=!~".contains(c))
@@ -247,16 +314,16 @@ fn marker_check(m: &str) -> Result<(), String> {
                 .unwrap_or(rest.len());
             let word = &rest[..end];
             if !MARKER_VARS.contains(&word) && !["and", "or", "in", "not"].contains(&word) {
-                return bad(&format!("names {word:?}, which is not a marker variable"));
+                return bad(Marker::Variable(word.into()));
             }
             end
         } else {
-            return bad(&format!("holds {c:?}, which markers never do"));
+            return bad(Marker::Char(c));
         };
         if c != '\'' && c != '"' && "<>=!~".contains(c) {
             let op = &rest[..len];
             if !["<", ">", "<=", ">=", "==", "!=", "~=", "==="].contains(&op) {
-                return bad(&format!("has {op:?}, which is not a comparison"));
+                return bad(Marker::Operator(op.into()));
             }
         }
         rest = &rest[len..];
@@ -271,13 +338,11 @@ const NPM_NAME_MAX: usize = 214;
 /// a semver range or a dist-tag. Refused: anything npm would take for a URL, a git or
 /// GitHub reference (`user/repo`, `github:`), a path (`.`, `/`, `~/`), a tarball
 /// (`*.tgz`), an alias (`npm:`) or an option.
-fn npm(s: &str) -> Result<Spec, String> {
+fn npm(s: &str) -> Result<Spec, Why> {
     let t = common(s)?;
     let (scope, rest) = match t.strip_prefix('@') {
         Some(r) => {
-            let (scope, after) = r
-                .split_once('/')
-                .ok_or_else(|| "a scoped name is @scope/name".to_string())?;
+            let (scope, after) = r.split_once('/').ok_or(Why::Scope)?;
             npm_word(scope, "scope")?;
             (Some(scope), after)
         }
@@ -293,23 +358,23 @@ fn npm(s: &str) -> Result<Spec, String> {
         None => name.to_string(),
     };
     if full.len() > NPM_NAME_MAX {
-        return Err(format!("a name is at most {NPM_NAME_MAX} bytes"));
+        return Err(Why::NameTooLong);
     }
     let lower = full.to_ascii_lowercase();
     if [".tgz", ".tar", ".tar.gz"]
         .iter()
         .any(|x| lower.ends_with(x))
     {
-        return Err("tarballs are not accepted".into());
+        return Err(Why::Tarball);
     }
     let mut text = full.clone();
     if let Some(r) = range {
         let r = r.trim();
         if r.is_empty() {
-            return Err("nothing follows the @ (give a version range or tag)".into());
+            return Err(Why::EmptyRange);
         }
         if r.starts_with('.') {
-            return Err("paths are not accepted".into());
+            return Err(Why::Path);
         }
         if !r.chars().all(|c| {
             c.is_ascii_alphanumeric()
@@ -318,10 +383,7 @@ fn npm(s: &str) -> Result<Spec, String> {
                     '.' | '+' | '-' | '*' | '^' | '~' | '<' | '>' | '=' | '|' | ' '
                 )
         }) {
-            return Err(format!(
-                "{r:?} is not a version range or tag (URLs, paths, git and aliases are not \
-                 accepted)"
-            ));
+            return Err(Why::Range(r.into()));
         }
         text.push('@');
         text.push_str(r);
@@ -331,34 +393,32 @@ fn npm(s: &str) -> Result<Spec, String> {
 
 /// A scope or a package name's one segment: URL-safe characters npm accepts, starting
 /// with a letter or digit (never `.`, `_` or `-`: paths and options).
-fn npm_word(w: &str, what: &str) -> Result<(), String> {
+fn npm_word(w: &str, what: &'static str) -> Result<(), Why> {
     let first_ok = w.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
     if !first_ok
         || !w
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
     {
-        return Err(format!(
-            "a {what} is letters, digits, - _ and ., starting with a letter or digit"
-        ));
+        return Err(Why::Word(what));
     }
     Ok(())
 }
 
 /// One version clause (`>=2.0`, `==2.32.*`), without spaces.
-fn version_clause(c: &str) -> Result<String, String> {
+fn version_clause(c: &str) -> Result<String, Why> {
     const OPS: [&str; 8] = ["===", "~=", "==", "!=", "<=", ">=", "<", ">"];
     let op = OPS
         .iter()
         .find(|op| c.starts_with(*op))
-        .ok_or_else(|| format!("{c:?} is not a version clause (==, >=, ~=, …)"))?;
+        .ok_or_else(|| Why::Clause(c.into()))?;
     let v = c[op.len()..].trim();
     if v.is_empty()
         || !v
             .chars()
             .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '*' | '+' | '!' | '-' | '_'))
     {
-        return Err(format!("{v:?} is not a version"));
+        return Err(Why::Version(v.into()));
     }
     Ok(format!("{op}{v}"))
 }
@@ -367,8 +427,36 @@ fn version_clause(c: &str) -> Result<String, String> {
 mod tests {
     use super::*;
 
-    fn py(s: &str) -> Result<String, String> {
+    fn py(s: &str) -> Result<String, Why> {
         python(s).map(|s| s.text)
+    }
+
+    #[test]
+    fn refusals_name_the_specifier_why_and_what_is_accepted() {
+        let e = check(Eco::Python, &["six; os.system".into()]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "packages: \"six; os.system\" is not a package specifier: its environment marker \
+             names \"os.system\", which is not a marker variable. Give a name with optional \
+             extras and versions, as pip takes it (\"polars\", \"requests==2.32.*\", \
+             \"pandas[excel]>=2\")"
+        );
+        let e = check(Eco::Npm, &["lodash@http://x".into()]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "packages: \"lodash@http://x\" is not a package specifier: \"http://x\" is not a \
+             version range or tag (URLs, paths, git and aliases are not accepted). Give a \
+             registry package's name, optionally @ a version range or tag (\"lodash\", \
+             \"lodash@^4.17\", \"@types/node@20\")"
+        );
+        let many: Vec<String> = (0..=MAX_SPECS).map(|i| format!("p{i}")).collect();
+        assert_eq!(
+            check(Eco::Python, &many).unwrap_err().to_string(),
+            format!(
+                "packages: {} specifiers, more than {MAX_SPECS}; ask for fewer at once",
+                MAX_SPECS + 1
+            )
+        );
     }
 
     #[test]

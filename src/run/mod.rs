@@ -53,10 +53,9 @@ impl RunRequest {
     /// Refuse what no run can take: an invalid environment variable, a `venv` for a
     /// language that takes none.
     pub(crate) fn check(&self, lang: &Language) -> Result<(), ToolError> {
-        check_caller_env(&self.env).map_err(ToolError::invalid)?;
+        check_caller_env(&self.env)?;
         if !self.packages.is_empty() {
-            crate::packages::check_request(lang.id(), self.venv.is_some(), &self.packages)
-                .map_err(crate::packages::PackageError::into_tool)?;
+            crate::packages::check_request(lang.id(), self.venv.is_some(), &self.packages)?;
         }
         if self.venv.is_some() && !lang.spec.venv {
             return Err(ToolError::invalid(format!(
@@ -235,7 +234,7 @@ impl Runner {
             Ok(None) => None,
             Err(e) => {
                 place.release().await;
-                return Err(e.into_tool());
+                return Err(e.into());
             }
         };
         let child = match self.sandbox.egress_endpoint(&who, &req.principal, &domains) {

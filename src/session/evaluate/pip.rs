@@ -61,7 +61,7 @@ pub(super) async fn install(
         return Err(crate::packages::enabled(None)
             .map(|_| ())
             .unwrap_err()
-            .into_tool());
+            .into());
     }
     let Some(sp) = &session.packages else {
         return Err(ToolError::invalid(
@@ -79,8 +79,7 @@ pub(super) async fn install(
     let installed = sp
         .service
         .install(&sp.exe, &specs, &sp.layer, &session.owner.principal, cancel)
-        .await
-        .map_err(|e| e.into_tool())?;
+        .await?;
     Ok(Some(Done {
         note: installed.line(),
         code: after(eco, rest),

@@ -310,12 +310,10 @@ files and folders (--max-tracked-files)",
         lang: &Language,
         req: &StartRequest,
     ) -> Result<Vec<String>, ToolError> {
-        check_caller_env(&req.env).map_err(ToolError::invalid)?;
+        check_caller_env(&req.env)?;
         if !req.packages.is_empty() {
-            crate::packages::check_request(lang.id(), req.venv.is_some(), &req.packages)
-                .map_err(crate::packages::PackageError::into_tool)?;
-            crate::packages::enabled(self.packages.get().and_then(Option::as_ref))
-                .map_err(|e| e.into_tool())?;
+            crate::packages::check_request(lang.id(), req.venv.is_some(), &req.packages)?;
+            crate::packages::enabled(self.packages.get().and_then(Option::as_ref))?;
         }
         self.sandbox
             .check_caller_domains(&req.allow_domains)
@@ -543,8 +541,7 @@ have put it there; this session runs the server's Python. Pass venv to use it an
         packages: &[String],
         caller: &Caller,
     ) -> Result<crate::packages::Installed, ToolError> {
-        let pk = crate::packages::enabled(self.packages.get().and_then(Option::as_ref))
-            .map_err(|e| e.into_tool())?;
+        let pk = crate::packages::enabled(self.packages.get().and_then(Option::as_ref))?;
         let Some(sp) = &dirs.packages else {
             return Err(ToolError::invalid(
                 "packages: this session runs in a virtual environment (the `.venv` of its \
@@ -555,7 +552,7 @@ have put it there; this session runs the server's Python. Pass venv to use it an
         let cancel = tokio_util::sync::CancellationToken::new();
         pk.provide(&sp.exe, packages, &sp.layer, &caller.principal, &cancel)
             .await
-            .map_err(|e| e.into_tool())
+            .map_err(ToolError::from)
     }
 
     /// How to start (and restart) the interpreter: its bootstrap, written into `ctl/`, its

@@ -264,8 +264,7 @@ impl WarmSessions {
         let installed = sp
             .service
             .provide(&sp.exe, packages, &sp.layer, principal, &never)
-            .await
-            .map_err(crate::packages::PackageError::into_tool)?;
+            .await?;
         if let Some(code) = crate::packages::warm_check(&sp.layer) {
             let out = up
                 .interp
