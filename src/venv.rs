@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 
-use crate::hostfs::{self, CwdPolicy};
+use crate::hostfs::{self, CwdPolicy, HostfsError};
 
 /// Links followed from `bin/python` before giving up.
 const MAX_HOPS: usize = 32;
@@ -60,41 +60,147 @@ pub struct VenvPolicy {
     pub shown: Vec<PathBuf>,
 }
 
+/// Why a virtual environment is refused (or who made it could not be checked). `venv` is
+/// the path as the caller gave it.
+#[derive(Debug, thiserror::Error)]
+pub enum VenvError {
+    /// Refused by the policy of a caller's directories.
+    #[error(transparent)]
+    Path(#[from] HostfsError),
+    #[error(
+        "venv {venv} is not a Python virtual environment: {why}. Give the directory made by \
+         `python3 -m venv DIR` (or uv, virtualenv), the one holding pyvenv.cfg and bin/python"
+    )]
+    NotVenv { venv: PathBuf, why: NotVenv },
+    #[error("venv {venv}: cannot read its pyvenv.cfg: {source}")]
+    Cfg {
+        venv: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("venv {venv}: bin/python: {source}")]
+    Python {
+        venv: PathBuf,
+        source: std::io::Error,
+    },
+    /// `bin/python` leads to `to`, which the session's user cannot reach (`blocked`).
+    #[error(
+        "venv {venv}: bin/python leads to {to}, which {user} cannot reach: {blocked} is not \
+         searchable by that user on this host. Create the environment from a Python that user \
+         can run (for example `/usr/bin/python3 -m venv DIR`), or give the directories on the \
+         way search permission for others"
+    )]
+    Unreachable {
+        venv: PathBuf,
+        to: PathBuf,
+        user: String,
+        blocked: PathBuf,
+    },
+    #[error(
+        "venv {venv}: bin/python leads to {to}, which does not exist: the environment's Python \
+         was moved or removed; recreate the environment"
+    )]
+    Missing { venv: PathBuf, to: PathBuf },
+    #[error("venv {venv}: {at}: {source}")]
+    Io {
+        venv: PathBuf,
+        at: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("venv {venv}: bin/python leads to {to}, which is not a file")]
+    NotFile { venv: PathBuf, to: PathBuf },
+    #[error("venv {venv}: bin/python goes through more than {MAX_HOPS} links")]
+    Hops { venv: PathBuf },
+    #[error(
+        "venv {venv}: bin/python leads to {to}, which is not a Python interpreter; recreate the \
+         environment with `python3 -m venv DIR`"
+    )]
+    NotPython { venv: PathBuf, to: PathBuf },
+    #[error(
+        "venv {venv}: its interpreter {to} is not executable by {user}; create the environment \
+         from a Python that user can run (for example `/usr/bin/python3 -m venv DIR`)"
+    )]
+    NotExecutable {
+        venv: PathBuf,
+        to: PathBuf,
+        user: String,
+    },
+    /// Who made a `.venv` found in a cwd could not be checked ([`writers`]).
+    #[error("cannot check {at}: {source}")]
+    Check { at: PathBuf, source: std::io::Error },
+    #[error("cannot read the ACL of {at}: {source}")]
+    Acl { at: PathBuf, source: std::io::Error },
+    #[error("it has more than {MAX_ENTRIES} entries, too many to check who made them")]
+    TooManyEntries,
+    #[error("it is more than {MAX_DEPTH} directories deep, too deep to check who made it")]
+    TooDeep,
+    #[error("{at} changed while it was checked")]
+    Changed { at: PathBuf },
+}
+
+/// A virtual environment refused: the caller's to fix (another one, or none).
+impl From<VenvError> for crate::error::ToolError {
+    fn from(e: VenvError) -> Self {
+        match e {
+            VenvError::Path(e) => e.into(),
+            e => crate::error::ToolError::invalid(e.to_string()),
+        }
+    }
+}
+
+/// What a directory that is not a virtual environment lacks.
+#[derive(Debug, thiserror::Error)]
+pub enum NotVenv {
+    #[error("it has no pyvenv.cfg")]
+    Cfg,
+    #[error("no bin/ directory ({0})")]
+    Bin(#[source] std::io::Error),
+    #[error("it has no bin/python")]
+    Python,
+}
+
 /// Decide the venv `requested`, run as the lease's uid; `uid` only names the user in
 /// messages.
-pub fn inspect(policy: &VenvPolicy, requested: &Path, uid: Option<u32>) -> Result<Venv, String> {
+pub fn inspect(policy: &VenvPolicy, requested: &Path, uid: Option<u32>) -> Result<Venv, VenvError> {
     let dir = hostfs::check_caller_dir(&policy.dirs, requested, uid, "venv")?;
-    let shown = format!("venv {}", requested.display());
-    let not_venv = |what: &str| {
-        format!(
-            "{shown} is not a Python virtual environment: {what}. Give the directory made by \
-`python3 -m venv DIR` (or uv, virtualenv), the one holding pyvenv.cfg and bin/python"
-        )
-    };
+    let venv = || requested.to_path_buf();
+    let not_venv = |why| VenvError::NotVenv { venv: venv(), why };
     let walk = hostfs::Walk::default();
     let mut cfg = match hostfs::open_beneath(dir.dir.as_fd(), &["pyvenv.cfg"], &walk) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(not_venv("it has no pyvenv.cfg"));
+            return Err(not_venv(NotVenv::Cfg));
         }
-        Err(e) => return Err(format!("{shown}: cannot read its pyvenv.cfg: {e}")),
+        Err(source) => {
+            return Err(VenvError::Cfg {
+                venv: venv(),
+                source,
+            });
+        }
     };
     let mut text = Vec::new();
     (&mut cfg)
         .take(MAX_CFG)
         .read_to_end(&mut text)
-        .map_err(|e| format!("{shown}: cannot read its pyvenv.cfg: {e}"))?;
+        .map_err(|source| VenvError::Cfg {
+            venv: venv(),
+            source,
+        })?;
     let version = version_of(&String::from_utf8_lossy(&text));
     let bin = hostfs::open_subdir(dir.dir.as_fd(), "bin", &walk)
-        .map_err(|e| not_venv(&format!("no bin/ directory ({e})")))?;
+        .map_err(|e| not_venv(NotVenv::Bin(e)))?;
     match rustix::fs::statat(&bin, "python", AtFlags::SYMLINK_NOFOLLOW) {
         Ok(_) => {}
-        Err(rustix::io::Errno::NOENT) => return Err(not_venv("it has no bin/python")),
-        Err(e) => return Err(format!("{shown}: bin/python: {e}")),
+        Err(rustix::io::Errno::NOENT) => return Err(not_venv(NotVenv::Python)),
+        Err(e) => {
+            return Err(VenvError::Python {
+                venv: venv(),
+                source: e.into(),
+            });
+        }
     }
     let python = dir.path.join("bin").join("python");
     let user = hostfs::user_name(uid);
-    let (base, trusted) = follow(policy, &python, &shown, &user)?;
+    let (base, trusted) = follow(policy, &python, requested, &user)?;
     let root = std::sync::Arc::new(dir.dir);
     let mut expose = vec![dir.path.clone()];
     let mut opened = vec![(dir.path.clone(), root.clone())];
@@ -149,18 +255,19 @@ fn version_of(cfg: &str) -> String {
 fn follow(
     policy: &VenvPolicy,
     python: &Path,
-    shown: &str,
+    venv: &Path,
     user: &str,
-) -> Result<(PathBuf, Option<PathBuf>), String> {
-    let unreachable = |p: &Path| {
-        let blocked = hostfs::first_unsearchable(p);
-        format!(
-            "{shown}: bin/python leads to {}, which {user} cannot reach: {} is not searchable \
-by that user on this host. Create the environment from a Python that user can run (for example \
-`/usr/bin/python3 -m venv DIR`), or give the directories on the way search permission for others",
-            p.display(),
-            blocked.display()
-        )
+) -> Result<(PathBuf, Option<PathBuf>), VenvError> {
+    let unreachable = |p: &Path| VenvError::Unreachable {
+        venv: venv.into(),
+        to: p.into(),
+        user: user.into(),
+        blocked: hostfs::first_unsearchable(p),
+    };
+    let io = |p: &Path, source: std::io::Error| VenvError::Io {
+        venv: venv.into(),
+        at: p.into(),
+        source,
     };
     let mut p = python.to_path_buf();
     for _ in 0..MAX_HOPS {
@@ -171,59 +278,59 @@ by that user on this host. Create the environment from a Python that user can ru
             Ok(st) => st,
             Err(rustix::io::Errno::ACCESS) => return Err(unreachable(&p)),
             Err(rustix::io::Errno::NOENT) => {
-                return Err(format!(
-                    "{shown}: bin/python leads to {}, which does not exist: the environment's \
-Python was moved or removed; recreate the environment",
-                    p.display()
-                ));
+                return Err(VenvError::Missing {
+                    venv: venv.into(),
+                    to: p,
+                });
             }
-            Err(e) => return Err(format!("{shown}: {}: {e}", p.display())),
+            Err(e) => return Err(io(&p, e.into())),
         };
         match FileType::from_raw_mode(st.st_mode) {
             FileType::Symlink => {
                 let target = rustix::fs::readlinkat(rustix::fs::CWD, &p, Vec::new())
-                    .map_err(|e| format!("{shown}: {}: {e}", p.display()))?;
+                    .map_err(|e| io(&p, e.into()))?;
                 let target = PathBuf::from(std::ffi::OsStr::from_bytes(target.as_bytes()));
                 let parent = p.parent().unwrap_or(Path::new("/"));
                 let parent = std::fs::canonicalize(parent).map_err(|e| {
                     if e.raw_os_error() == Some(libc::EACCES) {
                         unreachable(&p)
                     } else {
-                        format!("{shown}: {}: {e}", p.display())
+                        io(&p, e)
                     }
                 })?;
                 p = hostfs::lexical(&parent.join(target));
             }
-            FileType::RegularFile => return base(policy, &p, shown, user).map(|b| (b, None)),
+            FileType::RegularFile => return base(policy, &p, venv, user).map(|b| (b, None)),
             _ => {
-                return Err(format!(
-                    "{shown}: bin/python leads to {}, which is not a file",
-                    p.display()
-                ));
+                return Err(VenvError::NotFile {
+                    venv: venv.into(),
+                    to: p,
+                });
             }
         }
     }
-    Err(format!(
-        "{shown}: bin/python goes through more than {MAX_HOPS} links"
-    ))
+    Err(VenvError::Hops { venv: venv.into() })
 }
 
 /// Check the real interpreter file `p` a venv leads to (outside every trusted prefix).
-fn base(policy: &VenvPolicy, p: &Path, shown: &str, user: &str) -> Result<PathBuf, String> {
-    let real = std::fs::canonicalize(p).map_err(|e| format!("{shown}: {}: {e}", p.display()))?;
+fn base(policy: &VenvPolicy, p: &Path, venv: &Path, user: &str) -> Result<PathBuf, VenvError> {
+    let real = std::fs::canonicalize(p).map_err(|source| VenvError::Io {
+        venv: venv.into(),
+        at: p.into(),
+        source,
+    })?;
     let name = real
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     if !looks_like_python(&name) {
-        return Err(format!(
-            "{shown}: bin/python leads to {}, which is not a Python interpreter; recreate the \
-environment with `python3 -m venv DIR`",
-            real.display()
-        ));
+        return Err(VenvError::NotPython {
+            venv: venv.into(),
+            to: real,
+        });
     }
     let dir = real.parent().unwrap_or(Path::new("/"));
-    let what = format!("{shown}: its interpreter");
+    let what = format!("venv {}: its interpreter", venv.display());
     policy.dirs.refuse(dir, &real, &what)?;
     if rustix::fs::accessat(
         rustix::fs::CWD,
@@ -233,11 +340,11 @@ environment with `python3 -m venv DIR`",
     )
     .is_err()
     {
-        return Err(format!(
-            "{what} {} is not executable by {user}; create the environment from a Python that \
-user can run (for example `/usr/bin/python3 -m venv DIR`)",
-            real.display()
-        ));
+        return Err(VenvError::NotExecutable {
+            venv: venv.into(),
+            to: real,
+            user: user.into(),
+        });
     }
     Ok(real)
 }
@@ -298,14 +405,17 @@ pub fn writers(
     cwd: &Path,
     cwd_fd: BorrowedFd<'_>,
     venv: BorrowedFd<'_>,
-) -> Result<Writers, String> {
+) -> Result<Writers, VenvError> {
     let mut w = Writers::default();
-    let io = |what: &str, e: rustix::io::Errno| format!("cannot check {what}: {e}");
+    let io = |at: &Path, e: rustix::io::Errno| VenvError::Check {
+        at: at.into(),
+        source: e.into(),
+    };
     // The way, by path from `/`, ending where the handles are (else it changed meanwhile).
     let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let mut at = PathBuf::from("/");
-    let mut dir =
-        rustix::fs::open("/", flags | OFlags::DIRECTORY, Mode::empty()).map_err(|e| io("/", e))?;
+    let mut dir = rustix::fs::open("/", flags | OFlags::DIRECTORY, Mode::empty())
+        .map_err(|e| io(Path::new("/"), e))?;
     let names = cwd
         .components()
         .filter_map(|c| match c {
@@ -316,7 +426,7 @@ pub fn writers(
     for name in names {
         let shown = at.join(&name);
         let child = rustix::fs::openat(&dir, name.as_os_str(), flags, Mode::empty())
-            .map_err(|e| io(&shown.display().to_string(), e))?;
+            .map_err(|e| io(&shown, e))?;
         let (dst, cst) = (fstat(&dir, &at)?, fstat(&child, &shown)?);
         w.may_rename(&dir, &dst, &cst, &at)?;
         if at == cwd && !same(&dir, cwd_fd) {
@@ -334,37 +444,31 @@ pub fn writers(
     let mut seen = 0usize;
     while let Some((rel, depth)) = todo.pop() {
         let shown = at.join(&rel);
-        let what = shown.display().to_string();
         let path = if rel.as_os_str().is_empty() {
             PathBuf::from(".")
         } else {
             rel.clone()
         };
-        let d = beneath(venv, &path, read).map_err(|e| io(&what, e))?;
+        let d = beneath(venv, &path, read).map_err(|e| io(&shown, e))?;
         let st = fstat(&d, &shown)?;
         w.owns(&st, &d, &shown)?;
-        let entries = rustix::fs::Dir::read_from(&d).map_err(|e| io(&what, e))?;
+        let entries = rustix::fs::Dir::read_from(&d).map_err(|e| io(&shown, e))?;
         for entry in entries {
-            let entry = entry.map_err(|e| io(&what, e))?;
+            let entry = entry.map_err(|e| io(&shown, e))?;
             let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes());
             if name == "." || name == ".." {
                 continue;
             }
             seen += 1;
             if seen > MAX_ENTRIES {
-                return Err(format!(
-                    "it has more than {MAX_ENTRIES} entries, too many to check who made them"
-                ));
+                return Err(VenvError::TooManyEntries);
             }
             let shown = shown.join(name);
             let est = rustix::fs::statat(&d, name, AtFlags::SYMLINK_NOFOLLOW)
-                .map_err(|e| io(&shown.display().to_string(), e))?;
+                .map_err(|e| io(&shown, e))?;
             match FileType::from_raw_mode(est.st_mode) {
                 FileType::Directory if depth + 1 > MAX_DEPTH => {
-                    return Err(format!(
-                        "it is more than {MAX_DEPTH} directories deep, too deep to check who \
-made it"
-                    ));
+                    return Err(VenvError::TooDeep);
                 }
                 FileType::Directory => todo.push((rel.join(name), depth + 1)),
                 FileType::Symlink => {
@@ -372,7 +476,7 @@ made it"
                 }
                 _ => {
                     let f = rustix::fs::openat(&d, name, flags, Mode::empty())
-                        .map_err(|e| io(&shown.display().to_string(), e))?;
+                        .map_err(|e| io(&shown, e))?;
                     w.owns(&est, &f, &shown)?;
                 }
             }
@@ -389,7 +493,7 @@ impl Writers {
         dir: &rustix::fs::Stat,
         entry: &rustix::fs::Stat,
         at: &Path,
-    ) -> Result<(), String> {
+    ) -> Result<(), VenvError> {
         self.uids.insert(dir.st_uid);
         if dir.st_mode & 0o020 != 0 {
             self.group(fd, dir, at)?;
@@ -405,7 +509,7 @@ impl Writers {
     }
 
     /// The owner of an entry of the environment, and whoever else may write it.
-    fn owns(&mut self, st: &rustix::fs::Stat, fd: &OwnedFd, at: &Path) -> Result<(), String> {
+    fn owns(&mut self, st: &rustix::fs::Stat, fd: &OwnedFd, at: &Path) -> Result<(), VenvError> {
         self.uids.insert(st.st_uid);
         if st.st_mode & 0o020 != 0 {
             self.group(fd, st, at)?;
@@ -418,7 +522,7 @@ impl Writers {
 
     /// A group-writable entry: its group, and with an ACL (whose mask the group bits then
     /// are) the users and groups it lets write.
-    fn group(&mut self, fd: &OwnedFd, st: &rustix::fs::Stat, at: &Path) -> Result<(), String> {
+    fn group(&mut self, fd: &OwnedFd, st: &rustix::fs::Stat, at: &Path) -> Result<(), VenvError> {
         use std::os::fd::AsRawFd;
         self.gids.insert(st.st_gid);
         // The handle may be O_PATH: its xattrs are read through its /proc/self/fd link
@@ -428,7 +532,12 @@ impl Writers {
         let n = match rustix::fs::getxattr(link.as_str(), "system.posix_acl_access", &mut buf) {
             Ok(n) => n,
             Err(rustix::io::Errno::NODATA | rustix::io::Errno::OPNOTSUPP) => return Ok(()),
-            Err(e) => return Err(format!("cannot read the ACL of {}: {e}", at.display())),
+            Err(e) => {
+                return Err(VenvError::Acl {
+                    at: at.into(),
+                    source: e.into(),
+                });
+            }
         };
         // Version 2: a 4-byte header, then (tag u16, perm u16, id u32) entries.
         for e in buf[..n.min(buf.len())]
@@ -455,8 +564,11 @@ impl Writers {
     }
 }
 
-fn fstat(fd: &OwnedFd, at: &Path) -> Result<rustix::fs::Stat, String> {
-    rustix::fs::fstat(fd).map_err(|e| format!("cannot check {}: {e}", at.display()))
+fn fstat(fd: &OwnedFd, at: &Path) -> Result<rustix::fs::Stat, VenvError> {
+    rustix::fs::fstat(fd).map_err(|e| VenvError::Check {
+        at: at.into(),
+        source: e.into(),
+    })
 }
 
 /// Whether two handles are the same directory.
@@ -467,8 +579,8 @@ fn same(a: &OwnedFd, b: BorrowedFd<'_>) -> bool {
     }
 }
 
-fn changed(p: &Path) -> String {
-    format!("{} changed while it was checked", p.display())
+fn changed(p: &Path) -> VenvError {
+    VenvError::Changed { at: p.into() }
 }
 
 /// Open `rel` beneath `root`, through no link and on no other mount.

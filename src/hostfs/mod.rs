@@ -23,12 +23,15 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 
+mod error;
 mod open;
 mod policy;
 
+pub use error::HostfsError;
 pub use open::*;
 pub use policy::*;
 
@@ -36,7 +39,7 @@ pub use policy::*;
 
 /// Run `f` with the filesystem rights of `uid` (None: the server's own) off the async
 /// workers, and return what it returned.
-pub async fn as_uid<T, F>(uid: Option<u32>, f: F) -> Result<T, String>
+pub async fn as_uid<T, F>(uid: Option<u32>, f: F) -> Result<T, HostfsError>
 where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
@@ -44,7 +47,7 @@ where
     match uid {
         None => tokio::task::spawn_blocking(f)
             .await
-            .map_err(|e| format!("the file work failed: {e}")),
+            .map_err(HostfsError::Join),
         Some(uid) => {
             let (tx, rx) = tokio::sync::oneshot::channel();
             spawn_as(
@@ -54,15 +57,13 @@ where
                 },
                 f,
             )?;
-            rx.await
-                .map_err(|_| "the file work failed".to_string())
-                .and_then(|r| r)
+            rx.await.map_err(|_| HostfsError::Lost).and_then(|r| r)
         }
     }
 }
 
 /// Work for a uid's thread; told whether the thread took the uid's credentials.
-type Job = Box<dyn FnOnce(Result<(), String>) + Send>;
+type Job = Box<dyn FnOnce(Result<(), Arc<io::Error>>) + Send>;
 
 /// One thread per uid in use, whose credentials are that uid's for its whole life: the
 /// credentials of a thread are changed with per-thread system calls (glibc's setuid and
@@ -85,13 +86,19 @@ fn workers() -> std::sync::MutexGuard<'static, std::collections::HashMap<u32, Wo
 }
 
 /// Run `f` on `uid`'s thread and hand its result (or why it could not run) to `reply`.
-fn spawn_as<T, F, R>(uid: u32, reply: R, f: F) -> Result<(), String>
+fn spawn_as<T, F, R>(uid: u32, reply: R, f: F) -> Result<(), HostfsError>
 where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
-    R: FnOnce(Result<T, String>) + Send + 'static,
+    R: FnOnce(Result<T, HostfsError>) + Send + 'static,
 {
-    let mut job: Job = Box::new(move |creds: Result<(), String>| reply(creds.map(|()| f())));
+    let mut job: Job = Box::new(move |creds: Result<(), Arc<io::Error>>| {
+        reply(
+            creds
+                .map(|()| f())
+                .map_err(|source| HostfsError::Credentials { uid, source }),
+        )
+    });
     // Jobs are sent under the lock, so a worker that removed itself gets no more.
     let mut map = workers();
     if let Some(w) = map.get(&uid) {
@@ -108,16 +115,14 @@ where
     std::thread::Builder::new()
         .name(format!("replbox-uid-{uid}"))
         .spawn(move || worker(uid, id, rx))
-        .map_err(|e| format!("cannot start a thread for file work: {e}"))?;
-    tx.send(job)
-        .map_err(|_| "the file work thread ended at once".to_string())?;
+        .map_err(HostfsError::Thread)?;
+    tx.send(job).map_err(|_| HostfsError::ThreadEnded)?;
     map.insert(uid, Worker { id, jobs: tx });
     Ok(())
 }
 
 fn worker(uid: u32, id: u64, rx: std::sync::mpsc::Receiver<Job>) {
-    let creds = become_uid(uid)
-        .map_err(|e| format!("cannot take the session's user id {uid} for file work: {e}"));
+    let creds = become_uid(uid).map_err(Arc::new);
     let run = |job: Job| {
         // A panicking job drops its reply (its caller sees an error); the thread goes on.
         let c = creds.clone();
@@ -204,7 +209,7 @@ mod tests {
     }
 
     /// [`as_uid`] from a test's own thread, which may block.
-    fn as_uid_blocking<T, F>(uid: Option<u32>, f: F) -> Result<T, String>
+    fn as_uid_blocking<T, F>(uid: Option<u32>, f: F) -> Result<T, HostfsError>
     where
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
@@ -220,9 +225,7 @@ mod tests {
                     },
                     f,
                 )?;
-                rx.recv()
-                    .map_err(|_| "the file work failed".to_string())
-                    .and_then(|r| r)
+                rx.recv().map_err(|_| HostfsError::Lost).and_then(|r| r)
             }
         }
     }
@@ -331,6 +334,7 @@ mod tests {
             policy
                 .refuse(Path::new(p), Path::new(p), "cwd")
                 .unwrap_err()
+                .to_string()
         };
         assert!(no("/proc/1").contains("never"));
         assert!(no("/run/user").contains("never"));
@@ -339,6 +343,19 @@ mod tests {
         // The exact line to add, with the path asked for.
         assert!(no("/root/.cargo").contains("`--allow-cwd /root/.cargo`"));
         assert!(no("/tmp/other").contains("--allow-cwd"));
+        assert_eq!(
+            no("/root/.cargo"),
+            "cwd /root/.cargo is inside /root, which the sandbox hides from sessions (it holds \
+other users' files, credentials or service sockets). The server's operator can allow it by adding \
+`--allow-cwd /root/.cargo` to the server's arguments after `serve` (or REPLBOX_ALLOW_CWD; `replbox \
+install --client NAME --project /root/.cargo` writes it into a client's configuration), for a cwd \
+and for files to copy alike; otherwise use a path outside it"
+        );
+        assert_eq!(
+            no("/proc/1"),
+            "cwd /proc/1: /proc is never a session's directory (kernel and system runtime \
+files); choose a directory of your data"
+        );
         assert!(
             policy
                 .refuse(Path::new("/tmp/allowed/x"), Path::new("/x"), "cwd")

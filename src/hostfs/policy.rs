@@ -44,54 +44,52 @@ impl CwdPolicy {
 
     /// Why `path` (absolute, free of `.`/`..`) may not be a caller's directory (`what`:
     /// `cwd`, `venv`), by its name alone.
-    pub fn refuse(&self, path: &Path, shown: &Path, what: &str) -> Result<(), String> {
-        let p = format!("{what} {}", shown.display());
+    pub fn refuse(&self, path: &Path, shown: &Path, what: &str) -> Result<(), HostfsError> {
+        let (what, path_shown) = (what.to_string(), shown.to_path_buf());
         for sys in SYSTEM_DIRS {
             if path.starts_with(sys) {
-                return Err(format!(
-                    "{p}: {sys} is never a session's directory (kernel and system runtime \
-files); choose a directory of your data"
-                ));
+                return Err(HostfsError::System {
+                    what,
+                    path: path_shown,
+                    sys,
+                });
             }
             if Path::new(sys).starts_with(path) {
-                return Err(format!(
-                    "{p} contains {sys} (kernel and system runtime files), which is never \
-part of a session's directory; choose a directory of your data"
-                ));
+                return Err(HostfsError::ContainsSystem {
+                    what,
+                    path: path_shown,
+                    sys,
+                });
             }
         }
         if path.starts_with(&self.workspace) || self.workspace.starts_with(path) {
-            return Err(format!(
-                "{p} overlaps the server's own working area {}: give a directory outside it",
-                self.workspace.display()
-            ));
+            return Err(HostfsError::Workspace {
+                what,
+                path: path_shown,
+                workspace: self.workspace.clone(),
+            });
         }
         if let Some(ws) = path.ancestors().find(|a| looks_like_workspace(a)) {
-            return Err(format!(
-                "{p} is inside another replbox server's working area {}: give a directory \
-outside it",
-                ws.display()
-            ));
+            return Err(HostfsError::OtherWorkspace {
+                what,
+                path: path_shown,
+                workspace: ws.to_path_buf(),
+            });
         }
         for m in &self.masked {
             if m.starts_with(path) && m != path {
-                return Err(format!(
-                    "{p} contains {}, which the sandbox hides from sessions; give a \
-directory that does not contain it",
-                    m.display()
-                ));
+                return Err(HostfsError::ContainsMasked {
+                    what,
+                    path: path_shown,
+                    masked: m.clone(),
+                });
             }
             if path.starts_with(m) && !self.allowed.iter().any(|a| path.starts_with(a)) {
-                return Err(format!(
-                    "{p} is inside {}, which the sandbox hides from sessions (it holds other \
-users' files, credentials or service sockets). The server's operator can allow it by adding \
-`--allow-cwd {}` to the server's arguments after `serve` (or REPLBOX_ALLOW_CWD; `replbox install \
---client NAME --project {}` writes it into a client's configuration), for a cwd and for files to \
-copy alike; otherwise use a path outside it",
-                    m.display(),
-                    shown.display(),
-                    shown.display()
-                ));
+                return Err(HostfsError::Masked {
+                    what,
+                    path: path_shown,
+                    masked: m.clone(),
+                });
             }
         }
         Ok(())
@@ -128,7 +126,11 @@ pub fn lexical(path: &Path) -> PathBuf {
 /// the operator allowed it) or is not reachable by that user on the host; otherwise its
 /// canonical path, a handle, and whether the session may write there. `uid` only names the
 /// user in messages.
-pub fn check_cwd(policy: &CwdPolicy, requested: &Path, uid: Option<u32>) -> Result<Cwd, String> {
+pub fn check_cwd(
+    policy: &CwdPolicy,
+    requested: &Path,
+    uid: Option<u32>,
+) -> Result<Cwd, HostfsError> {
     check_caller_dir(policy, requested, uid, "cwd")
 }
 
@@ -143,20 +145,26 @@ pub fn check_caller_path(
     requested: &Path,
     user: &str,
     what: &str,
-) -> Result<PathBuf, String> {
-    let shown = format!("{what} {}", requested.display());
+) -> Result<PathBuf, HostfsError> {
     if !requested.is_absolute() {
-        return Err(format!("{shown}: give an absolute path"));
+        return Err(HostfsError::Relative {
+            what: what.into(),
+            path: requested.into(),
+        });
     }
     if requested.as_os_str().as_bytes().contains(&0) {
-        return Err(format!("{what} contains a NUL byte"));
+        return Err(HostfsError::Nul { what: what.into() });
     }
     let lex = lexical(requested);
     policy.refuse(&lex, requested, what)?;
     let real = std::fs::canonicalize(requested).map_err(|e| match e.raw_os_error() {
-        Some(libc::EACCES) => unreachable_message(&shown, &lex, user),
+        Some(libc::EACCES) => cannot_enter(what, requested, &first_unsearchable(&lex), user),
         _ if what == "path" => cannot_read(requested, user, e),
-        _ => format!("{shown}: {e}"),
+        _ => HostfsError::Io {
+            what: what.into(),
+            path: requested.into(),
+            source: e,
+        },
     })?;
     policy.refuse(&real, requested, what)?;
     Ok(real)
@@ -165,18 +173,27 @@ pub fn check_caller_path(
 /// Open the host file a caller named (`files[].path`) as the calling thread's user (run it
 /// through [`as_uid`]), after [`check_caller_path`]: the canonical path that passed is opened
 /// from `/` following no link, so what is read is what was checked.
-pub fn open_caller_file(policy: &CwdPolicy, requested: &Path, user: &str) -> Result<File, String> {
-    let shown = format!("path {}", requested.display());
-    let real = check_caller_path(policy, requested, user, "path")?;
+pub fn open_caller_file(
+    policy: &CwdPolicy,
+    requested: &Path,
+    user: &str,
+) -> Result<File, HostfsError> {
+    let what = "path";
+    let real = check_caller_path(policy, requested, user, what)?;
+    let changed = || HostfsError::Changed {
+        what: what.into(),
+        path: requested.into(),
+    };
     let (Some(parent), Some(name)) = (real.parent(), real.file_name()) else {
-        return Err(format!("{shown}: not a file"));
+        return Err(HostfsError::NotFile {
+            what: what.into(),
+            path: requested.into(),
+        });
     };
     let (dir, _) =
         walk_path(parent, &Walk::default()).map_err(|(e, at)| match e.raw_os_error() {
-            Some(libc::EACCES) => cannot_enter(&shown, &at, user),
-            Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
-                format!("{shown} changed while it was checked (a link appeared); try again")
-            }
+            Some(libc::EACCES) => cannot_enter(what, requested, &at, user),
+            Some(libc::ELOOP) | Some(libc::ENOTDIR) => changed(),
             _ => cannot_read(requested, user, e),
         })?;
     let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC;
@@ -184,16 +201,18 @@ pub fn open_caller_file(policy: &CwdPolicy, requested: &Path, user: &str) -> Res
         open_one(dir.as_fd(), name, flags, Mode::empty(), &Walk::default()).map_err(|e| match e
             .raw_os_error()
         {
-            Some(libc::ELOOP) => {
-                format!("{shown} changed while it was checked (a link appeared); try again")
-            }
+            Some(libc::ELOOP) => changed(),
             _ => cannot_read(requested, user, e),
         })?;
     regular_file(fd).map_err(|e| cannot_read(requested, user, e))
 }
 
-fn cannot_read(requested: &Path, user: &str, e: io::Error) -> String {
-    format!("path: cannot read {} as {user}: {e}", requested.display())
+fn cannot_read(requested: &Path, user: &str, e: io::Error) -> HostfsError {
+    HostfsError::CannotRead {
+        path: requested.into(),
+        user: user.into(),
+        source: e,
+    }
 }
 
 /// [`check_cwd`] for any directory a caller names (`what` names it in messages: `cwd`,
@@ -203,17 +222,21 @@ pub fn check_caller_dir(
     requested: &Path,
     uid: Option<u32>,
     what: &str,
-) -> Result<Cwd, String> {
-    let shown = format!("{what} {}", requested.display());
+) -> Result<Cwd, HostfsError> {
     let user = user_name(uid);
     let real = check_caller_path(policy, requested, &user, what)?;
     let (dir, _) =
         walk_path(&real, &Walk::default()).map_err(|(e, at)| match e.raw_os_error() {
-            Some(libc::EACCES) => cannot_enter(&shown, &at, &user),
-            Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
-                format!("{shown} changed while it was checked (a link appeared); try again")
-            }
-            _ => format!("{shown}: {e}"),
+            Some(libc::EACCES) => cannot_enter(what, requested, &at, &user),
+            Some(libc::ELOOP) | Some(libc::ENOTDIR) => HostfsError::Changed {
+                what: what.into(),
+                path: requested.into(),
+            },
+            _ => HostfsError::Io {
+                what: what.into(),
+                path: requested.into(),
+                source: e,
+            },
         })?;
     if !rustix::fs::fstat(&dir)
         .map(|st| {
@@ -221,10 +244,13 @@ pub fn check_caller_dir(
         })
         .unwrap_or(false)
     {
-        return Err(format!("{shown} is not a directory"));
+        return Err(HostfsError::NotDirectory {
+            what: what.into(),
+            path: requested.into(),
+        });
     }
     if !may(dir.as_fd(), rustix::fs::Access::EXEC_OK) {
-        return Err(cannot_enter(&shown, &real, &user));
+        return Err(cannot_enter(what, requested, &real, &user));
     }
     let writable = may(
         dir.as_fd(),
@@ -235,12 +261,6 @@ pub fn check_caller_dir(
         dir,
         writable,
     })
-}
-
-/// The message for a path the session's user cannot resolve (`shown`: what and which): names
-/// the first directory on the way it may not search.
-fn unreachable_message(shown: &str, lex: &Path, user: &str) -> String {
-    cannot_enter(shown, &first_unsearchable(lex), user)
 }
 
 /// The first directory on the way to `lex` that the calling thread's user may not search
@@ -268,12 +288,13 @@ pub fn first_unsearchable(lex: &Path) -> PathBuf {
     blocked
 }
 
-fn cannot_enter(shown: &str, blocked: &Path, user: &str) -> String {
-    format!(
-        "{shown}: {user} cannot enter it: {} is not searchable by that user on this host. Give \
-the directories on the way search permission for others (chmod o+x {}) or choose another \
-directory",
-        blocked.display(),
-        blocked.display()
-    )
+/// A path the session's user cannot resolve: `blocked` is the first directory on the way
+/// it may not search.
+fn cannot_enter(what: &str, requested: &Path, blocked: &Path, user: &str) -> HostfsError {
+    HostfsError::CannotEnter {
+        what: what.into(),
+        path: requested.into(),
+        blocked: blocked.into(),
+        user: user.into(),
+    }
 }

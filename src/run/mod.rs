@@ -360,8 +360,8 @@ impl Runner {
             let (uid, requested) = (place.lease.as_ref().map(|l| l.uid), requested.clone());
             let venv = hostfs::as_uid(uid, move || venv::inspect(&policy, &requested, uid))
                 .await
-                .map_err(NoPlace::Failed)?
-                .map_err(|m| NoPlace::Refused(ToolError::invalid(m)))?;
+                .map_err(|e| NoPlace::Failed(e.to_string()))?
+                .map_err(|e| NoPlace::Refused(e.into()))?;
             place.in_venv(venv);
             return Ok((place, None));
         }

@@ -3,7 +3,7 @@
 //! them, and the files `session_start` brings in.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -12,7 +12,7 @@ use rustix::fs::{AtFlags, FileType};
 
 pub use super::snapshot::{Snapshot, Stamp, snapshot};
 pub(super) use super::snapshot::{enters, join, snapshot_with, walk_into, walk_of};
-use crate::hostfs::{self, CwdPolicy, Walk};
+use crate::hostfs::{self, CwdPolicy, HostfsError, Walk};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -447,15 +447,15 @@ pub fn bring_in(
     dest: BorrowedFd<'_>,
     host_paths: Option<&CwdPolicy>,
     user: &str,
-) -> Result<Written, String> {
+) -> Result<Written, InFileError> {
     let items = plan(files, dest, host_paths, user)?;
     let mut done = Written::default();
     for (parts, source) in items {
         let name = parts.join("/");
         let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
         let from = match &source {
-            Source::Host(p, _) => format!(" from {}", p.display()),
-            Source::Text(_) => String::new(),
+            Source::Host(p, _) => Some(p.clone()),
+            Source::Text(_) => None,
         };
         let res = (|| -> std::io::Result<()> {
             let (mut out, made) = hostfs::create_beneath(dest, &refs)?;
@@ -471,7 +471,11 @@ pub fn bring_in(
         })();
         if let Err(e) = res {
             done.remove(dest);
-            return Err(format!("cannot bring in {name}{from}: {e}"));
+            return Err(InFileError::Write {
+                name,
+                from,
+                source: e,
+            });
         }
     }
     Ok(done)
@@ -483,34 +487,23 @@ fn plan(
     dest: BorrowedFd<'_>,
     host_paths: Option<&CwdPolicy>,
     user: &str,
-) -> Result<Vec<(Vec<String>, Source)>, String> {
+) -> Result<Vec<(Vec<String>, Source)>, InFileError> {
     if files.len() > MAX_IN_FILES {
-        return Err(format!(
-            "files: {} entries; at most {MAX_IN_FILES} can be brought in at start (put many files \
-in a folder and pass it as cwd instead)",
-            files.len()
-        ));
+        return Err(InFileError::TooMany { count: files.len() });
     }
     let mut items: Vec<(Vec<String>, Source)> = Vec::new();
     for (i, f) in files.into_iter().enumerate() {
-        let at = |msg: String| format!("files[{i}]: {msg}");
+        let at = |why: EntryError| InFileError::Entry { index: i, why };
         let (source, default_name) = match (f.path, f.content) {
-            (Some(_), Some(_)) | (None, None) => {
-                return Err(at(
-                    "give either path (a file on the server's machine to copy) or \
-content (the text to write), not both or neither"
-                        .into(),
-                ));
-            }
+            (Some(_), Some(_)) | (None, None) => return Err(at(EntryError::Source)),
             (Some(path), None) => {
                 let Some(policy) = host_paths else {
-                    return Err(at("copying a file of the server's machine (path) is only \
-allowed to the local client; send the data as content instead"
-                        .into()));
+                    return Err(at(EntryError::NotLocal));
                 };
                 // The cwd's policy (masked trees, workspaces, system directories), then
                 // opened where it was checked, as the session's user.
-                let file = hostfs::open_caller_file(policy, &path, user).map_err(at)?;
+                let file = hostfs::open_caller_file(policy, &path, user)
+                    .map_err(|e| at(EntryError::Path(e)))?;
                 let name = path
                     .file_name()
                     .and_then(|n| n.to_str())
@@ -519,18 +512,19 @@ allowed to the local client; send the data as content instead"
             }
             (None, Some(text)) => (Source::Text(text), None),
         };
-        let name = f.name.or(default_name).ok_or_else(|| {
-            at("name is required with content (where to write it, e.g. \"data.csv\")".into())
-        })?;
+        let name = f
+            .name
+            .or(default_name)
+            .ok_or_else(|| at(EntryError::NoName))?;
         let parts: Vec<String> = crate::workspace::check_relative(&name)
-            .map_err(|e| at(format!("name: {e}")))?
+            .map_err(|e| at(EntryError::Name(e)))?
             .into_iter()
             .map(str::to_string)
             .collect();
         if items.iter().any(|(p, _)| *p == parts) {
-            return Err(at(format!("name: {name:?} is given twice")));
+            return Err(at(EntryError::Twice(name)));
         }
-        check_target(dest, &parts, user).map_err(at)?;
+        check_target(dest, &parts, user).map_err(|e| at(EntryError::Target(e)))?;
         items.push((parts, source));
     }
     Ok(items)
@@ -538,40 +532,47 @@ allowed to the local client; send the data as content instead"
 
 /// The target must be new, reached through real directories only, in a directory the
 /// user may write.
-fn check_target(dest: BorrowedFd<'_>, parts: &[String], user: &str) -> Result<(), String> {
+fn check_target(dest: BorrowedFd<'_>, parts: &[String], user: &str) -> Result<(), TargetError> {
     let walk = Walk::default();
-    let shown = parts.join("/");
+    let shown = || parts.join("/");
     let mut held: Option<OwnedFd> = None;
     let mut depth = 0;
     for (k, part) in parts.iter().enumerate() {
         let dir = held.as_ref().map_or(dest, |f| f.as_fd());
         let last = k + 1 == parts.len();
+        let at = || parts[..=k].join("/");
         match rustix::fs::statat(dir, part.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
             Err(rustix::io::Errno::NOENT) => break,
-            Err(e) => return Err(format!("{shown}: {e}")),
-            Ok(_) if last => {
-                return Err(format!(
-                    "{shown} already exists in the session's directory; it is not overwritten"
-                ));
+            Err(e) => {
+                return Err(TargetError::Stat {
+                    name: shown(),
+                    source: e.into(),
+                });
             }
+            Ok(_) if last => return Err(TargetError::Exists { name: shown() }),
             Ok(st) => match FileType::from_raw_mode(st.st_mode) {
                 FileType::Directory => {
-                    let sub = hostfs::open_subdir(dir, part, &walk)
-                        .map_err(|e| format!("{shown}: {}: {e}", parts[..=k].join("/")))?;
+                    let sub = hostfs::open_subdir(dir, part, &walk).map_err(|source| {
+                        TargetError::Open {
+                            name: shown(),
+                            at: at(),
+                            source,
+                        }
+                    })?;
                     held = Some(sub);
                     depth = k + 1;
                 }
                 FileType::Symlink => {
-                    return Err(format!(
-                        "{shown} goes through a symbolic link ({}); links are not followed",
-                        parts[..=k].join("/")
-                    ));
+                    return Err(TargetError::Link {
+                        name: shown(),
+                        at: at(),
+                    });
                 }
                 _ => {
-                    return Err(format!(
-                        "{shown}: {} is not a directory",
-                        parts[..=k].join("/")
-                    ));
+                    return Err(TargetError::NotDirectory {
+                        name: shown(),
+                        at: at(),
+                    });
                 }
             },
         }
@@ -586,11 +587,94 @@ fn check_target(dest: BorrowedFd<'_>, parts: &[String], user: &str) -> Result<()
         } else {
             parts[..depth].join("/")
         };
-        return Err(format!(
-            "{user} may not write in {place}, so {shown} cannot be brought in (the directory is \
-read-only for the session: give it write permission for that user, or leave cwd out to use a \
-private directory)"
-        ));
+        return Err(TargetError::ReadOnly {
+            user: user.into(),
+            place,
+            name: shown(),
+        });
     }
     Ok(())
+}
+
+/// Why the files asked for at start were not brought in (nothing of them stays).
+#[derive(Debug, thiserror::Error)]
+pub enum InFileError {
+    #[error(
+        "files: {count} entries; at most {MAX_IN_FILES} can be brought in at start (put many \
+         files in a folder and pass it as cwd instead)"
+    )]
+    TooMany { count: usize },
+    /// `files[index]` is refused.
+    #[error("files[{index}]: {why}")]
+    Entry { index: usize, why: EntryError },
+    /// Writing one failed (`from`: the host file it copies).
+    #[error("cannot bring in {name}{}: {source}", from_shown(.from.as_deref()))]
+    Write {
+        name: String,
+        from: Option<PathBuf>,
+        source: std::io::Error,
+    },
+}
+
+fn from_shown(from: Option<&Path>) -> String {
+    from.map(|p| format!(" from {}", p.display()))
+        .unwrap_or_default()
+}
+
+/// Why one entry of `files` is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum EntryError {
+    #[error(
+        "give either path (a file on the server's machine to copy) or content (the text to \
+         write), not both or neither"
+    )]
+    Source,
+    #[error(
+        "copying a file of the server's machine (path) is only allowed to the local client; \
+         send the data as content instead"
+    )]
+    NotLocal,
+    #[error(transparent)]
+    Path(HostfsError),
+    #[error("name is required with content (where to write it, e.g. \"data.csv\")")]
+    NoName,
+    /// The name is not a relative path (the workspace's check says why).
+    #[error("name: {0}")]
+    Name(String),
+    #[error("name: {0:?} is given twice")]
+    Twice(String),
+    #[error(transparent)]
+    Target(TargetError),
+}
+
+/// Why an entry's target in the session's directory is refused (`name`: the whole name).
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("{name}: {source}")]
+    Stat {
+        name: String,
+        source: std::io::Error,
+    },
+    #[error("{name} already exists in the session's directory; it is not overwritten")]
+    Exists { name: String },
+    #[error("{name}: {at}: {source}")]
+    Open {
+        name: String,
+        at: String,
+        source: std::io::Error,
+    },
+    #[error("{name} goes through a symbolic link ({at}); links are not followed")]
+    Link { name: String, at: String },
+    #[error("{name}: {at} is not a directory")]
+    NotDirectory { name: String, at: String },
+    #[error(
+        "{user} may not write in {place}, so {name} cannot be brought in (the directory is \
+         read-only for the session: give it write permission for that user, or leave cwd out \
+         to use a private directory)"
+    )]
+    ReadOnly {
+        user: String,
+        place: String,
+        name: String,
+    },
 }

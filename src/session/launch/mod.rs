@@ -471,9 +471,7 @@ files and folders (--max-tracked-files)",
                 )
             }
         })
-        .await
-        .map_err(ToolError::internal)?
-        .map_err(ToolError::invalid)?;
+        .await??;
         let mut dirs = Dirs {
             ctl: dir.path().join("ctl"),
             out,

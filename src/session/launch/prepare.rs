@@ -12,6 +12,31 @@ use crate::lang::Why;
 use crate::session::files::{self, InFile};
 use crate::venv::{self, Venv, VenvPolicy};
 
+/// Why a session's directories could not be prepared: the caller's cwd, venv or files.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error(transparent)]
+    Cwd(#[from] hostfs::HostfsError),
+    /// The sandbox cannot bind the cwd (its reason).
+    #[error("cwd {cwd}: {why}")]
+    Bind { cwd: PathBuf, why: String },
+    #[error(transparent)]
+    Venv(#[from] venv::VenvError),
+    #[error(transparent)]
+    Files(#[from] files::InFileError),
+}
+
+/// A session's cwd, venv or files refused: the caller's to fix.
+impl From<PrepareError> for ToolError {
+    fn from(e: PrepareError) -> Self {
+        match e {
+            PrepareError::Cwd(e) => e.into(),
+            PrepareError::Venv(e) => e.into(),
+            e => Self::invalid(e.to_string()),
+        }
+    }
+}
+
 /// A session's directories once the caller's cwd and files are dealt with.
 pub(in crate::session) struct Prepared {
     /// The caller's cwd, canonical (None: the private `work/`).
@@ -75,11 +100,14 @@ pub(super) fn prepare_dirs(
     out_fd: OwnedFd,
     in_files: Vec<InFile>,
     local: bool,
-) -> Result<Prepared, String> {
+) -> Result<Prepared, PrepareError> {
     let (caller_cwd, cwd_fd, writable) = match cwd {
         Some(p) => {
             let c = hostfs::check_cwd(policy, &p, uid)?;
-            bind(&c.path).map_err(|e| format!("cwd {}: {e}", p.display()))?;
+            bind(&c.path).map_err(|why| PrepareError::Bind {
+                cwd: p.clone(),
+                why,
+            })?;
             (Some(c.path), c.dir, c.writable)
         }
         None => (None, work_fd, true),
