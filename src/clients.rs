@@ -171,12 +171,60 @@ pub fn merge(
     client: Client,
     existing: Option<&str>,
     entry: &Entry,
-) -> Result<(String, Change), String> {
+) -> Result<(String, Change), MergeError> {
     if client.toml() {
         merge_toml(existing.unwrap_or(""), entry)
     } else {
         merge_json(client, existing.unwrap_or(""), entry)
     }
+}
+
+/// Why a client's configuration cannot take the entry.
+#[derive(Debug, thiserror::Error)]
+pub enum MergeError {
+    #[error("it is not JSON (nor JSON with comments): {0}")]
+    Json(#[source] jsonc_parser::errors::ParseError),
+    #[error("its top level is not an object")]
+    TopLevel,
+    /// The client's key of its servers (`mcpServers`, `servers`).
+    #[error("its `{0}` is not an object")]
+    Servers(&'static str),
+    #[error("it is not TOML: {0}")]
+    Toml(#[source] toml_edit::TomlError),
+    #[error("its `mcp_servers` is not a table")]
+    TomlServers,
+}
+
+/// Why [`install`] changed nothing, or could not finish (the file is then as it was).
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("cannot read {file}: {source}")]
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{file}: {why}; nothing was changed (fix the file, or add the entry printed by --print \
+         by hand)"
+    )]
+    Merge { file: PathBuf, why: MergeError },
+    #[error("cannot create {dir}: {source}")]
+    CreateDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write the backup {backup}: {source}")]
+    Backup {
+        backup: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot find a free name for a backup of {file}")]
+    NoBackupName { file: PathBuf },
+    #[error("cannot write {file}: {source}")]
+    Write {
+        file: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// The configuration as a file of its own holding only this entry (`--print`).
@@ -187,17 +235,14 @@ pub fn render(client: Client, entry: &Entry) -> String {
         .unwrap_or_default()
 }
 
-fn merge_json(client: Client, text: &str, entry: &Entry) -> Result<(String, Change), String> {
+fn merge_json(client: Client, text: &str, entry: &Entry) -> Result<(String, Change), MergeError> {
     let text = if text.trim().is_empty() { "{}\n" } else { text };
-    let root = CstRootNode::parse(text, &ParseOptions::default())
-        .map_err(|e| format!("it is not JSON (nor JSON with comments): {e}"))?;
-    let top = root
-        .object_value_or_create()
-        .ok_or("its top level is not an object")?;
+    let root = CstRootNode::parse(text, &ParseOptions::default()).map_err(MergeError::Json)?;
+    let top = root.object_value_or_create().ok_or(MergeError::TopLevel)?;
     let key = servers_key(client);
     let servers = top
         .object_value_or_create(key)
-        .ok_or_else(|| format!("its `{key}` is not an object"))?;
+        .ok_or(MergeError::Servers(key))?;
     let want = entry.json(client);
     let change = match servers.get(&entry.name) {
         Some(prop) => {
@@ -220,9 +265,9 @@ fn merge_json(client: Client, text: &str, entry: &Entry) -> Result<(String, Chan
     Ok((out, change))
 }
 
-fn merge_toml(text: &str, entry: &Entry) -> Result<(String, Change), String> {
+fn merge_toml(text: &str, entry: &Entry) -> Result<(String, Change), MergeError> {
     use toml_edit::{Array, DocumentMut, Item, Table, value};
-    let mut doc: DocumentMut = text.parse().map_err(|e| format!("it is not TOML: {e}"))?;
+    let mut doc: DocumentMut = text.parse().map_err(MergeError::Toml)?;
     let servers = doc
         .entry("mcp_servers")
         .or_insert_with(|| {
@@ -231,7 +276,7 @@ fn merge_toml(text: &str, entry: &Entry) -> Result<(String, Change), String> {
             Item::Table(t)
         })
         .as_table_like_mut()
-        .ok_or("its `mcp_servers` is not a table")?;
+        .ok_or(MergeError::TomlServers)?;
     let mut args = Array::new();
     for a in &entry.args {
         args.push(a.as_str());
@@ -278,19 +323,20 @@ pub struct Installed {
 /// new file beside it (same permissions; a new file is `0600`, as it may later hold
 /// tokens), after a copy of the old one is kept as `FILE.replbox-backup-SECONDS`. A link is
 /// followed, so the file it names is updated and the link stays.
-pub fn install(client: Client, file: &Path, entry: &Entry) -> Result<Installed, String> {
+pub fn install(client: Client, file: &Path, entry: &Entry) -> Result<Installed, InstallError> {
     let file = match std::fs::canonicalize(file) {
         Ok(real) => real,
         Err(_) => file.to_path_buf(),
     };
-    let shown = file.display().to_string();
     let existing = match std::fs::read_to_string(&file) {
         Ok(t) => Some(t),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(format!("cannot read {shown}: {e}")),
+        Err(source) => return Err(InstallError::Read { file, source }),
     };
-    let (text, change) = merge(client, existing.as_deref(), entry)
-        .map_err(|e| format!("{shown}: {e}; nothing was changed (fix the file, or add the entry printed by --print by hand)"))?;
+    let (text, change) = match merge(client, existing.as_deref(), entry) {
+        Ok(merged) => merged,
+        Err(why) => return Err(InstallError::Merge { file, why }),
+    };
     if change == Change::Unchanged {
         return Ok(Installed {
             file,
@@ -302,7 +348,10 @@ pub fn install(client: Client, file: &Path, entry: &Entry) -> Result<Installed, 
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|source| InstallError::CreateDir {
+        dir: dir.into(),
+        source,
+    })?;
     let mode = std::fs::metadata(&file)
         .map(|m| m.permissions().mode() & 0o7777)
         .unwrap_or(0o600);
@@ -326,9 +375,9 @@ pub fn install(client: Client, file: &Path, entry: &Entry) -> Result<Installed, 
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
         std::fs::rename(&tmp, &file)
     })();
-    if let Err(e) = written {
+    if let Err(source) = written {
         let _ = std::fs::remove_file(&tmp);
-        return Err(format!("cannot write {shown}: {e}"));
+        return Err(InstallError::Write { file, source });
     }
     Ok(Installed {
         file,
@@ -338,7 +387,7 @@ pub fn install(client: Client, file: &Path, entry: &Entry) -> Result<Installed, 
 }
 
 /// A copy of the file as it was, under a name no earlier backup has.
-fn keep_backup(file: &Path, old: &str, mode: u32) -> Result<PathBuf, String> {
+fn keep_backup(file: &Path, old: &str, mode: u32) -> Result<PathBuf, InstallError> {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -359,17 +408,22 @@ fn keep_backup(file: &Path, old: &str, mode: u32) -> Result<PathBuf, String> {
             Ok(mut f) => {
                 f.write_all(old.as_bytes())
                     .and_then(|_| f.sync_all())
-                    .map_err(|e| format!("cannot write the backup {}: {e}", path.display()))?;
+                    .map_err(|source| InstallError::Backup {
+                        backup: path.clone(),
+                        source,
+                    })?;
                 return Ok(path);
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(format!("cannot write the backup {}: {e}", path.display())),
+            Err(source) => {
+                return Err(InstallError::Backup {
+                    backup: path,
+                    source,
+                });
+            }
         }
     }
-    Err(format!(
-        "cannot find a free name for a backup of {}",
-        file.display()
-    ))
+    Err(InstallError::NoBackupName { file: file.into() })
 }
 
 /// Why a configuration naming `exe` would break later, if it would: a launcher's cache
@@ -426,7 +480,7 @@ mod tests {
         ];
         for (text, why) in bad {
             let e = merge(Client::ClaudeCode, Some(text), &entry()).expect_err(text);
-            assert!(e.contains(why), "{text}: {e}");
+            assert!(e.to_string().contains(why), "{text}: {e}");
         }
     }
 

@@ -677,6 +677,6 @@ fn install(command: Command) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e) => fail(e),
+        Err(e) => fail(e.to_string()),
     }
 }

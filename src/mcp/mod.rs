@@ -418,7 +418,7 @@ impl ServerHandler for ReplboxServer {
         }
         let (id, path) = parse_uri(&uri).map_err(|e| {
             tracing::debug!(principal = %caller.principal, "resources/read of a malformed URI");
-            ErrorData::invalid_params(e, None)
+            ErrorData::invalid_params(e.to_string(), None)
         })?;
         let data = self
             .app

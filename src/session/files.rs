@@ -80,21 +80,31 @@ pub fn file_uri(session_id: &str, path: &str) -> String {
     )
 }
 
+/// Why a URI given to `resources/read` is not one of a session's files.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UriError {
+    #[error("{uri:?} is not a session file URI (expected {URI_TEMPLATE})")]
+    NotFileUri { uri: String },
+    #[error("{uri:?}: a path segment contains an encoded '/'")]
+    EncodedSlash { uri: String },
+    #[error("bad percent-encoding in {segment:?}")]
+    Percent { segment: String },
+    #[error("{segment:?} does not decode to UTF-8")]
+    Utf8 { segment: String },
+}
+
 /// The session id and the (decoded) relative path of a file URI.
-pub fn parse_uri(uri: &str) -> Result<(String, String), String> {
-    let rest = uri
-        .strip_prefix(URI_PREFIX)
-        .ok_or_else(|| format!("{uri:?} is not a session file URI (expected {URI_TEMPLATE})"))?;
-    let (id, path) = rest
-        .split_once("/files/")
-        .ok_or_else(|| format!("{uri:?} is not a session file URI (expected {URI_TEMPLATE})"))?;
+pub fn parse_uri(uri: &str) -> Result<(String, String), UriError> {
+    let not_file_uri = || UriError::NotFileUri { uri: uri.into() };
+    let rest = uri.strip_prefix(URI_PREFIX).ok_or_else(not_file_uri)?;
+    let (id, path) = rest.split_once("/files/").ok_or_else(not_file_uri)?;
     // Decoded per segment: an encoded '/' (%2F) would otherwise smuggle in a separator.
     let id = decode(id)?;
     let mut segments = Vec::new();
     for s in path.split('/') {
         let d = decode(s)?;
         if d.contains('/') {
-            return Err(format!("{uri:?}: a path segment contains an encoded '/'"));
+            return Err(UriError::EncodedSlash { uri: uri.into() });
         }
         segments.push(d);
     }
@@ -201,7 +211,7 @@ fn encode_segment(s: &str) -> String {
     out
 }
 
-fn decode(s: &str) -> Result<String, String> {
+fn decode(s: &str) -> Result<String, UriError> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -211,7 +221,7 @@ fn decode(s: &str) -> Result<String, String> {
                 .get(i + 1..i + 3)
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| format!("bad percent-encoding in {s:?}"))?;
+                .ok_or_else(|| UriError::Percent { segment: s.into() })?;
             out.push(hex);
             i += 3;
         } else {
@@ -219,7 +229,7 @@ fn decode(s: &str) -> Result<String, String> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| format!("{s:?} does not decode to UTF-8"))
+    String::from_utf8(out).map_err(|_| UriError::Utf8 { segment: s.into() })
 }
 
 /// The MIME type a file's name suggests (None when it suggests nothing).
