@@ -51,7 +51,8 @@ print("ours" if d in os.environ.get("PYTHONPATH", "").split(":") else "other", d
 /// own layer's path it has (on its PYTHONPATH): that layer, and the files in it, must be
 /// no other principal's (neither a shared layer nor hard links to the cache's files). B's
 /// code makes its `six.py` and the directory it came from unreadable; A's session, started
-/// with the same packages, still imports its `six` from its own packages.
+/// with the same packages, still imports its `six` from its own packages; and B's layer,
+/// shut as it is, is removed when B's session closes.
 #[tokio::test]
 async fn a_session_cannot_unseal_another_principals_packages_at_landlock_not_root() {
     if !common::require("python", "python3") || !common::require("uv", "uv") {
@@ -76,6 +77,9 @@ async fn a_session_cannot_unseal_another_principals_packages_at_landlock_not_roo
             &cache,
             "--uv",
             &uv,
+            // A closed session's files go at once (not kept readable for a while).
+            "--keep-files-s",
+            "0",
         ])
         .uid(uid)
         .try_start()
@@ -107,13 +111,13 @@ for p in [os.path.join(d, "six.py"), d]:
     except OSError as e:
         print("refused", p, type(e).__name__)
 "#;
-    let o = common::http_call(
+    let o_b = common::http_call(
         &b,
         "session_eval",
         json!({"session_id": sb, "code": attack}),
     )
     .await;
-    assert!(!o.is_error, "{}", o.text);
+    assert!(!o_b.is_error, "{}", o_b.text);
     let o = common::http_call(
         &a,
         "session_eval",
@@ -126,6 +130,30 @@ for p in [os.path.join(d, "six.py"), d]:
         "A's six is not its packages': {}",
         o.text
     );
+    // B's own layer, shut (mode 0) by B's code, still goes with B's session.
+    let shut = o_b.structured["output"]
+        .as_str()
+        .unwrap_or("")
+        .lines()
+        .filter_map(|l| l.strip_prefix("chmod "))
+        .next_back()
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| panic!("B's code could not shut its layer: {}", o_b.text));
+    {
+        let layer = shut;
+        let o = common::http_call(&b, "session_close", json!({"session_id": sb})).await;
+        assert!(!o.is_error, "{}", o.text);
+        // The removal runs after the close answers: a bound that is only a backstop.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::fs::symlink_metadata(&layer).is_ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} was left behind",
+                layer.display()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
     drop((a, b));
     s.stop().await;
 }

@@ -4,7 +4,9 @@
 //! removal, which also needs a descriptor per level). It descends by handle, holding only
 //! the names and identities of the directories above; it goes up through `..`, checking
 //! that it arrives at the directory it came from (or it stops, leaving the rest); it never
-//! follows a link, and does not enter another filesystem.
+//! follows a link, and does not enter another filesystem. A directory whose mode shuts out
+//! its owner (user code that owns its tree may chmod it 0) is given its owner's rights back
+//! first, by handle.
 
 use std::collections::HashSet;
 use std::ffi::{CStr, CString};
@@ -75,6 +77,53 @@ fn open_checked(at: &OwnedFd, name: &CStr) -> Result<(OwnedFd, DirId, u64), Errn
     Ok((fd, DirId::from_stat(&st), st.st_dev))
 }
 
+/// The directory `name` beneath `at`, opened as [`open_checked`] does; its owner's read,
+/// write and search rights given back first when its mode (or its parent's) keeps them
+/// out, so that it can be read and emptied; only on the filesystem `on` when given (what
+/// lies on another is left alone). As root this changes nothing: root is not kept out by
+/// modes.
+fn open_owned(at: &OwnedFd, name: &CStr, on: Option<u64>) -> Result<(OwnedFd, DirId, u64), Errno> {
+    let (fd, id, dev) = match open_checked(at, name) {
+        Err(Errno::ACCESS) => {
+            grant_owner(at, name, on)?;
+            open_checked(at, name)?
+        }
+        r => r?,
+    };
+    let st = rustix::fs::fstat(&fd)?;
+    if st.st_mode & 0o700 != 0o700 && on.is_none_or(|d| d == dev) {
+        // Where it is not ours, the kernel refuses; removing then fails as it would have.
+        let _ = rustix::fs::fchmod(&fd, Mode::from_raw_mode((st.st_mode & 0o7777) | 0o700));
+    }
+    Ok((fd, id, dev))
+}
+
+/// Give the directory `name` beneath `at` its owner's rights (read, write, search), no link
+/// followed: a handle that needs no right on it (O_PATH), checked to be a directory, then
+/// its mode changed through that handle (`/proc/self/fd/N` names that very inode).
+fn grant_owner(at: &OwnedFd, name: &CStr, on: Option<u64>) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    let fd = rustix::fs::openat(
+        at,
+        name,
+        OFlags::PATH
+            .union(OFlags::DIRECTORY)
+            .union(OFlags::NOFOLLOW)
+            .union(OFlags::CLOEXEC),
+        Mode::empty(),
+    )?;
+    let st = rustix::fs::fstat(&fd)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory
+        || on.is_some_and(|d| d != st.st_dev)
+    {
+        return Err(Errno::ACCESS);
+    }
+    rustix::fs::chmod(
+        format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str(),
+        Mode::from_raw_mode((st.st_mode & 0o7777) | 0o700),
+    )
+}
+
 /// Remove the tree at `path`; returns the number of entries it left.
 fn remove_tree_iter(path: &Path) -> std::io::Result<usize> {
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
@@ -90,7 +139,7 @@ fn remove_tree_iter(path: &Path) -> std::io::Result<usize> {
         rustix::fs::unlinkat(&base, name.as_c_str(), AtFlags::empty())?;
         return Ok(0);
     }
-    let (cur, id, dev) = open_checked(&base, &name)?;
+    let (cur, id, dev) = open_owned(&base, &name, None)?;
     if id != DirId::from_stat(&top) {
         return Err(std::io::Error::other("replaced while it was opened"));
     }
@@ -144,7 +193,7 @@ impl Removal<'_> {
         let Some(level) = self.stack.last_mut() else {
             return;
         };
-        match open_checked(&self.cur, &sub) {
+        match open_owned(&self.cur, &sub, Some(self.dev)) {
             Ok((child, id, dev)) if dev == self.dev => {
                 self.cur = child;
                 self.stack.push(Level::new(sub, id));
@@ -252,6 +301,62 @@ above the moved one were left",
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tree its owner (not root) shut itself out of: directories of mode 0 and 0500, a
+    /// link to a directory of someone else's of mode 0. Removed as that owner (a thread
+    /// with its fsuid, so without root's rights over modes), whole; the link's target is
+    /// left as it was.
+    #[test]
+    fn a_tree_chmodded_shut_by_its_owner_is_removed() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("SKIP: a_tree_chmodded_shut_by_its_owner_is_removed needs root");
+            return;
+        }
+        let parent = tempfile::tempdir().unwrap();
+        let (top, outside) = (parent.path().join("top"), parent.path().join("outside"));
+        std::fs::create_dir_all(top.join("shut/deeper/x")).unwrap();
+        std::fs::write(top.join("shut/deeper/f"), "f").unwrap();
+        std::fs::create_dir_all(top.join("readonly")).unwrap();
+        std::fs::write(top.join("readonly/f"), "f").unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, top.join("link")).unwrap();
+        let owner = 65_534;
+        for p in [
+            parent.path(),
+            &top,
+            &top.join("shut"),
+            &top.join("shut/deeper"),
+            &top.join("shut/deeper/x"),
+            &top.join("shut/deeper/f"),
+            &top.join("readonly"),
+            &top.join("readonly/f"),
+        ] {
+            std::os::unix::fs::lchown(p, Some(owner), Some(owner)).unwrap();
+        }
+        let mode = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        mode(&outside, 0o000);
+        mode(&top.join("shut/deeper"), 0o000);
+        mode(&top.join("shut"), 0o000);
+        mode(&top.join("readonly"), 0o500);
+        mode(&top, 0o500);
+        let t = top.clone();
+        let left = std::thread::spawn(move || {
+            // This thread only: its fsuid the owner's (which drops root's rights over modes).
+            nix::unistd::setfsgid(nix::unistd::Gid::from_raw(owner));
+            nix::unistd::setfsuid(nix::unistd::Uid::from_raw(owner));
+            remove_tree_iter(&t)
+        })
+        .join()
+        .unwrap()
+        .unwrap();
+        assert_eq!(left, 0);
+        assert!(!top.exists());
+        let m = std::fs::metadata(&outside).unwrap();
+        assert_eq!((m.mode() & 0o7777, m.uid()), (0, 0));
+    }
 
     #[test]
     fn a_deep_tree_is_removed_with_a_small_stack() {
