@@ -260,12 +260,18 @@ fn parse_npm(stdout: &str, stderr: &str, layer: &Layer, specs: &[Spec]) -> Insta
         .collect();
     installed.sort_by(|a, b| a.name.cmp(&b.name).then(a.version.cmp(&b.version)));
     installed.dedup();
+    // A tarball's body came from the registry when npm's fetch says its cache missed, or
+    // had to be updated (what it says after an eviction: `npm cache clean` leaves a
+    // tombstone in the cache's index), or was skipped; not when it was a hit, served stale
+    // or revalidated (a 304).
     let downloaded = stderr
         .lines()
         .filter(|l| {
             l.starts_with("npm http fetch GET 200 ")
                 && l.contains(".tgz ")
-                && l.ends_with("(cache miss)")
+                && ["(cache miss)", "(cache updated)", "(cache skip)"]
+                    .iter()
+                    .any(|s| l.ends_with(s))
         })
         .count();
     Installed {
@@ -352,7 +358,9 @@ mod tests {
             "added": 3}"#;
         let err = "npm http fetch GET 200 https://registry.npmjs.org/is-odd 242ms (cache miss)\n\
                    npm http cache is-odd@https://registry.npmjs.org/is-odd/-/is-odd-3.0.1.tgz 0ms (cache hit)\n\
-                   npm http fetch GET 200 https://registry.npmjs.org/is-number/-/is-number-6.0.0.tgz 340ms (cache miss)\n";
+                   npm http fetch GET 200 https://registry.npmjs.org/is-number/-/is-number-6.0.0.tgz 340ms (cache miss)\n\
+                   npm http fetch GET 200 https://registry.npmjs.org/is-even/-/is-even-1.0.0.tgz 177ms (cache updated)\n\
+                   npm http fetch GET 304 https://registry.npmjs.org/is-odd/-/is-odd-3.0.1.tgz 17ms (cache revalidated)\n";
         let layer = Layer {
             dir: PathBuf::from("/l"),
             eco: super::super::Eco::Npm,
@@ -361,11 +369,13 @@ mod tests {
             book: None,
             store: None,
             shared: std::sync::Mutex::default(),
+            hold: std::sync::Mutex::default(),
         };
         let specs = super::super::spec::check(super::super::Eco::Npm, &["is-odd@3".into()])
             .expect("a specifier");
         let i = parse_npm(out, err, &layer, &specs);
-        assert_eq!(i.downloaded, 1);
+        // The tarballs fetched: a miss, and an update (an evicted one fetched again).
+        assert_eq!(i.downloaded, 2);
         assert_eq!(i.pins, ["is-odd@3.0.1"]);
         assert_eq!(
             i.installed
