@@ -196,7 +196,9 @@ fn setup(tag: &str, names: &[&str], blob: usize) -> Option<(Dir, Dir, String)> {
 
 /// Two packages of 900 KiB each under a 2 MiB cap (each weighs twice that: uv's copy in
 /// the cache and its shared layer's): the second one's installation evicts the first and
-/// its layer (used least recently, held by nothing), never what a live session holds;
+/// its layer (used least recently, held by nothing), never what a live session holds, nor
+/// does a second server on the same cache (which also removes a dead server's build, and
+/// only that);
 /// `/metrics` counts the hits and misses and says the cache's size, which stays under the
 /// cap; the evicted package is downloaded again when asked for again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -261,6 +263,56 @@ async fn the_cache_stays_under_its_cap_and_metrics_say_so() {
         m.contains("replbox_package_installs_total{source=\"index\"} 2"),
         "{m}"
     );
+    // A second server on the same cache, with a smaller cap, and two builds left in it:
+    // one of a server that died mid-build (its lock held by nobody), one under way (its
+    // lock held, here by the test). At its start it removes the dead one at once, keeps
+    // the live one, and evicts nothing the first server's session holds.
+    let building = cache.0.join("layers/building");
+    let dead = building.join("0123456789abcdef0123456789abcdef");
+    let live = building.join("fedcba9876543210fedcba9876543210");
+    let mut live_lock = None;
+    for b in [&dead, &live] {
+        std::fs::create_dir_all(b.join("pkg")).expect("build dir");
+        std::fs::write(b.join("pkg/m.py"), "x").expect("build file");
+        let lock = std::fs::File::create(b.with_extension("lock")).expect("lock file");
+        if b == &live {
+            rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).expect("flock");
+            live_lock = Some(lock);
+        }
+    }
+    let b = Server::stdio()
+        .env("REPLBOX_LOG", "info")
+        .args([
+            "--package-cache",
+            &cache.s(),
+            "--package-cache-mb",
+            "1",
+            "--package-index",
+            &index,
+        ])
+        .start()
+        .await;
+    // Its first pass ends with an eviction or with saying what it could not evict.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while ![
+        "the cache is over --package-cache-mb",
+        "evicted from the cache",
+    ]
+    .iter()
+    .any(|l| b.log().contains(l))
+    {
+        assert!(std::time::Instant::now() < deadline, "no pass: {}", b.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!b.log().contains("evicted from the cache"), "{}", b.log());
+    assert!(!dead.exists() && !dead.with_extension("lock").exists());
+    assert!(live.join("pkg/m.py").exists() && live.with_extension("lock").exists());
+    let layers = std::fs::read_dir(cache.0.join("layers/shared"))
+        .expect("store")
+        .count();
+    assert_eq!(layers, 1, "the session's layer is in the store");
+    b.stop().await;
+    drop(live_lock);
     // What the session holds is intact and imports.
     let o = http_call(
         c.peer(),
@@ -570,6 +622,12 @@ async fn npm_cache_stays_under_its_cap() {
     // first), npm's cache no longer has it and it comes from the registry again.
     let o = http_call(c.peer(), "run-code", run("rbnpma")).await;
     assert_eq!(o.text.lines().next(), Some("rbnpma"), "{}", o.text);
+    assert_eq!(
+        o.structured["packages"]["downloaded"],
+        json!(1),
+        "{}",
+        o.text
+    );
     let m = scrape(s.addr).await;
     assert!(
         m.contains("replbox_package_installs_total{source=\"index\"} 3"),

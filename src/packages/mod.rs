@@ -206,6 +206,9 @@ pub struct Layer {
     store: Option<PathBuf>,
     /// The shared layer (sealed, in the store) on its search path after `dir`.
     shared: std::sync::Mutex<Option<PathBuf>>,
+    /// The hold on that shared layer, which every server sharing the cache sees (its
+    /// evictions leave the layer while it lives).
+    hold: std::sync::Mutex<Option<shared::Hold>>,
 }
 
 impl Drop for Layer {
@@ -445,6 +448,7 @@ impl Packages {
             book: Some(self.upkeep.book.clone()),
             store: (eco == Eco::Python && self.modes_sealed()).then(|| self.store.dir.clone()),
             shared: std::sync::Mutex::default(),
+            hold: std::sync::Mutex::default(),
         })
     }
 
@@ -479,12 +483,16 @@ impl Packages {
         };
         let texts: Vec<String> = checked.iter().map(|s| s.text.clone()).collect();
         let gate = self.upkeep.gate.read().await;
-        // Known pins, and their layer in the store: nothing to run.
+        // Known pins, and their layer in the store: nothing to run. Held first (so that no
+        // server evicts it once found), then looked for.
         if let Some(pins) = self
             .resolved
             .get(&resolved_key(exe, &self.index.url, &texts))
         {
             let key = self.store.key(&pins, &self.index.url, &tag);
+            let hold = self.store.hold(&key).map_err(|e| {
+                PackageError::Failed(format!("packages: cannot hold a shared layer: {e}"))
+            })?;
             if self.store.path(&key).is_dir() {
                 let out = Installed {
                     installed: pins
@@ -499,41 +507,45 @@ impl Packages {
                     duration_ms: started.elapsed().as_millis() as u64,
                     pins,
                 };
-                self.attach(layer, &key, &out);
+                self.attach(layer, &key, &out, hold);
                 self.metrics.offline(out.installed.len());
                 return Ok(out);
             }
         }
         // Build it: the installer fills a directory of its own in `building/` (offline
         // from the pins when known), the server seals it and puts it in the store.
+        let building = self
+            .store
+            .build(self.installer)
+            .map_err(|e| PackageError::Failed(format!("cannot make a package layer: {e}")))?;
         let build = Layer {
-            dir: self
-                .store
-                .building
-                .join(uuid::Uuid::new_v4().simple().to_string()),
+            dir: building.dir.clone(),
             eco: layer.eco,
             remove: false,
             held: std::sync::Mutex::default(),
             book: None,
             store: None,
             shared: std::sync::Mutex::default(),
+            hold: std::sync::Mutex::default(),
         };
-        own_dir(&build.dir, 0o755, self.installer)
-            .map_err(|e| PackageError::Failed(format!("cannot make a package layer: {e}")))?;
         let r = self
             .install_python(exe, &checked, &build, (principal, cancel), started)
             .await;
-        let dir = build.dir.clone();
         let r = match r {
             Ok(out) => {
                 let key = self.store.key(&out.pins, &self.index.url, &tag);
-                let (store, built, k) = (self.store.dir.clone(), dir.clone(), key.clone());
+                // Held before it is in the store: another server's eviction never sees it
+                // there unheld.
+                let hold = self.store.hold(&key).map_err(|e| {
+                    PackageError::Failed(format!("packages: cannot hold a shared layer: {e}"))
+                })?;
+                let (store, built, k) = (self.store.dir.clone(), build.dir.clone(), key.clone());
                 let put = tokio::task::spawn_blocking(move || shared::publish(&store, &built, &k))
                     .await
                     .unwrap_or_else(|e| Err(std::io::Error::other(e)));
                 match put {
                     Ok(_) => {
-                        self.attach(layer, &key, &out);
+                        self.attach(layer, &key, &out, hold);
                         Ok(out)
                     }
                     Err(e) => Err(PackageError::Failed(format!(
@@ -541,11 +553,10 @@ impl Packages {
                     ))),
                 }
             }
-            Err(e) => {
-                let _ = tokio::task::spawn_blocking(move || shared::remove_sealed(&dir)).await;
-                Err(e)
-            }
+            Err(e) => Err(e),
         };
+        // What is left of the build (nothing once published) goes, with its lock.
+        let _ = tokio::task::spawn_blocking(move || drop(building)).await;
         drop(gate);
         if r.is_ok() {
             // The store grew (and the cache, when it downloaded): measured, kept in the cap.
@@ -554,11 +565,13 @@ impl Packages {
         r
     }
 
-    /// `layer` takes the shared layer `key` (which holds `out`'s packages): on its search
-    /// path, and held (with its packages) while it lives. Called with the gate shared, so
-    /// that no eviction runs between finding the layer and holding it.
-    fn attach(&self, layer: &Layer, key: &str, out: &Installed) {
+    /// `layer` takes the shared layer `key` (which holds `out`'s packages), held by `hold`:
+    /// on its search path, and held (with its packages) while it lives. Called with the gate
+    /// shared, so that no eviction of this server's runs between finding the layer and
+    /// holding it.
+    fn attach(&self, layer: &Layer, key: &str, out: &Installed, hold: shared::Hold) {
         *layer.shared.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.store.path(key));
+        *layer.hold.lock().unwrap_or_else(|e| e.into_inner()) = Some(hold);
         let mut held = layer.held.lock().unwrap_or_else(|e| e.into_inner());
         self.upkeep.book.used(layer.eco, &out.installed, &mut held);
         self.upkeep.book.hold(&cache::layer_key(key), &mut held);

@@ -6,6 +6,10 @@
 //! ROOT/layers/shared/        the server's, 0711: passable, not listable by other uids
 //!   KEY/                     root's (not root: the server's), read-only, sealed
 //! ROOT/layers/building/ID/   the installer's, while it builds a layer
+//! ROOT/layers/building/ID.lock  the server's, 0600: locked (exclusive) by the server
+//!                            building ID for as long as it does
+//! ROOT/layers/holds/KEY      the server's, 0600: locked (shared) by every server with a
+//!                            live run or session on the layer KEY
 //! ROOT/shared.key            the server's, 0600: the secret the keys are made with
 //! ```
 //!
@@ -18,18 +22,30 @@
 //! owned by root, or the server's user, without write, set-uid or set-gid bits) and only
 //! then renames it into the store: nobody sees a layer half built or unsealed, and
 //! neither the installer nor any session can change one afterwards.
+//!
+//! Servers may share one cache, so what says a layer is in use, or a build is under way,
+//! lives in the file system as locks (`flock`), not in one server's memory: a holder takes
+//! a shared lock on `holds/KEY` before it looks for the layer and keeps it while its run or
+//! session lives; eviction takes it exclusive without waiting, and leaves the layer when it
+//! cannot. A build's lock is held for the build's life. The kernel drops a dead server's
+//! locks, so a starting server removes the builds nobody holds at once, and never one that
+//! is under way.
 
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
+use rustix::io::Errno;
 
 use sha2::{Digest, Sha256};
 
 /// Bytes of the store's secret.
 const SECRET_LEN: usize = 32;
 
-/// Age past which a directory left in `building/` is no one's (longer than any
-/// installation may take).
+/// Age past which a directory left in `building/` without a lock (by a server from before
+/// builds had locks) is no one's (longer than any installation may take).
 const LEFTOVER_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// The store's secret (`ROOT/shared.key`), made at the first start; and the interpreters'
@@ -37,6 +53,8 @@ const LEFTOVER_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 36
 pub(super) struct Store {
     pub(super) dir: PathBuf,
     pub(super) building: PathBuf,
+    /// The layers' hold files (see the module's doc).
+    holds: PathBuf,
     secret: [u8; SECRET_LEN],
     tags: Mutex<std::collections::HashMap<PathBuf, (std::time::SystemTime, String)>>,
 }
@@ -46,26 +64,15 @@ impl Store {
     pub(super) fn new(layers: &Path, key_file: &Path) -> std::io::Result<Self> {
         let dir = layers.join("shared");
         let building = layers.join("building");
+        let holds = layers.join("holds");
         super::own_dir(&dir, 0o711, None)?;
         super::own_dir(&building, 0o711, None)?;
-        // What an earlier server left half built (old enough that no installation of
-        // another server sharing this cache can still be filling it).
-        if let Ok(rd) = std::fs::read_dir(&building) {
-            for e in rd.flatten() {
-                let stale = e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
-                    .is_some_and(|age| age > LEFTOVER_AGE);
-                if stale {
-                    remove_sealed(&e.path());
-                }
-            }
-        }
+        super::own_dir(&holds, 0o700, None)?;
+        sweep(&building);
         Ok(Self {
             dir,
             building,
+            holds,
             secret: secret(key_file)?,
             tags: Mutex::default(),
         })
@@ -155,6 +162,31 @@ impl Store {
         Some(tag)
     }
 
+    /// A hold on the layer `key` (whether or not it is in the store yet): while it lives,
+    /// no server evicts that layer. Waits while an eviction of it is under way (a rename),
+    /// so a holder that then finds the layer may use it.
+    pub(super) fn hold(&self, key: &str) -> std::io::Result<Hold> {
+        lock(&self.holds, key, FlockOperation::LockShared).map(Hold)
+    }
+
+    /// A new directory in `building/` for a layer to be built, locked for as long as the
+    /// [`Build`] lives (and removed with it, unless published).
+    pub(super) fn build(&self, installer: Option<u32>) -> std::io::Result<Build> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let lock = lock(
+            &self.building,
+            &format!("{id}.lock"),
+            FlockOperation::LockExclusive,
+        )?;
+        let dir = self.building.join(&id);
+        let build = Build {
+            dir,
+            lock: Some(lock),
+        };
+        super::own_dir(&build.dir, 0o755, installer)?;
+        Ok(build)
+    }
+
     /// The layers the store holds (the server's own listing).
     pub(super) fn keys(&self) -> Vec<String> {
         std::fs::read_dir(&self.dir)
@@ -198,22 +230,144 @@ pub(super) fn publish(store: &Path, built: &Path, key: &str) -> std::io::Result<
     }
 }
 
-/// Remove the layer `key` from the store `store` (unheld: see eviction): out of the store
-/// at once (renamed beside it, into `building/`), then its files. Whether it was there.
+/// Remove the layer `key` from the store `store` unless a server holds it (see the
+/// module's doc): out of the store at once (renamed beside it, into `building/`, under a
+/// lock of its own), then its files. Whether it was removed.
 pub(super) fn remove(store: &Path, key: &str) -> bool {
-    let from = store.join(key);
     let Some(layers) = store.parent() else {
         return false;
     };
-    let to = layers
-        .join("building")
-        .join(format!("gone-{}", uuid::Uuid::new_v4().simple()));
-    // Writable by its owner for the move (see `publish`).
-    if set_mode(&from, 0o755).is_err() || std::fs::rename(&from, &to).is_err() {
+    let holds = layers.join("holds");
+    // Exclusive, without waiting: a holder anywhere keeps it.
+    let Ok(alone) = lock(&holds, key, FlockOperation::NonBlockingLockExclusive) else {
         return false;
+    };
+    let from = store.join(key);
+    let building = layers.join("building");
+    let gone = format!("gone-{}", uuid::Uuid::new_v4().simple());
+    let Ok(removal) = lock(
+        &building,
+        &format!("{gone}.lock"),
+        FlockOperation::LockExclusive,
+    ) else {
+        return false;
+    };
+    let removal = Build {
+        dir: building.join(gone),
+        lock: Some(removal),
+    };
+    // Writable by its owner for the move (see `publish`).
+    let moved = set_mode(&from, 0o755).is_ok() && std::fs::rename(&from, &removal.dir).is_ok();
+    // The hold file goes while it is locked: a holder that opened it before checks, once it
+    // has its lock, that its file is still the one in `holds/`, and opens it again if not.
+    let _ = std::fs::remove_file(holds.join(key));
+    drop(alone);
+    drop(removal);
+    moved
+}
+
+/// A lock (`op`) on `dir/name` (the server's, 0600, made if missing; opened beneath `dir`'s
+/// handle, no link followed). Taken on the file that is still `dir/name` once locked (a
+/// remover unlinks it while it holds it exclusive); WOULDBLOCK when `op` does not wait and
+/// someone holds it.
+fn lock(dir: &Path, name: &str, op: FlockOperation) -> std::io::Result<OwnedFd> {
+    let d = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    // Each attempt loses only to a remover that unlinked the file in between.
+    for _ in 0..100 {
+        let fd = rustix::fs::openat(
+            &d,
+            name,
+            OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        rustix::fs::flock(&fd, op)?;
+        let (have, named) = (
+            rustix::fs::fstat(&fd)?,
+            rustix::fs::statat(&d, name, AtFlags::SYMLINK_NOFOLLOW),
+        );
+        if let Ok(named) = named
+            && (named.st_dev, named.st_ino) == (have.st_dev, have.st_ino)
+        {
+            return Ok(fd);
+        }
     }
-    remove_sealed(&to);
-    true
+    Err(std::io::Error::other(format!(
+        "the lock file {name} keeps being replaced"
+    )))
+}
+
+/// A hold on a shared layer (see [`Store::hold`]); released when dropped.
+#[derive(Debug)]
+pub(super) struct Hold(#[allow(dead_code)] OwnedFd);
+
+/// A layer being built in `building/` (see [`Store::build`]): its directory, removed with
+/// its lock when dropped (nothing is left when it was published: it was renamed away).
+#[derive(Debug)]
+pub(super) struct Build {
+    pub(super) dir: PathBuf,
+    lock: Option<OwnedFd>,
+}
+
+impl Drop for Build {
+    fn drop(&mut self) {
+        remove_sealed(&self.dir);
+        // The lock file goes while it is still locked (see `lock`).
+        let mut name = self.dir.clone().into_os_string();
+        name.push(".lock");
+        let _ = std::fs::remove_file(name);
+        drop(self.lock.take());
+    }
+}
+
+/// Remove what `building/` holds that no live server is building: each `ID.lock` nobody
+/// holds, with its `ID`; a directory without a lock (a server's from before builds had
+/// locks) only once it is older than [`LEFTOVER_AGE`].
+fn sweep(building: &Path) {
+    let Ok(rd) = std::fs::read_dir(building) else {
+        return;
+    };
+    let mut locked = std::collections::HashSet::new();
+    let mut lockless = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        match name.strip_suffix(".lock") {
+            Some(id) => {
+                locked.insert(id.to_string());
+                match lock(building, name, FlockOperation::NonBlockingLockExclusive) {
+                    // Nobody's: the build died with its server.
+                    Ok(fd) => drop(Build {
+                        dir: building.join(id),
+                        lock: Some(fd),
+                    }),
+                    Err(e) if e.raw_os_error() == Some(Errno::WOULDBLOCK.raw_os_error()) => {}
+                    Err(e) => tracing::warn!(lock = name, error = %e,
+                        "packages: cannot check a build left in the cache"),
+                }
+            }
+            None => lockless.push((name.to_string(), e)),
+        }
+    }
+    for (name, e) in lockless {
+        if locked.contains(&name) {
+            continue;
+        }
+        let stale = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > LEFTOVER_AGE);
+        if stale {
+            remove_sealed(&e.path());
+        }
+    }
 }
 
 /// The server's secret in `file` (0600, its own), made when missing or unusable.
@@ -287,22 +441,9 @@ pub(super) fn seal(top: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Remove a sealed (or half-built) tree: its directories made writable again by their
-/// owner (the server, when it is not root, needs it), then removed.
+/// Remove a sealed (or half-built) tree: `remove_tree` gives the server's own directories
+/// their owner's rights back as it goes (the server, when it is not root, needs it).
 pub(super) fn remove_sealed(top: &Path) {
-    let mut stack = vec![top.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let Ok(m) = std::fs::symlink_metadata(&p) else {
-            continue;
-        };
-        if !m.is_dir() {
-            continue;
-        }
-        let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755));
-        if let Ok(rd) = std::fs::read_dir(&p) {
-            stack.extend(rd.flatten().map(|e| e.path()));
-        }
-    }
     crate::workspace::remove_tree(top);
 }
 
