@@ -365,7 +365,7 @@ impl Config {
     }
 
     /// The egress policy of the flags (`App::new` reports a bad entry).
-    pub fn egress_policy(&self) -> Result<Policy, String> {
+    pub fn egress_policy(&self) -> Result<Policy, crate::egress::EgressError> {
         Policy::new(
             self.allow_network,
             &self.allow_domain,

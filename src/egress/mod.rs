@@ -27,7 +27,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{AbortHandle, JoinSet};
 
-pub use policy::Policy;
+pub use policy::{EgressError, Policy};
 
 /// The port the bridge listens on inside a sandbox's own network namespace.
 pub const BRIDGE_PORT: u16 = 3128;
@@ -331,4 +331,12 @@ fn own_addresses() -> Vec<IpAddr> {
     v.sort();
     v.dedup();
     v
+}
+
+/// Domains a caller asked for, refused: the caller's to fix (the operator's flags never reach
+/// a tool call: the server does not start with a bad one).
+impl From<EgressError> for crate::error::ToolError {
+    fn from(e: EgressError) -> Self {
+        Self::invalid(e.to_string())
+    }
 }

@@ -26,8 +26,38 @@ pub struct Policy {
 /// Most domains a caller may ask for at once.
 const MAX_CALLER_DOMAINS: usize = 32;
 
-/// A domain entry, normalised, or why it is not one.
-fn domain_entry(d: &str) -> Result<String, String> {
+/// An egress entry refused: the operator's flags, or the domains a caller asks for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EgressError {
+    /// Not a domain name (`list`: `--allow-domain`, `--caller-domains` or `allow_domains`).
+    #[error("{list}: {value:?} is not a domain name")]
+    Domain { list: &'static str, value: String },
+    #[error("--allow-host: {value:?} is not HOST:PORT")]
+    HostPort { value: String },
+    #[error("--allow-host: {value:?}: bad port")]
+    Port { value: String },
+    /// The caller asked for domains where the operator lets callers add none (`reach`:
+    /// what user code may reach anyway, if anything).
+    #[error(
+        "allow_domains is not accepted by this server: its operator lets callers add no \
+         domains (--caller-domains); {}. Leave allow_domains out",
+        match .reach {
+            Some(r) => format!("user code may reach {r}"),
+            None => "user code has no network".to_string(),
+        }
+    )]
+    NoCallerDomains { reach: Option<String> },
+    #[error("allow_domains: at most {MAX_CALLER_DOMAINS} domains")]
+    TooMany,
+    #[error(
+        "allow_domains: {name} is not among the domains this server lets callers ask for ({})",
+        .callers.join(", ")
+    )]
+    NotCovered { name: String, callers: Vec<String> },
+}
+
+/// A domain entry, normalised, or why it is not one (`list` names where it was given).
+fn domain_entry(d: &str, list: &'static str) -> Result<String, EgressError> {
     let name = normalize(d.trim());
     let bare = name.strip_prefix("*.").unwrap_or(&name);
     if bare.is_empty()
@@ -36,7 +66,10 @@ fn domain_entry(d: &str) -> Result<String, String> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == ':')
     {
-        return Err(format!("{d:?} is not a domain name"));
+        return Err(EgressError::Domain {
+            list,
+            value: d.into(),
+        });
     }
     Ok(name)
 }
@@ -68,7 +101,7 @@ impl Policy {
         domains: &[String],
         hosts: &[String],
         callers: &[String],
-    ) -> Result<Self, String> {
+    ) -> Result<Self, EgressError> {
         let mut p = Policy {
             any,
             ..Policy::default()
@@ -78,22 +111,21 @@ impl Policy {
             ("--caller-domains", callers, &mut p.callers),
         ] {
             for d in list.iter().map(|d| d.trim()).filter(|d| !d.is_empty()) {
-                let name = domain_entry(d).map_err(|e| format!("{flag}: {e}"))?;
+                let name = domain_entry(d, flag)?;
                 if !into.contains(&name) {
                     into.push(name);
                 }
             }
         }
         for h in hosts.iter().map(|h| h.trim()).filter(|h| !h.is_empty()) {
-            let (host, port) = h
-                .rsplit_once(':')
-                .ok_or_else(|| format!("--allow-host: {h:?} is not HOST:PORT"))?;
+            let not_host_port = || EgressError::HostPort { value: h.into() };
+            let (host, port) = h.rsplit_once(':').ok_or_else(not_host_port)?;
             let port: u16 = port
                 .parse()
-                .map_err(|_| format!("--allow-host: {h:?}: bad port"))?;
+                .map_err(|_| EgressError::Port { value: h.into() })?;
             let host = normalize(host);
             if host.is_empty() || port == 0 {
-                return Err(format!("--allow-host: {h:?} is not HOST:PORT"));
+                return Err(not_host_port());
             }
             p.hosts.push((host, port));
         }
@@ -113,37 +145,28 @@ impl Policy {
     /// Check the domains a caller asks for (`allow_domains`): each must be one the operator
     /// lets callers ask for (`--caller-domains`: the same entry, or a name it covers).
     /// Returns them normalised.
-    pub fn check_caller(&self, asked: &[String]) -> Result<Vec<String>, String> {
+    pub fn check_caller(&self, asked: &[String]) -> Result<Vec<String>, EgressError> {
         if asked.is_empty() {
             return Ok(Vec::new());
         }
         if self.callers.is_empty() {
-            return Err(format!(
-                "allow_domains is not accepted by this server: its operator lets callers add no \
-                 domains (--caller-domains); {}. Leave allow_domains out",
-                if self.grants_anything() {
-                    format!("user code may reach {}", self.describe())
-                } else {
-                    "user code has no network".to_string()
-                }
-            ));
+            return Err(EgressError::NoCallerDomains {
+                reach: self.grants_anything().then(|| self.describe()),
+            });
         }
         if asked.len() > MAX_CALLER_DOMAINS {
-            return Err(format!(
-                "allow_domains: at most {MAX_CALLER_DOMAINS} domains"
-            ));
+            return Err(EgressError::TooMany);
         }
         let mut out = Vec::new();
         for d in asked {
-            let name = domain_entry(d).map_err(|e| format!("allow_domains: {e}"))?;
+            let name = domain_entry(d, "allow_domains")?;
             let covered = self.callers.contains(&name)
                 || (!name.starts_with("*.") && matches(&self.callers, &name));
             if !covered {
-                return Err(format!(
-                    "allow_domains: {name} is not among the domains this server lets callers \
-                     ask for ({})",
-                    self.callers.join(", ")
-                ));
+                return Err(EgressError::NotCovered {
+                    name,
+                    callers: self.callers.clone(),
+                });
             }
             if !out.contains(&name) {
                 out.push(name);
@@ -340,9 +363,10 @@ mod tests {
         let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let none = Policy::new(false, &v(&["pypi.org"]), &[], &[]).expect("policy");
         let e = none.check_caller(&v(&["example.com"])).unwrap_err();
-        assert!(
-            e.contains("--caller-domains") && e.contains("pypi.org"),
-            "{e}"
+        assert_eq!(
+            e.to_string(),
+            "allow_domains is not accepted by this server: its operator lets callers add no \
+             domains (--caller-domains); user code may reach pypi.org. Leave allow_domains out"
         );
         assert_eq!(none.check_caller(&[]), Ok(Vec::new()));
         let p = Policy::new(

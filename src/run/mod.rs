@@ -187,10 +187,7 @@ impl Runner {
         progress: Option<&Progress>,
     ) -> Result<RunReport, ToolError> {
         req.check(lang)?;
-        let domains = self
-            .sandbox
-            .check_caller_domains(&req.allow_domains)
-            .map_err(ToolError::invalid)?;
+        let domains = self.sandbox.check_caller_domains(&req.allow_domains)?;
         let caller = Caller {
             principal: req.principal.clone(),
         };

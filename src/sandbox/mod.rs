@@ -342,7 +342,10 @@ owns it or may change it"
 
     /// Check the domains a caller asks for (`allow_domains`) against the operator's
     /// `--caller-domains`; a message for the agent when refused.
-    pub fn check_caller_domains(&self, asked: &[String]) -> Result<Vec<String>, String> {
+    pub fn check_caller_domains(
+        &self,
+        asked: &[String],
+    ) -> Result<Vec<String>, crate::egress::EgressError> {
         match &self.egress {
             Some(e) => e.policy().check_caller(asked),
             None => crate::egress::Policy::default().check_caller(asked),

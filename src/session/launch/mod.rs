@@ -317,7 +317,7 @@ files and folders (--max-tracked-files)",
         }
         self.sandbox
             .check_caller_domains(&req.allow_domains)
-            .map_err(ToolError::invalid)
+            .map_err(ToolError::from)
     }
 
     /// Start the interpreter in its directories; until it is up, a failure takes the files
