@@ -13,6 +13,7 @@ mod display;
 mod durable;
 mod egress;
 mod fuzz;
+mod ghci_attacks;
 mod helper;
 mod http;
 mod http_limits;
