@@ -503,6 +503,29 @@ map describe [Red, Blue]"#;
         ("ok", "6\n"),
         "in sync, state kept"
     );
+    // The macros are the compiled module's (a package, which the server, as root, builds
+    // into its cache at the first session); neither a `:load` of the user's nor a reset of
+    // the package flags (which unloads what was loaded) takes them away.
+    let o = s.eval(&id, ":show packages").await;
+    if nix::unistd::geteuid().is_root() {
+        assert!(output(&o).contains("replbox-ghci"), "{}", o.text);
+    }
+    let o = s
+        .eval(
+            &id,
+            "writeFile \"M.hs\" \"module M where\\nm = 7 :: Int\\n\"\n:load M.hs\nm * 6",
+        )
+        .await;
+    assert!(output(&o).ends_with("42\n"), "{}", o.text);
+    let o = s
+        .eval(&id, ":set -package containers\nSystem.Mem.performGC\n6 * 7")
+        .await;
+    assert_eq!(
+        (status(&o), output(&o).ends_with("42\n")),
+        ("ok", true),
+        "{}",
+        o.text
+    );
     // Unicode goes through putStrLn unchanged (show escapes it, as in ghci).
     let o = s.eval(&id, "putStrLn \"λ → ü\"\n\"λ\"").await;
     assert_eq!(output(&o), "λ → ü\n\"\\955\"\n");

@@ -64,6 +64,10 @@ pub fn parse_spec(origin: &str, text: &str, folder: Folder<'_>) -> anyhow::Resul
     }
     if let Some(s) = spec.session.as_mut() {
         load("session.bootstrap", &mut s.bootstrap)?;
+        if let Some(c) = s.compiled.as_mut() {
+            load("session.compiled.module", &mut c.module)?;
+            load("session.compiled.bootstrap", &mut c.bootstrap)?;
+        }
     }
     if let Some(s) = spec.notebook.as_mut().and_then(|n| n.setup.as_mut()) {
         load("notebook.setup", s)?;
@@ -210,6 +214,19 @@ fn check_session(s: &SessionSpec, bad: Bad<'_>) -> anyhow::Result<()> {
     }
     protocol::check_source(&s.bootstrap.text, protocol::SESSION_VARS)
         .map_err(|e| bad("session.bootstrap", &e))?;
+    if let Some(c) = &s.compiled {
+        protocol::check_source(&c.bootstrap.text, protocol::SESSION_VARS)
+            .map_err(|e| bad("session.compiled.bootstrap", &e))?;
+        let stem = c.module.file.strip_suffix(".hs").unwrap_or("");
+        let is_module = stem.chars().next().is_some_and(|c| c.is_ascii_uppercase())
+            && stem.chars().all(|c| c.is_ascii_alphanumeric());
+        if !is_module {
+            return Err(bad(
+                "session.compiled.module",
+                "must be a Haskell module's file: a capitalised plain name ending in .hs",
+            ));
+        }
+    }
     for line in &s.init {
         protocol::check_source(line, protocol::SESSION_VARS)
             .map_err(|e| bad("session.init", &e))?;
@@ -307,6 +324,13 @@ pub(super) mod tests {
             let used: Vec<&str> = std::iter::once(LANGUAGE_FILE)
                 .chain(spec.run.pool.as_ref().map(|p| p.loader.file.as_str()))
                 .chain(spec.session.as_ref().map(|s| s.bootstrap.file.as_str()))
+                .chain(
+                    spec.session
+                        .as_ref()
+                        .and_then(|s| s.compiled.as_ref())
+                        .into_iter()
+                        .flat_map(|c| [c.module.file.as_str(), c.bootstrap.file.as_str()]),
+                )
                 .chain(
                     spec.notebook
                         .as_ref()

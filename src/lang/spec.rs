@@ -235,6 +235,12 @@ pub struct SessionSpec {
     /// directory. Its placeholders (see [`protocol::SESSION_VARS`]) are written as literals
     /// of the language: `{ctl:json}`, `{nonce:shell}`, `{max_images}`.
     pub bootstrap: Source,
+    /// Optional: the bootstrap's logic as a module the server compiles once to object code
+    /// (ghc only; see docs/bootstrap-protocol.md, "Compiled bootstrap modules"). When it is
+    /// built, sessions run [`Compiled::bootstrap`] instead, and `{compiled_args}` in the
+    /// command stands for the arguments that load the module; otherwise for nothing.
+    #[serde(default)]
+    pub compiled: Option<Compiled>,
     /// Before languages were folders: the bootstrap's name in the control directory. Only
     /// read to say how to convert such a file.
     #[serde(default)]
@@ -310,6 +316,18 @@ pub struct SessionSpec {
     /// it prints `replbox-preload-failed: NAME...` for those that did not import.
     #[serde(default)]
     pub preload: Option<String>,
+}
+
+/// A bootstrap module compiled once by the server (`[session.compiled]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Compiled {
+    /// The module's source (a Haskell module named as the file's stem). Not a template:
+    /// one build serves every session.
+    pub module: Source,
+    /// The bootstrap sessions run when the module is built, written under the name of
+    /// [`SessionSpec::bootstrap`]'s file; the same placeholders.
+    pub bootstrap: Source,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -427,12 +445,25 @@ pub fn expand(template: &str, vars: &[(&str, &str)]) -> String {
 
 /// Expand a command template; an element that is exactly `{args}` becomes the caller's args.
 pub fn expand_command(template: &[String], vars: &[(&str, &str)], args: &[String]) -> Vec<String> {
-    let mut out = Vec::with_capacity(template.len() + args.len());
+    expand_command_lists(template, vars, &[("args", args)])
+}
+
+/// [`expand_command`] with any list placeholders: an element that is exactly `{NAME}` for
+/// one of `lists` becomes that list's elements (none for an empty list).
+pub fn expand_command_lists(
+    template: &[String],
+    vars: &[(&str, &str)],
+    lists: &[(&str, &[String])],
+) -> Vec<String> {
+    let mut out = Vec::with_capacity(template.len());
     for part in template {
-        if part == "{args}" {
-            out.extend(args.iter().cloned());
-        } else {
-            out.push(expand(part, vars));
+        let list = part
+            .strip_prefix('{')
+            .and_then(|p| p.strip_suffix('}'))
+            .and_then(|name| lists.iter().find(|(n, _)| *n == name));
+        match list {
+            Some((_, items)) => out.extend(items.iter().cloned()),
+            None => out.push(expand(part, vars)),
         }
     }
     out

@@ -2,6 +2,7 @@
 //! language, the directory and the files brought into it, the bootstrap, the environment
 //! and the confinement).
 
+mod compiled;
 mod prepare;
 pub(super) mod warm;
 
@@ -25,7 +26,7 @@ use crate::hostfs::{self, CwdPolicy};
 use crate::identity::Caller;
 use crate::lang::{
     Detected, InterpreterInfo, Language, LookupError, Registry, SessionSpec, Why, did_you_mean,
-    expand, expand_command,
+    expand, expand_command_lists,
 };
 use crate::sandbox::{Holder, Lease, Sandbox};
 use crate::share::Share;
@@ -191,6 +192,8 @@ pub(super) struct Launcher {
     pub(super) upstreams: std::sync::OnceLock<Arc<crate::upstream::Upstreams>>,
     /// Packages on demand (set once by the App; None: `--no-packages`).
     pub(super) packages: std::sync::OnceLock<Option<Arc<crate::packages::Packages>>>,
+    /// Bootstrap modules compiled once (ghci's).
+    compiled: compiled::Builds,
 }
 
 impl Launcher {
@@ -209,6 +212,7 @@ impl Launcher {
             cwd_policy,
             upstreams: std::sync::OnceLock::new(),
             packages: std::sync::OnceLock::new(),
+            compiled: compiled::Builds::new(None),
         }
     }
 
@@ -576,8 +580,18 @@ have put it there; this session runs the server's Python. Pass venv to use it an
             &dirs.cwd,
             u64::from(self.config.max_images),
         );
+        // A compiled bootstrap module when there is one (built at the language's first
+        // session), else the bootstrap as it is.
+        let built = match &spec.compiled {
+            Some(c) => self.compiled.get(c, &it.exe).await,
+            None => None,
+        };
+        let source = match (&built, &spec.compiled) {
+            (Some(_), Some(c)) => &c.bootstrap.text,
+            _ => &spec.bootstrap.text,
+        };
         let boot_path = dirs.ctl.join(&spec.bootstrap.file);
-        let (path, text) = (boot_path.clone(), values.expand(&spec.bootstrap.text));
+        let (path, text) = (boot_path.clone(), values.expand(source));
         tokio::task::spawn_blocking(move || crate::workspace::write_ctl(&path, text))
             .await
             .map_err(std::io::Error::other)
@@ -613,7 +627,9 @@ have put it there; this session runs the server's Python. Pass venv to use it an
         let child = builder
             .language_reads(&it.lang.spec.reads)
             .writable([dirs.out.clone(), cache_dir])
-            .readable([dirs.ctl.clone()])
+            .readable(
+                std::iter::once(dirs.ctl.clone()).chain(built.as_ref().map(|b| b.dir.clone())),
+            )
             .language_env(language.map(|(k, v)| (k.clone(), expand(v, &vars))))
             .caller_env(caller_env)
             .build();
@@ -629,7 +645,11 @@ have put it there; this session runs the server's Python. Pass venv to use it an
         Ok(Arc::new(Launch {
             sandbox: self.sandbox.clone(),
             jail: child.jail,
-            argv: expand_command(&spec.command, &vars, &[]),
+            argv: expand_command_lists(
+                &spec.command,
+                &vars,
+                &[("compiled_args", built.as_ref().map_or(&[][..], |b| &b.args))],
+            ),
             env: child.env,
             cwd: dirs.cwd.clone(),
             ctl: dirs.ctl.clone(),
