@@ -582,9 +582,15 @@ have put it there; this session runs the server's Python. Pass venv to use it an
         );
         // A compiled bootstrap module when there is one (built at the language's first
         // session), else the bootstrap as it is.
+        // It is shared by path with every session: only where none can change it (as root it
+        // is root's and sessions run as other uids; at bwrap it is bound read-only). Not
+        // root at landlock or none, sessions run as the server's own uid and could chmod it
+        // for every other principal's ghci: those start from the interpreted bootstrap.
+        let shared_read_only =
+            self.sandbox.root || self.sandbox.level == crate::sandbox::Level::Bwrap;
         let built = match &spec.compiled {
-            Some(c) => self.compiled.get(c, &it.exe).await,
-            None => None,
+            Some(c) if shared_read_only => self.compiled.get(c, &it.exe).await,
+            _ => None,
         };
         let source = match (&built, &spec.compiled) {
             (Some(_), Some(c)) => &c.bootstrap.text,
