@@ -93,3 +93,49 @@ async fn a_ghci_session_cannot_break_another_principals_ghci_at_landlock_not_roo
         .status();
     let _ = std::fs::remove_dir_all(&home);
 }
+
+/// ghci reads a package environment file (`.ghc.environment.<arch>-<os>-<version>`) from its
+/// working directory and every directory above it, and loads the package databases and
+/// packages it names: whoever can write a session's cwd, or a directory above it, would choose
+/// the code the session's ghci loads. Sessions and runs start ghc with `-package-env -`, so
+/// no such file is read: the hostile one here names a package set ghci cannot satisfy, and
+/// both start and evaluate as usual.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_package_environment_file_in_the_cwd_is_not_read() {
+    use std::os::unix::fs::PermissionsExt;
+    if !common::require("haskell", "ghci") {
+        return;
+    }
+    let version = std::process::Command::new("ghc")
+        .arg("--numeric-version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    // Every name ghc might look for, whatever its version and platform's spelling.
+    let hostile = "clear-package-db\nglobal-package-db\npackage-id ghc-prim-no-such-unit\n";
+    for name in [
+        format!(".ghc.environment.x86_64-linux-{version}"),
+        format!(".ghc.environment.aarch64-linux-{version}"),
+    ] {
+        std::fs::write(dir.path().join(name), hostile).expect("environment file");
+    }
+    let cwd = dir.path().to_string_lossy().to_string();
+    let s = common::Server::stdio().start().await;
+    let o = s
+        .call("session_start", json!({"language": "haskell", "cwd": cwd}))
+        .await;
+    assert!(!o.is_error, "{}", o.text);
+    let id = o.s("session_id").to_string();
+    let o = s.eval(&id, "6 * 7").await;
+    assert_eq!(o.s("status"), "ok", "{}", o.text);
+    assert_eq!(
+        o.structured["output"].as_str().unwrap_or("").trim(),
+        "42",
+        "{}",
+        o.text
+    );
+    s.stop().await;
+}
