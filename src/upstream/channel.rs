@@ -449,7 +449,7 @@ impl Inner {
             let live = match g.instance.get().await {
                 Ok(l) => l,
                 Err(e) => {
-                    servers.push(json!({"name": g.name, "tools": [], "error": e}));
+                    servers.push(json!({"name": g.name, "tools": [], "error": e.to_string()}));
                     continue;
                 }
             };

@@ -34,6 +34,65 @@ const MAX_LOG_LINE: usize = 2048;
 /// pass by default), before the operator's `env`.
 const INHERITED: &[&str] = &["HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG"];
 
+/// Why an upstream is not running: what a session asking for it, or code calling it, is told.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("MCP server {server} could not be started: {why}")]
+    Start { server: String, why: StartError },
+    /// Starts keep failing: the last one's error, how many failed in a row, and the seconds
+    /// until the next may be tried.
+    #[error(
+        "MCP server {server} could not be started: {why} (tried {failures} time(s) in a row; \
+         trying again in {in_s} s)"
+    )]
+    Paused {
+        server: String,
+        why: StartError,
+        failures: u32,
+        in_s: u64,
+    },
+}
+
+/// Why one start of an upstream failed. Cloned: the last one is told again until the next
+/// start may be tried.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StartError {
+    #[error("it did not answer within {} s", START_TIMEOUT.as_secs())]
+    Timeout,
+    #[error("{command}: {error}")]
+    Spawn {
+        command: String,
+        error: Arc<std::io::Error>,
+    },
+    #[error("no pipes to the process")]
+    NoPipes,
+    #[error("MCP handshake failed: {0}")]
+    Handshake(Arc<rmcp::service::ClientInitializeError>),
+    /// An HTTP server's handshake: its error may quote the URL (a credential in its query),
+    /// so the server's log has it and the message does not.
+    #[error("its MCP handshake failed (the server's log says why)")]
+    HttpHandshake,
+    #[error("header {key}: {error}")]
+    HeaderName {
+        key: String,
+        error: Arc<http::header::InvalidHeaderName>,
+    },
+    #[error("header {0}: not a valid value")]
+    HeaderValue(String),
+    #[error("HTTP client: {0}")]
+    Client(Arc<reqwest::Error>),
+    #[error("tools/list failed: {0}")]
+    ToolsList(Arc<rmcp::service::ServiceError>),
+}
+
+/// An upstream a session asked for did not start: not the caller's mistake, nor the
+/// server's own.
+impl From<UpstreamError> for crate::error::ToolError {
+    fn from(e: UpstreamError) -> Self {
+        Self::new(crate::error::ErrorKind::StartFailed, e.to_string())
+    }
+}
+
 /// A connected upstream: its client and the tools it listed.
 pub struct Live {
     service: RunningService<RoleClient, ClientConfig>,
@@ -97,7 +156,7 @@ struct State {
     live: Option<Arc<Live>>,
     /// Starts that failed in a row, and when the next may be tried.
     failures: u32,
-    retry_at: Option<(Instant, String)>,
+    retry_at: Option<(Instant, StartError)>,
     starts: u64,
 }
 
@@ -112,7 +171,7 @@ impl Instance {
     }
 
     /// The connected upstream, started now if it is not running (or died).
-    pub async fn get(&self) -> Result<Arc<Live>, String> {
+    pub async fn get(&self) -> Result<Arc<Live>, UpstreamError> {
         let mut st = self.state.lock().await;
         if let Some(live) = &st.live {
             if !live.is_closed() {
@@ -128,11 +187,12 @@ impl Instance {
         if let Some((at, why)) = &st.retry_at
             && Instant::now() < *at
         {
-            return Err(format!(
-                "{why} (tried {} time(s) in a row; trying again in {} s)",
-                st.failures,
-                at.saturating_duration_since(Instant::now()).as_secs() + 1
-            ));
+            return Err(UpstreamError::Paused {
+                server: self.spec.name.clone(),
+                why: why.clone(),
+                failures: st.failures,
+                in_s: at.saturating_duration_since(Instant::now()).as_secs() + 1,
+            });
         }
         st.starts += 1;
         let started = tokio::time::timeout(START_TIMEOUT, self.start()).await;
@@ -155,15 +215,18 @@ impl Instance {
             failed => {
                 let why = match failed {
                     Ok(Err(why)) => why,
-                    _ => format!("it did not answer within {} s", START_TIMEOUT.as_secs()),
+                    _ => StartError::Timeout,
                 };
-                let why = format!("MCP server {} could not be started: {why}", self.spec.name);
-                tracing::warn!(server = %self.spec.name, "{why}");
+                let e = UpstreamError::Start {
+                    server: self.spec.name.clone(),
+                    why: why.clone(),
+                };
+                tracing::warn!(server = %self.spec.name, "{e}");
                 st.failures += 1;
                 let pause =
                     Duration::from_secs(1 << st.failures.min(5)).min(Duration::from_secs(30));
-                st.retry_at = Some((Instant::now() + pause, why.clone()));
-                Err(why)
+                st.retry_at = Some((Instant::now() + pause, why));
+                Err(e)
             }
         }
     }
@@ -182,7 +245,7 @@ impl Instance {
         drop(live);
     }
 
-    async fn start(&self) -> Result<Live, String> {
+    async fn start(&self) -> Result<Live, StartError> {
         let info = ClientConfig::new(
             ClientCapabilities::default(),
             Implementation::new("replbox", env!("CARGO_PKG_VERSION")),
@@ -213,14 +276,17 @@ impl Instance {
                     .stderr(Stdio::piped())
                     .process_group(0)
                     .kill_on_drop(true);
-                let mut child = cmd.spawn().map_err(|e| format!("{command}: {e}"))?;
+                let mut child = cmd.spawn().map_err(|e| StartError::Spawn {
+                    command: command.clone(),
+                    error: Arc::new(e),
+                })?;
                 let pid = child.id().map(|p| p as i32).unwrap_or(0);
                 let group = Group {
                     pgid: pid,
                     name: self.spec.name.clone(),
                 };
                 let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-                    return Err("no pipes to the process".into());
+                    return Err(StartError::NoPipes);
                 };
                 if let Some(stderr) = child.stderr.take() {
                     log_stderr(self.spec.name.clone(), stderr);
@@ -231,16 +297,20 @@ impl Instance {
                 let service = info
                     .serve(transport)
                     .await
-                    .map_err(|e| format!("MCP handshake failed: {e}"))?;
+                    .map_err(|e| StartError::Handshake(Arc::new(e)))?;
                 (service, Some(group))
             }
             Transport::Http { url, headers } => {
                 let mut custom = HashMap::new();
                 for (k, v) in headers {
-                    let name = http::HeaderName::from_bytes(k.as_bytes())
-                        .map_err(|e| format!("header {k}: {e}"))?;
+                    let name = http::HeaderName::from_bytes(k.as_bytes()).map_err(|e| {
+                        StartError::HeaderName {
+                            key: k.clone(),
+                            error: Arc::new(e),
+                        }
+                    })?;
                     let value = http::HeaderValue::from_str(v)
-                        .map_err(|_| format!("header {k}: not a valid value"))?;
+                        .map_err(|_| StartError::HeaderValue(k.clone()))?;
                     custom.insert(name, value);
                 }
                 let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
@@ -251,14 +321,14 @@ impl Instance {
                     reqwest::Client::builder()
                         .no_proxy()
                         .build()
-                        .map_err(|e| format!("HTTP client: {e}"))?,
+                        .map_err(|e| StartError::Client(Arc::new(e)))?,
                     config,
                 );
                 // A transport error may quote the URL (a credential in its query): the
                 // server's log has it, the caller's message does not.
                 let service = info.serve(transport).await.map_err(|e| {
                     tracing::warn!(server = %self.spec.name, "MCP handshake failed: {e}");
-                    "its MCP handshake failed (the server's log says why)".to_string()
+                    StartError::HttpHandshake
                 })?;
                 (service, None)
             }
@@ -266,7 +336,7 @@ impl Instance {
         let tools = service
             .list_all_tools()
             .await
-            .map_err(|e| format!("tools/list failed: {e}"))?;
+            .map_err(|e| StartError::ToolsList(Arc::new(e)))?;
         Ok(Live {
             service,
             tools: Arc::new(bound_tools(&self.spec.name, tools)),
@@ -352,4 +422,42 @@ fn reap(name: String, mut child: tokio::process::Child) {
             Err(e) => tracing::warn!(server = %name, "MCP server process: {e}"),
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_pinned() {
+        let start = UpstreamError::Start {
+            server: "everything".into(),
+            why: StartError::Timeout,
+        };
+        assert_eq!(
+            start.to_string(),
+            "MCP server everything could not be started: it did not answer within 60 s"
+        );
+        let paused = UpstreamError::Paused {
+            server: "remote".into(),
+            why: StartError::HttpHandshake,
+            failures: 2,
+            in_s: 4,
+        };
+        assert_eq!(
+            paused.to_string(),
+            "MCP server remote could not be started: its MCP handshake failed (the server's log \
+             says why) (tried 2 time(s) in a row; trying again in 4 s)"
+        );
+        let spawn = StartError::Spawn {
+            command: "/nonexistent".into(),
+            error: Arc::new(std::io::Error::from_raw_os_error(2)),
+        };
+        assert_eq!(
+            spawn.to_string(),
+            "/nonexistent: No such file or directory (os error 2)"
+        );
+        let e: crate::error::ToolError = paused.into();
+        assert_eq!(e.kind, crate::error::ErrorKind::StartFailed);
+    }
 }

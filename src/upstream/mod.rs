@@ -34,7 +34,7 @@ pub use flags::Flags;
 pub use record::{CallRecord, CallSummary};
 use spec::{Grants, ServerSpec, ToolSet};
 
-use crate::error::{ErrorKind, ToolError};
+use crate::error::ToolError;
 use crate::identity::Caller;
 use crate::metrics::UpstreamMetrics;
 use instance::Instance;
@@ -112,14 +112,14 @@ impl Upstreams {
         metrics: Option<UpstreamMetrics>,
     ) -> anyhow::Result<Self> {
         let specs = match &flags.servers {
-            Some(p) => spec::load_servers(p).map_err(|e| anyhow::anyhow!(e))?,
+            Some(p) => spec::load_servers(p)?,
             None => Vec::new(),
         };
         let grants = match &flags.grants {
             Some(p) if flags.servers.is_none() => {
                 anyhow::bail!("--mcp-grants {} needs --mcp-servers", p.display())
             }
-            Some(p) => Grants::load(p, &specs).map_err(|e| anyhow::anyhow!(e))?,
+            Some(p) => Grants::load(p, &specs)?,
             None => Grants::default(),
         };
         let root = workspace.join("tools");
@@ -212,10 +212,7 @@ impl Upstreams {
                 )));
             };
             let instance = self.instance(spec, &caller.principal);
-            let live = instance
-                .get()
-                .await
-                .map_err(|e| ToolError::new(ErrorKind::StartFailed, e))?;
+            let live = instance.get().await?;
             listing.push(ServerTools {
                 name: name.clone(),
                 tools: live

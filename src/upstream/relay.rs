@@ -136,6 +136,7 @@ async fn answer(
     let live = match granted.instance.get().await {
         Ok(l) => l,
         Err(e) => {
+            let e = e.to_string();
             rec.status = CallStatus::Failed;
             rec.error = Some(e.clone());
             return (error_reply("failed", e, None), true);

@@ -49,6 +49,103 @@ impl ServerSpec {
     }
 }
 
+/// A mistake in the operator's files (`--mcp-servers`, `--mcp-grants`), naming the file and
+/// the entry. No variant has a `source`: each message already holds its cause, and the
+/// server's start prints an error's chain after it (`{:#}`), which would say it twice.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// One of the files (`flag`: `--mcp-servers` or `--mcp-grants`) and what is wrong in it.
+    #[error("{flag} {}: {error}", path.display())]
+    File {
+        flag: &'static str,
+        path: PathBuf,
+        error: Box<ConfigError>,
+    },
+    #[error("{0}")]
+    Read(std::io::Error),
+    #[error("not JSON: {0}")]
+    NotJson(serde_json::Error),
+    #[error("expected an object {{\"mcpServers\": {{\"NAME\": {{...}}}}}}")]
+    ServersShape,
+    #[error(
+        "server {0:?}: a name is 1-{MAX_NAME} characters of A-Z a-z 0-9 _ - (code calls it as \
+         tools.<name>)"
+    )]
+    Name(String),
+    /// One server's entry and what is wrong in it.
+    #[error("server {name:?}: {error}")]
+    Server {
+        name: String,
+        error: Box<ConfigError>,
+    },
+    #[error("expected an object with `command` (stdio) or `url` (HTTP)")]
+    EntryShape,
+    #[error(
+        "unknown key {0:?} (known: {known}, and perPrincipal)",
+        known = KNOWN_KEYS[..7].join(", ")
+    )]
+    UnknownKey(String),
+    /// A key's value of the wrong kind (`be`: what it must be).
+    #[error("{key} must be {be}")]
+    Must { key: String, be: &'static str },
+    #[error("give either command (stdio) or url (HTTP), not both")]
+    Both,
+    #[error("give command (stdio) or url (HTTP)")]
+    Neither,
+    #[error("type {0:?} does not go with command")]
+    TypeNotCommand(Option<String>),
+    #[error("type {0:?} does not go with url")]
+    TypeNotUrl(String),
+    #[error("env.{0}: not a valid variable")]
+    EnvVar(String),
+    /// A key of the other transport's (`headers` for command, `args`, `env`, `cwd` for url).
+    #[error("headers are for url (HTTP) servers")]
+    HeadersNotStdio,
+    #[error("{0} is for command (stdio) servers")]
+    NotHttp(&'static str),
+    #[error(
+        "the old SSE transport is not supported: give the server's streamable HTTP endpoint \
+         (type \"http\")"
+    )]
+    Sse,
+    #[error(
+        "url {0:?}: only http:// URLs are supported by this build (no TLS); put a local \
+         TLS-terminating proxy in front of an https:// server"
+    )]
+    NoTls(String),
+    #[error("headers.{0}: not a valid HTTP header")]
+    Header(String),
+    #[error("expected an object {{\"PRINCIPAL\": [\"server\", ...]}}")]
+    GrantsShape,
+    /// A grant names a server the servers file does not have (`servers`: those it has).
+    #[error(
+        "{principal:?}: no server {server:?} in --mcp-servers (servers: {})",
+        .servers.join(", ")
+    )]
+    NoServer {
+        principal: String,
+        server: String,
+        servers: Vec<String>,
+    },
+    #[error("{0:?}: a list of server names")]
+    ServerNames(String),
+    #[error("{0:?}: a list of servers, or an object of server: tools")]
+    Grant(String),
+    #[error("{principal:?}.{server}: a list of tool names")]
+    ToolNames { principal: String, server: String },
+    #[error("{principal:?}.{server}: \"*\" (every tool) or a list of tool names")]
+    Tools { principal: String, server: String },
+}
+
+impl ConfigError {
+    fn must(key: impl Into<String>, be: &'static str) -> Self {
+        Self::Must {
+            key: key.into(),
+            be,
+        }
+    }
+}
+
 /// A server name: what `tools.<name>` and `replbox-tool NAME` take.
 pub fn valid_server_name(name: &str) -> bool {
     !name.is_empty()
@@ -59,31 +156,36 @@ pub fn valid_server_name(name: &str) -> bool {
 }
 
 /// Read the servers file (`{"mcpServers": {NAME: {...}}}`, or the map alone).
-pub fn load_servers(path: &Path) -> Result<Vec<ServerSpec>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("--mcp-servers {}: {e}", path.display()))?;
-    parse_servers(&text).map_err(|e| format!("--mcp-servers {}: {e}", path.display()))
+pub fn load_servers(path: &Path) -> Result<Vec<ServerSpec>, ConfigError> {
+    std::fs::read_to_string(path)
+        .map_err(ConfigError::Read)
+        .and_then(|text| parse_servers(&text))
+        .map_err(|e| ConfigError::File {
+            flag: "--mcp-servers",
+            path: path.into(),
+            error: Box::new(e),
+        })
 }
 
 /// Parse the servers file's text.
-pub fn parse_servers(text: &str) -> Result<Vec<ServerSpec>, String> {
-    let doc: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+pub fn parse_servers(text: &str) -> Result<Vec<ServerSpec>, ConfigError> {
+    let doc: Value = serde_json::from_str(text).map_err(ConfigError::NotJson)?;
     let map = match doc.get("mcpServers") {
         Some(m) => m,
         None => &doc,
     };
     let Some(map) = map.as_object() else {
-        return Err("expected an object {\"mcpServers\": {\"NAME\": {...}}}".into());
+        return Err(ConfigError::ServersShape);
     };
     let mut out = Vec::new();
     for (name, entry) in map {
         if !valid_server_name(name) {
-            return Err(format!(
-                "server {name:?}: a name is 1-{MAX_NAME} characters of A-Z a-z 0-9 _ - \
-                 (code calls it as tools.<name>)"
-            ));
+            return Err(ConfigError::Name(name.clone()));
         }
-        let spec = parse_entry(name, entry).map_err(|e| format!("server {name:?}: {e}"))?;
+        let spec = parse_entry(name, entry).map_err(|e| ConfigError::Server {
+            name: name.clone(),
+            error: Box::new(e),
+        })?;
         if let Some(spec) = spec {
             out.push(spec);
         }
@@ -101,27 +203,26 @@ const IGNORED_KEYS: &[&str] = &[
     "note",
 ];
 
-fn parse_entry(name: &str, entry: &Value) -> Result<Option<ServerSpec>, String> {
+/// The keys of an entry (the first seven are named when a key is unknown).
+const KNOWN_KEYS: &[&str] = &[
+    "command",
+    "args",
+    "env",
+    "cwd",
+    "url",
+    "headers",
+    "type",
+    "disabled",
+    "perPrincipal",
+];
+
+fn parse_entry(name: &str, entry: &Value) -> Result<Option<ServerSpec>, ConfigError> {
     let Some(obj) = entry.as_object() else {
-        return Err("expected an object with `command` (stdio) or `url` (HTTP)".into());
+        return Err(ConfigError::EntryShape);
     };
     for key in obj.keys() {
-        let known = [
-            "command",
-            "args",
-            "env",
-            "cwd",
-            "url",
-            "headers",
-            "type",
-            "disabled",
-            "perPrincipal",
-        ];
-        if !known.contains(&key.as_str()) && !IGNORED_KEYS.contains(&key.as_str()) {
-            return Err(format!(
-                "unknown key {key:?} (known: {}, and perPrincipal)",
-                known[..7].join(", ")
-            ));
+        if !KNOWN_KEYS.contains(&key.as_str()) && !IGNORED_KEYS.contains(&key.as_str()) {
+            return Err(ConfigError::UnknownKey(key.clone()));
         }
     }
     if obj.get("disabled").and_then(Value::as_bool) == Some(true) {
@@ -131,60 +232,61 @@ fn parse_entry(name: &str, entry: &Value) -> Result<Option<ServerSpec>, String> 
     let per_principal = match obj.get("perPrincipal") {
         None => false,
         Some(Value::Bool(b)) => *b,
-        Some(_) => return Err("perPrincipal must be true or false".into()),
+        Some(_) => return Err(ConfigError::must("perPrincipal", "true or false")),
     };
     let kind = match obj.get("type") {
         None => None,
         Some(Value::String(s)) => Some(s.as_str()),
-        Some(_) => return Err("type must be a string".into()),
+        Some(_) => return Err(ConfigError::must("type", "a string")),
     };
-    let strings = |key: &str| -> Result<BTreeMap<String, String>, String> {
+    let strings = |key: &str| -> Result<BTreeMap<String, String>, ConfigError> {
         match obj.get(key) {
             None => Ok(BTreeMap::new()),
             Some(Value::Object(m)) => m
                 .iter()
                 .map(|(k, v)| match v {
                     Value::String(s) => Ok((k.clone(), s.clone())),
-                    _ => Err(format!("{key}.{k} must be a string")),
+                    _ => Err(ConfigError::must(format!("{key}.{k}"), "a string")),
                 })
                 .collect(),
-            Some(_) => Err(format!("{key} must be an object of strings")),
+            Some(_) => Err(ConfigError::must(key, "an object of strings")),
         }
     };
     let transport = match (obj.get("command"), obj.get("url")) {
         (Some(_), Some(_)) => {
-            return Err("give either command (stdio) or url (HTTP), not both".into());
+            return Err(ConfigError::Both);
         }
-        (None, None) => return Err("give command (stdio) or url (HTTP)".into()),
+        (None, None) => return Err(ConfigError::Neither),
         (Some(c), None) => {
             if !matches!(kind, None | Some("stdio")) {
-                return Err(format!("type {kind:?} does not go with command"));
+                return Err(ConfigError::TypeNotCommand(kind.map(str::to_string)));
             }
             let Some(command) = c.as_str().filter(|c| !c.is_empty()) else {
-                return Err("command must be a non-empty string".into());
+                return Err(ConfigError::must("command", "a non-empty string"));
             };
+            let not_strings = || ConfigError::must("args", "a list of strings");
             let args = match obj.get("args") {
                 None => Vec::new(),
                 Some(Value::Array(a)) => a
                     .iter()
                     .map(|v| v.as_str().map(str::to_string))
                     .collect::<Option<Vec<_>>>()
-                    .ok_or("args must be a list of strings")?,
-                Some(_) => return Err("args must be a list of strings".into()),
+                    .ok_or_else(not_strings)?,
+                Some(_) => return Err(not_strings()),
             };
             let env = strings("env")?;
             for (k, v) in &env {
                 if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                    return Err(format!("env.{k}: not a valid variable"));
+                    return Err(ConfigError::EnvVar(k.clone()));
                 }
             }
             let cwd = match obj.get("cwd") {
                 None => None,
                 Some(Value::String(s)) if Path::new(s).is_absolute() => Some(PathBuf::from(s)),
-                Some(_) => return Err("cwd must be an absolute path".into()),
+                Some(_) => return Err(ConfigError::must("cwd", "an absolute path")),
             };
             if obj.contains_key("headers") {
-                return Err("headers are for url (HTTP) servers".into());
+                return Err(ConfigError::HeadersNotStdio);
             }
             Transport::Stdio {
                 command: command.to_string(),
@@ -196,25 +298,18 @@ fn parse_entry(name: &str, entry: &Value) -> Result<Option<ServerSpec>, String> 
         (None, Some(u)) => {
             match kind {
                 None | Some("http" | "streamable-http" | "streamableHttp" | "streamable_http") => {}
-                Some("sse") => {
-                    return Err("the old SSE transport is not supported: give the server's \
-                                streamable HTTP endpoint (type \"http\")"
-                        .into());
-                }
-                Some(k) => return Err(format!("type {k:?} does not go with url")),
+                Some("sse") => return Err(ConfigError::Sse),
+                Some(k) => return Err(ConfigError::TypeNotUrl(k.to_string())),
             }
             let Some(url) = u.as_str() else {
-                return Err("url must be a string".into());
+                return Err(ConfigError::must("url", "a string"));
             };
             if !url.starts_with("http://") {
-                return Err(format!(
-                    "url {url:?}: only http:// URLs are supported by this build (no TLS); \
-                     put a local TLS-terminating proxy in front of an https:// server"
-                ));
+                return Err(ConfigError::NoTls(url.to_string()));
             }
             for key in ["args", "env", "cwd"] {
                 if obj.contains_key(key) {
-                    return Err(format!("{key} is for command (stdio) servers"));
+                    return Err(ConfigError::NotHttp(key));
                 }
             }
             let headers = strings("headers")?;
@@ -222,7 +317,7 @@ fn parse_entry(name: &str, entry: &Value) -> Result<Option<ServerSpec>, String> 
                 if http::HeaderName::from_bytes(k.as_bytes()).is_err()
                     || http::HeaderValue::from_str(v).is_err()
                 {
-                    return Err(format!("headers.{k}: not a valid HTTP header"));
+                    return Err(ConfigError::Header(k.clone()));
                 }
             }
             Transport::Http {
@@ -270,41 +365,43 @@ pub const ANY_TOKEN: &str = "*";
 
 impl Grants {
     /// Read the grants file, checking every server it names against `servers`.
-    pub fn load(path: &Path, servers: &[ServerSpec]) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("--mcp-grants {}: {e}", path.display()))?;
-        Self::parse(&text, servers).map_err(|e| format!("--mcp-grants {}: {e}", path.display()))
+    pub fn load(path: &Path, servers: &[ServerSpec]) -> Result<Self, ConfigError> {
+        std::fs::read_to_string(path)
+            .map_err(ConfigError::Read)
+            .and_then(|text| Self::parse(&text, servers))
+            .map_err(|e| ConfigError::File {
+                flag: "--mcp-grants",
+                path: path.into(),
+                error: Box::new(e),
+            })
     }
 
     /// `{"PRINCIPAL": ["server", ...] | {"server": "*" | ["tool", ...]}}`.
-    pub fn parse(text: &str, servers: &[ServerSpec]) -> Result<Self, String> {
-        let doc: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    pub fn parse(text: &str, servers: &[ServerSpec]) -> Result<Self, ConfigError> {
+        let doc: Value = serde_json::from_str(text).map_err(ConfigError::NotJson)?;
         let Some(map) = doc.as_object() else {
-            return Err("expected an object {\"PRINCIPAL\": [\"server\", ...]}".into());
+            return Err(ConfigError::GrantsShape);
         };
         let known = |s: &str| servers.iter().any(|x| x.name == s);
         let mut named = BTreeMap::new();
         for (principal, v) in map {
             let mut grant = Grant::new();
-            let server = |s: &str| -> Result<(), String> {
+            let server = |s: &str| -> Result<(), ConfigError> {
                 if known(s) {
                     Ok(())
                 } else {
-                    Err(format!(
-                        "{principal:?}: no server {s:?} in --mcp-servers (servers: {})",
-                        servers
-                            .iter()
-                            .map(|x| x.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
+                    Err(ConfigError::NoServer {
+                        principal: principal.clone(),
+                        server: s.to_string(),
+                        servers: servers.iter().map(|x| x.name.clone()).collect(),
+                    })
                 }
             };
             match v {
                 Value::Array(list) => {
                     for s in list {
                         let Some(s) = s.as_str() else {
-                            return Err(format!("{principal:?}: a list of server names"));
+                            return Err(ConfigError::ServerNames(principal.clone()));
                         };
                         server(s)?;
                         grant.insert(s.to_string(), ToolSet::All);
@@ -319,24 +416,22 @@ impl Grants {
                                 t.iter()
                                     .map(|x| x.as_str().map(str::to_string))
                                     .collect::<Option<BTreeSet<_>>>()
-                                    .ok_or_else(|| {
-                                        format!("{principal:?}.{s}: a list of tool names")
+                                    .ok_or_else(|| ConfigError::ToolNames {
+                                        principal: principal.clone(),
+                                        server: s.clone(),
                                     })?,
                             ),
                             _ => {
-                                return Err(format!(
-                                    "{principal:?}.{s}: \"*\" (every tool) or a list of tool names"
-                                ));
+                                return Err(ConfigError::Tools {
+                                    principal: principal.clone(),
+                                    server: s.clone(),
+                                });
                             }
                         };
                         grant.insert(s.clone(), set);
                     }
                 }
-                _ => {
-                    return Err(format!(
-                        "{principal:?}: a list of servers, or an object of server: tools"
-                    ));
-                }
+                _ => return Err(ConfigError::Grant(principal.clone())),
             }
             named.insert(principal.clone(), grant);
         }
@@ -425,9 +520,73 @@ mod tests {
             ),
             ("[", "not JSON"),
         ] {
-            let e = parse_servers(text).unwrap_err();
+            let e = parse_servers(text).unwrap_err().to_string();
             assert!(e.contains(what), "{text}: {e}");
         }
+    }
+
+    /// The longest messages, byte for byte, with the file and the entry around them.
+    #[test]
+    fn messages_are_pinned() {
+        let e = |text: &str| parse_servers(text).unwrap_err().to_string();
+        assert_eq!(
+            e(r#"{"mcpServers": {"a b": {"command": "x"}}}"#),
+            "server \"a b\": a name is 1-64 characters of A-Z a-z 0-9 _ - (code calls it as \
+             tools.<name>)"
+        );
+        assert_eq!(
+            e(r#"{"mcpServers": {"a": {"command": "x", "comand": 1}}}"#),
+            "server \"a\": unknown key \"comand\" (known: command, args, env, cwd, url, \
+             headers, type, and perPrincipal)"
+        );
+        assert_eq!(
+            e(r#"{"mcpServers": {"a": {"url": "http://h", "type": "sse"}}}"#),
+            "server \"a\": the old SSE transport is not supported: give the server's \
+             streamable HTTP endpoint (type \"http\")"
+        );
+        assert_eq!(
+            e(r#"{"mcpServers": {"a": {"url": "https://h"}}}"#),
+            "server \"a\": url \"https://h\": only http:// URLs are supported by this build \
+             (no TLS); put a local TLS-terminating proxy in front of an https:// server"
+        );
+        assert_eq!(
+            e(r#"{"mcpServers": {"a": {"command": "x", "type": "http"}}}"#),
+            "server \"a\": type Some(\"http\") does not go with command"
+        );
+        assert_eq!(
+            e(r#"{"mcpServers": {"a": {"url": "http://h", "type": "stdio"}}}"#),
+            "server \"a\": type \"stdio\" does not go with url"
+        );
+        assert_eq!(
+            e(r#"{"mcpServers": {"a": {"command": "x", "env": {"K": 1}}}}"#),
+            "server \"a\": env.K must be a string"
+        );
+        assert_eq!(
+            e(r#"{"mcpServers": {"a": {"url": "http://h", "cwd": "/"}}}"#),
+            "server \"a\": cwd is for command (stdio) servers"
+        );
+        assert_eq!(
+            e("[]"),
+            "expected an object {\"mcpServers\": {\"NAME\": {...}}}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("servers.json");
+        std::fs::write(&file, r#"{"a": {"command": "x", "perPrincipal": 1}}"#).unwrap();
+        assert_eq!(
+            load_servers(&file).unwrap_err().to_string(),
+            format!(
+                "--mcp-servers {}: server \"a\": perPrincipal must be true or false",
+                file.display()
+            )
+        );
+        let servers = load_servers(&file.with_file_name("absent"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            servers.starts_with("--mcp-servers ")
+                && servers.ends_with("absent: No such file or directory (os error 2)"),
+            "{servers}"
+        );
     }
 
     #[test]
@@ -451,8 +610,34 @@ mod tests {
         let local = g.of("local", true, &servers);
         assert!(!local.contains_key("remote"));
         assert!(!local["everything"].allows("get-env"));
-        let e = Grants::parse(r#"{"alice": ["nope"]}"#, &servers).unwrap_err();
-        assert!(e.contains("no server \"nope\""), "{e}");
-        assert!(Grants::parse(r#"{"alice": {"everything": 3}}"#, &servers).is_err());
+        let e = |text: &str| Grants::parse(text, &servers).unwrap_err().to_string();
+        assert_eq!(
+            e(r#"{"alice": ["nope"]}"#),
+            "\"alice\": no server \"nope\" in --mcp-servers (servers: everything, remote)"
+        );
+        assert_eq!(
+            e(r#"{"alice": {"everything": 3}}"#),
+            "\"alice\".everything: \"*\" (every tool) or a list of tool names"
+        );
+        assert_eq!(
+            e(r#"{"alice": {"everything": [3]}}"#),
+            "\"alice\".everything: a list of tool names"
+        );
+        assert_eq!(
+            e(r#"{"alice": 3}"#),
+            "\"alice\": a list of servers, or an object of server: tools"
+        );
+        assert_eq!(
+            e("[]"),
+            "expected an object {\"PRINCIPAL\": [\"server\", ...]}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("grants.json");
+        std::fs::write(&file, "{").unwrap();
+        let e = Grants::load(&file, &servers).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("--mcp-grants {}: not JSON: ", file.display())),
+            "{e}"
+        );
     }
 }
