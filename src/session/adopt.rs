@@ -15,6 +15,26 @@ use crate::cluster::{Cluster, RENEW_EVERY, Record, check_node_id, heir};
 use crate::error::{ErrorKind, ToolError};
 use crate::identity::Caller;
 
+/// Why a claimed session's journal could not be taken over (the server's own failure).
+#[derive(Debug, thiserror::Error)]
+enum TakeError {
+    #[error("cannot move {} to {}: {error}", from.display(), to.display())]
+    Move {
+        from: PathBuf,
+        to: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("cannot write {}: {error}", path.display())]
+    Write {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error(transparent)]
+    Journal(#[from] journal::JournalError),
+    #[error("{0}")]
+    Join(tokio::task::JoinError),
+}
+
 fn unavailable(why: impl std::fmt::Display) -> ToolError {
     tracing::warn!("cluster: {why}");
     ToolError::new(
@@ -413,13 +433,15 @@ it is back (another server may take its sessions over). Try again in a few secon
         let (lease, generation, claim) =
             (record.lease, record.generation, claim_of(cluster, record));
         let moved =
-            tokio::task::spawn_blocking(move || -> Result<Option<journal::Journal>, String> {
+            tokio::task::spawn_blocking(move || -> Result<Option<journal::Journal>, TakeError> {
                 let Some(from) = find_journal(&shared, &mine, &id_) else {
                     return Ok(None);
                 };
                 if from != dest {
-                    std::fs::rename(&from, &dest).map_err(|e| {
-                        format!("cannot move {} to {}: {e}", from.display(), dest.display())
+                    std::fs::rename(&from, &dest).map_err(|error| TakeError::Move {
+                        from,
+                        to: dest.clone(),
+                        error,
                     })?;
                 }
                 let j = journal::read(&dest, &id_, max)?;
@@ -434,12 +456,16 @@ it is back (another server may take its sessions over). Try again in a few secon
                 let full = j.full_at.is_some();
                 journal::Writer::reopen(&dest, max, full)
                     .and_then(|w| w.claim(&mine, lease, claim))
-                    .map_err(|e| format!("cannot write {}: {e}", dest.display()))?;
-                journal::read(&dest, &id_, max).map(Some)
+                    .map_err(|error| TakeError::Write {
+                        path: dest.clone(),
+                        error,
+                    })?;
+                journal::read(&dest, &id_, max)
+                    .map(Some)
+                    .map_err(TakeError::from)
             })
             .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r);
+            .unwrap_or_else(|e| Err(TakeError::Join(e)));
         match moved {
             Ok(Some(j)) if j.owner == principal => {
                 let path = self.journals.path_of(id).unwrap_or_default();

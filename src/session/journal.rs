@@ -533,33 +533,80 @@ impl Journaled {
     }
 }
 
+/// Why a journal does not read: it is corrupt (or gone). Lines are counted from 1.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("cannot open it: {0}")]
+    Open(io::Error),
+    /// Its metadata or bytes could not be read.
+    #[error("{0}")]
+    Read(io::Error),
+    #[error("not a regular file")]
+    NotFile,
+    #[error("{0} bytes, over the bound")]
+    TooBig(u64),
+    #[error("line {0}: not UTF-8")]
+    NotUtf8(usize),
+    #[error("line {0}: no checksum")]
+    NoChecksum(usize),
+    #[error("line {0}: checksum mismatch")]
+    Checksum(usize),
+    #[error("line {line}: {error}")]
+    Entry {
+        line: usize,
+        error: serde_json::Error,
+    },
+    #[error("truncated before its first line ended")]
+    TornStart,
+    #[error("it does not begin with the session's start")]
+    NoStart,
+    #[error("version {0}, this server reads {VERSION}")]
+    Version(u32),
+    #[error("it names session {found:?}, not {id:?}")]
+    OtherSession { found: String, id: String },
+    #[error("a second start line")]
+    SecondStart,
+    #[error("a cell after the journal was full")]
+    CellAfterFull,
+    #[error("cell {0} out of order")]
+    CellOrder(u64),
+    #[error("cell {0} started out of order")]
+    StartedOrder(u64),
+    #[error("cell {0}: a started line too long")]
+    StartedTooLong(u64),
+    #[error("cell {0}: packages out of order")]
+    PackagesOrder(u64),
+    #[error("cell {0}: a packages line too long")]
+    PackagesTooLong(u64),
+}
+
 /// Read the journal of session `id` at `path`; `Err` says why it is corrupt.
-pub fn read(path: &Path, id: &str, max: u64) -> Result<Journal, String> {
+pub fn read(path: &Path, id: &str, max: u64) -> Result<Journal, JournalError> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| format!("cannot open it: {e}"))?;
-    let meta = file.metadata().map_err(|e| e.to_string())?;
+        .map_err(JournalError::Open)?;
+    let meta = file.metadata().map_err(JournalError::Read)?;
     if !meta.is_file() {
-        return Err("not a regular file".into());
+        return Err(JournalError::NotFile);
     }
     // A journal is at most its bound plus the lines that end it; allow some slack for a
     // bound that was larger when it was written.
     let limit = max.saturating_mul(2).saturating_add(1 << 20);
     if meta.len() > limit {
-        return Err(format!("{} bytes, over the bound", meta.len()));
+        return Err(JournalError::TooBig(meta.len()));
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     file.take(limit + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
+        .map_err(JournalError::Read)?;
     let modified = meta.mtime().max(0) as u64;
     parse(&bytes, id, modified)
 }
 
 /// Parse a journal's bytes (see [`read`]).
-pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, String> {
+pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, JournalError> {
     let mut lines: Vec<&[u8]> = bytes.split_inclusive(|b| *b == b'\n').collect();
     let mut torn = false;
     if lines.last().is_some_and(|l| !l.ends_with(b"\n")) {
@@ -568,16 +615,14 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, String> {
     }
     let mut entries = Vec::with_capacity(lines.len());
     for (i, line) in lines.iter().enumerate() {
-        let line = &line[..line.len() - 1];
-        let text = std::str::from_utf8(line).map_err(|_| format!("line {}: not UTF-8", i + 1))?;
-        let (h, json) = text
-            .split_once(' ')
-            .ok_or_else(|| format!("line {}: no checksum", i + 1))?;
+        let (line, n) = (&line[..line.len() - 1], i + 1);
+        let text = std::str::from_utf8(line).map_err(|_| JournalError::NotUtf8(n))?;
+        let (h, json) = text.split_once(' ').ok_or(JournalError::NoChecksum(n))?;
         if h != hash(json.as_bytes()) {
-            return Err(format!("line {}: checksum mismatch", i + 1));
+            return Err(JournalError::Checksum(n));
         }
         let entry: Entry =
-            serde_json::from_str(json).map_err(|e| format!("line {}: {e}", i + 1))?;
+            serde_json::from_str(json).map_err(|error| JournalError::Entry { line: n, error })?;
         entries.push(entry);
     }
     let mut it = entries.into_iter();
@@ -590,16 +635,19 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, String> {
     }) = it.next()
     else {
         return Err(if torn {
-            "truncated before its first line ended".into()
+            JournalError::TornStart
         } else {
-            "it does not begin with the session's start".into()
+            JournalError::NoStart
         });
     };
     if version != VERSION {
-        return Err(format!("version {version}, this server reads {VERSION}"));
+        return Err(JournalError::Version(version));
     }
     if session_id != id {
-        return Err(format!("it names session {session_id:?}, not {id:?}"));
+        return Err(JournalError::OtherSession {
+            found: session_id,
+            id: id.into(),
+        });
     }
     let mut j = Journal {
         session_id,
@@ -624,13 +672,13 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, String> {
             continue;
         }
         match e {
-            Entry::Start { .. } => return Err("a second start line".into()),
+            Entry::Start { .. } => return Err(JournalError::SecondStart),
             Entry::Cell(c) => {
                 if j.full_at.is_some() {
-                    return Err("a cell after the journal was full".into());
+                    return Err(JournalError::CellAfterFull);
                 }
                 if j.cells.last().is_some_and(|l| l.eval_id >= c.eval_id) || c.eval_id == 0 {
-                    return Err(format!("cell {} out of order", c.eval_id));
+                    return Err(JournalError::CellOrder(c.eval_id));
                 }
                 j.unfinished.retain(|u| u.eval_id != c.eval_id);
                 j.cells.push(c);
@@ -640,10 +688,10 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, String> {
             } => {
                 let last = j.cells.last().map_or(0, |c| c.eval_id);
                 if eval_id <= last || j.unfinished.last().is_some_and(|u| u.eval_id >= eval_id) {
-                    return Err(format!("cell {eval_id} started out of order"));
+                    return Err(JournalError::StartedOrder(eval_id));
                 }
                 if code.len() > STARTED_CODE * 4 {
-                    return Err(format!("cell {eval_id}: a started line too long"));
+                    return Err(JournalError::StartedTooLong(eval_id));
                 }
                 j.unfinished.push(Unfinished {
                     eval_id,
@@ -655,10 +703,10 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, String> {
                 eval_id, installed, ..
             } => {
                 if eval_id <= j.cells.last().map_or(0, |c| c.eval_id) {
-                    return Err(format!("cell {eval_id}: packages out of order"));
+                    return Err(JournalError::PackagesOrder(eval_id));
                 }
                 if installed.len() > PACKAGES_MAX || installed.iter().any(|p| p.len() > 300) {
-                    return Err(format!("cell {eval_id}: a packages line too long"));
+                    return Err(JournalError::PackagesTooLong(eval_id));
                 }
                 j.packages.insert(eval_id, installed);
             }
@@ -804,22 +852,34 @@ mod tests {
         let changed = String::from_utf8(bytes.clone())
             .unwrap()
             .replace("x = 41", "x = 42");
-        assert!(
-            parse(changed.as_bytes(), ID, 0)
-                .unwrap_err()
-                .contains("checksum")
-        );
+        let e = |bytes: &[u8], id: &str| parse(bytes, id, 0).unwrap_err().to_string();
+        assert_eq!(e(changed.as_bytes(), ID), "line 2: checksum mismatch");
         let mut twice = bytes.clone();
         twice.extend(line_of(&cell(1, "again")).unwrap());
-        assert!(parse(&twice, ID, 0).unwrap_err().contains("out of order"));
-        assert!(parse(&bytes, "other", 0).is_err());
-        assert!(parse(b"\x00\xffgarbage\n", ID, 0).is_err());
-        assert!(parse(b"", ID, 0).is_err());
+        assert_eq!(e(&twice, ID), "cell 1 out of order");
+        assert_eq!(
+            e(&bytes, "other"),
+            format!("it names session \"{ID}\", not \"other\"")
+        );
+        assert_eq!(e(b"\x00\xffgarbage\n", ID), "line 1: not UTF-8");
+        assert_eq!(e(b"", ID), "it does not begin with the session's start");
+        assert_eq!(e(b"{}", ID), "truncated before its first line ended");
+        assert_eq!(e(b"abc\n", ID), "line 1: no checksum");
         // A field the server never writes is refused, checksum or not.
         let json = r#"{"type":"cell","eval_id":2,"code":"1","status":"ok","duration_ms":1,"started_at":1,"timeout_ms":1,"shell":"rm -rf /"}"#;
         let mut extra = bytes.clone();
         extra.extend(format!("{} {json}\n", hash(json.as_bytes())).as_bytes());
-        assert!(parse(&extra, ID, 0).is_err());
+        assert!(e(&extra, ID).starts_with("line 3: "));
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(
+            read(d.path(), ID, 1 << 20).unwrap_err().to_string(),
+            "not a regular file"
+        );
+        let e = read(&d.path().join("absent"), ID, 1 << 20).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cannot open it: No such file or directory (os error 2)"
+        );
     }
 
     #[test]
@@ -841,11 +901,12 @@ mod tests {
         let mut bytes = line_of(&start()).unwrap();
         bytes.extend(line_of(&cell(2, "a")).unwrap());
         bytes.extend(line_of(&pk(2, &["six==1"])).unwrap());
-        assert!(parse(&bytes, ID, 0).is_err());
+        let e = |bytes: &[u8]| parse(bytes, ID, 0).unwrap_err().to_string();
+        assert_eq!(e(&bytes), "cell 2: packages out of order");
         let mut bytes = line_of(&start()).unwrap();
         let many: Vec<&str> = vec!["x==1"; PACKAGES_MAX + 1];
         bytes.extend(line_of(&pk(1, &many)).unwrap());
-        assert!(parse(&bytes, ID, 0).is_err());
+        assert_eq!(e(&bytes), "cell 1: a packages line too long");
     }
 
     #[test]
@@ -884,7 +945,8 @@ mod tests {
         let mut bytes = line_of(&start()).unwrap();
         bytes.extend(line_of(&cell(2, "a")).unwrap());
         bytes.extend(line_of(&started(2, 1, "a")).unwrap());
-        assert!(parse(&bytes, ID, 0).unwrap_err().contains("out of order"));
+        let e = |bytes: &[u8]| parse(bytes, ID, 0).unwrap_err().to_string();
+        assert_eq!(e(&bytes), "cell 2 started out of order");
         let mut bytes = line_of(&start()).unwrap();
         let huge = Entry::Started {
             eval_id: 1,
@@ -893,6 +955,6 @@ mod tests {
             generation: 0,
         };
         bytes.extend(line_of(&huge).unwrap());
-        assert!(parse(&bytes, ID, 0).unwrap_err().contains("too long"));
+        assert_eq!(e(&bytes), "cell 1: a started line too long");
     }
 }

@@ -231,17 +231,16 @@ this one lost contact with its cluster registry. Try again in a few seconds."
     /// Read a suspended session's journal again (off the async workers).
     pub(super) async fn read(&self, s: &Journaled) -> Result<Journal, ToolError> {
         let (path, id, max) = (s.path.clone(), s.id.clone(), self.max());
-        tokio::task::spawn_blocking(move || journal::read(&path, &id, max))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r)
-            .map_err(|why| {
-                ToolError::internal(format!(
-                    "the journal of session {} cannot be read any more: {why}",
-                    s.id
-                ))
-                .session(&s.id)
-            })
+        let why = match tokio::task::spawn_blocking(move || journal::read(&path, &id, max)).await {
+            Ok(Ok(j)) => return Ok(j),
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        Err(ToolError::internal(format!(
+            "the journal of session {} cannot be read any more: {why}",
+            s.id
+        ))
+        .session(&s.id))
     }
 
     /// Delete the caller's suspended session's journal (session_close on it).

@@ -162,44 +162,114 @@ impl Store {
     }
 }
 
+/// Why a task file does not read (it is then set aside).
+#[derive(Debug, thiserror::Error)]
+pub enum TaskFileError {
+    #[error("cannot open it: {0}")]
+    Open(io::Error),
+    /// Its metadata or bytes could not be read.
+    #[error("{0}")]
+    Read(io::Error),
+    #[error("not a regular file")]
+    NotFile,
+    #[error("{0} bytes, over the bound")]
+    TooBig(u64),
+    #[error("{0}")]
+    Json(serde_json::Error),
+    #[error("version {0}, this server reads {VERSION}")]
+    Version(u32),
+    #[error("it names task {found:?}, not {id:?}")]
+    OtherTask { found: String, id: String },
+    #[error("no owner")]
+    NoOwner,
+    #[error("an idempotency key over the bound")]
+    KeyTooLong,
+}
+
 /// Read task `id`'s file: bounded, no link followed, its id the file's.
-fn read(path: &Path, id: &str) -> Result<Stored, String> {
+fn read(path: &Path, id: &str) -> Result<Stored, TaskFileError> {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| format!("cannot open it: {e}"))?;
-    let meta = f.metadata().map_err(|e| e.to_string())?;
+        .map_err(TaskFileError::Open)?;
+    let meta = f.metadata().map_err(TaskFileError::Read)?;
     if !meta.is_file() {
-        return Err("not a regular file".into());
+        return Err(TaskFileError::NotFile);
     }
     if meta.len() > MAX_FILE {
-        return Err(format!("{} bytes, over the bound", meta.len()));
+        return Err(TaskFileError::TooBig(meta.len()));
     }
     let mut bytes = Vec::new();
     f.take(MAX_FILE + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
+        .map_err(TaskFileError::Read)?;
     parse(&bytes, id)
 }
 
 /// Parse a task file's bytes (see [`read`]).
-pub fn parse(bytes: &[u8], id: &str) -> Result<Stored, String> {
-    let s: Stored = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+pub fn parse(bytes: &[u8], id: &str) -> Result<Stored, TaskFileError> {
+    let s: Stored = serde_json::from_slice(bytes).map_err(TaskFileError::Json)?;
     if s.version != VERSION {
-        return Err(format!(
-            "version {}, this server reads {VERSION}",
-            s.version
-        ));
+        return Err(TaskFileError::Version(s.version));
     }
     if s.task.task_id != id {
-        return Err(format!("it names task {:?}, not {id:?}", s.task.task_id));
+        return Err(TaskFileError::OtherTask {
+            found: s.task.task_id,
+            id: id.into(),
+        });
     }
     if s.owner.is_empty() || s.owner.len() > 256 {
-        return Err("no owner".into());
+        return Err(TaskFileError::NoOwner);
     }
     if s.key.as_ref().is_some_and(|(k, _)| k.len() > 1024) {
-        return Err("an idempotency key over the bound".into());
+        return Err(TaskFileError::KeyTooLong);
     }
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::TaskStatus;
+
+    fn stored(id: &str, owner: &str) -> Vec<u8> {
+        serde_json::to_vec(&Stored {
+            version: VERSION,
+            task: Task::new(id, TaskStatus::Working, "t", "t"),
+            owner: owner.into(),
+            tool: "run-code".into(),
+            created_ms: 1,
+            ended_ms: None,
+            key: None,
+            outcome: None,
+        })
+        .unwrap()
+    }
+
+    /// Why a file is set aside, as the log says it.
+    #[test]
+    fn messages_are_pinned() {
+        let e = |bytes: &[u8], id: &str| parse(bytes, id).unwrap_err().to_string();
+        assert!(parse(&stored("a", "alice"), "a").is_ok());
+        assert_eq!(
+            e(&stored("a", "alice"), "b"),
+            "it names task \"a\", not \"b\""
+        );
+        assert_eq!(e(&stored("a", ""), "a"), "no owner");
+        let old = String::from_utf8(stored("a", "alice"))
+            .unwrap()
+            .replace("\"version\":1", "\"version\":7");
+        assert_eq!(e(old.as_bytes(), "a"), "version 7, this server reads 1");
+        assert_eq!(e(b"", "a"), "EOF while parsing a value at line 1 column 0");
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(
+            read(d.path(), "a").unwrap_err().to_string(),
+            "not a regular file"
+        );
+        assert_eq!(
+            read(&d.path().join("absent"), "a").unwrap_err().to_string(),
+            "cannot open it: No such file or directory (os error 2)"
+        );
+    }
 }
