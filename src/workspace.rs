@@ -392,33 +392,42 @@ impl DirId {
     }
 }
 
+/// Why a path a client gave, relative to a session's directory, is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RelPathError {
+    #[error("the path is empty")]
+    Empty,
+    #[error("{0:?} is absolute; give a path relative to the session's directory")]
+    Absolute(String),
+    #[error("the path contains a NUL byte")]
+    Nul,
+    #[error("{0:?} goes up with '..'; only paths inside the session's directory are allowed")]
+    Up(String),
+    #[error("{0:?} names no file")]
+    NoFile(String),
+}
+
 /// Why a path given by a client was refused before touching the file system.
-pub fn check_relative(rel: &str) -> Result<Vec<&str>, String> {
+pub fn check_relative(rel: &str) -> Result<Vec<&str>, RelPathError> {
     if rel.is_empty() {
-        return Err("the path is empty".into());
+        return Err(RelPathError::Empty);
     }
     if rel.starts_with('/') {
-        return Err(format!(
-            "{rel:?} is absolute; give a path relative to the session's directory"
-        ));
+        return Err(RelPathError::Absolute(rel.into()));
     }
     if rel.contains('\0') {
-        return Err("the path contains a NUL byte".into());
+        return Err(RelPathError::Nul);
     }
     let mut parts = Vec::new();
     for part in rel.split('/') {
         match part {
             "" | "." => continue,
-            ".." => {
-                return Err(format!(
-                    "{rel:?} goes up with '..'; only paths inside the session's directory are allowed"
-                ));
-            }
+            ".." => return Err(RelPathError::Up(rel.into())),
             p => parts.push(p),
         }
     }
     if parts.is_empty() {
-        return Err(format!("{rel:?} names no file"));
+        return Err(RelPathError::NoFile(rel.into()));
     }
     Ok(parts)
 }
@@ -482,10 +491,18 @@ mod tests {
     #[test]
     fn relative_paths_are_checked() {
         assert_eq!(check_relative("a/./b.csv").unwrap(), vec!["a", "b.csv"]);
-        assert!(check_relative("../x").is_err());
-        assert!(check_relative("a/../../x").is_err());
-        assert!(check_relative("/etc/passwd").is_err());
-        assert!(check_relative("").is_err());
-        assert!(check_relative("./").is_err());
+        let e = |rel: &str| check_relative(rel).unwrap_err().to_string();
+        assert_eq!(
+            e("a/../../x"),
+            "\"a/../../x\" goes up with '..'; only paths inside the session's directory are \
+             allowed"
+        );
+        assert_eq!(
+            e("/etc/passwd"),
+            "\"/etc/passwd\" is absolute; give a path relative to the session's directory"
+        );
+        assert_eq!(e(""), "the path is empty");
+        assert_eq!(e("./"), "\"./\" names no file");
+        assert_eq!(e("a\0b"), "the path contains a NUL byte");
     }
 }

@@ -333,10 +333,54 @@ pub(super) fn base_mounts(sb: &Sandbox) -> Vec<Mount<'static>> {
     v
 }
 
+/// Why bwrap could be made to mount at another place than a destination, or the server's own
+/// directory swapped (see [`check_dest`]).
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("{} is not a canonical path", .dest.display())]
+    NotCanonical { dest: PathBuf },
+    /// A directory on the way (`at`) could not be opened or looked at.
+    #[error("cannot check the way to {} at {}: {error}", .dest.display(), .at.display())]
+    Check {
+        dest: PathBuf,
+        at: PathBuf,
+        error: std::io::Error,
+    },
+    /// The directory `at` on the way, owned by `owner` (a trusted uid or not), lets a user
+    /// other than root rename its entry `name`.
+    #[error(
+        "{} is reached by its path, and {} (owner uid {owner}, mode {mode:04o}) lets {} rename \
+         {name:?} in it, which could put another directory in its place (for root to mount, \
+         or to write in). Every directory on the way to it must be changeable by root only: \
+         owned by root and writable by no one else (in a sticky directory such as /tmp, an \
+         entry root owns is fine)",
+        .dest.display(),
+        .at.display(),
+        who(.owner, .owner_trusted)
+    )]
+    Changeable {
+        dest: PathBuf,
+        at: PathBuf,
+        owner: u32,
+        owner_trusted: bool,
+        mode: u32,
+        name: OsString,
+    },
+}
+
+/// Who may rename an entry of a directory owned by `owner`.
+fn who(owner: &u32, trusted: &bool) -> String {
+    if *trusted {
+        "users other than root".to_string()
+    } else {
+        format!("its owner (uid {owner})")
+    }
+}
+
 /// Why the server's own directory `dir` (its workspace) could be swapped by another user:
 /// the way to it from `/` must be changeable by root (or the server's uid) only, since the
 /// server opens, writes and binds what lies there with its own rights.
-pub(super) fn check_own(dir: &Path) -> Result<(), String> {
+pub(super) fn check_own(dir: &Path) -> Result<(), BindError> {
     let root = [Mount {
         dest: PathBuf::from("/"),
         below: Below::Host,
@@ -358,14 +402,18 @@ pub(super) fn trusted_uids() -> Vec<u32> {
 /// and every directory on it from there must be changeable only by `trusted` users: owned by
 /// one, and writable by no group or other (a sticky one only for an entry a trusted user
 /// owns: its owner may rename it); the first that is not is the reason.
-pub(super) fn check_dest(dest: &Path, mounts: &[Mount<'_>], trusted: &[u32]) -> Result<(), String> {
+pub(super) fn check_dest(
+    dest: &Path,
+    mounts: &[Mount<'_>],
+    trusted: &[u32],
+) -> Result<(), BindError> {
     use rustix::fs::{Mode, OFlags};
-    let shown = dest.display();
+    let not_canonical = || BindError::NotCanonical { dest: dest.into() };
     if dest
         .components()
         .any(|c| !matches!(c, Component::RootDir | Component::Normal(_)))
     {
-        return Err(format!("{shown} is not a canonical path"));
+        return Err(not_canonical());
     }
     let Some(m) = mounts
         .iter()
@@ -374,8 +422,10 @@ pub(super) fn check_dest(dest: &Path, mounts: &[Mount<'_>], trusted: &[u32]) -> 
     else {
         return Ok(());
     };
-    let io = |at: &Path, e: rustix::io::Errno| {
-        format!("cannot check the way to {shown} at {}: {e}", at.display())
+    let io = |at: &Path, e: std::io::Error| BindError::Check {
+        dest: dest.into(),
+        at: at.into(),
+        error: e,
     };
     let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let mut at = m.dest.clone();
@@ -386,41 +436,32 @@ pub(super) fn check_dest(dest: &Path, mounts: &[Mount<'_>], trusted: &[u32]) -> 
                 .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
                 .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
             nix::fcntl::openat2(nix::fcntl::AT_FDCWD, at.as_path(), how)
-                .map_err(|e| io(&at, rustix::io::Errno::from_raw_os_error(e as i32)))?
+                .map_err(|e| io(&at, std::io::Error::from_raw_os_error(e as i32)))?
         }
-        Below::Fd(fd) => fd
-            .try_clone_to_owned()
-            .map_err(|e| format!("cannot check the way to {shown} at {}: {e}", at.display()))?,
+        Below::Fd(fd) => fd.try_clone_to_owned().map_err(|e| io(&at, e))?,
     };
     let rest = dest.strip_prefix(&m.dest).unwrap_or(dest);
     for c in rest.components() {
         let Component::Normal(name) = c else {
-            return Err(format!("{shown} is not a canonical path"));
+            return Err(not_canonical());
         };
         let name: &OsStr = name;
         let child = rustix::fs::openat(dir.as_fd(), name, flags, Mode::empty())
-            .map_err(|e| io(&at.join(name), e))?;
-        let st = rustix::fs::fstat(&dir).map_err(|e| io(&at, e))?;
+            .map_err(|e| io(&at.join(name), e.into()))?;
+        let st = rustix::fs::fstat(&dir).map_err(|e| io(&at, e.into()))?;
         let mode = st.st_mode & 0o7777;
-        let cst = rustix::fs::fstat(&child).map_err(|e| io(&at, e))?;
+        let cst = rustix::fs::fstat(&child).map_err(|e| io(&at, e.into()))?;
         let safe = trusted.contains(&st.st_uid)
             && (mode & 0o022 == 0 || (mode & 0o1000 != 0 && trusted.contains(&cst.st_uid)));
         if !safe {
-            let who = if trusted.contains(&st.st_uid) {
-                "users other than root".to_string()
-            } else {
-                format!("its owner (uid {})", st.st_uid)
-            };
-            return Err(format!(
-                "{shown} is reached by its path, and {} (owner uid {}, mode {mode:04o}) lets \
-{who} rename {:?} in it, which could put another directory in its place (for root to mount, \
-or to write in). Every directory on the way to it must be changeable by root only: owned by \
-root and writable by no one else (in a sticky directory such as /tmp, an entry root owns is \
-fine)",
-                at.display(),
-                st.st_uid,
-                name,
-            ));
+            return Err(BindError::Changeable {
+                dest: dest.into(),
+                at,
+                owner: st.st_uid,
+                owner_trusted: trusted.contains(&st.st_uid),
+                mode,
+                name: name.into(),
+            });
         }
         dir = child;
         at.push(name);
@@ -448,7 +489,7 @@ mod tests {
             dest: PathBuf::from("/"),
             below: Below::Host,
         };
-        let root_only = |p: &Path| check_dest(p, &[host()], &[0]);
+        let root_only = |p: &Path| check_dest(p, &[host()], &[0]).map_err(|e| e.to_string());
         // /tmp itself is sticky: an entry root owns is safe, one a user owns is not.
         chmod(&base, 0o1777);
         let theirs = base.join("theirs");
@@ -483,7 +524,7 @@ mod tests {
             dest: theirs.clone(),
             below: Below::Fd(fd.as_fd()),
         };
-        let e = check_dest(&below, &[bind], &[0]).unwrap_err();
+        let e = check_dest(&below, &[bind], &[0]).unwrap_err().to_string();
         assert!(e.contains("uid 54321"), "{e}");
         // The server's own uid counts as root's (without root, user code runs as it anyway).
         assert!(
@@ -494,5 +535,55 @@ mod tests {
         assert!(check_dest(&below, &[host()], &[0, 54_321]).is_ok());
         assert!(check_dest(Path::new("/a/../b"), &[host()], &[0]).is_err());
         std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// The refusal a caller's cwd gets, byte for byte (the check itself needs root, above).
+    #[test]
+    fn bind_messages_are_pinned() {
+        let e = BindError::Changeable {
+            dest: "/srv/data/x".into(),
+            at: "/srv/data".into(),
+            owner: 1000,
+            owner_trusted: false,
+            mode: 0o755,
+            name: "x".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "/srv/data/x is reached by its path, and /srv/data (owner uid 1000, mode 0755) lets \
+its owner (uid 1000) rename \"x\" in it, which could put another directory in its place (for \
+root to mount, or to write in). Every directory on the way to it must be changeable by root \
+only: owned by root and writable by no one else (in a sticky directory such as /tmp, an entry \
+root owns is fine)"
+        );
+        let e = BindError::Changeable {
+            dest: "/srv/data/x".into(),
+            at: "/srv/data".into(),
+            owner: 0,
+            owner_trusted: true,
+            mode: 0o777,
+            name: "x".into(),
+        };
+        assert!(
+            e.to_string()
+                .contains("(owner uid 0, mode 0777) lets users other than root rename \"x\""),
+            "{e}"
+        );
+        assert_eq!(
+            check_dest(Path::new("/a/../b"), &[], &[0])
+                .unwrap_err()
+                .to_string(),
+            "/a/../b is not a canonical path"
+        );
+        let gone = Path::new("/nonexistent-replbox-dir/x");
+        let host = Mount {
+            dest: PathBuf::from("/"),
+            below: Below::Host,
+        };
+        assert_eq!(
+            check_dest(gone, &[host], &[0]).unwrap_err().to_string(),
+            "cannot check the way to /nonexistent-replbox-dir/x at \
+             /nonexistent-replbox-dir: No such file or directory (os error 2)"
+        );
     }
 }

@@ -32,6 +32,7 @@ pub mod probe;
 pub mod uid_pool;
 pub mod view;
 
+pub use bwrap::BindError;
 pub use level::{Level, Mode};
 pub use uid_pool::{Holder, Lease, Refused, UidPool, bound_per_principal};
 
@@ -473,7 +474,7 @@ owns it or may change it"
     /// shows, users other than root must not be able to change the way from there (see
     /// [`bwrap::check_dest`]). Elsewhere the way is bwrap's own; nothing is mounted at the
     /// other levels.
-    pub(crate) fn check_bind(&self, dir: &Path) -> Result<(), String> {
+    pub(crate) fn check_bind(&self, dir: &Path) -> Result<(), BindError> {
         if !self.wrapped() {
             return Ok(());
         }

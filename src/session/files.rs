@@ -648,9 +648,9 @@ pub enum EntryError {
     Path(HostfsError),
     #[error("name is required with content (where to write it, e.g. \"data.csv\")")]
     NoName,
-    /// The name is not a relative path (the workspace's check says why).
+    /// The name is not a relative path.
     #[error("name: {0}")]
-    Name(String),
+    Name(crate::workspace::RelPathError),
     #[error("name: {0:?} is given twice")]
     Twice(String),
     #[error(transparent)]

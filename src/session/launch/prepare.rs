@@ -9,6 +9,7 @@ use crate::error::ToolError;
 use crate::hostfs::{self, CwdPolicy};
 use crate::lang::Language;
 use crate::lang::Why;
+use crate::sandbox::BindError;
 use crate::session::files::{self, InFile};
 use crate::venv::{self, Venv, VenvPolicy};
 
@@ -19,7 +20,7 @@ pub enum PrepareError {
     Cwd(#[from] hostfs::HostfsError),
     /// The sandbox cannot bind the cwd (its reason).
     #[error("cwd {cwd}: {why}")]
-    Bind { cwd: PathBuf, why: String },
+    Bind { cwd: PathBuf, why: BindError },
     #[error(transparent)]
     Venv(#[from] venv::VenvError),
     #[error(transparent)]
@@ -92,7 +93,7 @@ impl VenvAsk {
 #[allow(clippy::too_many_arguments)]
 pub(super) fn prepare_dirs(
     policy: &CwdPolicy,
-    bind: &dyn Fn(&Path) -> Result<(), String>,
+    bind: &dyn Fn(&Path) -> Result<(), BindError>,
     uid: Option<u32>,
     cwd: Option<PathBuf>,
     (ask, venv_policy): (VenvAsk, VenvPolicy),

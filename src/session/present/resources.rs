@@ -59,7 +59,7 @@ impl SessionManager {
         path: &str,
     ) -> Result<FileData, FileError> {
         let parts: Vec<String> = crate::workspace::check_relative(path)
-            .map_err(FileError::Invalid)?
+            .map_err(|e| FileError::Invalid(e.to_string()))?
             .into_iter()
             .map(str::to_string)
             .collect();
