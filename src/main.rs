@@ -499,7 +499,7 @@ async fn languages(config: Config) -> anyhow::Result<ExitCode> {
         let (status, version, exe) = match (&lang.program, lang.detected()) {
             (Ok(_), Some(d)) => ("installed", d.version.clone(), lang.info(&d.exe).line()),
             (Ok(p), None) => ("installed", "?".into(), lang.info(p).line()),
-            (Err(why), _) => ("missing", "-".into(), why.clone()),
+            (Err(why), _) => ("missing", "-".into(), why.to_string()),
         };
         if let Some(skipped) = lang.skipped.as_ref().filter(|_| lang.installed()) {
             notes.push(format!("{}: {skipped}", lang.id()));

@@ -39,7 +39,7 @@ pub struct Language {
     /// `builtin:prompts/python/language.toml` or the path of an override file.
     pub origin: String,
     /// The first of `programs` found on PATH, or why none was.
-    pub program: Result<PathBuf, String>,
+    pub program: Result<PathBuf, Missing>,
     /// Why `program`: found on PATH, or the operator's `--python`.
     pub source: Why,
     /// An interpreter earlier on PATH that the sandbox cannot run, and why (it was passed
@@ -47,13 +47,32 @@ pub struct Language {
     pub skipped: Option<String>,
     /// The first of `session.programs` found on PATH (when the session runs another program
     /// than `program`), or why none was.
-    session_program: Option<Result<PathBuf, String>>,
+    session_program: Option<Result<PathBuf, Missing>>,
     detected: OnceCell<Detected>,
     /// `session.error_pattern`, compiled on first use (validated, not compiled, at load:
     /// compiling every pattern of every language made start-up slow).
     error_pattern: std::sync::OnceLock<Option<regex::Regex>>,
     /// `session.vars_pattern`, compiled on first use.
     vars_pattern: std::sync::OnceLock<Option<regex::Regex>>,
+}
+
+/// Why a language, or its sessions, cannot run here: a program it needs is missing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Missing {
+    /// One of `requires`.
+    #[error("{0} not found on PATH")]
+    Required(String),
+    /// None of `programs` (or `session.programs`).
+    #[error("none of {} found on PATH", .0.join(", "))]
+    NotOnPath(Vec<String>),
+    /// Every match on PATH is one user code cannot run (the sandbox's reason, for the
+    /// first).
+    #[error("{0}")]
+    Unusable(String),
+    #[error("{0} has no REPL driver")]
+    NoDriver(String),
+    #[error("none of {} found", .0.join(", "))]
+    NoSessionProgram(Vec<String>),
 }
 
 /// What running the program told us: the real executable and the version.
@@ -75,7 +94,7 @@ impl Language {
                 s.programs
                     .iter()
                     .find_map(|p| which(p, path_var))
-                    .ok_or_else(|| format!("none of {} found on PATH", s.programs.join(", ")))
+                    .ok_or_else(|| Missing::NotOnPath(s.programs.clone()))
             });
         Self {
             spec,
@@ -124,9 +143,9 @@ impl Language {
     /// The executable a session runs as `{exe}`: the language's own, or the first of
     /// `session.programs` found in the directory of the language's executable (so both come
     /// from the same installation), else on PATH.
-    pub fn session_exe(&self, detected: &Detected) -> Result<PathBuf, String> {
+    pub fn session_exe(&self, detected: &Detected) -> Result<PathBuf, Missing> {
         let Some(session) = &self.spec.session else {
-            return Err(format!("{} has no REPL driver", self.id()));
+            return Err(Missing::NoDriver(self.id().to_string()));
         };
         if session.programs.is_empty() {
             return Ok(detected.exe.clone());
@@ -141,7 +160,7 @@ impl Language {
         }
         match &self.session_program {
             Some(found) => found.clone(),
-            None => Err(format!("none of {} found", session.programs.join(", "))),
+            None => Err(Missing::NoSessionProgram(session.programs.clone())),
         }
     }
 
@@ -227,7 +246,7 @@ async fn probe(exe: &Path, args: &[String]) -> Option<String> {
 #[derive(Debug, Clone)]
 pub enum LookupError {
     Unknown(String),
-    NotInstalled { id: String, reason: String },
+    NotInstalled { id: String, reason: Missing },
 }
 
 impl std::fmt::Display for LookupError {
@@ -360,7 +379,7 @@ impl Registry {
                     f.display()
                 )
             });
-            lang.program = found.ok_or(reason);
+            lang.program = found.ok_or(Missing::Unusable(reason));
         }
     }
 
@@ -453,16 +472,16 @@ impl Registry {
 }
 
 /// A folder is named after the language it holds.
-fn find_program(spec: &LangSpec, path_var: &std::ffi::OsStr) -> Result<PathBuf, String> {
+fn find_program(spec: &LangSpec, path_var: &std::ffi::OsStr) -> Result<PathBuf, Missing> {
     for need in &spec.requires {
         if which(need, path_var).is_none() {
-            return Err(format!("{need} not found on PATH"));
+            return Err(Missing::Required(need.clone()));
         }
     }
     spec.programs
         .iter()
         .find_map(|p| which(p, path_var))
-        .ok_or_else(|| format!("none of {} found on PATH", spec.programs.join(", ")))
+        .ok_or_else(|| Missing::NotOnPath(spec.programs.clone()))
 }
 
 /// Find an executable on PATH (or check an absolute path).
@@ -561,7 +580,7 @@ mod tests {
         assert!(lang.installed());
         assert!(!lang.session_available());
         let e = lang.session_exe(&detected).unwrap_err();
-        assert!(e.contains("xrepl"), "{e}");
+        assert_eq!(e.to_string(), "none of xrepl, xrepl2 found on PATH");
 
         // Without session.programs the session runs the language's own executable.
         let mut plain = spec;

@@ -18,23 +18,41 @@ pub enum Folder<'a> {
     None,
 }
 
+/// Why a file a language names could not be read from its folder.
+#[derive(Debug, thiserror::Error)]
+pub enum FolderError {
+    #[error("{0:?} is not a plain file name of the folder")]
+    NotPlain(String),
+    #[error("no file {0:?} in the folder")]
+    NoFile(String),
+    #[error("{}: {error}", .path.display())]
+    Read {
+        path: std::path::PathBuf,
+        error: std::io::Error,
+    },
+    #[error(
+        "names the file {0:?}, but a single-file language has no folder: move the TOML to \
+         <id>/{LANGUAGE_FILE} beside {0:?}"
+    )]
+    NoFolder(String),
+}
+
 impl Folder<'_> {
-    fn read(&self, name: &str) -> Result<String, String> {
+    fn read(&self, name: &str) -> Result<String, FolderError> {
         if name.is_empty() || name.contains('/') || name.starts_with('.') || name == LANGUAGE_FILE {
-            return Err(format!("{name:?} is not a plain file name of the folder"));
+            return Err(FolderError::NotPlain(name.into()));
         }
         match self {
             Folder::Builtin(files) => files
                 .iter()
                 .find(|(n, _)| *n == name)
                 .map(|(_, t)| t.to_string())
-                .ok_or_else(|| format!("no file {name:?} in the folder")),
-            Folder::Dir(dir) => std::fs::read_to_string(dir.join(name))
-                .map_err(|e| format!("{}: {e}", dir.join(name).display())),
-            Folder::None => Err(format!(
-                "names the file {name:?}, but a single-file language has no folder: move the \
-TOML to <id>/{LANGUAGE_FILE} beside {name:?}"
-            )),
+                .ok_or_else(|| FolderError::NoFile(name.into())),
+            Folder::Dir(dir) => {
+                let path = dir.join(name);
+                std::fs::read_to_string(&path).map_err(|error| FolderError::Read { path, error })
+            }
+            Folder::None => Err(FolderError::NoFolder(name.into())),
         }
     }
 }
@@ -56,7 +74,9 @@ pub fn parse_spec(origin: &str, text: &str, folder: Folder<'_>) -> anyhow::Resul
         toml::from_str(text).map_err(|e| anyhow::anyhow!("{origin}: {}", e.to_string().trim()))?;
     let bad = |field: &str, why: &str| anyhow::anyhow!("{origin}: field `{field}`: {why}");
     let load = |field: &str, source: &mut Source| {
-        source.text = folder.read(&source.file).map_err(|e| bad(field, &e))?;
+        source.text = folder
+            .read(&source.file)
+            .map_err(|e| bad(field, &e.to_string()))?;
         anyhow::Ok(())
     };
     if let Some(p) = spec.run.pool.as_mut() {
@@ -72,14 +92,14 @@ pub fn parse_spec(origin: &str, text: &str, folder: Folder<'_>) -> anyhow::Resul
     if let Some(s) = spec.notebook.as_mut().and_then(|n| n.setup.as_mut()) {
         load("notebook.setup", s)?;
         protocol::check_source(&s.text, protocol::SETUP_VARS)
-            .map_err(|e| bad("notebook.setup", &e))?;
+            .map_err(|e| bad("notebook.setup", &e.to_string()))?;
     }
     check_names(&spec, &bad)?;
     if let Some(p) = &spec.run.pool {
         check_pool(p, spec.run.compile.is_some(), &bad)?;
     }
     if let Some(v) = &spec.version {
-        check_regex(&v.regex).map_err(|e| bad("version.regex", &e))?;
+        check_regex(&v.regex).map_err(|e| bad("version.regex", &e.to_string()))?;
     }
     if let Some(s) = &spec.session {
         check_session(s, &bad)?;
@@ -167,7 +187,8 @@ fn check_pool(p: &PoolSpec, compiled: bool, bad: Bad<'_>) -> anyhow::Result<()> 
     if p.loader.text.trim().is_empty() {
         return Err(bad("run.pool.loader", "must not be empty"));
     }
-    protocol::check_source(&p.loader.text, &[]).map_err(|e| bad("run.pool.loader", &e))?;
+    protocol::check_source(&p.loader.text, &[])
+        .map_err(|e| bad("run.pool.loader", &e.to_string()))?;
     if let Some(c) = p.cold_env.iter().find(|c| {
         let name = c.strip_suffix('*').unwrap_or(c);
         name.is_empty() || name.contains(['*', '=', '\0'])
@@ -213,10 +234,10 @@ fn check_session(s: &SessionSpec, bad: Bad<'_>) -> anyhow::Result<()> {
         ));
     }
     protocol::check_source(&s.bootstrap.text, protocol::SESSION_VARS)
-        .map_err(|e| bad("session.bootstrap", &e))?;
+        .map_err(|e| bad("session.bootstrap", &e.to_string()))?;
     if let Some(c) = &s.compiled {
         protocol::check_source(&c.bootstrap.text, protocol::SESSION_VARS)
-            .map_err(|e| bad("session.compiled.bootstrap", &e))?;
+            .map_err(|e| bad("session.compiled.bootstrap", &e.to_string()))?;
         let stem = c.module.file.strip_suffix(".hs").unwrap_or("");
         let is_module = stem.chars().next().is_some_and(|c| c.is_ascii_uppercase())
             && stem.chars().all(|c| c.is_ascii_alphanumeric());
@@ -229,14 +250,15 @@ fn check_session(s: &SessionSpec, bad: Bad<'_>) -> anyhow::Result<()> {
     }
     for line in &s.init {
         protocol::check_source(line, protocol::SESSION_VARS)
-            .map_err(|e| bad("session.init", &e))?;
+            .map_err(|e| bad("session.init", &e.to_string()))?;
     }
-    protocol::check_source(&s.eval, protocol::EVAL_VARS).map_err(|e| bad("session.eval", &e))?;
+    protocol::check_source(&s.eval, protocol::EVAL_VARS)
+        .map_err(|e| bad("session.eval", &e.to_string()))?;
     if let Some(p) = &s.error_pattern {
-        check_regex(p).map_err(|e| bad("session.error_pattern", &e))?;
+        check_regex(p).map_err(|e| bad("session.error_pattern", &e.to_string()))?;
     }
     if let Some(p) = &s.vars_pattern {
-        check_regex(p).map_err(|e| bad("session.vars_pattern", &e))?;
+        check_regex(p).map_err(|e| bad("session.vars_pattern", &e.to_string()))?;
         if !p.contains("?P<name>") || !p.contains("?P<type>") {
             return Err(bad(
                 "session.vars_pattern",
@@ -295,12 +317,12 @@ fn check_notebook(n: &NotebookSpec, bad: Bad<'_>) -> anyhow::Result<()> {
 /// Check that a pattern is a valid regular expression without compiling it: parsing is
 /// what finds syntax errors, and it costs a small fraction of building the matcher (which
 /// happens on first use). The parser is the one `regex` itself uses, with its defaults.
-fn check_regex(pattern: &str) -> Result<(), String> {
+fn check_regex(pattern: &str) -> Result<(), Box<regex_syntax::Error>> {
     regex_syntax::ParserBuilder::new()
         .build()
         .parse(pattern)
         .map(drop)
-        .map_err(|e| e.to_string())
+        .map_err(Box::new)
 }
 
 #[cfg(test)]

@@ -273,45 +273,54 @@ pub fn expand_source(text: &str, vars: &[(&str, Value<'_>)]) -> String {
     out
 }
 
+/// A placeholder a language's source may not hold.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlaceholderError {
+    #[error(
+        "{{{name}:{format}}}: unknown literal format {format:?} (known: {})",
+        Format::NAMES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+    )]
+    UnknownFormat { name: String, format: String },
+    /// A text placeholder without a literal format.
+    #[error(
+        "{{{0}}} is text spliced into code: write it as a literal, {{{0}:json}} (Python, \
+         JavaScript), {{{0}:ruby}}, {{{0}:haskell}}, {{{0}:shell}} or {{{0}:r}}"
+    )]
+    Bare(String),
+    /// A name this source does not have, with a known format (`known`: the names it has).
+    #[error(
+        "{{{name}:{format}}}: unknown placeholder {name:?} (known here: {})",
+        if .known.is_empty() { "none".to_string() } else { .known.join(", ") }
+    )]
+    UnknownName {
+        name: String,
+        format: String,
+        known: Vec<String>,
+    },
+}
+
 /// Check source text against the placeholders it may use: a known name with an unknown
 /// format, a bare text placeholder, or an unknown name with a known format (a misspelt
 /// placeholder) is an error.
-pub fn check_source(text: &str, vars: &[(&str, Kind)]) -> Result<(), String> {
-    let formats = || {
-        Format::NAMES
-            .iter()
-            .map(|(n, _)| *n)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+pub fn check_source(text: &str, vars: &[(&str, Kind)]) -> Result<(), PlaceholderError> {
     for p in placeholders(text) {
         let known = vars.iter().find(|(n, _)| *n == p.name);
         match (known, p.format) {
             (Some(_), Some(f)) if Format::parse(f).is_none() => {
-                return Err(format!(
-                    "{{{}:{f}}}: unknown literal format {f:?} (known: {})",
-                    p.name,
-                    formats()
-                ));
+                return Err(PlaceholderError::UnknownFormat {
+                    name: p.name.to_string(),
+                    format: f.to_string(),
+                });
             }
             (Some((name, Kind::Text)), None) => {
-                return Err(format!(
-                    "{{{name}}} is text spliced into code: write it as a literal, \
-{{{name}:json}} (Python, JavaScript), {{{name}:ruby}}, {{{name}:haskell}}, {{{name}:shell}} or {{{name}:r}}"
-                ));
+                return Err(PlaceholderError::Bare(name.to_string()));
             }
             (None, Some(f)) if Format::parse(f).is_some() => {
-                let names: Vec<&str> = vars.iter().map(|(n, _)| *n).collect();
-                return Err(format!(
-                    "{{{}:{f}}}: unknown placeholder {:?} (known here: {})",
-                    p.name,
-                    p.name,
-                    if names.is_empty() {
-                        "none".to_string()
-                    } else {
-                        names.join(", ")
-                    }
-                ));
+                return Err(PlaceholderError::UnknownName {
+                    name: p.name.to_string(),
+                    format: f.to_string(),
+                    known: vars.iter().map(|(n, _)| n.to_string()).collect(),
+                });
             }
             _ => {}
         }
@@ -377,11 +386,34 @@ mod tests {
             ("{ctl:python}", "unknown literal format"),
             ("{ctrl:json}", "unknown placeholder \"ctrl\""),
         ] {
-            let e = check_source(bad, SESSION_VARS).unwrap_err();
+            let e = check_source(bad, SESSION_VARS).unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");
         }
         let e = check_source("run({cell})", EVAL_VARS).unwrap_err();
-        assert!(e.contains("{cell:json}"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "{cell} is text spliced into code: write it as a literal, {cell:json} (Python, \
+             JavaScript), {cell:ruby}, {cell:haskell}, {cell:shell} or {cell:r}"
+        );
+        let e = check_source("{nope:json}", EVAL_VARS)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "{{nope:json}}: unknown placeholder \"nope\" (known here: {})",
+                EVAL_VARS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        );
+        let e = check_source("{nope:json}", &[]).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "{nope:json}: unknown placeholder \"nope\" (known here: none)"
+        );
         check_source("run({n}, {cell:json})", EVAL_VARS).unwrap_or_else(|e| panic!("{e}"));
     }
 }

@@ -37,20 +37,24 @@ enum SourceField {
     Inline(#[allow(dead_code)] String),
 }
 
+/// Source inline in the TOML, refused with the way to convert it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "source inline in the TOML is no longer read: put it in a file of the language's folder \
+     (`<id>/language.toml` beside it) and name that file, e.g. `bootstrap = {{ file = \
+     \"bootstrap.py\" }}` (placeholders in it: docs/bootstrap-protocol.md)"
+)]
+pub struct InlineSource;
+
 impl TryFrom<SourceField> for Source {
-    type Error = String;
-    fn try_from(f: SourceField) -> Result<Self, String> {
+    type Error = InlineSource;
+    fn try_from(f: SourceField) -> Result<Self, InlineSource> {
         match f {
             SourceField::File { file } => Ok(Source {
                 file,
                 text: String::new(),
             }),
-            SourceField::Inline(_) => {
-                Err("source inline in the TOML is no longer read: put it in a \
-file of the language's folder (`<id>/language.toml` beside it) and name that file, e.g. \
-`bootstrap = { file = \"bootstrap.py\" }` (placeholders in it: docs/bootstrap-protocol.md)"
-                    .into())
-            }
+            SourceField::Inline(_) => Err(InlineSource),
         }
     }
 }

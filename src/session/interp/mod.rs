@@ -46,6 +46,57 @@ pub struct Launch {
     pub whole_output_cap: usize,
 }
 
+/// Why an interpreter did not start (a session's, or its restart after an interrupt).
+#[derive(Debug, thiserror::Error)]
+pub enum InterpError {
+    #[error("cannot open a terminal: {0}")]
+    OpenPty(std::io::Error),
+    #[error("cannot inspect the terminal: {0}")]
+    InspectPty(std::io::Error),
+    #[error("cannot give the terminal to uid {uid}: {error}")]
+    GivePty { uid: u32, error: std::io::Error },
+    #[error("cannot start {program}: {error}")]
+    Spawn {
+        program: String,
+        error: std::io::Error,
+    },
+    #[error("cannot write to the interpreter: {0}")]
+    Write(std::io::Error),
+    /// It did not answer its first evaluation (`how`); what it printed meanwhile, if
+    /// anything, is said after.
+    #[error("the interpreter {how} while starting{}", printed(.output))]
+    NotReady { how: NotReady, output: String },
+}
+
+fn printed(output: &str) -> String {
+    if output.is_empty() {
+        String::new()
+    } else {
+        format!(". It printed:\n{output}")
+    }
+}
+
+/// What an interpreter that did not start did instead.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReady {
+    #[error("exited ({0})")]
+    ExitedWith(std::process::ExitStatus),
+    #[error("exited")]
+    Exited,
+    /// Its first evaluation could not be started (why).
+    #[error("could not be driven ({0})")]
+    Failed(String),
+    #[error("did not answer within {} ms", .0.as_millis())]
+    Silent(Duration),
+}
+
+/// A session's interpreter did not start: neither the caller's mistake nor a refusal.
+impl From<InterpError> for crate::error::ToolError {
+    fn from(e: InterpError) -> Self {
+        Self::new(crate::error::ErrorKind::StartFailed, e.to_string())
+    }
+}
+
 /// How an evaluation ended, before it is turned into a report.
 #[derive(Debug)]
 pub enum Ending {
@@ -152,7 +203,7 @@ impl Drop for Interp {
 
 impl Interp {
     /// Start the interpreter and wait until it has answered an empty evaluation.
-    pub async fn start(launch: Arc<Launch>, timeout: Duration) -> Result<Self, String> {
+    pub async fn start(launch: Arc<Launch>, timeout: Duration) -> Result<Self, InterpError> {
         let (proc, master, tty) = spawn_on_pty(&launch)?;
         let shared = Arc::new(Shared::new(&launch));
         let master = Arc::new(master);
@@ -183,14 +234,14 @@ impl Interp {
 
     /// Type the language's init lines and wait for the answer to an empty evaluation; when
     /// none comes, kill the tree and say what it printed.
-    async fn ready(&mut self, timeout: Duration) -> Result<(), String> {
+    async fn ready(&mut self, timeout: Duration) -> Result<(), InterpError> {
         for line in &self.launch.init {
-            self.type_line(line).await?;
+            self.type_line(line).await.map_err(InterpError::Write)?;
         }
         let deadline = Instant::now() + timeout;
         let never = CancellationToken::new();
         let ready = self.sync(deadline, &never).await;
-        let what = match ready.ending {
+        let how = match ready.ending {
             Ending::Done(_) => {
                 self.pid = self.proc.program_pid().unwrap_or(self.helper_pid);
                 self.helper_seen = self.proc.helper_pid();
@@ -199,10 +250,10 @@ impl Interp {
                 self.shared.lock().background = Renderer::new(self.launch.output_cap / 4);
                 return Ok(());
             }
-            Ending::Exited(Some(st)) => format!("exited ({st})"),
-            Ending::Exited(None) => "exited".to_string(),
-            Ending::Failed(e) => format!("could not be driven ({e})"),
-            _ => format!("did not answer within {} ms", timeout.as_millis()),
+            Ending::Exited(Some(st)) => NotReady::ExitedWith(st),
+            Ending::Exited(None) => NotReady::Exited,
+            Ending::Failed(e) => NotReady::Failed(e),
+            _ => NotReady::Silent(timeout),
         };
         tracing::warn!(
             tree = %crate::proc::describe_tree(self.helper_pid),
@@ -210,20 +261,13 @@ impl Interp {
         );
         self.kill().await;
         let output = ready.output.text.trim().to_string();
-        Err(if output.is_empty() {
-            format!("the interpreter {what} while starting")
-        } else {
-            format!("the interpreter {what} while starting. It printed:\n{output}")
-        })
+        Err(InterpError::NotReady { how, output })
     }
 
-    async fn type_line(&self, line: &str) -> Result<(), String> {
+    async fn type_line(&self, line: &str) -> std::io::Result<()> {
         let mut bytes = line.as_bytes().to_vec();
         bytes.push(b'\n');
-        self.master
-            .write_all(&bytes)
-            .await
-            .map_err(|e| format!("cannot write to the interpreter: {e}"))
+        self.master.write_all(&bytes).await
     }
 
     /// An internal empty evaluation (readiness, resynchronisation).
@@ -593,14 +637,13 @@ impl Interp {
 
 /// Start the interpreter on a new terminal: its master side, and the terminal's device
 /// number (to recognise a process reading it).
-fn spawn_on_pty(launch: &Launch) -> Result<(Proc, PtyMaster, u64), String> {
-    let (master, slave) = pty::open().map_err(|e| format!("cannot open a terminal: {e}"))?;
-    let tty = pty::rdev(&slave).map_err(|e| format!("cannot inspect the terminal: {e}"))?;
+fn spawn_on_pty(launch: &Launch) -> Result<(Proc, PtyMaster, u64), InterpError> {
+    let (master, slave) = pty::open().map_err(InterpError::OpenPty)?;
+    let tty = pty::rdev(&slave).map_err(InterpError::InspectPty)?;
     // The terminal belongs to the user the session runs as (as login programs do), so the
     // interpreter can reopen it (node's bootstrap does, through /proc/self/fd/0).
     if let Some(uid) = launch.jail.uid {
-        pty::give_to(&slave, uid, uid)
-            .map_err(|e| format!("cannot give the terminal to uid {uid}: {e}"))?;
+        pty::give_to(&slave, uid, uid).map_err(|error| InterpError::GivePty { uid, error })?;
     }
     let proc = exec::spawn(
         &launch.sandbox,
@@ -612,7 +655,10 @@ fn spawn_on_pty(launch: &Launch) -> Result<(Proc, PtyMaster, u64), String> {
             jail: launch.jail.clone(),
         },
     )
-    .map_err(|e| format!("cannot start {}: {e}", launch.argv[0]))?;
+    .map_err(|error| InterpError::Spawn {
+        program: launch.argv[0].clone(),
+        error,
+    })?;
     Ok((proc, master, tty))
 }
 
@@ -647,6 +693,51 @@ pub fn interrupt_flag(ctl: &Path, n: u64) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn start_messages_are_pinned() {
+        let e = |how, output: &str| {
+            InterpError::NotReady {
+                how,
+                output: output.into(),
+            }
+            .to_string()
+        };
+        assert_eq!(
+            e(NotReady::Silent(Duration::from_secs(10)), ""),
+            "the interpreter did not answer within 10000 ms while starting"
+        );
+        assert_eq!(
+            e(
+                NotReady::Exited,
+                "Traceback (most recent call last):\n  ..."
+            ),
+            "the interpreter exited while starting. It printed:\nTraceback (most recent call \
+             last):\n  ..."
+        );
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            e(
+                NotReady::ExitedWith(std::process::ExitStatus::from_raw(1 << 8)),
+                ""
+            ),
+            "the interpreter exited (exit status: 1) while starting"
+        );
+        assert_eq!(
+            e(NotReady::Failed("the terminal is gone".into()), ""),
+            "the interpreter could not be driven (the terminal is gone) while starting"
+        );
+        let spawn = InterpError::Spawn {
+            program: "/usr/bin/python3".into(),
+            error: std::io::Error::from_raw_os_error(13),
+        };
+        assert_eq!(
+            spawn.to_string(),
+            "cannot start /usr/bin/python3: Permission denied (os error 13)"
+        );
+        let e: crate::error::ToolError = spawn.into();
+        assert_eq!(e.kind, crate::error::ErrorKind::StartFailed);
+    }
 
     #[test]
     fn line_endings_become_unix_ones() {

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::stream::Check;
-use super::{Ending, Interp, interrupt_flag};
+use super::{Ending, Interp, InterpError, interrupt_flag};
 use crate::output::Renderer;
 use crate::session::scan::EndMarker;
 
@@ -98,7 +98,7 @@ impl Interp {
                 _ = tokio::time::sleep_until(until) => {
                     return match self.restart_keeping_output().await {
                         Ok(()) => Recovery::Restarted("the interpreter did not stop when interrupted".into()),
-                        Err(e) => Recovery::Restarted(e),
+                        Err(e) => Recovery::Restarted(e.to_string()),
                     };
                 }
             }
@@ -180,14 +180,14 @@ impl Interp {
                 Ok(()) => {
                     Recovery::Restarted("the interpreter did not recover after an interrupt".into())
                 }
-                Err(e) => Recovery::Restarted(e),
+                Err(e) => Recovery::Restarted(e.to_string()),
             },
         }
     }
 
     /// Restart, keeping what the evaluation in flight printed before (it is returned with the
     /// note that the state is lost).
-    async fn restart_keeping_output(&mut self) -> Result<(), String> {
+    async fn restart_keeping_output(&mut self) -> Result<(), InterpError> {
         let kept = std::mem::replace(&mut self.shared.lock().out, Renderer::new(0));
         let restarted = self.restart().await;
         self.shared.lock().out = kept;
@@ -195,7 +195,7 @@ impl Interp {
     }
 
     /// Kill this interpreter's tree and start a fresh one in its place.
-    async fn restart(&mut self) -> Result<(), String> {
+    async fn restart(&mut self) -> Result<(), InterpError> {
         self.kill().await;
         let timeout = Duration::from_millis(self.launch.spec.start_timeout_ms);
         let fresh = Box::pin(Interp::start(self.launch.clone(), timeout)).await?;

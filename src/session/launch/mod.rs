@@ -350,7 +350,7 @@ files and folders (--max-tracked-files)",
         };
         match Interp::start(launch, Duration::from_millis(it.spec.start_timeout_ms)).await {
             Ok(i) => Ok(i),
-            Err(m) => Err(undo(ToolError::new(ErrorKind::StartFailed, m)).await),
+            Err(e) => Err(undo(e.into()).await),
         }
     }
 
