@@ -14,16 +14,16 @@ use serde_json::json;
 const TOKEN: &str = "package-cache-token-0123456789";
 
 /// A directory of the test's own, removed when dropped.
-struct Dir(PathBuf);
+pub(crate) struct Dir(pub(crate) PathBuf);
 
 impl Dir {
-    fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         let p = std::env::temp_dir().join(format!("replbox-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).expect("test dir");
         Self(p)
     }
-    fn s(&self) -> String {
+    pub(crate) fn s(&self) -> String {
         self.0.display().to_string()
     }
 }
@@ -37,7 +37,11 @@ impl Drop for Dir {
 /// Pure-Python wheels `NAME-1.0-py3-none-any.whl`, each a module whose `VALUE` is its name
 /// and a `blob.bin` of `blob` random bytes (stored, so that it weighs as much unpacked),
 /// built by python's zipfile into `dir`; the sha256 of each.
-fn build_wheels(dir: &std::path::Path, names: &[&str], blob: usize) -> Vec<(String, String)> {
+pub(crate) fn build_wheels(
+    dir: &std::path::Path,
+    names: &[&str],
+    blob: usize,
+) -> Vec<(String, String)> {
     let script = r#"
 import base64, hashlib, os, sys, zipfile
 out, blob = sys.argv[1], int(sys.argv[2])
@@ -87,38 +91,77 @@ for name in sys.argv[3:]:
 /// thread's runtime (it lives as long as the test process; the port is the test's).
 /// Its base URL (`http://127.0.0.1:PORT/simple`).
 fn serve_index(dir: PathBuf, wheels: Vec<(String, String)>) -> String {
+    let files = wheels
+        .into_iter()
+        .map(|(name, sha256)| IndexFile {
+            file: format!("{name}-1.0-py3-none-any.whl"),
+            name,
+            sha256,
+        })
+        .collect();
+    serve_files(dir, files).0
+}
+
+/// A file of `dir` a loopback index serves: its project's name, its file name (a wheel's
+/// or an sdist's) and its sha256.
+pub(crate) struct IndexFile {
+    pub(crate) name: String,
+    pub(crate) file: String,
+    pub(crate) sha256: String,
+}
+
+/// What a loopback index served: the file names asked for, in order.
+pub(crate) type Served = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// [`serve_index`] for any files (a project's page lists every file of its name), and
+/// the record of the files it served.
+pub(crate) fn serve_files(dir: PathBuf, files: Vec<IndexFile>) -> (String, Served) {
     use axum::extract::Path as P;
     use axum::http::{StatusCode, header};
     use axum::response::IntoResponse;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.set_nonblocking(true).expect("nonblocking");
     let port = listener.local_addr().expect("addr").port();
-    let pages = std::sync::Arc::new(wheels);
+    let pages = std::sync::Arc::new(files);
+    let served = Served::default();
     let page = {
         let pages = pages.clone();
         move |P(name): P<String>| {
             let pages = pages.clone();
             async move {
-                match pages.iter().find(|(n, _)| *n == name) {
-                    Some((n, h)) => (
-                        StatusCode::OK,
-                        [(header::CONTENT_TYPE, "text/html")],
+                let links: String = pages
+                    .iter()
+                    .filter(|f| f.name == name)
+                    .map(|f| {
                         format!(
-                            "<!DOCTYPE html><html><body><a href=\"/files/{n}-1.0-py3-none-any.whl#sha256={h}\">{n}-1.0-py3-none-any.whl</a></body></html>"
-                        ),
-                    )
-                        .into_response(),
-                    None => StatusCode::NOT_FOUND.into_response(),
+                            "<a href=\"/files/{0}#sha256={1}\">{0}</a>",
+                            f.file, f.sha256
+                        )
+                    })
+                    .collect();
+                if links.is_empty() {
+                    return StatusCode::NOT_FOUND.into_response();
                 }
+                (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "text/html")],
+                    format!("<!DOCTYPE html><html><body>{links}</body></html>"),
+                )
+                    .into_response()
             }
         }
     };
+    let log = served.clone();
     let file = move |P(f): P<String>| {
         let dir = dir.clone();
+        let log = log.clone();
         async move {
             if f.contains('/') || f.starts_with('.') {
                 return StatusCode::NOT_FOUND.into_response();
             }
+            log.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(f.clone());
             match std::fs::read(dir.join(&f)) {
                 Ok(b) => (
                     StatusCode::OK,
@@ -143,7 +186,7 @@ fn serve_index(dir: PathBuf, wheels: Vec<(String, String)>) -> String {
             let _ = axum::serve(l, app).await;
         });
     });
-    format!("http://127.0.0.1:{port}/simple")
+    (format!("http://127.0.0.1:{port}/simple"), served)
 }
 
 /// The metrics once the server has counted `n` evictions. Eviction runs after an

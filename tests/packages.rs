@@ -293,6 +293,33 @@ async fn packages_that_cannot_be_had_are_named_with_the_reason() {
     s.stop().await;
 }
 
+/// Where the operator allows source builds, docopt (an sdist only) is built from PyPI, its
+/// build requirements (setuptools) fetched through the installer's proxy, and imports; the
+/// result says it was built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sdist_only_package_is_built_where_the_operator_allows_it() {
+    let cache = Cache::new("builds");
+    let Some(s) = server(&cache, &["--package-builds"]).await else {
+        return;
+    };
+    let o = s
+        .call(
+            "run-code",
+            run("import docopt; print(docopt.__version__)", &["docopt"]),
+        )
+        .await;
+    assert!(!o.is_error, "{}", o.text);
+    assert!(o.text.starts_with("0."), "{}", o.text);
+    assert_eq!(
+        o.structured["packages"]["built"][0]["name"],
+        json!("docopt"),
+        "{}",
+        o.text
+    );
+    assert!(o.text.contains("built from source: docopt=="), "{}", o.text);
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn user_code_still_cannot_reach_the_index() {
     let cache = Cache::new("offline");
@@ -392,10 +419,10 @@ fn real_uv() -> Option<PathBuf> {
 
 /// A copy of uv in a directory every user can enter, removed when dropped: what an
 /// operator does for a server that runs as a user who cannot reach root's uv.
-struct UvCopy(PathBuf);
+pub(crate) struct UvCopy(PathBuf);
 
 impl UvCopy {
-    fn new(tag: &str) -> Option<Self> {
+    pub(crate) fn new(tag: &str) -> Option<Self> {
         use std::os::unix::fs::PermissionsExt;
         let uv = real_uv()?;
         let dir = std::env::temp_dir().join(format!("replbox-uv-{tag}-{}", std::process::id()));
@@ -405,7 +432,7 @@ impl UvCopy {
         std::fs::copy(&uv, dir.join("uv")).ok()?;
         Some(Self(dir))
     }
-    fn uv(&self) -> String {
+    pub(crate) fn uv(&self) -> String {
         self.0.join("uv").display().to_string()
     }
 }

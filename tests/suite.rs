@@ -24,6 +24,7 @@ mod isolation;
 mod languages;
 mod lifecycle;
 mod nginx;
+mod package_builds;
 mod package_cache;
 mod package_layer_attacks;
 mod packages;

@@ -82,6 +82,7 @@ fn to_args_round_trips() {
             uv: Some("/u/v".into()),
             npm_registry: Some("https://r/".into()),
             npm: Some("/n/npm-cli.js".into()),
+            package_builds: true,
         },
     };
     let argv = std::iter::once(OsString::from("x")).chain(config.to_args());

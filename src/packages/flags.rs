@@ -49,6 +49,14 @@ pub struct Flags {
     /// one installed beside node).
     #[arg(long, env = "REPLBOX_NPM", value_name = "PATH")]
     pub npm: Option<PathBuf>,
+
+    /// Let the Python installer build a package the index has only as source (an sdist)
+    /// when no wheel fits. Its build code runs confined as the installer's uid (never
+    /// root), with a throwaway cache of its own and the index as its only network; what it
+    /// builds goes into the asking run's or session's own packages, never the shared cache
+    /// or layers. Needs a sandbox level of bwrap or landlock. Default: wheels only.
+    #[arg(long, env = "REPLBOX_PACKAGE_BUILDS")]
+    pub package_builds: bool,
 }
 
 /// Where an index is, as the installer's egress policy needs it.
@@ -115,6 +123,9 @@ impl Flags {
         }
         if let Some(v) = &self.npm {
             a.extend(["--npm".into(), v.into()]);
+        }
+        if self.package_builds {
+            a.push("--package-builds".into());
         }
         a
     }

@@ -168,21 +168,25 @@ async fn capture(mut pipe: impl AsyncRead + Unpin) -> HeadTail {
 /// Why uv could not install, for the agent: the reason in a few words, then uv's own
 /// explanation (its `error:`, `cause:` and `hint:` lines).
 pub(super) fn uv_failure(stderr: &str) -> (Reason, String) {
+    // No wheel before no version: uv says of a package with one version, an sdist, that
+    // it "has no usable wheels and only NAME==V is available".
     let reason = if stderr.contains("was not found in the package registry")
         || stderr.contains("not found in the provided package locations")
     {
         Reason::NotFound
-    } else if stderr.contains("there is no version of")
-        || (stderr.contains("only ") && stderr.contains(" is available"))
-        || stderr.contains("there are no versions of")
-    {
-        Reason::NoVersion
+    } else if stderr.contains("Failed to build") || stderr.contains("build backend") {
+        Reason::Build
     } else if stderr.contains("no usable wheels")
         || stderr.contains("no wheels with a matching")
         || stderr.contains("building from source is disabled")
         || stderr.contains("--no-build")
     {
         Reason::NoWheel
+    } else if stderr.contains("there is no version of")
+        || (stderr.contains("only ") && stderr.contains(" is available"))
+        || stderr.contains("there are no versions of")
+    {
+        Reason::NoVersion
     } else if stderr.contains("Hash mismatch") || stderr.contains("hash mismatch") {
         Reason::Hash
     } else if stderr.contains("Failed to fetch")
@@ -241,6 +245,8 @@ pub(super) enum Reason {
     NotFound,
     NoVersion,
     NoWheel,
+    /// Building from source (allowed by the operator) failed.
+    Build,
     Hash,
     Unreachable,
     Failed,
@@ -255,6 +261,7 @@ impl Reason {
                 "no built package (wheel) for this platform and Python, and this server \
                  installs wheels only (it never builds from source)"
             }
+            Reason::Build => "building it from source failed",
             Reason::Hash => "what the index served did not match its hashes",
             Reason::Unreachable => "the package index could not be reached",
             Reason::Failed => "the installer failed",
@@ -280,5 +287,11 @@ mod tests {
                   required for `docopt` because building from source is disabled";
         assert_eq!(uv_failure(sd).0, Reason::NoWheel);
         assert!(Reason::NoWheel.says().contains("wheels only"));
+        let one = "  cause: Because rbsrc==1.0 has no usable wheels and only rbsrc==1.0 is \
+                   available, we can conclude that all versions of rbsrc cannot be used.\nhint: \
+                   Wheels are required for `rbsrc` because building from source is disabled";
+        assert_eq!(uv_failure(one).0, Reason::NoWheel);
+        let built = "  × Failed to build `rbbad==1.0`\n  ├─▶ The build backend returned an error\n";
+        assert_eq!(uv_failure(built).0, Reason::Build);
     }
 }

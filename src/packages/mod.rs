@@ -3,7 +3,9 @@
 //! installs anything and gets no network for it: the server runs the installer (uv for
 //! Python, npm for JavaScript) confined as the installer's uid, with network only to the
 //! operator's indexes, running no package code (uv `--no-build`: wheels only; npm
-//! `--ignore-scripts`).
+//! `--ignore-scripts`). Only where the operator allows source builds (`--package-builds`)
+//! does a Python package's build code run, for a package with no wheel, confined to a
+//! throwaway cache and the asking run's or session's own layer (see `build_python`).
 //!
 //! ```text
 //! ROOT/            the server's, 0711
@@ -23,7 +25,8 @@
 //! SESSION_DIR/packages/  installer 0755: a session's packages, gone with the session
 //! ```
 //!
-//! An installation may write the cache and its own layer, nothing else: never another
+//! An installation may write the cache and its own layer, nothing else (a source build:
+//! its own layer and a throwaway cache, not even the shared one): never another
 //! run's or session's layer (separate mounts at bwrap, so uv copies out of its cache
 //! there; separate rules at Landlock). A layer is read by its run or session only, through
 //! a read-only view of that one directory; a shared layer, sealed, by every run or session
@@ -73,6 +76,10 @@ pub struct Installed {
     /// (`name@version`; npm resolves their dependencies, which may nest other versions).
     #[serde(skip)]
     pub pins: Vec<String>,
+    /// Packages built from source (sdists) for this installation, where the operator
+    /// allows it (`--package-builds`); absent when none was.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub built: Vec<Package>,
 }
 
 impl Installed {
@@ -88,10 +95,18 @@ impl Installed {
         } else {
             names.join(", ")
         };
-        let from = match self.downloaded {
+        let mut from = match self.downloaded {
             0 => "all from the cache".to_string(),
             n => format!("{n} downloaded"),
         };
+        if !self.built.is_empty() {
+            let built: Vec<String> = self
+                .built
+                .iter()
+                .map(|p| format!("{}=={}", p.name, p.version))
+                .collect();
+            from.push_str(&format!("; built from source: {}", built.join(", ")));
+        }
         format!("packages: {what} in {} ms ({from})", self.duration_ms)
     }
 }
@@ -187,6 +202,9 @@ pub struct Packages {
     upkeep: cache::Upkeep,
     /// The shared, sealed layers of resolved sets (see `shared`).
     store: shared::Store,
+    /// Whether a Python package the index has only as source may be built
+    /// (`--package-builds`; see [`build_python`](Self::build_python)).
+    builds: bool,
 }
 
 /// One run's or session's packages: a directory on its PYTHONPATH (npm's: its
@@ -286,6 +304,15 @@ impl Packages {
             return Ok(None);
         }
         flags.check()?;
+        // Build code is the package's own: only a level that confines the installer keeps
+        // it from the cache its uid owns (at `none` nothing does).
+        if flags.package_builds && sandbox.level == crate::sandbox::Level::None {
+            anyhow::bail!(
+                "--package-builds: source builds run the package's own code as the installer, \
+                 which only a sandbox level of bwrap or landlock confines; this server's level \
+                 is none"
+            );
+        }
         let index = flags.python_index()?;
         let registry = flags.npm_registry()?;
         let root = flags.package_cache.clone().unwrap_or_else(default_cache);
@@ -380,6 +407,7 @@ impl Packages {
             metrics,
             upkeep,
             store,
+            builds: flags.package_builds,
             timeout: flags
                 .package_timeout_s
                 .map(|s| Duration::from_secs(s.max(1)))
@@ -506,6 +534,7 @@ impl Packages {
                     downloaded: 0,
                     duration_ms: started.elapsed().as_millis() as u64,
                     pins,
+                    built: Vec::new(),
                 };
                 self.attach(layer, &key, &out, hold);
                 self.metrics.offline(out.installed.len());
@@ -529,9 +558,14 @@ impl Packages {
             hold: std::sync::Mutex::default(),
         };
         let r = self
-            .install_python(exe, &checked, &build, (principal, cancel), started)
+            .install_wheels(exe, &checked, &build, (principal, cancel), started)
             .await;
+        let mut unbuilt = false;
         let r = match r {
+            Err(u) => {
+                unbuilt = u.no_wheel && self.builds;
+                Err(u.error)
+            }
             Ok(out) => {
                 let key = self.store.key(&out.pins, &self.index.url, &tag);
                 // Held before it is in the store: another server's eviction never sees it
@@ -553,10 +587,17 @@ impl Packages {
                     ))),
                 }
             }
-            Err(e) => Err(e),
         };
         // What is left of the build (nothing once published) goes, with its lock.
         let _ = tokio::task::spawn_blocking(move || drop(building)).await;
+        if unbuilt {
+            // Built from source: into this run's or session's own layer, never the store
+            // (what is there is only what the index served, verified by its hashes).
+            drop(gate);
+            return self
+                .build_python(exe, &checked, layer, (principal, cancel), started)
+                .await;
+        }
         drop(gate);
         if r.is_ok() {
             // The store grew (and the cache, when it downloaded): measured, kept in the cap.
@@ -596,6 +637,7 @@ impl Packages {
                 downloaded: 0,
                 duration_ms: 0,
                 pins: Vec::new(),
+                built: Vec::new(),
             });
         }
         let ask = (principal, cancel);
@@ -608,13 +650,18 @@ impl Packages {
                 self.install_npm(exe, &specs, layer, ask, started).await
             }
         };
-        if let Ok(out) = &r {
-            // Recorded before the gate opens: no eviction sees them unheld.
+        if let Ok(out) = &r
+            && out.built.is_empty()
+        {
+            // Recorded before the gate opens: no eviction sees them unheld. (A source
+            // build's packages came from a cache of its own, not this one.)
             let mut held = layer.held.lock().unwrap_or_else(|e| e.into_inner());
             self.upkeep.book.used(layer.eco, &out.installed, &mut held);
         }
         drop(gate);
-        if r.as_ref().is_ok_and(|out| out.downloaded > 0) {
+        if r.as_ref()
+            .is_ok_and(|out| out.downloaded > 0 && out.built.is_empty())
+        {
             self.upkeep_in_background();
         }
         r
@@ -626,15 +673,42 @@ impl Packages {
         self.upkeep_in_background();
     }
 
+    /// Install `specs` into `layer` from wheels; when the index has a package only as
+    /// source and the operator allows builds, build it (see
+    /// [`build_python`](Self::build_python)).
     async fn install_python(
+        &self,
+        python: &Path,
+        specs: &[spec::Spec],
+        layer: &Layer,
+        ask: (&str, &CancellationToken),
+        started: Instant,
+    ) -> Result<Installed, PackageError> {
+        match self
+            .install_wheels(python, specs, layer, ask, started)
+            .await
+        {
+            Err(u) if u.no_wheel && self.builds => {
+                self.build_python(python, specs, layer, ask, started).await
+            }
+            r => r.map_err(|u| u.error),
+        }
+    }
+
+    /// Install `specs` into `layer` from wheels only (`--no-build`: no package code runs),
+    /// through the shared cache.
+    async fn install_wheels(
         &self,
         python: &Path,
         specs: &[spec::Spec],
         layer: &Layer,
         (principal, cancel): (&str, &CancellationToken),
         started: Instant,
-    ) -> Result<Installed, PackageError> {
-        let uv = self.uv(python).await.map_err(PackageError::Failed)?;
+    ) -> Result<Installed, Unmet> {
+        let uv = self
+            .uv(python)
+            .await
+            .map_err(|m| Unmet::from(PackageError::Failed(m)))?;
         let texts: Vec<String> = specs.iter().map(|s| s.text.clone()).collect();
         let key = resolved_key(python, &self.index.url, &texts);
         // Offline first, from the cache alone, when that gives what the index would: the
@@ -666,9 +740,9 @@ impl Packages {
                 return Ok(out);
             }
             if done.stopped.is_some() && cancel.is_cancelled() {
-                return Err(PackageError::Failed(
+                return Err(Unmet::from(PackageError::Failed(
                     "packages: the installation was cancelled".into(),
-                ));
+                )));
             }
         }
         let done = self
@@ -676,18 +750,21 @@ impl Packages {
             .await;
         let names: Vec<&str> = specs.iter().map(|s| s.text.as_str()).collect();
         if let Some(why) = done.stopped {
-            return Err(PackageError::Failed(format!(
+            return Err(Unmet::from(PackageError::Failed(format!(
                 "packages: could not install {}: {why}",
                 names.join(", ")
-            )));
+            ))));
         }
         if !done.ok {
             let (reason, text) = install::uv_failure(&done.stderr);
-            return Err(PackageError::Failed(format!(
-                "packages: could not install {}: {}.\n{text}",
-                names.join(", "),
-                reason.says()
-            )));
+            return Err(Unmet {
+                error: PackageError::Failed(format!(
+                    "packages: could not install {}: {}.\n{text}",
+                    names.join(", "),
+                    reason.says()
+                )),
+                no_wheel: reason == install::Reason::NoWheel,
+            });
         }
         let mut out = parse_uv(&done.stderr);
         out.duration_ms = started.elapsed().as_millis() as u64;
@@ -721,30 +798,16 @@ impl Packages {
             Ok(home) => home,
             Err(stopped) => return stopped,
         };
-        let mut argv: Vec<String> = [
-            uv.display().to_string(),
-            "pip".into(),
-            "install".into(),
-            "--no-config".into(),
-            "--no-progress".into(),
-            "--color".into(),
-            "never".into(),
-            "--no-build".into(),
-            "--python".into(),
-            python.display().to_string(),
-            "--index-url".into(),
-            self.index.url.clone(),
-            "--cache-dir".into(),
-            self.root.join("uv").display().to_string(),
-            "--target".into(),
-            layer.dir.display().to_string(),
-        ]
-        .into();
-        if layer.dir.starts_with(&self.store.building) || !self.modes_sealed() {
+        let cache = self.root.join("uv");
+        let mut argv = self.uv_argv(uv, python, &cache, layer);
+        argv.insert(3, "--no-build".into());
+        if layer.dir.starts_with(&self.store.building) || !self.modes_sealed() || self.builds {
             // A shared layer is sealed (its files made root's) once built: copies, never
             // hard links to the cache's files, which would be sealed with it. Where user
             // code could chmod its layer's files, a hard link would let it chmod the
-            // cache's, which every later installation links.
+            // cache's, which every later installation links. Where builds are allowed, a
+            // later source build's code writes the session's layer (see `build_python`):
+            // no file of it may be one of the cache's.
             argv.extend(["--link-mode".into(), "copy".into()]);
         }
         argv.extend(flags.iter().map(|f| f.to_string()));
@@ -755,10 +818,106 @@ impl Packages {
             env: installer_env(),
             exes: vec![uv.to_path_buf(), python.to_path_buf()],
             // The shared cache and this one layer: never another run's or session's.
-            rw: vec![self.root.join("uv"), layer.dir.clone()],
+            rw: vec![cache, layer.dir.clone()],
             home,
         };
         self.run_installer(job, principal, cancel).await
+    }
+
+    /// `uv pip install` into `layer` for `python` from the index, with `cache`: the
+    /// options every run of it takes (the program is `argv[0]`, the subcommand 1-2).
+    fn uv_argv(&self, uv: &Path, python: &Path, cache: &Path, layer: &Layer) -> Vec<String> {
+        [
+            uv.display().to_string(),
+            "pip".into(),
+            "install".into(),
+            "--no-config".into(),
+            "--no-progress".into(),
+            "--color".into(),
+            "never".into(),
+            "--python".into(),
+            python.display().to_string(),
+            "--index-url".into(),
+            self.index.url.clone(),
+            "--cache-dir".into(),
+            cache.display().to_string(),
+            "--target".into(),
+            layer.dir.display().to_string(),
+        ]
+        .into()
+    }
+
+    /// Install `specs` into `layer` (a run's or session's own, never a shared one) with
+    /// source builds allowed, for `--package-builds` once the wheels-only installation
+    /// found no wheel for a package. A build backend is the package's own code: it runs in
+    /// the installer's confinement as the installer's uid (never root), and this one may
+    /// write only its scratch home and `layer`. Its cache is a throwaway one in that home:
+    /// the shared cache, which every principal's installs come from, is neither mounted
+    /// (bwrap) nor in its rules (Landlock), nor is the store of shared layers; its network
+    /// is the installers' proxy (the index only). Nothing of it is shared: the layer is
+    /// never published, its pins are not kept for a repeat, and its packages are not in
+    /// the cache's books. The result lists what was built.
+    async fn build_python(
+        &self,
+        python: &Path,
+        specs: &[spec::Spec],
+        layer: &Layer,
+        (principal, cancel): (&str, &CancellationToken),
+        started: Instant,
+    ) -> Result<Installed, PackageError> {
+        let uv = self.uv(python).await.map_err(PackageError::Failed)?;
+        let names: Vec<&str> = specs.iter().map(|s| s.text.as_str()).collect();
+        let failed = |why: String| {
+            PackageError::Failed(format!(
+                "packages: could not install {}: {why}",
+                names.join(", ")
+            ))
+        };
+        let home = self
+            .installer_home()
+            .map_err(|d| failed(d.stopped.unwrap_or_default()))?;
+        let mut argv = self.uv_argv(&uv, python, &home.join("cache"), layer);
+        argv.push("--".into());
+        argv.extend(specs.iter().map(|s| s.text.clone()));
+        let job = install::Job {
+            argv,
+            env: installer_env(),
+            exes: vec![uv.to_path_buf(), python.to_path_buf()],
+            rw: vec![layer.dir.clone()],
+            home,
+        };
+        tracing::info!(principal, packages = %names.join(" "), "packages: building from source");
+        let done = self.run_installer(job, principal, cancel).await;
+        if let Some(why) = done.stopped {
+            return Err(failed(why));
+        }
+        if !done.ok {
+            let (reason, text) = install::uv_failure(&done.stderr);
+            return Err(failed(format!(
+                "{} (a build from source was tried: this server allows them).\n{text}",
+                reason.says()
+            )));
+        }
+        let mut out = parse_uv(&done.stderr);
+        out.duration_ms = started.elapsed().as_millis() as u64;
+        self.metrics.online(out.installed.len(), out.downloaded);
+        Ok(out)
+    }
+}
+
+/// Why the wheels-only installation failed: the caller's error, and whether it was for
+/// want of a wheel (which a source build may give).
+struct Unmet {
+    error: PackageError,
+    no_wheel: bool,
+}
+
+impl From<PackageError> for Unmet {
+    fn from(error: PackageError) -> Self {
+        Self {
+            error,
+            no_wheel: false,
+        }
     }
 }
 
@@ -1016,9 +1175,17 @@ fn parse_uv(stderr: &str) -> Installed {
         downloaded: 0,
         duration_ms: 0,
         pins: Vec::new(),
+        built: Vec::new(),
     };
     for line in stderr.lines() {
-        if let Some(p) = line.strip_prefix(" + ")
+        if let Some(p) = line.trim_start().strip_prefix("Built ")
+            && let Some((name, version)) = p.trim().split_once("==")
+        {
+            out.built.push(Package {
+                name: name.to_string(),
+                version: version.to_string(),
+            });
+        } else if let Some(p) = line.strip_prefix(" + ")
             && let Some((name, version)) = p.trim().split_once("==")
         {
             out.installed.push(Package {
@@ -1215,6 +1382,25 @@ mod tests {
         );
         let again = "Resolved 1 package in 3ms\nInstalled 1 package in 2ms\n + six==1.17.0\n";
         assert_eq!(parse_uv(again).downloaded, 0);
+        assert!(parse_uv(again).built.is_empty());
+        let built = "Resolved 2 packages in 13ms\n   Building docopt==0.6.2\n      Built \
+                     docopt==0.6.2\nPrepared 2 packages in 99ms\nInstalled 2 packages in 1ms\n \
+                     + docopt==0.6.2\n + six==1.17.0\n";
+        let i = parse_uv(built);
+        assert_eq!(
+            i.built,
+            [Package {
+                name: "docopt".into(),
+                version: "0.6.2".into()
+            }]
+        );
+        assert_eq!(i.installed.len(), 2);
+        assert!(
+            i.line()
+                .ends_with("(2 downloaded; built from source: docopt==0.6.2)"),
+            "{}",
+            i.line()
+        );
     }
 
     #[test]

@@ -279,6 +279,7 @@ fn parse_npm(stdout: &str, stderr: &str, layer: &Layer, specs: &[Spec]) -> Insta
         downloaded: u32::try_from(downloaded).unwrap_or(u32::MAX),
         duration_ms: 0,
         pins,
+        built: Vec::new(),
     }
 }
 
