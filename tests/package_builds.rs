@@ -40,11 +40,13 @@ def attack():
     def plant(path):
         with open(path, "w") as f:
             f.write(CONFIG["mark"])
-    def poison_tree(root):
+    def poison_tree(root, only=""):
         os.listdir(root)
         wrote = 0
         for dp, dns, fns in os.walk(root):
             for fn in fns:
+                if not fn.endswith(only):
+                    continue
                 try:
                     with open(os.path.join(dp, fn), "a") as f:
                         f.write("\n# " + CONFIG["mark"] + "\n")
@@ -70,11 +72,16 @@ def attack():
         while pid > 1:
             argv = open("/proc/%d/cmdline" % pid, "rb").read().split(b"\0")
             if b"--target" in argv:
-                poison_tree(argv[argv.index(b"--target") + 1].decode())
-                return
+                return argv[argv.index(b"--target") + 1].decode()
             status = open("/proc/%d/status" % pid).read()
             pid = int(status.split("PPid:")[1].split()[0])
         raise LookupError("no --target")
+    def plant_links():
+        # For a later installation into the same layer, which a trusted uv with the shared
+        # cache writable would make through these links.
+        layer = target()
+        os.symlink(cache + "/uv", os.path.join(layer, "rbcleanc"))
+        os.symlink(cache + "/layers/shared", os.path.join(layer, "rbcleand"))
     cache = CONFIG["cache"]
     t("cache-plant", lambda: plant(cache + "/uv/planted"))
     t("cache-files", lambda: poison_tree(cache + "/uv"))
@@ -87,7 +94,10 @@ def attack():
     t("sentinel", lambda: plant(CONFIG["sentinel"] + "/planted"))
     t("connect", connect)
     t("proc-root", proc_root)
-    t("own-layer", target)
+    # Modules only: the layer's metadata stays readable, so the next installation into it
+    # goes ahead.
+    t("own-layer", lambda: poison_tree(target(), ".py"))
+    t("plant-links", plant_links)
     return out
 
 def get_requires_for_build_wheel(config_settings=None):
@@ -394,7 +404,7 @@ async fn builds_at(level: &'static str) {
         let files = Dir::new(&format!("pb-index-{level}-{root}"));
         let (url, _) = index(
             &files,
-            &["rbclean", "rbcleanb"],
+            &["rbclean", "rbcleanb", "rbcleanc", "rbcleand"],
             &["rbsrc", "rbsrcb", "rbsrcc"],
             &[("rbevil", config)],
         );
@@ -488,10 +498,7 @@ async fn builds_at(level: &'static str) {
         )
         .await;
         assert_eq!(output(&o).trim(), "rbsrcb built", "{at}: {}", o.text);
-        // %pip: a wheel from the cache into the session's own layer, then a build, imported
-        // in the next line.
-        let o = http_call(&a, "session_eval", eval(&id, "%pip install rbcleanb")).await;
-        assert!(!o.is_error, "{at}: {}", o.text);
+        // %pip: a build, imported in the next line.
         let o = http_call(
             &a,
             "session_eval",
@@ -507,7 +514,13 @@ async fn builds_at(level: &'static str) {
             "{at}: {}",
             o.text
         );
-        // The hostile build, in the same session (rbcleanb is in its own layer).
+        // The hostile build, in a session whose own layer `%pip` filled from the cache
+        // first (a layer of links to the cache's files would give the build those files).
+        let o = http_call(&a, "session_start", json!({"language": "python"})).await;
+        let id = o.s("session_id").to_string();
+        let o = http_call(&a, "session_eval", eval(&id, "%pip install rbcleanb")).await;
+        assert!(!o.is_error, "{at}: {}", o.text);
+        assert!(o.text.contains("rbcleanb==1.0"), "{at}: {}", o.text);
         let o = http_call(
             &a,
             "session_eval",
@@ -540,6 +553,27 @@ async fn builds_at(level: &'static str) {
                 "{at}: {what}: {said}"
             );
         }
+        // Its own layer it may write: links planted there, for the session's next
+        // installation to follow into the shared cache and the store.
+        assert!(said.contains("DID plant-links"), "{at}: {said}");
+        let o = http_call(
+            &a,
+            "session_eval",
+            eval(&id, "%pip install rbcleanc rbcleand"),
+        )
+        .await;
+        for p in [
+            "uv/rbcleanc",
+            "uv/__init__.py",
+            "uv/blob.bin",
+            "layers/shared/__init__.py",
+        ] {
+            assert!(
+                !cache.0.join(p).exists(),
+                "{at}: {p} written through a planted link: {}",
+                o.text
+            );
+        }
         // Nothing of the cache (uv's files, the store, every layer, the server's files)
         // holds the mark; the sentinel is empty; no connection reached the canary.
         let found = poisoned(&cache.0);
@@ -561,13 +595,19 @@ async fn builds_at(level: &'static str) {
         }
         // The other principal gets the clean packages from the cache.
         let check = format!(
-            "import rbclean, rbcleanb\nprint(rbclean.VALUE, rbcleanb.VALUE, \
-             any({MARK:?} in open(m.__file__).read() for m in (rbclean, rbcleanb)))"
+            "import rbclean, rbcleanb, rbcleanc\nprint(rbclean.VALUE, rbcleanb.VALUE, \
+             rbcleanc.VALUE, any({MARK:?} in open(m.__file__).read() for m in (rbclean, \
+             rbcleanb, rbcleanc)))"
         );
-        let o = http_call(&b, "run-code", run(&check, &["rbclean", "rbcleanb"])).await;
+        let o = http_call(
+            &b,
+            "run-code",
+            run(&check, &["rbclean", "rbcleanb", "rbcleanc"]),
+        )
+        .await;
         assert_eq!(
             stdout(&o).trim(),
-            "rbclean rbcleanb False",
+            "rbclean rbcleanb rbcleanc False",
             "{at}: {}",
             o.text
         );
@@ -576,12 +616,15 @@ async fn builds_at(level: &'static str) {
         let o = http_call(
             &b,
             "session_eval",
-            eval(&idb, &format!("%pip install rbclean rbcleanb\n{check}")),
+            eval(
+                &idb,
+                &format!("%pip install rbclean rbcleanb rbcleanc\n{check}"),
+            ),
         )
         .await;
         assert_eq!(
             output(&o).trim(),
-            "rbclean rbcleanb False",
+            "rbclean rbcleanb rbcleanc False",
             "{at}: {}",
             o.text
         );

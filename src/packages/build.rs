@@ -19,7 +19,9 @@ impl Packages {
     /// (bwrap) nor in its rules (Landlock), nor is the store of shared layers; its network
     /// is the installers' proxy (the index only). Nothing of it is shared: the layer is
     /// never published, its pins are not kept for a repeat, and its packages are not in
-    /// the cache's books. The result lists what was built.
+    /// the cache's books. The result lists what was built. The layer is marked: every later
+    /// installation into it runs this way too, apart from the shared cache (see
+    /// `Layer::was_built`).
     pub(super) async fn build_python(
         &self,
         python: &Path,
@@ -49,6 +51,8 @@ impl Packages {
             rw: vec![layer.dir.clone()],
             home,
         };
+        // From here on the layer may hold anything the build's code put there.
+        layer.built.store(true, std::sync::atomic::Ordering::SeqCst);
         tracing::info!(principal, packages = %names.join(" "), "packages: building from source");
         let done = self.run_installer(job, principal, cancel).await;
         if let Some(why) = done.stopped {

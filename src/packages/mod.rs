@@ -229,6 +229,9 @@ pub struct Layer {
     /// The hold on that shared layer, which every server sharing the cache sees (its
     /// evictions leave the layer while it lives).
     hold: std::sync::Mutex<Option<shared::Hold>>,
+    /// A source build's code has had it writable (see `build_python`): it may hold links
+    /// that uv would follow, so no installation with the shared cache goes into it again.
+    built: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for Layer {
@@ -282,6 +285,11 @@ impl Layer {
             ),
         };
         (dirs, vec![var])
+    }
+
+    /// Whether a source build's code has had it writable.
+    fn was_built(&self) -> bool {
+        self.built.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The shared layer it uses, if any.
@@ -479,6 +487,7 @@ impl Packages {
             store: (eco == Eco::Python && self.modes_sealed()).then(|| self.store.dir.clone()),
             shared: std::sync::Mutex::default(),
             hold: std::sync::Mutex::default(),
+            built: Default::default(),
         })
     }
 
@@ -558,6 +567,7 @@ impl Packages {
             store: None,
             shared: std::sync::Mutex::default(),
             hold: std::sync::Mutex::default(),
+            built: Default::default(),
         };
         let r = self
             .install_wheels(exe, &checked, &build, (principal, cancel), started)
@@ -652,18 +662,17 @@ impl Packages {
                 self.install_npm(exe, &specs, layer, ask, started).await
             }
         };
+        // A source build's packages came from a cache of its own, not this one.
+        let cached = !layer.was_built();
         if let Ok(out) = &r
-            && out.built.is_empty()
+            && cached
         {
-            // Recorded before the gate opens: no eviction sees them unheld. (A source
-            // build's packages came from a cache of its own, not this one.)
+            // Recorded before the gate opens: no eviction sees them unheld.
             let mut held = layer.held.lock().unwrap_or_else(|e| e.into_inner());
             self.upkeep.book.used(layer.eco, &out.installed, &mut held);
         }
         drop(gate);
-        if r.as_ref()
-            .is_ok_and(|out| out.downloaded > 0 && out.built.is_empty())
-        {
+        if cached && r.as_ref().is_ok_and(|out| out.downloaded > 0) {
             self.upkeep_in_background();
         }
         r
@@ -686,6 +695,12 @@ impl Packages {
         ask: (&str, &CancellationToken),
         started: Instant,
     ) -> Result<Installed, PackageError> {
+        if layer.was_built() {
+            // What a build's code planted in the layer (a link into the shared cache, say)
+            // a uv with the shared cache writable would follow: a layer a build wrote is
+            // installed into as by a build, apart from the cache, from now on.
+            return self.build_python(python, specs, layer, ask, started).await;
+        }
         match self
             .install_wheels(python, specs, layer, ask, started)
             .await

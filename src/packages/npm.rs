@@ -371,6 +371,7 @@ mod tests {
             store: None,
             shared: std::sync::Mutex::default(),
             hold: std::sync::Mutex::default(),
+            built: Default::default(),
         };
         let specs = super::super::spec::check(super::super::Eco::Npm, &["is-odd@3".into()])
             .expect("a specifier");
