@@ -400,7 +400,7 @@ async fn installed(ctx: &Ctx, need_session: bool, need_pool: bool) -> Result<Vec
         }
         let usable = match lang.detect().await {
             None => Err(format!("{} is not installed", l.id)),
-            Some(d) if need_session => lang.session_exe(d).map(|_| ()),
+            Some(d) if need_session => lang.session_exe(d).map(|_| ()).map_err(|e| e.to_string()),
             Some(_) => Ok(()),
         };
         match usable {
