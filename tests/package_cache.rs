@@ -598,18 +598,19 @@ fn serve_npm(dir: PathBuf, names: &[&str], blob: usize) -> String {
     base
 }
 
-/// npm's half of the cap: two packages of 600 KiB each (npm's cache keeps the tarball, as
-/// large) under a 1 MiB cap, from a loopback registry. The second one's installation (a
-/// live session holds it) evicts the first, npm's cache keys for it cleaned by npm itself;
-/// `/metrics` says so, the cache stays under the cap, and the first is downloaded again
-/// when asked for again.
+/// npm's half of the cap: two packages of 800 KiB each under a 2 MiB cap, from a loopback
+/// registry (each weighs twice that: npm's cache keeps the tarball, as large, and its
+/// shared layer the files). The second one's installation (a live session holds it and
+/// its layer) evicts the first and its layer, npm's cache keys for it cleaned by npm
+/// itself; `/metrics` says so, the cache stays under the cap, and the first is downloaded
+/// again when asked for again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn npm_cache_stays_under_its_cap() {
     if !require("javascript", "node") || !require("npm", "npm") {
         return;
     }
     let files = Dir::new("npm-registry-cap");
-    let registry = serve_npm(files.0.clone(), &["rbnpma", "rbnpmb"], 600 << 10);
+    let registry = serve_npm(files.0.clone(), &["rbnpma", "rbnpmb"], 800 << 10);
     let cache = Dir::new("npmcache-cap");
     let s = Server::http()
         .token(TOKEN)
@@ -617,7 +618,7 @@ async fn npm_cache_stays_under_its_cap() {
             "--package-cache",
             &cache.s(),
             "--package-cache-mb",
-            "1",
+            "2",
             "--npm-registry",
             &registry,
         ])
@@ -644,15 +645,20 @@ async fn npm_cache_stays_under_its_cap() {
     .await;
     assert!(!o.is_error, "{}", o.text);
     let id = o.structured["session_id"].as_str().expect("id").to_string();
-    let m = after_evictions(s.addr, 1).await;
+    let m = after_evictions(s.addr, 2).await;
     assert_eq!(
         metric(&m, "replbox_package_cache_evictions_total"),
-        1,
+        2,
         "{m}"
     );
     assert_eq!(metric(&m, "replbox_package_cache_misses_total"), 2, "{m}");
     let bytes = metric(&m, "replbox_package_cache_bytes");
-    assert!(bytes > 600 << 10 && bytes <= 1 << 20, "{bytes}: {m}");
+    assert!(bytes > 1600 << 10 && bytes <= 2 << 20, "{bytes}: {m}");
+    // What is left in the store is the session's layer.
+    let layers = std::fs::read_dir(cache.0.join("layers/shared"))
+        .expect("store")
+        .count();
+    assert_eq!(layers, 1, "the session's layer is in the store");
     // What the session holds still loads.
     let o = http_call(
         c.peer(),
@@ -679,6 +685,81 @@ async fn npm_cache_stays_under_its_cap() {
     assert!(
         !m.contains("replbox_package_installs_total{source=\"cache\"}"),
         "{m}"
+    );
+    drop(files);
+    s.stop().await;
+}
+
+/// With warm sessions, a JavaScript `session_start` with packages the cache already has
+/// takes a warm session and gives it the set's shared layer (the running node told where
+/// it is): the result says `warm`, npm is not run, and the package loads from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_javascript_session_takes_cached_packages() {
+    if !require("javascript", "node") || !require("npm", "npm") {
+        return;
+    }
+    let files = Dir::new("npm-registry-warm");
+    let registry = serve_npm(files.0.clone(), &["rbwarmjs"], 1024);
+    let cache = Dir::new("npmcache-warm");
+    let s = Server::http()
+        .token(TOKEN)
+        .env("REPLBOX_SESSION_POOL", "1")
+        .args(["--package-cache", &cache.s(), "--npm-registry", &registry])
+        .start()
+        .await;
+    let c = s.connect(TOKEN).await;
+    let o = http_call(
+        c.peer(),
+        "run-code",
+        json!({"languageId": "javascript", "packages": ["rbwarmjs"],
+               "code": "console.log(require('rbwarmjs'))"}),
+    )
+    .await;
+    assert_eq!(o.text.lines().next(), Some("rbwarmjs"), "{}", o.text);
+    // A plain session asks for javascript's pool; then a warm one waits.
+    let o = http_call(c.peer(), "session_start", json!({"language": "javascript"})).await;
+    assert!(!o.is_error, "{}", o.text);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let m = scrape(s.addr).await;
+        if m.contains("replbox_warm_sessions{language=\"javascript\"} 1") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no warm session: {m}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let o = http_call(
+        c.peer(),
+        "session_start",
+        json!({"language": "javascript", "packages": ["rbwarmjs"]}),
+    )
+    .await;
+    assert!(!o.is_error, "{}", o.text);
+    assert_eq!(o.structured["warm"], json!(true), "{}", o.text);
+    assert_eq!(
+        o.structured["packages"]["installed"],
+        json!([{"name": "rbwarmjs", "version": "1.0.0"}]),
+        "{}",
+        o.text
+    );
+    assert_eq!(
+        o.structured["packages"]["downloaded"],
+        json!(0),
+        "{}",
+        o.text
+    );
+    let id = o.structured["session_id"].as_str().expect("id").to_string();
+    let o = http_call(
+        c.peer(),
+        "session_eval",
+        json!({"session_id": id, "code": "console.log(require('rbwarmjs'), require.resolve('rbwarmjs'))"}),
+    )
+    .await;
+    let store = cache.0.join("layers/shared").display().to_string();
+    assert!(
+        output(&o).starts_with(&format!("rbwarmjs {store}/")),
+        "{}",
+        o.text
     );
     drop(files);
     s.stop().await;

@@ -524,10 +524,50 @@ t("list-store", lambda: os.listdir(store))
 t("chmod", lambda: os.chmod(os.path.join(d, "six.py"), 0o666))
 "#;
 
-/// `SHARED_ATTACK`'s output checked: nothing written, renamed, removed or planted (listing
-/// the store and chmod are refused where the level says so: see docs/security.md); the
-/// host's layer sealed and intact. The layer's path.
-fn shared_unharmed(cache: &Cache, at: &str, said: &str, root: bool, level: &str) -> String {
+/// What user code tries against the shared layer its `is-odd` came from (npm's: the
+/// layer's `node_modules/` is on its NODE_PATH), as [`SHARED_ATTACK`] does for Python.
+const SHARED_ATTACK_JS: &str = r#"
+const fs = require('fs'), path = require('path');
+const d = path.dirname(require.resolve('is-odd'));
+const top = path.dirname(path.dirname(d));
+const store = path.dirname(top);
+const layers = path.dirname(store);
+console.log('shared', top);
+function t(name, f) {
+  try { f(); console.log('DID', name); }
+  catch (e) { console.log('refused', name, e.code); }
+}
+t('write', () => fs.appendFileSync(path.join(d, 'index.js'), 'x'));
+t('create', () => fs.writeFileSync(path.join(d, 'planted.js'), 'x'));
+t('rename', () => fs.renameSync(path.join(d, 'index.js'), path.join(d, 'index2.js')));
+t('unlink', () => fs.unlinkSync(path.join(d, 'index.js')));
+t('rmtree', () => fs.rmSync(d, { recursive: true }));
+t('rename-layer', () => fs.renameSync(top, top + 'x'));
+t('plant-layer', () => fs.mkdirSync(path.join(store, '0'.repeat(40))));
+t('plant-building', () => fs.mkdirSync(path.join(layers, 'building', '0'.repeat(40))));
+t('list-store', () => fs.readdirSync(store));
+t('chmod', () => fs.chmodSync(path.join(d, 'index.js'), 0o666));
+"#;
+
+/// A layer's file that [`SHARED_ATTACK`] tries to alter, and the one it tries to plant.
+const SIX_FILES: (&str, &str) = ("six.py", "planted.py");
+/// The same for [`SHARED_ATTACK_JS`].
+const IS_ODD_FILES: (&str, &str) = (
+    "node_modules/is-odd/index.js",
+    "node_modules/is-odd/planted.js",
+);
+
+/// `SHARED_ATTACK`'s (or `SHARED_ATTACK_JS`'s) output checked: nothing written, renamed,
+/// removed or planted (listing the store and chmod are refused where the level says so:
+/// see docs/security.md); the host's layer sealed and intact (`files`: the file it tried
+/// to alter, the one it tried to plant). The layer's path.
+fn shared_unharmed(
+    cache: &Cache,
+    at: &str,
+    said: &str,
+    (root, level): (bool, &str),
+    files: (&str, &str),
+) -> String {
     for what in [
         "write",
         "create",
@@ -578,10 +618,10 @@ fn shared_unharmed(cache: &Cache, at: &str, said: &str, root: bool, level: &str)
         !keys.iter().any(|k| k.starts_with("0000")),
         "{at}: {keys:?}"
     );
-    let six = std::fs::read_to_string(format!("{layer}/six.py")).expect("six.py");
-    assert!(!six.ends_with('x'), "{at}: six.py altered");
+    let kept = std::fs::read_to_string(format!("{layer}/{}", files.0)).expect(files.0);
+    assert!(!kept.ends_with('x'), "{at}: {} altered", files.0);
     assert!(
-        !std::path::Path::new(&format!("{layer}/planted.py")).exists(),
+        !std::path::Path::new(&format!("{layer}/{}", files.1)).exists(),
         "{at}"
     );
     // Sealed: nothing in it writable, set-uid or set-gid; root's when the server is. (Not
@@ -685,7 +725,7 @@ async fn packages_at(level: &'static str) {
         // Its six is the run's: one shared layer, sealed, that its code cannot change.
         let o = s.eval(&a, SHARED_ATTACK).await;
         assert!(!o.is_error, "{at}: {}", o.text);
-        let shared = shared_unharmed(&cache, &at, output(&o), root, level);
+        let shared = shared_unharmed(&cache, &at, output(&o), (root, level), SIX_FILES);
         let o = s.eval(&a, "%pip install iniconfig").await;
         assert!(!o.is_error, "{at}: {}", o.text);
         assert!(o.text.contains("iniconfig=="), "{at}: {}", o.text);
@@ -729,7 +769,7 @@ async fn packages_at(level: &'static str) {
         let o = s.eval(&a, "print(six.PY3, iniconfig.__name__)").await;
         assert_eq!(output(&o).trim(), "True iniconfig", "{at}: {}", o.text);
         if js {
-            js_packages_at(&s, &cache, &at).await;
+            js_packages_at(&s, &cache, &at, (root, level)).await;
         }
         s.stop().await;
     }
@@ -737,8 +777,9 @@ async fn packages_at(level: &'static str) {
 
 /// JavaScript's half of [`packages_at`]: `packages` in run-code (whose code reaches
 /// neither the registry nor a writable cache or package), then a session with `packages`
-/// that installs more with `replbox.install` and requires both.
-async fn js_packages_at(s: &TestServer, cache: &Cache, at: &str) {
+/// (the run's shared layer, which its code cannot alter) that installs more with
+/// `replbox.install` and requires both.
+async fn js_packages_at(s: &TestServer, cache: &Cache, at: &str, (root, level): (bool, &str)) {
     let probe = format!(
         r#"
 const fs = require('fs');
@@ -791,14 +832,21 @@ fetch('https://registry.npmjs.org/is-odd', {{ signal: AbortSignal.timeout(10000)
         o.text
     );
     let id = o.s("session_id").to_string();
+    // Its is-odd is the run's: one shared layer, sealed, that its code cannot change.
+    let o = s.eval(&id, SHARED_ATTACK_JS).await;
+    assert!(!o.is_error, "{at}: {}", o.text);
+    shared_unharmed(cache, at, output(&o), (root, level), IS_ODD_FILES);
+    // What replbox.install adds comes with the session's own packages: is-even's own
+    // is-odd (0.1.x) does not take the place of the is-odd@3 the session started with.
     let o = s
         .eval(
             &id,
-            "await replbox.install('is-even@1');\nconsole.log('even', require('is-even')(4), require('is-odd')(4))",
+            "await replbox.install('is-even@1');\nconsole.log('even', require('is-even')(4), \
+             require('is-odd')(4), require('is-odd/package.json').version)",
         )
         .await;
     assert!(!o.is_error, "{at}: {}", o.text);
-    assert!(o.text.contains("even true false"), "{at}: {}", o.text);
+    assert!(o.text.contains("even true false 3."), "{at}: {}", o.text);
     assert!(o.text.contains("is-even==1."), "{at}: {}", o.text);
 }
 
@@ -918,8 +966,85 @@ for p in targets + [{cache:?} + "/uv/planted"]:
     }
     let o = common::http_call(&a, "session_eval", json!({"session_id": id, "code": check})).await;
     assert!(o.text.starts_with("clean 1."), "{}", o.text);
+    if js_server_ok().is_some() {
+        js_principals(&a, &b, &cache).await;
+    }
     drop((a, b));
     s.stop().await;
+}
+
+/// JavaScript's half of [`one_principal_cannot_alter_what_another_installs`]: A's session
+/// and B's run share one sealed layer of is-odd, and B's code alters neither it nor npm's
+/// cache.
+async fn js_principals(
+    a: &rmcp::Peer<rmcp::RoleClient>,
+    b: &rmcp::Peer<rmcp::RoleClient>,
+    cache: &Cache,
+) {
+    let o = common::http_call(
+        a,
+        "session_start",
+        json!({"language": "javascript", "packages": ["is-odd@3"]}),
+    )
+    .await;
+    assert!(!o.is_error, "{}", o.text);
+    let id = o.s("session_id").to_string();
+    let where_ = "console.log(require('path').resolve(require.resolve('is-odd'), '../../..'))";
+    let o = common::http_call(a, "session_eval", json!({"session_id": id, "code": where_})).await;
+    let layer = o.structured["output"]
+        .as_str()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    assert_eq!(
+        std::path::Path::new(&layer).parent(),
+        Some(cache.0.join("layers/shared").as_path()),
+        "not a shared layer: {}",
+        o.text
+    );
+    let attack = format!(
+        r#"
+const fs = require('fs'), path = require('path');
+console.log('mine', path.resolve(require.resolve('is-odd'), '../../..'));
+for (const p of [{layer:?} + '/node_modules/is-odd/index.js', {layer:?} + '/node_modules/is-odd/planted.js',
+                 {cache:?} + '/npm/planted']) {{
+  try {{ fs.appendFileSync(p, "
+process.env.POISONED = '1';
+"); console.log('WROTE', p); }}
+  catch (e) {{ console.log('refused', e.code); }}
+}}
+"#,
+        cache = cache.s()
+    );
+    let o = common::http_call(b, "run-code", js_run(&attack, &["is-odd@3"])).await;
+    assert!(!o.is_error, "{}", o.text);
+    // The same set: the same layer for both principals.
+    assert!(
+        o.text.contains(&format!("mine {layer}\n")),
+        "not A's layer {layer}: {}",
+        o.text
+    );
+    assert!(!o.text.contains("WROTE"), "{}", o.text);
+    let odd = std::fs::read_to_string(format!("{layer}/node_modules/is-odd/index.js"))
+        .expect("A's is-odd");
+    assert!(!odd.contains("POISONED"), "A's is-odd altered: {}", o.text);
+    assert!(!std::path::Path::new(&format!("{layer}/node_modules/is-odd/planted.js")).exists());
+    assert!(!cache.0.join("npm/planted").exists(), "{}", o.text);
+    let check = "const fs = require('fs'); console.log(fs.readFileSync(require.resolve('is-odd'), \
+                 'utf8').includes('POISONED') || process.env.POISONED ? 'poisoned' : 'clean', \
+                 require('is-odd/package.json').version)";
+    for (who, c) in [("a", a), ("b", b)] {
+        let o = common::http_call(c, "run-code", js_run(check, &["is-odd@3"])).await;
+        assert!(o.text.starts_with("clean 3."), "{who}: {}", o.text);
+        assert_eq!(
+            o.structured["packages"]["downloaded"],
+            json!(0),
+            "{who}: {}",
+            o.structured
+        );
+    }
+    let o = common::http_call(a, "session_eval", json!({"session_id": id, "code": check})).await;
+    assert!(o.text.starts_with("clean 3."), "{}", o.text);
 }
 
 // --- JavaScript (npm) ---------------------------------------------------------------------
@@ -927,6 +1052,11 @@ for p in targets + [{cache:?} + "/uv/planted"]:
 /// A server for JavaScript packages with its own cache, or None (skipped) without node and
 /// npm, or (with `index`) when the npm registry cannot be reached from here.
 async fn js_server(cache: &Cache, index: bool) -> Option<TestServer> {
+    js_server_with(cache, index, &[]).await
+}
+
+/// [`js_server`] with more arguments.
+async fn js_server_with(cache: &Cache, index: bool, more: &[&str]) -> Option<TestServer> {
     if !require("javascript", "node") || !require("npm", "npm") {
         return None;
     }
@@ -934,7 +1064,70 @@ async fn js_server(cache: &Cache, index: bool) -> Option<TestServer> {
         common::skip("the npm registry (registry.npmjs.org:443) cannot be reached from here");
         return None;
     }
-    Some(TestServer::start_with(&["--package-cache", cache.s()], &[]).await)
+    let mut args = vec!["--package-cache", cache.s()];
+    args.extend_from_slice(more);
+    Some(TestServer::start_with(&args, &[]).await)
+}
+
+/// An npm of the test's own, for `--npm`: a script that runs the system's npm until
+/// [`deny`](Self::deny), then fails, saying so. It shows that a request ran no npm at all.
+struct NpmSwitch {
+    dir: PathBuf,
+    /// The system npm's `lib/cli.js`.
+    cli: String,
+}
+
+impl NpmSwitch {
+    /// None (skipped, saying why) when the system's npm is not where npm installs it.
+    fn new(tag: &str) -> Option<Self> {
+        use std::os::unix::fs::PermissionsExt;
+        let path = std::env::var_os("PATH")?;
+        let real = std::env::split_paths(&path).find_map(|d| {
+            std::fs::canonicalize(d.join("npm"))
+                .ok()
+                .filter(|p| p.ends_with("bin/npm-cli.js"))
+        });
+        let Some(cli) = real
+            .as_deref()
+            .and_then(|r| Some(r.parent()?.parent()?.join("lib/cli.js")))
+            .filter(|c| c.is_file())
+        else {
+            common::skip("npm's npm-cli.js (a link named npm on PATH) not found");
+            return None;
+        };
+        let dir = std::env::temp_dir().join(format!("replbox-npm-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).ok()?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).ok()?;
+        let s = Self {
+            dir,
+            cli: cli.display().to_string(),
+        };
+        s.allow();
+        Some(s)
+    }
+    fn path(&self) -> String {
+        self.dir.join("npm-cli.js").display().to_string()
+    }
+    /// npm runs (rewritten in place: the installer's view of the file is the same file).
+    fn allow(&self) {
+        std::fs::write(self.path(), format!("require({:?})(process);\n", self.cli))
+            .expect("npm switch");
+    }
+    /// Any run of npm fails.
+    fn deny(&self) {
+        std::fs::write(
+            self.path(),
+            "console.error('npm was run'); process.exit(1);\n",
+        )
+        .expect("npm switch");
+    }
+}
+
+impl Drop for NpmSwitch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// Whether a TCP connection to `addr` opens within a few seconds.
@@ -1033,7 +1226,10 @@ async fn npm_specifiers_that_are_not_registry_packages_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn javascript_packages_install_then_require_and_come_from_the_cache() {
     let cache = Cache::new("js");
-    let Some(s) = js_server(&cache, true).await else {
+    let Some(npm) = NpmSwitch::new("js") else {
+        return;
+    };
+    let Some(s) = js_server_with(&cache, true, &["--npm", &npm.path()]).await else {
         return;
     };
     let code = "const isOdd = require('is-odd'); console.log('odd', isOdd(3));";
@@ -1055,7 +1251,9 @@ async fn javascript_packages_install_then_require_and_come_from_the_cache() {
         "{}",
         o.structured
     );
-    // Again: nothing downloaded, the same versions.
+    // Again: nothing downloaded, the same versions, and no npm run at all (the set's
+    // shared layer is taken as it is).
+    npm.deny();
     let o = s.call("run-code", js_run(code, &["is-odd@3"])).await;
     assert!(!o.is_error, "{}", o.text);
     assert_eq!(installed(&o.structured), first);
@@ -1084,7 +1282,8 @@ fetch('https://registry.npmjs.org/is-odd', {{ signal: AbortSignal.timeout(10000)
     assert_eq!(o.text.matches("refused").count(), 3, "{}", o.text);
     assert!(o.text.contains("blocked"), "{}", o.text);
     assert!(!o.text.contains("REACHED"), "{}", o.text);
-    // A session: packages at its start, then replbox.install, required at once.
+    // A session: packages at its start (no npm run either), then replbox.install, required
+    // at once.
     let o = s
         .call(
             "session_start",
@@ -1092,6 +1291,14 @@ fetch('https://registry.npmjs.org/is-odd', {{ signal: AbortSignal.timeout(10000)
         )
         .await;
     assert!(!o.is_error, "{}", o.text);
+    assert_eq!(installed(&o.structured), first, "{}", o.structured);
+    assert_eq!(
+        o.structured["packages"]["downloaded"],
+        json!(0),
+        "{}",
+        o.structured
+    );
+    npm.allow();
     let id = o.s("session_id").to_string();
     assert_eq!(
         output(&s.eval(&id, "console.log(require('is-odd')(5))").await).trim(),
@@ -1128,6 +1335,23 @@ fetch('https://registry.npmjs.org/is-odd', {{ signal: AbortSignal.timeout(10000)
         output(&s.eval(&id, "console.log(before)").await).trim(),
         "1"
     );
+    // What replbox.install puts in a session wins over the packages it started with.
+    let o = s
+        .call(
+            "session_start",
+            json!({"language": "javascript", "packages": ["is-odd@3"]}),
+        )
+        .await;
+    assert!(!o.is_error, "{}", o.text);
+    let id = o.s("session_id").to_string();
+    let o = s
+        .eval(
+            &id,
+            "await replbox.install('is-odd@2')\nconsole.log('v', require('is-odd/package.json').version)",
+        )
+        .await;
+    assert!(!o.is_error, "{}", o.text);
+    assert!(output(&o).starts_with("v 2."), "{}", o.text);
     s.stop().await;
 }
 
