@@ -1104,6 +1104,8 @@ impl NpmSwitch {
             cli: cli.display().to_string(),
         };
         s.allow();
+        // A program others may run (as the installer's uid does), as npm's own is.
+        std::fs::set_permissions(s.path(), std::fs::Permissions::from_mode(0o755)).ok()?;
         Some(s)
     }
     fn path(&self) -> String {
@@ -1118,7 +1120,7 @@ impl NpmSwitch {
     fn deny(&self) {
         std::fs::write(
             self.path(),
-            "console.error('npm was run'); process.exit(1);\n",
+            "console.error('npm error npm was run'); process.exit(1);\n",
         )
         .expect("npm switch");
     }
@@ -1298,8 +1300,14 @@ fetch('https://registry.npmjs.org/is-odd', {{ signal: AbortSignal.timeout(10000)
         "{}",
         o.structured
     );
-    npm.allow();
     let id = o.s("session_id").to_string();
+    // The switch works: what the cache lacks, npm must fetch, and cannot.
+    let o = s
+        .call("run-code", js_run("console.log(1)", &["is-even@1"]))
+        .await;
+    assert_eq!(o.error_kind(), "package_unavailable", "{}", o.text);
+    assert!(o.text.contains("npm was run"), "{}", o.text);
+    npm.allow();
     assert_eq!(
         output(&s.eval(&id, "console.log(require('is-odd')(5))").await).trim(),
         "true"
