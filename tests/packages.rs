@@ -1008,9 +1008,7 @@ const fs = require('fs'), path = require('path');
 console.log('mine', path.resolve(require.resolve('is-odd'), '../../..'));
 for (const p of [{layer:?} + '/node_modules/is-odd/index.js', {layer:?} + '/node_modules/is-odd/planted.js',
                  {cache:?} + '/npm/planted']) {{
-  try {{ fs.appendFileSync(p, "
-process.env.POISONED = '1';
-"); console.log('WROTE', p); }}
+  try {{ fs.appendFileSync(p, "\nprocess.env.POISONED = '1';\n"); console.log('WROTE', p); }}
   catch (e) {{ console.log('refused', e.code); }}
 }}
 "#,

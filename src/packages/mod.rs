@@ -14,7 +14,8 @@
 //!   layers/ID/     installer 0755: one run's packages (`--target`, on its PYTHONPATH; for
 //!                  npm `--prefix`, its node_modules/ on NODE_PATH), read-only to it,
 //!                  removed after it
-//!   layers/shared/ the server's, 0711: sealed layers of resolved Python sets (`shared`)
+//!   layers/shared/ the server's, 0711: sealed layers of resolved Python and npm sets
+//!                  (`shared`)
 //!   layers/building/  the server's, 0711: layers being built (installer 0755 each)
 //!   shared.key     the server's, 0600: the secret the shared layers' keys are made with
 //!   tmp/ID/        installer 0700: one installation's home, removed after it
@@ -222,10 +223,13 @@ pub struct Layer {
     held: std::sync::Mutex<Vec<String>>,
     book: Option<Arc<cache::Book>>,
     /// The store of shared layers, read-only to the layer's program from its start (a warm
-    /// session takes one later, by its path); None for npm.
+    /// session takes one later, by its path); None where nothing is shared.
     store: Option<PathBuf>,
     /// The shared layer (sealed, in the store) on its search path after `dir`.
     shared: std::sync::Mutex<Option<PathBuf>>,
+    /// What the shared layer holds (npm: a first installation into `dir` takes its
+    /// requested packages along, see [`Packages::install`]).
+    shared_set: std::sync::Mutex<Option<Installed>>,
     /// The hold on that shared layer, which every server sharing the cache sees (its
     /// evictions leave the layer while it lives).
     hold: std::sync::Mutex<Option<shared::Hold>>,
@@ -279,10 +283,13 @@ impl Layer {
                 ("PYTHONPATH".into(), path)
             }
             // node looks in it at every require: what is installed later is found at once.
-            Eco::Npm => (
-                "NODE_PATH".into(),
-                self.dir.join("node_modules").display().to_string(),
-            ),
+            Eco::Npm => {
+                let mut path = self.dir.join("node_modules").display().to_string();
+                if let Some(s) = self.shared_dir() {
+                    path = format!("{path}:{}", s.join("node_modules").display());
+                }
+                ("NODE_PATH".into(), path)
+            }
         };
         (dirs, vec![var])
     }
@@ -290,6 +297,14 @@ impl Layer {
     /// Whether a source build's code has had it writable.
     fn was_built(&self) -> bool {
         self.built.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// What the shared layer it uses holds, if any.
+    fn shared_set(&self) -> Option<Installed> {
+        self.shared_set
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The shared layer it uses, if any.
@@ -484,19 +499,21 @@ impl Packages {
             remove,
             held: std::sync::Mutex::default(),
             book: Some(self.upkeep.book.clone()),
-            store: (eco == Eco::Python && self.modes_sealed()).then(|| self.store.dir.clone()),
+            store: self.modes_sealed().then(|| self.store.dir.clone()),
             shared: std::sync::Mutex::default(),
+            shared_set: std::sync::Mutex::default(),
             hold: std::sync::Mutex::default(),
             built: Default::default(),
         })
     }
 
     /// Install a run's or session's `packages` (checked here) into its `layer` before its
-    /// program starts (or into a warm session that has run nothing of its caller's): for
-    /// Python, a set whose exact pins are known (resolved lately, or exact pins themselves)
-    /// is taken from the store of shared layers, read-only, without running the installer;
-    /// one not there yet is built there (see `shared`) and taken. Otherwise (npm, a layer
-    /// that holds packages already) as [`install`](Self::install).
+    /// program starts (or into a warm session that has run nothing of its caller's): a set
+    /// whose exact pins are known (resolved lately, or exact pins themselves; npm's: the
+    /// whole tree it resolved to lately) is taken from the store of shared layers,
+    /// read-only, without running the installer; one not there yet is built there (see
+    /// `shared`) and taken. Otherwise (nothing shared at this level, a layer that holds
+    /// packages already) as [`install`](Self::install).
     pub async fn provide(
         self: &Arc<Self>,
         exe: &Path,
@@ -505,11 +522,7 @@ impl Packages {
         principal: &str,
         cancel: &CancellationToken,
     ) -> Result<Installed, PackageError> {
-        if layer.eco != Eco::Python
-            || layer.store.is_none()
-            || layer.shared_dir().is_some()
-            || !layer_is_empty(&layer.dir)
-        {
+        if layer.store.is_none() || layer.shared_dir().is_some() || !layer_is_empty(&layer.dir) {
             return self.install(exe, specs, layer, principal, cancel).await;
         }
         let started = Instant::now();
@@ -517,36 +530,39 @@ impl Packages {
         if checked.is_empty() {
             return self.install(exe, specs, layer, principal, cancel).await;
         }
-        let Some(tag) = self.store.tag(exe).await else {
+        let Some(tag) = self.store.tag(exe, layer.eco).await else {
             return self.install(exe, specs, layer, principal, cancel).await;
         };
+        let index = self.index_url(layer.eco).to_string();
         let texts: Vec<String> = checked.iter().map(|s| s.text.clone()).collect();
+        let asked = resolved_key(exe, &index, &texts);
         let gate = self.upkeep.gate.read().await;
         // Known pins, and their layer in the store: nothing to run. Held first (so that no
         // server evicts it once found), then looked for.
-        if let Some(pins) = self
-            .resolved
-            .get(&resolved_key(exe, &self.index.url, &texts))
-        {
-            let key = self.store.key(&pins, &self.index.url, &tag);
+        if let Some(pins) = self.resolved.get(&asked).filter(|p| !p.is_empty()) {
+            let key = self.store.key(&pins, &index, &tag);
             let hold = self.store.hold(&key).map_err(|e| {
                 PackageError::Failed(format!("packages: cannot hold a shared layer: {e}"))
             })?;
             if self.store.path(&key).is_dir() {
-                let out = Installed {
-                    installed: pins
-                        .iter()
-                        .filter_map(|p| p.split_once("=="))
-                        .map(|(n, v)| Package {
-                            name: n.to_string(),
-                            version: v.to_string(),
-                        })
-                        .collect(),
-                    downloaded: 0,
-                    duration_ms: started.elapsed().as_millis() as u64,
-                    pins,
-                    built: Vec::new(),
+                let mut out = match layer.eco {
+                    Eco::Python => Installed {
+                        installed: pins
+                            .iter()
+                            .filter_map(|p| p.split_once("=="))
+                            .map(|(n, v)| Package {
+                                name: n.to_string(),
+                                version: v.to_string(),
+                            })
+                            .collect(),
+                        downloaded: 0,
+                        duration_ms: 0,
+                        pins,
+                        built: Vec::new(),
+                    },
+                    Eco::Npm => npm::of_layout(&pins, &checked),
                 };
+                out.duration_ms = started.elapsed().as_millis() as u64;
                 self.attach(layer, &key, &out, hold);
                 self.metrics.offline(out.installed.len());
                 return Ok(out);
@@ -566,12 +582,23 @@ impl Packages {
             book: None,
             store: None,
             shared: std::sync::Mutex::default(),
+            shared_set: std::sync::Mutex::default(),
             hold: std::sync::Mutex::default(),
             built: Default::default(),
         };
-        let r = self
-            .install_wheels(exe, &checked, &build, (principal, cancel), started)
-            .await;
+        let ask = (principal, cancel);
+        let r = match layer.eco {
+            Eco::Python => {
+                self.install_wheels(exe, &checked, &build, ask, started)
+                    .await
+            }
+            Eco::Npm => {
+                self.upkeep.saw_node(exe);
+                self.install_npm(exe, &checked, &build, ask, started)
+                    .await
+                    .map_err(Unmet::from)
+            }
+        };
         let mut unbuilt = false;
         let r = match r {
             Err(u) => {
@@ -579,24 +606,30 @@ impl Packages {
                 Err(u.error)
             }
             Ok(out) => {
-                let key = self.store.key(&out.pins, &self.index.url, &tag);
-                // Held before it is in the store: another server's eviction never sees it
-                // there unheld.
-                let hold = self.store.hold(&key).map_err(|e| {
-                    PackageError::Failed(format!("packages: cannot hold a shared layer: {e}"))
-                })?;
-                let (store, built, k) = (self.store.dir.clone(), build.dir.clone(), key.clone());
-                let put = tokio::task::spawn_blocking(move || shared::publish(&store, &built, &k))
-                    .await
-                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-                match put {
-                    Ok(_) => {
-                        self.attach(layer, &key, &out, hold);
-                        Ok(out)
+                // What the layer is keyed by: Python's pins; npm's whole tree, as its
+                // lockfile says (the requested packages' versions do not fix their
+                // dependencies').
+                let set = match layer.eco {
+                    Eco::Python => Some(out.pins.clone()),
+                    Eco::Npm => {
+                        let dir = build.dir.clone();
+                        tokio::task::spawn_blocking(move || npm::layout(&dir))
+                            .await
+                            .ok()
+                            .flatten()
                     }
-                    Err(e) => Err(PackageError::Failed(format!(
-                        "packages: cannot put the installed packages in place: {e}"
-                    ))),
+                };
+                match set.filter(|s| !s.is_empty()) {
+                    Some(set) => self
+                        .publish(layer, &build.dir, &set, (&index, &tag), &out)
+                        .await
+                        .map(|()| {
+                            if layer.eco == Eco::Npm {
+                                self.resolved.put(asked, set);
+                            }
+                            Some(out)
+                        }),
+                    None => Ok(None),
                 }
             }
         };
@@ -611,11 +644,58 @@ impl Packages {
                 .await;
         }
         drop(gate);
-        if r.is_ok() {
-            // The store grew (and the cache, when it downloaded): measured, kept in the cap.
-            self.upkeep_in_background();
+        match r {
+            Ok(Some(out)) => {
+                // The store grew (and the cache, when it downloaded): measured, kept in the
+                // cap.
+                self.upkeep_in_background();
+                Ok(out)
+            }
+            // npm said nothing of what it installed: nothing to key a layer by, so into the
+            // run's or session's own.
+            Ok(None) => {
+                tracing::warn!("packages: npm left no lockfile; installing into the layer");
+                self.install(exe, specs, layer, principal, cancel).await
+            }
+            Err(e) => Err(e),
         }
-        r
+    }
+
+    /// The index (or registry) of `eco`'s packages.
+    fn index_url(&self, eco: Eco) -> &str {
+        match eco {
+            Eco::Python => &self.index.url,
+            Eco::Npm => &self.registry.url,
+        }
+    }
+
+    /// Seal the layer built in `built` (holding `out`, the set `set`) and put it in the
+    /// store under the key of `set` for `(index, tag)`; `layer` takes it.
+    async fn publish(
+        &self,
+        layer: &Layer,
+        built: &Path,
+        set: &[String],
+        (index, tag): (&str, &str),
+        out: &Installed,
+    ) -> Result<(), PackageError> {
+        let key = self.store.key(set, index, tag);
+        // Held before it is in the store: another server's eviction never sees it there
+        // unheld.
+        let hold = self.store.hold(&key).map_err(|e| {
+            PackageError::Failed(format!("packages: cannot hold a shared layer: {e}"))
+        })?;
+        let (store, built, k) = (self.store.dir.clone(), built.to_path_buf(), key.clone());
+        tokio::task::spawn_blocking(move || shared::publish(&store, &built, &k))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+            .map_err(|e| {
+                PackageError::Failed(format!(
+                    "packages: cannot put the installed packages in place: {e}"
+                ))
+            })?;
+        self.attach(layer, &key, out, hold);
+        Ok(())
     }
 
     /// `layer` takes the shared layer `key` (which holds `out`'s packages), held by `hold`:
@@ -624,6 +704,7 @@ impl Packages {
     /// holding it.
     fn attach(&self, layer: &Layer, key: &str, out: &Installed, hold: shared::Hold) {
         *layer.shared.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.store.path(key));
+        *layer.shared_set.lock().unwrap_or_else(|e| e.into_inner()) = Some(out.clone());
         *layer.hold.lock().unwrap_or_else(|e| e.into_inner()) = Some(hold);
         let mut held = layer.held.lock().unwrap_or_else(|e| e.into_inner());
         self.upkeep.book.used(layer.eco, &out.installed, &mut held);
@@ -632,7 +713,8 @@ impl Packages {
 
     /// Install `specs` (checked here) into `layer` for the interpreter `exe` (python, or
     /// the node that runs npm), as `principal` asked. Refused specifiers are an error
-    /// before anything runs.
+    /// before anything runs. npm's first installation into a layer that uses a shared one
+    /// takes that one's requested packages along (see `npm::along`).
     pub async fn install(
         self: &Arc<Self>,
         exe: &Path,
@@ -659,7 +741,15 @@ impl Packages {
             Eco::Python => self.install_python(exe, &specs, layer, ask, started).await,
             Eco::Npm => {
                 self.upkeep.saw_node(exe);
-                self.install_npm(exe, &specs, layer, ask, started).await
+                match npm::along(layer, &specs) {
+                    Some((along, shared)) => {
+                        let all: Vec<spec::Spec> = along.into_iter().chain(specs.clone()).collect();
+                        self.install_npm(exe, &all, layer, ask, started)
+                            .await
+                            .map(|out| npm::without(out, &specs, &shared))
+                    }
+                    None => self.install_npm(exe, &specs, layer, ask, started).await,
+                }
             }
         };
         // A source build's packages came from a cache of its own, not this one.
@@ -892,13 +982,25 @@ const WARM_CHECK_NAMES: usize = 2000;
 /// For a Python layer filled after its interpreter started (a warm session's): code that
 /// makes the import system look at the layer again and prints [`WARM_CLEAR`] unless a
 /// module of the same name as one the layer now holds at its top level is already
-/// imported (that one, not the layer's, would be what `import` gives). None for npm
-/// (node's `require` looks at every call, and nothing is preloaded).
+/// imported (that one, not the layer's, would be what `import` gives). For npm, code that
+/// puts the shared layer's `node_modules/` on node's search path after the layer's own, as
+/// NODE_PATH would have at a cold start (node's `require` looks in it at every call, and
+/// nothing is preloaded); None without a shared layer.
 pub fn warm_check(layer: &Layer) -> Option<String> {
-    if layer.eco != Eco::Python {
-        return None;
-    }
     let shared = layer.shared_dir();
+    if layer.eco == Eco::Npm {
+        let path = format!(
+            "{}:{}",
+            layer.dir.join("node_modules").display(),
+            shared?.join("node_modules").display()
+        );
+        let path = serde_json::to_string(&path).ok()?;
+        // The warm session has run nothing of its caller's: node's own module loader.
+        return Some(format!(
+            "void ((m) => {{ process.env.NODE_PATH = {path}; m._initPaths(); \
+             console.log({WARM_CLEAR:?}); }})(require('module'))"
+        ));
+    }
     let mut names: Vec<String> = [Some(layer.dir.clone()), shared.clone()]
         .into_iter()
         .flatten()
@@ -959,7 +1061,8 @@ const RESOLVED_FRESH: Duration = Duration::from_secs(3600);
 const RESOLVED_MAX: usize = 512;
 
 /// Recent resolutions: a request's specifiers to the exact pins it installed (the
-/// installer's own output, from the index), for [`RESOLVED_FRESH`].
+/// installer's own output, from the index; npm's: the tree of its shared layer, see
+/// `npm::layout`, or none when only asked), for [`RESOLVED_FRESH`].
 #[derive(Default)]
 struct Resolved(std::sync::Mutex<std::collections::HashMap<String, (Vec<String>, Instant)>>);
 
@@ -969,6 +1072,13 @@ impl Resolved {
         map.get(key)
             .filter(|(_, at)| at.elapsed() < RESOLVED_FRESH)
             .map(|(pins, _)| pins.clone())
+    }
+
+    /// `key` was asked lately, what it resolved to unknown (none): kept as it is when known.
+    fn mark(&self, key: String) {
+        if self.get(&key).is_none() {
+            self.put(key, Vec::new());
+        }
     }
 
     fn put(&self, key: String, pins: Vec<String>) {

@@ -96,7 +96,9 @@ impl Packages {
         tracing::debug!(stderr = %done.stderr, downloaded = out.downloaded, "packages: npm installed");
         out.duration_ms = started.elapsed().as_millis() as u64;
         self.metrics.online(out.installed.len(), out.downloaded);
-        self.resolved.put(key, out.pins.clone());
+        // Asked lately: offline first next time. What it resolved to (the tree a shared layer
+        // is keyed by) is for `provide` to say, from the layer it built.
+        self.resolved.mark(key);
         Ok(out)
     }
 
@@ -200,6 +202,131 @@ impl Packages {
             home,
         }
     }
+}
+
+/// Largest lockfile read (the server's own installer wrote it).
+const LOCKFILE_MAX: u64 = 32 << 20;
+
+/// Every package npm put in the layer `dir`, with its place and version
+/// (`node_modules/a@1.0.0`, `node_modules/a/node_modules/@s/b@2.0.0`), sorted: what its
+/// lockfile says. None when there is no lockfile, or it holds anything but registry
+/// packages beneath `node_modules/`.
+pub(super) fn layout(dir: &Path) -> Option<Vec<String>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        #[serde(default)]
+        version: Option<String>,
+        #[serde(default)]
+        link: bool,
+    }
+    #[derive(serde::Deserialize)]
+    struct Lock {
+        #[serde(default)]
+        packages: std::collections::BTreeMap<String, Entry>,
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(dir.join("package-lock.json"))
+        .ok()?;
+    let m = f.metadata().ok()?;
+    if !m.is_file() || m.len() > LOCKFILE_MAX {
+        return None;
+    }
+    let mut text = Vec::new();
+    f.take(LOCKFILE_MAX).read_to_end(&mut text).ok()?;
+    let lock: Lock = serde_json::from_slice(&text).ok()?;
+    let mut out = Vec::new();
+    for (place, e) in lock.packages {
+        // The layer itself.
+        if place.is_empty() {
+            continue;
+        }
+        // Names and scopes only: nothing that would not be a package's place.
+        let part = |c: &str| match c.strip_prefix('@') {
+            Some(scope) => !scope.is_empty() && !scope.contains('@'),
+            None => !c.is_empty() && c != "." && c != ".." && !c.contains('@'),
+        };
+        let plain = place.starts_with("node_modules/") && place.split('/').all(part);
+        if e.link || !plain {
+            return None;
+        }
+        out.push(format!("{place}@{}", e.version?));
+    }
+    out.sort();
+    Some(out)
+}
+
+/// What a layer laid out as `layout` (see [`layout`]) holds, for a request of `specs`: every
+/// package with its version, and the requested ones' pins (those at its top).
+pub(super) fn of_layout(layout: &[String], specs: &[Spec]) -> Installed {
+    let mut installed = Vec::new();
+    let mut pins = Vec::new();
+    for entry in layout {
+        let Some((place, version)) = entry.rsplit_once('@') else {
+            continue;
+        };
+        let Some((_, name)) = place.rsplit_once("node_modules/") else {
+            continue;
+        };
+        if place == format!("node_modules/{name}") && specs.iter().any(|s| s.name == name) {
+            pins.push(format!("{name}@{version}"));
+        }
+        installed.push(Package {
+            name: name.to_string(),
+            version: version.to_string(),
+        });
+    }
+    installed.sort_by(|a, b| a.name.cmp(&b.name).then(a.version.cmp(&b.version)));
+    installed.dedup();
+    Installed {
+        installed,
+        downloaded: 0,
+        duration_ms: 0,
+        pins,
+        built: Vec::new(),
+    }
+}
+
+/// For an installation into `layer`, which uses a shared layer and has no packages of its
+/// own yet: the shared layer's requested packages (their exact versions) that `specs` do
+/// not name, to install along, and what the shared layer holds. npm then places them and
+/// what is asked together, as in one layer: a dependency of what is asked never takes the
+/// name of a package the run or session started with at the top of its own layer (which
+/// comes first on NODE_PATH), and the layer's package.json keeps them for later
+/// installations. None when there is nothing to take along.
+pub(super) fn along(layer: &Layer, specs: &[Spec]) -> Option<(Vec<Spec>, Installed)> {
+    let shared = layer.shared_set()?;
+    if std::fs::symlink_metadata(layer.dir.join("package.json")).is_ok() {
+        return None;
+    }
+    let keep: Vec<String> = shared
+        .pins
+        .iter()
+        .filter(|p| {
+            p.rsplit_once('@')
+                .is_some_and(|(n, _)| !specs.iter().any(|s| s.name == n))
+        })
+        .cloned()
+        .collect();
+    if keep.is_empty() {
+        return None;
+    }
+    let along = super::spec::check(super::Eco::Npm, &keep).ok()?;
+    Some((along, shared))
+}
+
+/// What an installation with packages taken along (see [`along`]) says: not the packages the
+/// shared layer has already (the same versions), nor the pins of packages not `asked` for.
+pub(super) fn without(mut out: Installed, asked: &[Spec], shared: &Installed) -> Installed {
+    out.installed.retain(|p| !shared.installed.contains(p));
+    out.pins.retain(|p| {
+        p.rsplit_once('@')
+            .is_some_and(|(n, _)| asked.iter().any(|s| s.name == n))
+    });
+    out
 }
 
 /// npm's `npm-cli.js`: `flag`, else what the `npm` on PATH is (a link to it), else the one
@@ -370,6 +497,7 @@ mod tests {
             book: None,
             store: None,
             shared: std::sync::Mutex::default(),
+            shared_set: std::sync::Mutex::default(),
             hold: std::sync::Mutex::default(),
             built: Default::default(),
         };
@@ -386,6 +514,61 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["is-number@6.0.0", "is-odd@0.1.2", "is-odd@3.0.1"]
         );
+    }
+
+    #[test]
+    fn a_lockfile_gives_the_layout_and_the_layout_what_is_installed() {
+        let dir = std::env::temp_dir().join(format!("replbox-layout-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let lock = |packages: &str| {
+            std::fs::write(
+                dir.join("package-lock.json"),
+                format!(r#"{{"name": "x", "lockfileVersion": 3, "packages": {packages}}}"#),
+            )
+            .unwrap()
+        };
+        lock(
+            r#"{"": {"dependencies": {"is-odd": "^3.0.1"}},
+                "node_modules/is-odd": {"version": "3.0.1"},
+                "node_modules/@s/x": {"version": "1.0.0"},
+                "node_modules/is-odd/node_modules/is-number": {"version": "6.0.0"}}"#,
+        );
+        let l = layout(&dir).expect("a layout");
+        assert_eq!(
+            l,
+            [
+                "node_modules/@s/x@1.0.0",
+                "node_modules/is-odd/node_modules/is-number@6.0.0",
+                "node_modules/is-odd@3.0.1"
+            ]
+        );
+        let specs =
+            super::super::spec::check(super::super::Eco::Npm, &["is-odd@3".into(), "@s/x".into()])
+                .unwrap();
+        let i = of_layout(&l, &specs);
+        assert_eq!(i.pins, ["@s/x@1.0.0", "is-odd@3.0.1"]);
+        assert_eq!(
+            i.installed
+                .iter()
+                .map(|p| format!("{}@{}", p.name, p.version))
+                .collect::<Vec<_>>(),
+            ["@s/x@1.0.0", "is-number@6.0.0", "is-odd@3.0.1"]
+        );
+        // Anything but registry packages beneath node_modules/: no layout, nothing shared.
+        for bad in [
+            r#"{"node_modules/a": {"version": "1.0.0", "link": true}}"#,
+            r#"{"node_modules/../a": {"version": "1.0.0"}}"#,
+            r#"{"lib/a": {"version": "1.0.0"}}"#,
+            r#"{"node_modules/a": {}}"#,
+        ] {
+            lock(bad);
+            assert_eq!(layout(&dir), None, "{bad}");
+        }
+        std::fs::remove_file(dir.join("package-lock.json")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.join("package-lock.json")).unwrap();
+        assert_eq!(layout(&dir), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -1,6 +1,8 @@
-//! Shared layers: one immutable directory per resolved set of Python packages, built once
-//! and then put on the search path of every run or session that asks for the same set,
-//! read-only, instead of installing it again.
+//! Shared layers: one immutable directory per resolved set of Python or npm packages, built
+//! once and then put on the search path of every run or session that asks for the same
+//! set, read-only, instead of installing it again (an npm set's `node_modules/` tree
+//! whole: node finds a package's own dependencies from the real path of the file that
+//! requires them, so the tree serves from wherever it lies).
 //!
 //! ```text
 //! ROOT/layers/shared/        the server's, 0711: passable, not listable by other uids
@@ -13,9 +15,10 @@
 //! ROOT/shared.key            the server's, 0600: the secret the keys are made with
 //! ```
 //!
-//! KEY is a keyed hash of the set's exact pins (sorted), the index and the interpreter's
-//! version, ABI and platform: the same request on the same interpreter gets the same
-//! layer, and nobody without the server's secret can name a layer from the packages in
+//! KEY is a keyed hash of the set's exact pins (sorted; npm's: every package's place in
+//! the tree and its version, `node_modules/a/node_modules/b@1.0.0`, from npm's lockfile),
+//! the index and the interpreter's version, ABI and platform (node's, for npm): the same
+//! request on the same interpreter gets the same layer, and nobody without the server's secret can name a layer from the packages in
 //! it (so probing for what others installed needs a listing, which the store refuses to
 //! other uids). The installer fills `building/ID` (copies, never hard links into its
 //! cache: sealing must not change the cache's files), the server seals it (every entry
@@ -78,8 +81,8 @@ impl Store {
         })
     }
 
-    /// The key of the set `pins` (`name==version`) for the interpreter tagged `tag` and the
-    /// index `index`.
+    /// The key of the set `pins` (Python's `name==version`, npm's `PLACE@version`) for the
+    /// interpreter tagged `tag` and the index `index`.
     pub(super) fn key(&self, pins: &[String], index: &str, tag: &str) -> String {
         let mut pins: Vec<String> = pins
             .iter()
@@ -117,31 +120,37 @@ impl Store {
         self.dir.join(key)
     }
 
-    /// The interpreter `python`'s version, ABI and platform (`cpython-311 linux-x86_64 ""`),
-    /// asked once per program (again when it changes on disk); None when it will not say.
-    pub(super) async fn tag(&self, python: &Path) -> Option<String> {
-        let changed = std::fs::metadata(python).and_then(|m| m.modified()).ok()?;
-        if let Some((at, tag)) = self
-            .tags
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(python)
+    /// The interpreter `exe`'s version, ABI and platform (Python's `cpython-311
+    /// linux-x86_64 "" 3.11.7`; node's `node 20.20.2 linux x64 115`), asked once per
+    /// program (again when it changes on disk); None when it will not say.
+    pub(super) async fn tag(&self, exe: &Path, eco: super::Eco) -> Option<String> {
+        let changed = std::fs::metadata(exe).and_then(|m| m.modified()).ok()?;
+        if let Some((at, tag)) = self.tags.lock().unwrap_or_else(|e| e.into_inner()).get(exe)
             && *at == changed
         {
             return Some(tag.clone());
         }
         // The operator's interpreter, isolated (no site, no user paths, no environment).
+        let args: &[&str] = match eco {
+            super::Eco::Python => &[
+                "-I",
+                "-S",
+                "-c",
+                "import sys, sysconfig; print(sys.implementation.cache_tag, \
+                 sysconfig.get_platform(), repr(getattr(sys, 'abiflags', '')), \
+                 sys.version.split()[0])",
+            ],
+            // Its native modules' ABI too: a package's prebuilt addon is for one.
+            super::Eco::Npm => &[
+                "-e",
+                "console.log(['node', process.versions.node, process.platform, \
+                 process.arch, process.versions.modules].join(' '))",
+            ],
+        };
         let out = tokio::time::timeout(
             std::time::Duration::from_secs(20),
-            tokio::process::Command::new(python)
-                .args([
-                    "-I",
-                    "-S",
-                    "-c",
-                    "import sys, sysconfig; print(sys.implementation.cache_tag, \
-                     sysconfig.get_platform(), repr(getattr(sys, 'abiflags', '')), \
-                     sys.version.split()[0])",
-                ])
+            tokio::process::Command::new(exe)
+                .args(args)
                 .env_clear()
                 .stdin(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
@@ -158,7 +167,7 @@ impl Store {
         self.tags
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(python.to_path_buf(), (changed, tag.clone()));
+            .insert(exe.to_path_buf(), (changed, tag.clone()));
         Some(tag)
     }
 
