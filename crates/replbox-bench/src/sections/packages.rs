@@ -6,7 +6,7 @@
 //! (the cache has them) against a session without packages, both with the same first cell
 //! (the goal: at most 100 ms more; the set's shared layer is taken as it is, read-only, so
 //! `install_ms_median` is the server's bookkeeping alone), for Python and for JavaScript
-//! (npm's layer is installed again from its cache, offline). The package sets are the
+//! (npm's tree shared the same way). The package sets are the
 //! indexes' (PyPI and npm's registry by default, so these rows need them).
 //! docs/packages.md keeps the figures.
 
@@ -288,8 +288,8 @@ impl Second {
         uses: IMPORT,
         plain: "print('ok')",
     };
-    /// is-odd and its dependency (is-number): npm's layers are not shared, so this is npm
-    /// installing from its cache, offline, into the session's own layer.
+    /// is-odd and its dependency (is-number): the set's shared layer (its `node_modules/`
+    /// on NODE_PATH), no npm run.
     const JAVASCRIPT: Self = Self {
         row: "packages_cached_js",
         language: "javascript",
