@@ -99,6 +99,21 @@ impl From<String> for NoPlace {
     }
 }
 
+/// Why a fresh place could not be made: reported in the run's result.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum PlaceError {
+    #[error(transparent)]
+    Lease(#[from] crate::sandbox::Refused),
+    #[error("cannot create a working directory: {0}")]
+    Dir(std::io::Error),
+}
+
+impl From<PlaceError> for NoPlace {
+    fn from(e: PlaceError) -> Self {
+        NoPlace::Failed(e.to_string())
+    }
+}
+
 /// Where a run happens: its directory, the uid it runs as (when the server is root), the
 /// interpreter, the build cache and the CPU limit of its processes. Dropping it removes the
 /// directory, then returns the uid (its processes are gone by then), on the blocking pool.
@@ -236,7 +251,7 @@ impl Runner {
         };
         let child = match self.sandbox.egress_endpoint(&who, &req.principal, &domains) {
             Ok(ep) => self.child(&place, lang, &req.env).with_egress(ep),
-            Err(m) => return Ok(fail(report, m)),
+            Err(e) => return Ok(fail(report, e.to_string())),
         };
         // Code mode: the run's own channel to its tools, answering for the whole run.
         let uid = place.lease.as_ref().map(|l| l.uid);
@@ -401,17 +416,14 @@ impl Runner {
         cpu_s: u64,
         holder: Holder<'_>,
         reclaim: bool,
-    ) -> Result<Place, String> {
+    ) -> Result<Place, PlaceError> {
         let lease = if reclaim {
             self.sandbox.lease_or_reclaim(holder).await?
         } else {
             self.sandbox.lease(holder)?
         };
         let uid = lease.as_ref().map(|l| l.uid);
-        let dir = self
-            .workspace
-            .new_run_dir(uid)
-            .map_err(|e| format!("cannot create a working directory: {e}"))?;
+        let dir = self.workspace.new_run_dir(uid).map_err(PlaceError::Dir)?;
         let cache = crate::workspace::cache_dir(&dir, lang.id(), uid);
         Ok(Place {
             exe_s: exe.display().to_string(),

@@ -214,7 +214,7 @@ impl Runner {
             // The lease checks for short uids again as it takes one (the check above can
             // be passed by several starts at once): not a failure either.
             Err(_) if self.sandbox.uids_short() => return Ok(None),
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.to_string()),
         };
         let vars = place.vars(lang);
         let child = self.child(&place, lang, &BTreeMap::new());

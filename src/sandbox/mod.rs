@@ -190,6 +190,17 @@ pub trait Reclaim: Send + Sync {
     }
 }
 
+/// The egress proxy could not open a spawn's way out (the server's own failure).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot open the egress proxy: {0}")]
+pub struct ProxyError(std::io::Error);
+
+impl From<ProxyError> for crate::error::ToolError {
+    fn from(e: ProxyError) -> Self {
+        Self::internal(e.to_string())
+    }
+}
+
 impl Sandbox {
     /// Which interpreter executables user code can run at this level. When the server is root
     /// and there is no mount namespace to re-bind them (levels `landlock` and `none`), a
@@ -364,7 +375,7 @@ owns it or may change it"
         who: &str,
         principal: &str,
         extra: &[String],
-    ) -> Result<Option<Arc<Endpoint>>, String> {
+    ) -> Result<Option<Arc<Endpoint>>, ProxyError> {
         let Some(e) = &self.egress else {
             return Ok(None);
         };
@@ -376,19 +387,14 @@ owns it or may change it"
         } else {
             e.tcp(who, principal, extra)
         };
-        ep.map(|ep| Some(Arc::new(ep)))
-            .map_err(|e| format!("cannot open the egress proxy: {e}"))
+        ep.map(|ep| Some(Arc::new(ep))).map_err(ProxyError)
     }
 
     /// Take a uid for one session or run of `holder` (None when the server is not root).
     /// At level none a run can write where its uid is reached afterwards (the host's /tmp,
     /// /dev/shm, any directory open to it): it binds its uid like a session, and work of no
     /// principal gets none.
-    pub fn lease(&self, holder: Holder<'_>) -> Result<Option<Lease>, String> {
-        self.try_lease(holder).map_err(Refused::message)
-    }
-
-    fn try_lease(&self, holder: Holder<'_>) -> Result<Option<Lease>, Refused> {
+    pub fn lease(&self, holder: Holder<'_>) -> Result<Option<Lease>, Refused> {
         let Some(pool) = &self.pool else {
             return Ok(None);
         };
@@ -421,12 +427,12 @@ owns it or may change it"
     /// Like [`lease`](Self::lease), but when every uid is in use, first ask the reclaimers
     /// to give one back; when the principal has its most bound uids, only those that give
     /// back one of its own (its ended sessions').
-    pub async fn lease_or_reclaim(&self, holder: Holder<'_>) -> Result<Option<Lease>, String> {
+    pub async fn lease_or_reclaim(&self, holder: Holder<'_>) -> Result<Option<Lease>, Refused> {
         let (Holder::Binds(principal) | Holder::Visits(principal)) = holder else {
             return self.lease(holder);
         };
         'lease: loop {
-            match self.try_lease(holder) {
+            match self.lease(holder) {
                 Ok(l) => return Ok(l),
                 Err(e) => {
                     let own = matches!(e, Refused::Bound(_));
@@ -443,7 +449,7 @@ owns it or may change it"
                             continue 'lease;
                         }
                     }
-                    return Err(e.message());
+                    return Err(e);
                 }
             }
         }

@@ -44,21 +44,22 @@ pub struct UidPool {
     free: Mutex<BTreeSet<u32>>,
 }
 
-/// Why no uid was leased.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why no uid was leased (what to do about it, said in its message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
     /// None this holder may use is free.
+    #[error("{0}")]
     Exhausted(String),
     /// The principal has its most bound uids, none of them free: one of them must be given
     /// back (an ended session's) before its work runs.
+    #[error("{0}")]
     Bound(String),
 }
 
-impl Refused {
-    pub fn message(self) -> String {
-        match self {
-            Refused::Exhausted(m) | Refused::Bound(m) => m,
-        }
+/// No uid for a session: a limit of the server's, to wait for or free.
+impl From<Refused> for crate::error::ToolError {
+    fn from(e: Refused) -> Self {
+        Self::new(crate::error::ErrorKind::Limit, e.to_string())
     }
 }
 
@@ -491,7 +492,7 @@ mod tests {
             .clone()
             .acquire(false, Holder::Binds("dave"))
             .unwrap_err()
-            .message();
+            .to_string();
         assert!(e.contains("--uids") && e.contains("principal dave"), "{e}");
         assert!(pool.clone().acquire(false, Holder::Nobody).is_err());
         assert!(pool.clone().acquire(false, Holder::Visits("dave")).is_err());

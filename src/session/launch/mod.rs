@@ -243,8 +243,7 @@ unused before it is closed (omit it for the default, {} s; at most {} s)",
         let lease = self
             .sandbox
             .lease_or_reclaim(Holder::Binds(&caller.principal))
-            .await
-            .map_err(|m| ToolError::new(ErrorKind::Limit, m))?;
+            .await?;
         let uid = lease.as_ref().map(|l| l.uid);
         let (mut dirs, mut prepared, it) = self
             .dirs(&id, uid, req.cwd, req.files, (ask, it), Some(caller))
@@ -642,8 +641,7 @@ have put it there; this session runs the server's Python. Pass venv to use it an
         let who = format!("session {}", dirs.dir.path().display());
         let endpoint = self
             .sandbox
-            .egress_endpoint(&who, &dirs.principal, domains)
-            .map_err(ToolError::internal)?;
+            .egress_endpoint(&who, &dirs.principal, domains)?;
         let child = child
             .with_egress(endpoint)
             .with_tools(dirs.tools.as_deref())
