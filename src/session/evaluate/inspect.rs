@@ -56,9 +56,25 @@ pub fn printable(s: &str) -> String {
         .collect()
 }
 
+/// Why a name cannot be inspected: refused as given, or the session's answer says why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InspectError {
+    #[error(
+        "name must be a variable name or a dotted path of attributes, at most {MAX_NAME} bytes \
+         (df, model.coef_); to look at an expression, assign it to a name with session_eval \
+         first"
+    )]
+    Name,
+    #[error("the session gave no answer")]
+    NoAnswer,
+    /// The session's own error (printable, its first 500 characters).
+    #[error("{0}")]
+    Session(String),
+}
+
 /// A name the bootstrap is given: a variable, or a dotted path of attributes (`df`,
 /// `model.coef_`), of identifier characters only.
-pub fn check_name(name: &str) -> Result<(), String> {
+pub fn check_name(name: &str) -> Result<(), InspectError> {
     let ident = |s: &str| {
         let mut cs = s.chars();
         cs.next()
@@ -66,10 +82,7 @@ pub fn check_name(name: &str) -> Result<(), String> {
             && cs.all(|c| c.is_alphanumeric() || c == '_' || c == '$')
     };
     if name.is_empty() || name.len() > MAX_NAME || !name.split('.').all(ident) {
-        return Err(format!(
-            "name must be a variable name or a dotted path of attributes, at most {MAX_NAME} \
-bytes (df, model.coef_); to look at an expression, assign it to a name with session_eval first"
-        ));
+        return Err(InspectError::Name);
     }
     Ok(())
 }
@@ -83,12 +96,14 @@ fn hex(s: &str) -> String {
 fn from_payload(
     payload: &Value,
     budget: usize,
-) -> Result<(String, Map<String, Value>, bool), String> {
+) -> Result<(String, Map<String, Value>, bool), InspectError> {
     let Some(obj) = payload["inspect"].as_object() else {
-        return Err("the session gave no answer".into());
+        return Err(InspectError::NoAnswer);
     };
     if let Some(e) = obj.get("error").and_then(Value::as_str) {
-        return Err(printable(&e.chars().take(500).collect::<String>()));
+        return Err(InspectError::Session(printable(
+            &e.chars().take(500).collect::<String>(),
+        )));
     }
     let kind = obj
         .get("type")
@@ -129,7 +144,7 @@ impl Evaluator {
         timeout: Duration,
     ) -> Result<InspectReport, ToolError> {
         let id = &session.id;
-        check_name(name).map_err(|m| ToolError::invalid(m).session(id))?;
+        check_name(name).map_err(|e| ToolError::invalid(e.to_string()).session(id))?;
         let Some(code) = session
             .lang
             .spec
@@ -204,8 +219,16 @@ mod tests {
         assert!(cut);
         assert!(Value::Object(d.clone()).to_string().len() <= 100, "{d:?}");
         assert_eq!(d["shape"], json!([3, 2]));
-        let e = from_payload(&json!({"inspect": {"error": "NameError: x"}}), 100);
-        assert_eq!(e.err().as_deref(), Some("NameError: x"));
-        assert!(from_payload(&json!(null), 100).is_err());
+        let e = |p: &Value| from_payload(p, 100).unwrap_err().to_string();
+        assert_eq!(
+            e(&json!({"inspect": {"error": "NameError: x"}})),
+            "NameError: x"
+        );
+        assert_eq!(e(&json!(null)), "the session gave no answer");
+        assert_eq!(
+            check_name("df[0]").unwrap_err().to_string(),
+            "name must be a variable name or a dotted path of attributes, at most 200 bytes (df, \
+             model.coef_); to look at an expression, assign it to a name with session_eval first"
+        );
     }
 }

@@ -104,6 +104,53 @@ fn default_root() -> PathBuf {
     base.join("replbox/ghci")
 }
 
+/// Why the compiled bootstrap could not be built (logged; sessions then use the interpreted
+/// one). The server's own work with the operator's ghc.
+#[derive(Debug, thiserror::Error)]
+enum BuildError {
+    #[error("no ghc beside {}", .0.display())]
+    NoGhc(PathBuf),
+    #[error("ghc --info gave no version")]
+    NoVersion,
+    #[error("ghc --info gave no package database")]
+    NoDb,
+    #[error("{0}")]
+    Join(tokio::task::JoinError),
+    /// A file or directory of the build, or ghc's package database (`at`).
+    #[error("{}: {error}", .at.display())]
+    At { at: PathBuf, error: std::io::Error },
+    #[error("{0}")]
+    Io(std::io::Error),
+    #[error("no package {dep} in {}", .db.display())]
+    NoPackage { dep: &'static str, db: PathBuf },
+    #[error("{0} names no id")]
+    NoId(String),
+    #[error("cannot lock {}: {error}", .root.display())]
+    Lock {
+        root: PathBuf,
+        error: nix::errno::Errno,
+    },
+    #[error("cannot move the build into place: {0}")]
+    Place(std::io::Error),
+    #[error("ghci did not load the built module: {0}")]
+    NotLoaded(String),
+    #[error("cannot finish the build: {0}")]
+    Finish(std::io::Error),
+    #[error("cannot run {}: {error}", .exe.display())]
+    Spawn { exe: PathBuf, error: std::io::Error },
+    /// A step (`what`: its command line) that failed: its status and what it printed.
+    #[error("{what}: {status}: {output}")]
+    Step {
+        what: String,
+        status: std::process::ExitStatus,
+        output: String,
+    },
+    #[error("{what}: {error}")]
+    Wait { what: String, error: std::io::Error },
+    #[error("{what}: gave up after {} s", STEP_TIMEOUT.as_secs())]
+    Timeout { what: String },
+}
+
 /// ghc of the same installation as the ghci `exe` (`ghci-9.0.2` beside `ghc-9.0.2`).
 fn ghc_beside(exe: &Path) -> Option<PathBuf> {
     let name = exe.file_name()?.to_str()?;
@@ -111,8 +158,8 @@ fn ghc_beside(exe: &Path) -> Option<PathBuf> {
     (name.contains("ghci") && ghc.is_file()).then_some(ghc)
 }
 
-async fn build(c: &Compiled, exe: &Path, root: &Path) -> Result<Built, String> {
-    let ghc = ghc_beside(exe).ok_or_else(|| format!("no ghc beside {}", exe.display()))?;
+async fn build(c: &Compiled, exe: &Path, root: &Path) -> Result<Built, BuildError> {
+    let ghc = ghc_beside(exe).ok_or_else(|| BuildError::NoGhc(exe.into()))?;
     let info = run(&ghc, &["--info".into()], Path::new("/")).await?;
     let field = |name: &str| {
         // `,("Project version","9.0.2")`
@@ -120,12 +167,12 @@ async fn build(c: &Compiled, exe: &Path, root: &Path) -> Result<Built, String> {
         let end = info[at..].find('"')?;
         Some(info[at..at + end].to_string())
     };
-    let version = field("Project version").ok_or("ghc --info gave no version")?;
-    let global_db = field("Global Package DB").ok_or("ghc --info gave no package database")?;
+    let version = field("Project version").ok_or(BuildError::NoVersion)?;
+    let global_db = field("Global Package DB").ok_or(BuildError::NoDb)?;
     let (c, root, ghc2) = (c.clone(), root.to_path_buf(), ghc.clone());
     let depends = tokio::task::spawn_blocking(move || dependency_ids(Path::new(&global_db)))
         .await
-        .map_err(|e| e.to_string())??;
+        .map_err(BuildError::Join)??;
     let ghci = root.join(key(&version, &c.module.text, &info, &depends));
     let args = |dir: &Path| {
         vec![
@@ -145,7 +192,7 @@ async fn build(c: &Compiled, exe: &Path, root: &Path) -> Result<Built, String> {
     let lock_root = root.clone();
     let lock = tokio::task::spawn_blocking(move || lock_builds(&lock_root))
         .await
-        .map_err(|e| e.to_string())??;
+        .map_err(BuildError::Join)??;
     if ghci.join(DONE).is_file() {
         return Ok(Built {
             args: args(&ghci),
@@ -165,7 +212,7 @@ async fn build(c: &Compiled, exe: &Path, root: &Path) -> Result<Built, String> {
             Ok(()) => finish(&ghc2, &ghci).await,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&tmp);
-                Err(format!("cannot move the build into place: {e}"))
+                Err(BuildError::Place(e))
             }
         },
         Err(e) => Err(e),
@@ -195,8 +242,11 @@ fn key(version: &str, module: &str, info: &str, depends: &[String]) -> String {
 }
 
 /// The unit ids of [`DEPENDS`] in ghc's global package database (`id:` of each one's file).
-fn dependency_ids(db: &Path) -> Result<Vec<String>, String> {
-    let entries = std::fs::read_dir(db).map_err(|e| format!("{}: {e}", db.display()))?;
+fn dependency_ids(db: &Path) -> Result<Vec<String>, BuildError> {
+    let entries = std::fs::read_dir(db).map_err(|error| BuildError::At {
+        at: db.into(),
+        error,
+    })?;
     let mut names: Vec<String> = entries
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.ends_with(".conf"))
@@ -212,33 +262,41 @@ fn dependency_ids(db: &Path) -> Result<Vec<String>, String> {
                     .and_then(|r| r.strip_prefix('-'))
                     .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
             })
-            .ok_or_else(|| format!("no package {dep} in {}", db.display()))?;
-        let text = std::fs::read_to_string(db.join(file)).map_err(|e| e.to_string())?;
+            .ok_or_else(|| BuildError::NoPackage { dep, db: db.into() })?;
+        let text = std::fs::read_to_string(db.join(file)).map_err(BuildError::Io)?;
         let id = text
             .lines()
             .find_map(|l| l.strip_prefix("id:"))
             .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty())
-            .ok_or_else(|| format!("{file} names no id"))?;
+            .ok_or_else(|| BuildError::NoId(file.clone()))?;
         ids.push(id);
     }
     Ok(ids)
 }
 
-fn lock_builds(root: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+fn lock_builds(root: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, BuildError> {
+    let at = |error| BuildError::At {
+        at: root.into(),
+        error,
+    };
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o711)
         .create(root)
-        .map_err(|e| format!("{}: {e}", root.display()))?;
+        .map_err(at)?;
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(root.join(".lock"))
-        .map_err(|e| format!("{}: {e}", root.display()))?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| format!("cannot lock {}: {e}", root.display()))
+        .map_err(at)?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, error)| {
+        BuildError::Lock {
+            root: root.into(),
+            error,
+        }
+    })
 }
 
 /// Compile the module into a package in `dir`, whose database names `place`, where it
@@ -249,7 +307,7 @@ async fn make(
     (version, depends): (&str, &[String]),
     dir: &Path,
     place: &Path,
-) -> Result<(), String> {
+) -> Result<(), BuildError> {
     let module = c.module.file.trim_end_matches(".hs").to_string();
     let lib = format!("HS{UNIT}-ghc{version}");
     {
@@ -266,8 +324,11 @@ async fn make(
             std::fs::write(at.join(file), text)
         })
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
+        .map_err(BuildError::Join)?
+        .map_err(|error| BuildError::At {
+            at: dir.into(),
+            error,
+        })?;
     }
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let mut compile = s(CLEAN);
@@ -303,14 +364,14 @@ async fn make(
     let path = dir.join(format!("db/{UNIT}.conf"));
     tokio::task::spawn_blocking(move || std::fs::write(path, conf))
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())
+        .map_err(BuildError::Join)?
+        .map_err(BuildError::Io)
 }
 
 /// In its place: the package database's cache, a check that ghc's interpreter (as ghci)
 /// loads the package and runs a function of it (the object code is linked then), the
 /// permissions, and last the mark that the build is complete.
-async fn finish(ghc: &Path, dir: &Path) -> Result<(), String> {
+async fn finish(ghc: &Path, dir: &Path) -> Result<(), BuildError> {
     let pkg = ghc.with_file_name(
         ghc.file_name()
             .and_then(|n| n.to_str())
@@ -337,10 +398,7 @@ async fn finish(ghc: &Path, dir: &Path) -> Result<(), String> {
     // Not in `dir`: a module's source in the working directory would shadow the package's.
     let out = run(ghc, &try_it, &dir.join("db")).await?;
     if !out.contains("\"replbox-ok\"") {
-        return Err(format!(
-            "ghci did not load the built module: {}",
-            out.trim()
-        ));
+        return Err(BuildError::NotLoaded(out.trim().to_string()));
     }
     let dir = dir.to_path_buf();
     tokio::task::spawn_blocking(move || {
@@ -349,8 +407,8 @@ async fn finish(ghc: &Path, dir: &Path) -> Result<(), String> {
         std::fs::set_permissions(dir.join(DONE), std::fs::Permissions::from_mode(0o644))
     })
     .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| format!("cannot finish the build: {e}"))
+    .map_err(BuildError::Join)?
+    .map_err(BuildError::Finish)
 }
 
 /// Every file readable by all (sessions run as other uids), nothing writable but by owner.
@@ -370,7 +428,7 @@ fn publish(dir: &Path) -> std::io::Result<()> {
 
 /// Run one step of the build in `cwd` (the operator's tools, a clean environment, HOME the
 /// build directory); its output, or why it failed.
-async fn run(exe: &Path, args: &[String], cwd: &Path) -> Result<String, String> {
+async fn run(exe: &Path, args: &[String], cwd: &Path) -> Result<String, BuildError> {
     let home = cwd.display().to_string();
     let mut cmd = tokio::process::Command::new(exe);
     cmd.args(args)
@@ -382,9 +440,10 @@ async fn run(exe: &Path, args: &[String], cwd: &Path) -> Result<String, String> 
         .stderr(std::process::Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    let child = cmd.spawn().map_err(|error| BuildError::Spawn {
+        exe: exe.into(),
+        error,
+    })?;
     let pid = child.id();
     let what = format!("{} {}", exe.display(), args.join(" "));
     match tokio::time::timeout(STEP_TIMEOUT, child.wait_with_output()).await {
@@ -394,10 +453,14 @@ async fn run(exe: &Path, args: &[String], cwd: &Path) -> Result<String, String> 
             if out.status.success() {
                 Ok(text)
             } else {
-                Err(format!("{what}: {}: {}", out.status, text.trim()))
+                Err(BuildError::Step {
+                    what,
+                    status: out.status,
+                    output: text.trim().to_string(),
+                })
             }
         }
-        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Ok(Err(error)) => Err(BuildError::Wait { what, error }),
         Err(_) => {
             // Its whole group: ghc's own children (the C compiler, the linker) too.
             if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
@@ -406,10 +469,7 @@ async fn run(exe: &Path, args: &[String], cwd: &Path) -> Result<String, String> 
                     nix::sys::signal::Signal::SIGKILL,
                 );
             }
-            Err(format!(
-                "{what}: gave up after {} s",
-                STEP_TIMEOUT.as_secs()
-            ))
+            Err(BuildError::Timeout { what })
         }
     }
 }
@@ -455,7 +515,41 @@ mod tests {
         );
         std::fs::remove_file(db.path().join("unix-2.7.2.2-abc.conf")).expect("rm");
         let e = dependency_ids(db.path()).expect_err("unix is missing");
-        assert!(e.contains("no package unix"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            format!("no package unix in {}", db.path().display())
+        );
+        std::fs::write(db.path().join("unix-2.conf"), "name: unix\n").expect("write");
+        let e = dependency_ids(db.path()).expect_err("no id");
+        assert_eq!(e.to_string(), "unix-2.conf names no id");
+        let gone = db.path().join("gone");
+        let e = dependency_ids(&gone).expect_err("no database");
+        assert_eq!(
+            e.to_string(),
+            format!("{}: No such file or directory (os error 2)", gone.display())
+        );
+    }
+
+    /// A failed step says its command line, status and output; a late one, the bound.
+    #[test]
+    fn step_messages_are_pinned() {
+        use std::os::unix::process::ExitStatusExt;
+        let e = BuildError::Step {
+            what: "/usr/bin/ghc -c ReplboxGhci.hs".into(),
+            status: std::process::ExitStatus::from_raw(1 << 8),
+            output: "ReplboxGhci.hs:1:1: error".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "/usr/bin/ghc -c ReplboxGhci.hs: exit status: 1: ReplboxGhci.hs:1:1: error"
+        );
+        let e = BuildError::Timeout {
+            what: "/usr/bin/ghc -c ReplboxGhci.hs".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "/usr/bin/ghc -c ReplboxGhci.hs: gave up after 300 s"
+        );
     }
 
     #[tokio::test]
