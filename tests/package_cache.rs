@@ -458,6 +458,23 @@ async fn a_warm_session_takes_cached_packages() {
     )
     .await;
     assert_eq!(output(&o).trim(), "rbwarm", "{}", o.text);
+    // Restarted (it ignores the interrupt of its timeout), it still has them: a restart
+    // starts it as a cold start with them would.
+    let o = http_call(
+        c.peer(),
+        "session_eval",
+        json!({"session_id": id, "timeout_ms": 1000, "code":
+               "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"}),
+    )
+    .await;
+    assert_eq!(o.structured["restarted"], json!(true), "{}", o.text);
+    let o = http_call(
+        c.peer(),
+        "session_eval",
+        json!({"session_id": id, "code": "import rbwarm; print(rbwarm.VALUE)"}),
+    )
+    .await;
+    assert_eq!(output(&o).trim(), "rbwarm", "after a restart: {}", o.text);
     // The warm session imported the stdlib's colorsys: it cannot stand for the package.
     ready().await;
     let o = http_call(
@@ -761,6 +778,22 @@ async fn a_warm_javascript_session_takes_cached_packages() {
         "{}",
         o.text
     );
+    // Restarted (it ignores the interrupt of its timeout), it still has them.
+    let o = http_call(
+        c.peer(),
+        "session_eval",
+        json!({"session_id": id, "timeout_ms": 1000, "code":
+               "process.on('SIGINT', () => {}); while (true) {}"}),
+    )
+    .await;
+    assert_eq!(o.structured["restarted"], json!(true), "{}", o.text);
+    let o = http_call(
+        c.peer(),
+        "session_eval",
+        json!({"session_id": id, "code": "console.log(require('rbwarmjs'))"}),
+    )
+    .await;
+    assert_eq!(output(&o).trim(), "rbwarmjs", "after a restart: {}", o.text);
     drop(files);
     s.stop().await;
 }
