@@ -299,6 +299,25 @@ impl Layer {
         self.built.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// [`view`](Self::view)'s variables for a program whose variables `env` were made
+    /// before it was given its shared layer (a warm session's): each one's value as the
+    /// view says it, then whatever followed the layer's own directory in it.
+    pub fn update_view(&self, env: &mut Vec<(String, String)>) {
+        let own = match self.eco {
+            Eco::Python => self.dir.display().to_string(),
+            Eco::Npm => self.dir.join("node_modules").display().to_string(),
+        };
+        for (k, v) in self.view().1 {
+            let rest = env
+                .iter()
+                .find(|(n, _)| *n == k)
+                .and_then(|(_, old)| old.strip_prefix(&own))
+                .unwrap_or("")
+                .to_string();
+            crate::exec::env::set(env, &k, format!("{v}{rest}"));
+        }
+    }
+
     /// What the shared layer it uses holds, if any.
     fn shared_set(&self) -> Option<Installed> {
         self.shared_set

@@ -281,6 +281,15 @@ impl Interp {
         out
     }
 
+    /// Change the server's variables its restarts get (`f` on them): a warm session given
+    /// its packages' search path after it started is then restarted as a cold start with
+    /// them would have been.
+    pub fn update_launch_env(&mut self, f: impl FnOnce(&mut Vec<(String, String)>)) {
+        let mut launch = (*self.launch).clone();
+        f(&mut launch.env.server);
+        self.launch = Arc::new(launch);
+    }
+
     /// An internal evaluation of `code` that answers a question about the session
     /// (`session_vars`): numbered like the others from SYNC_BASE, never paused for input;
     /// at the deadline it is interrupted and the REPL recovered as for a user evaluation.

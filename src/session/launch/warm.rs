@@ -281,6 +281,8 @@ impl WarmSessions {
                 return Ok(false);
             }
         }
+        // Its restarts see the layer as a cold start would have.
+        up.interp.update_launch_env(|env| sp.layer.update_view(env));
         up.dirs.installed = Some(installed);
         Ok(true)
     }
