@@ -1639,16 +1639,19 @@ async fn a_session_ended_while_waiting_for_input_says_so() {
         return;
     }
     let s = Server::stdio().start().await;
-    let o = s
-        .call(
-            "session_start",
-            json!({"language": "python", "idle_timeout_s": 1}),
-        )
-        .await;
-    let reaped = o.s("session_id").to_string();
+    // The session to be reaped starts last and is given its cell at once: its idle time
+    // runs from its start, and on a loaded machine another start in between can take
+    // longer than its timeout.
     let o = s.call("session_start", json!({"language": "python"})).await;
     let killed = o.s("session_id").to_string();
     let pid = o.structured["pid"].as_i64().unwrap_or_default() as i32;
+    let o = s
+        .call(
+            "session_start",
+            json!({"language": "python", "idle_timeout_s": 2}),
+        )
+        .await;
+    let reaped = o.s("session_id").to_string();
     for id in [&reaped, &killed] {
         let o = s.eval(id, "name = input('Name? ')").await;
         assert_eq!(status(&o), "awaiting_input", "{}", o.text);

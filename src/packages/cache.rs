@@ -243,12 +243,17 @@ impl Packages {
                 break;
             };
             tried.insert(victim.clone());
-            if self.evict(&victim).await {
+            let evicted = self.evict(&victim).await;
+            if evicted {
                 self.upkeep.book.forget(&victim);
-                self.metrics.evicted();
                 tracing::info!(package = %victim, "packages: evicted from the cache");
             }
             size = self.measure().await;
+            // Counted once the gauge says what is left: whoever sees the count sees the
+            // size after that eviction, not before it.
+            if evicted {
+                self.metrics.evicted();
+            }
         }
         self.save_book().await;
     }
