@@ -2,13 +2,15 @@
 //!
 //! rmcp reads one JSON-RPC message a line, but answers nothing to a line it cannot read (not
 //! UTF-8, not JSON, longer than its limit), so a client waits forever for that request's
-//! reply. This layer reads the lines itself, bounded by `--max-line-bytes`, hands rmcp every
-//! message it accepts (rmcp keeps doing the protocol), and answers every other line that
-//! could be a request with a JSON-RPC error: parse error (-32700) for what is not JSON,
-//! invalid request (-32600) for a line too long or JSON that is not a message rmcp accepts,
-//! with the request's id when it can be read, `null` otherwise. Notifications get no answer,
-//! as JSON-RPC wants. Everything written to stdout goes through one task, one serialized
-//! message a line, so nothing but JSON-RPC ever reaches it and lines never interleave.
+//! reply. This layer reads the lines itself, bounded by `--max-line-bytes` (tokio-util's
+//! delimiter codec, on bytes: `LinesCodec` would drop a line not in UTF-8 unread, and with
+//! it the id to answer), hands rmcp every message it accepts (rmcp keeps doing the
+//! protocol), and answers every other line that could be a request with a JSON-RPC error:
+//! parse error (-32700) for what is not JSON, invalid request (-32600) for a line too long
+//! or JSON that is not a message rmcp accepts, with the request's id when it can be read,
+//! `null` otherwise. Notifications get no answer, as JSON-RPC wants. Everything written to
+//! stdout goes through one task, one serialized message a line, so nothing but JSON-RPC
+//! ever reaches it and lines never interleave.
 //!
 //! The way out is bounded: rmcp spawns a task for every message it sends, and its handlers
 //! answer every request read, so a client that does not read would make the server hold
@@ -32,9 +34,11 @@ use rmcp::service::TxJsonRpcMessage;
 use rmcp::transport::Transport;
 use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
+use tokio_util::bytes::{Buf, Bytes, BytesMut};
+use tokio_util::codec::{AnyDelimiterCodec, AnyDelimiterCodecError, Decoder};
 
 /// JSON-RPC's "Parse error": the line is not JSON.
 pub const PARSE_ERROR: i64 = -32700;
@@ -210,12 +214,15 @@ impl Owed {
 
 /// The transport rmcp serves on: lines in from `R`, messages out through the writer task.
 pub struct Framing<R> {
-    read: BufReader<R>,
-    /// The line being read (cut to its first bytes once it is too long).
-    line: Vec<u8>,
+    read: R,
+    /// Bytes read and not framed yet: at most a line of `max` bytes and one read more.
+    buf: BytesMut,
+    /// Finds the lines, each at most `max` bytes (without its newline).
+    lines: AnyDelimiterCodec,
     max: usize,
-    /// Dropping the rest of a line found too long, up to its newline.
-    discarding: bool,
+    /// The first bytes of a line found too long (where its id is), while the rest of it is
+    /// dropped up to its newline.
+    cut: Option<Vec<u8>>,
     /// The writer's queue: unbounded as a channel, bounded by [`Owed`] (reading waits).
     out: Option<mpsc::UnboundedSender<Out>>,
     writer: Option<JoinHandle<()>>,
@@ -231,26 +238,29 @@ pub fn transport(max_line: usize) -> Framing<impl AsyncRead + Unpin + Send + 'st
     Framing::new(read, write, max_line)
 }
 
+/// Bytes asked of the reader at a time.
+const READ: usize = 8192;
+
 enum Read {
-    Line,
-    Oversized,
+    Line(Bytes),
+    /// A line longer than `max`, by its first bytes.
+    Oversized(Vec<u8>),
     Eof,
 }
 
-enum Step {
-    Line,
-    More,
-    OversizedEnd,
+fn lines(max: usize) -> AnyDelimiterCodec {
+    AnyDelimiterCodec::new_with_max_length(b"\n".to_vec(), Vec::new(), max)
 }
 
 impl<R: AsyncRead + Unpin + Send + 'static> Framing<R> {
     pub fn new<W: AsyncWrite + Unpin + Send + 'static>(read: R, write: W, max_line: usize) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         Self {
-            read: BufReader::new(read),
-            line: Vec::new(),
+            read,
+            buf: BytesMut::new(),
+            lines: lines(max_line),
             max: max_line,
-            discarding: false,
+            cut: None,
             out: Some(tx),
             writer: Some(tokio::spawn(write_loop(write, rx))),
             owed: Arc::default(),
@@ -259,47 +269,39 @@ impl<R: AsyncRead + Unpin + Send + 'static> Framing<R> {
         }
     }
 
-    /// Read up to the next newline into `self.line`, never holding more than `max` bytes.
-    /// Cancellation-safe (rmcp polls `receive` in a `select!`): what was consumed is in
-    /// `self.line` or was discarded by decision recorded in `self.discarding`.
+    /// The next line (without its newline), never holding more than `max` bytes of it.
+    /// Cancellation-safe (rmcp polls `receive` in a `select!`): what was read is in
+    /// `self.buf`, or was dropped as the rest of the line in `self.cut`.
     async fn read_line(&mut self) -> std::io::Result<Read> {
         loop {
-            let (consumed, step) = {
-                let avail = self.read.fill_buf().await?;
-                if avail.is_empty() {
-                    return Ok(Read::Eof);
+            if let Some(head) = &mut self.cut {
+                // A line too long is answered where it ends, not at once: one cut short by
+                // the end of input is a message nobody waits for. The codec would drop the
+                // rest too, but not tell where it ends, so it starts afresh after it.
+                let newline = memchr::memchr(b'\n', &self.buf);
+                let take = newline.map_or(self.buf.len(), |i| i + 1);
+                // Keep the first bytes (where the id is), drop the rest.
+                let room = ID_PREFIX.saturating_sub(head.len());
+                head.extend_from_slice(&self.buf[..take.min(room)]);
+                self.buf.advance(take);
+                if newline.is_some() {
+                    self.lines = lines(self.max);
+                    return Ok(Read::Oversized(self.cut.take().unwrap_or_default()));
                 }
-                let newline = memchr::memchr(b'\n', avail);
-                let take = newline.map_or(avail.len(), |i| i + 1);
-                let end = |done| if done { Step::OversizedEnd } else { Step::More };
-                let content = self.line.len() + newline.unwrap_or(take);
-                if self.discarding {
-                    (take, end(newline.is_some()))
-                } else if content > self.max {
-                    // Keep the first bytes (where the id is), drop the rest.
-                    let room = ID_PREFIX.saturating_sub(self.line.len());
-                    self.line.extend_from_slice(&avail[..take.min(room)]);
-                    self.line.truncate(ID_PREFIX);
-                    self.discarding = true;
-                    (take, end(newline.is_some()))
-                } else {
-                    self.line.extend_from_slice(&avail[..take]);
-                    let step = if newline.is_some() {
-                        Step::Line
-                    } else {
-                        Step::More
-                    };
-                    (take, step)
+            } else {
+                match self.lines.decode(&mut self.buf) {
+                    Ok(Some(line)) => return Ok(Read::Line(line)),
+                    Ok(None) => {}
+                    Err(AnyDelimiterCodecError::MaxChunkLengthExceeded) => {
+                        self.cut = Some(Vec::with_capacity(ID_PREFIX));
+                        continue;
+                    }
+                    Err(AnyDelimiterCodecError::Io(e)) => return Err(e),
                 }
-            };
-            self.read.consume(consumed);
-            match step {
-                Step::Line => return Ok(Read::Line),
-                Step::More => {}
-                Step::OversizedEnd => {
-                    self.discarding = false;
-                    return Ok(Read::Oversized);
-                }
+            }
+            self.buf.reserve(READ);
+            if self.read.read_buf(&mut self.buf).await? == 0 {
+                return Ok(Read::Eof);
             }
         }
     }
@@ -420,30 +422,25 @@ impl<R: AsyncRead + Unpin + Send + 'static> Transport<RoleServer> for Framing<R>
             let answer = match read {
                 // A last line without its newline is a message cut short: nobody waits.
                 Read::Eof => return None,
-                Read::Oversized => {
+                Read::Oversized(head) => {
                     tracing::debug!(max = self.max, "a line longer than --max-line-bytes");
-                    Some(oversized(&self.line, self.max))
+                    Some(oversized(&head, self.max))
                 }
-                Read::Line => {
-                    let text = self.line.strip_suffix(b"\n").unwrap_or(&self.line);
-                    match classify(text) {
-                        Verdict::Message(m) => {
-                            self.line.clear();
-                            if let JsonRpcMessage::Request(r) = &*m {
-                                let debt = self.in_flight.incur(0);
-                                self.asked.entry(r.id.clone()).or_default().push(debt);
-                            }
-                            return Some(*m);
+                Read::Line(line) => match classify(&line) {
+                    Verdict::Message(m) => {
+                        if let JsonRpcMessage::Request(r) = &*m {
+                            let debt = self.in_flight.incur(0);
+                            self.asked.entry(r.id.clone()).or_default().push(debt);
                         }
-                        Verdict::Answer(a) => {
-                            tracing::debug!(answer = %a, "a line rmcp cannot read");
-                            Some(a)
-                        }
-                        Verdict::Ignore => None,
+                        return Some(*m);
                     }
-                }
+                    Verdict::Answer(a) => {
+                        tracing::debug!(answer = %a, "a line rmcp cannot read");
+                        Some(a)
+                    }
+                    Verdict::Ignore => None,
+                },
             };
-            self.line.clear();
             if let Some(Ok(bytes)) = answer.map(|a| line_of(&a)) {
                 self.queue(bytes, false).ok()?;
             }
@@ -531,7 +528,8 @@ mod tests {
         client.write_all(input.as_bytes()).await.unwrap();
         let m = t.receive().await.expect("the ping");
         assert!(serde_json::to_string(&m).unwrap().contains("ping"));
-        assert!(t.line.capacity() < 4096 + 1024, "{}", t.line.capacity());
+        // What is held of the long line is its first bytes and a read's worth.
+        assert!(t.buf.capacity() <= 64 + 2 * READ, "{}", t.buf.capacity());
         drop(client.shutdown().await);
         assert!(t.receive().await.is_none());
         t.close().await.unwrap();
@@ -556,5 +554,68 @@ mod tests {
         );
         assert_eq!(lines[1]["id"], Value::Null);
         assert_eq!(lines[1]["error"]["code"], PARSE_ERROR);
+    }
+
+    #[tokio::test]
+    async fn a_long_line_is_answered_where_it_ends_by_the_id_in_its_first_bytes() {
+        // A small pipe in: the server reads a few bytes at a time.
+        let (mut client, read) = tokio::io::duplex(16);
+        let (write, mut answers) = tokio::io::duplex(1 << 16);
+        let mut t = Framing::new(read, write, 64);
+        let reader = tokio::spawn(async move {
+            let m = t.receive().await;
+            (t, m)
+        });
+        // The id is past the limit (but within the bytes kept of a line too long).
+        let long = format!(
+            r#"{{"method":"x","params":"{}","id":"late","more":"{}"}}"#,
+            "y".repeat(100),
+            "z".repeat(10_000)
+        );
+        client.write_all(long.as_bytes()).await.unwrap();
+        client
+            .write_all(b"\n\xff\n{\"id\":\"u\",\"method\":\"\xff\"}\n")
+            .await
+            .unwrap();
+        client
+            .write_all(br#"{"jsonrpc":"2.0","id":6,"method":"ping"}"#)
+            .await
+            .unwrap();
+        client.write_all(b"\n").await.unwrap();
+        let (mut t, m) = reader.await.unwrap();
+        assert!(
+            serde_json::to_string(&m.expect("the ping"))
+                .unwrap()
+                .contains("ping")
+        );
+        // A line too long that the end of input cuts short is a message nobody waits for.
+        let reader = tokio::spawn(async move {
+            let m = t.receive().await;
+            (t, m)
+        });
+        client.write_all(long.as_bytes()).await.unwrap();
+        drop(client.shutdown().await);
+        let (mut t, m) = reader.await.unwrap();
+        assert!(m.is_none());
+        t.close().await.unwrap();
+        drop(t);
+        let mut out = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut answers, &mut out)
+            .await
+            .unwrap();
+        let got: Vec<(Value, Value)> = out
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .map(|a| (a["id"].clone(), a["error"]["code"].clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (json!("late"), json!(INVALID_REQUEST)),
+                (Value::Null, json!(PARSE_ERROR)),
+                (json!("u"), json!(PARSE_ERROR)),
+            ],
+            "{out}"
+        );
     }
 }
