@@ -243,11 +243,13 @@ impl<W: Ready> Pool<W> {
     }
 
     /// Start as many interpreters of `lang` as it lacks, each with `start`, in the
-    /// background; each joins the pool when its start has finished.
-    pub fn refill<F, Fut>(self: &Arc<Self>, lang: &str, start: F)
+    /// background; each joins the pool when its start has finished (a failed start is
+    /// logged with its error).
+    pub fn refill<F, Fut, E>(self: &Arc<Self>, lang: &str, start: F)
     where
         F: Fn() -> Fut,
-        Fut: Future<Output = Result<Option<W>, String>> + Send + 'static,
+        Fut: Future<Output = Result<Option<W>, E>> + Send + 'static,
+        E: std::fmt::Display,
     {
         for _ in 0..self.reserve(lang) {
             let pool = self.clone();
@@ -279,7 +281,7 @@ impl<W: Ready> Pool<W> {
     /// One reserved start has finished: its interpreter joins the pool (unless the pool was
     /// closed meanwhile, when it is dropped, which kills it). `Ok(None)`: it was not started,
     /// for a reason that is no failure (user ids ran short).
-    fn started(&self, lang: &str, warm: Result<Option<W>, String>) {
+    fn started<E: std::fmt::Display>(&self, lang: &str, warm: Result<Option<W>, E>) {
         let mut rejected = None;
         {
             let mut st = self.lock();

@@ -46,7 +46,7 @@ fn books() {
     pool.activate();
     assert_eq!(pool.reserve("python"), 2);
     assert_eq!(pool.reserve("python"), 0, "both are starting");
-    pool.started("python", Err("no".into()));
+    pool.started::<String>("python", Err("no".into()));
     assert_eq!(pool.reserve("python"), 1);
     pool.close();
     assert_eq!(pool.reserve("python"), 0);
@@ -62,10 +62,10 @@ fn takes_the_oldest_and_drops_the_ended_and_the_expired() {
     let t0 = Instant::now();
     let mut ended = fake(1, t0, &dropped);
     ended.ended = true;
-    pool.started("python", Ok(Some(ended)));
-    pool.started("python", Ok(Some(fake(2, t0, &dropped))));
-    pool.started("python", Ok(Some(fake(3, t0 + MAX_IDLE, &dropped))));
-    pool.started("python", Ok(Some(fake(4, t0 + MAX_IDLE, &dropped))));
+    pool.started::<String>("python", Ok(Some(ended)));
+    pool.started::<String>("python", Ok(Some(fake(2, t0, &dropped))));
+    pool.started::<String>("python", Ok(Some(fake(3, t0 + MAX_IDLE, &dropped))));
+    pool.started::<String>("python", Ok(Some(fake(4, t0 + MAX_IDLE, &dropped))));
     assert!(
         pool.take_at("ruby", t0, true).is_none(),
         "pools are per language"
@@ -95,12 +95,12 @@ fn take_any_takes_the_oldest_of_any_language() {
     assert_eq!(pool.reserve("ruby"), 2);
     let mut ended = fake(1, t0, &dropped);
     ended.ended = true;
-    pool.started("python", Ok(Some(ended)));
-    pool.started(
+    pool.started::<String>("python", Ok(Some(ended)));
+    pool.started::<String>(
         "python",
         Ok(Some(fake(3, t0 + Duration::from_secs(2), &dropped))),
     );
-    pool.started(
+    pool.started::<String>(
         "ruby",
         Ok(Some(fake(2, t0 + Duration::from_secs(1), &dropped))),
     );
@@ -121,10 +121,10 @@ fn a_closed_pool_kills_what_it_had_and_what_arrives() {
     pool.activate();
     assert_eq!(pool.reserve("python"), 2);
     let t0 = Instant::now();
-    pool.started("python", Ok(Some(fake(1, t0, &dropped))));
+    pool.started::<String>("python", Ok(Some(fake(1, t0, &dropped))));
     pool.close();
     assert_eq!(dropped.load(Ordering::SeqCst), 1);
-    pool.started("python", Ok(Some(fake(2, t0, &dropped))));
+    pool.started::<String>("python", Ok(Some(fake(2, t0, &dropped))));
     assert_eq!(dropped.load(Ordering::SeqCst), 2, "a late start is killed");
     pool.activate();
     assert_eq!(pool.reserve("python"), 0, "closed for good");
@@ -136,7 +136,7 @@ fn refilling_stops_after_repeated_failures_until_a_start_works() {
     pool.activate();
     for _ in 0..MAX_FAILURES {
         assert_eq!(pool.reserve("python"), 1);
-        pool.started("python", Err("no interpreter".into()));
+        pool.started::<String>("python", Err("no interpreter".into()));
     }
     assert_eq!(pool.reserve("python"), 0, "given up");
     assert_eq!(pool.reserve("ruby"), 1, "other languages are not affected");
@@ -152,7 +152,7 @@ async fn refill_starts_what_is_missing() {
         pool.refill("python", || {
             let n = starts.fetch_add(1, Ordering::SeqCst) as u32;
             let dropped = dropped.clone();
-            async move { Ok(Some(fake(n, Instant::now(), &dropped))) }
+            async move { Ok::<_, String>(Some(fake(n, Instant::now(), &dropped))) }
         });
     };
     refill(&pool);
@@ -184,7 +184,7 @@ fn sizes_follow_demand_within_the_cap() {
     let t0 = Instant::now();
     let fill = |n: usize| {
         for i in 0..n {
-            pool.started("python", Ok(Some(fake(i as u32, t0, &dropped))));
+            pool.started::<String>("python", Ok(Some(fake(i as u32, t0, &dropped))));
         }
     };
     assert_eq!(pool.reserve("python"), 2);
@@ -195,7 +195,7 @@ fn sizes_follow_demand_within_the_cap() {
         1,
         "one left: no growth, the one taken replaced"
     );
-    pool.started("python", Err("not this time".into()));
+    pool.started::<String>("python", Err("not this time".into()));
     // Back-to-back runs empty it: it doubles each time, up to the cap.
     assert!(pool.take_at("python", t0, true).is_some());
     assert_eq!(pool.reserve("python"), 4, "emptied: 2 -> 4");
@@ -225,8 +225,8 @@ fn trimming_replaces_the_expired() {
     pool.activate();
     let t0 = Instant::now();
     assert_eq!(pool.reserve("python"), 2);
-    pool.started("python", Ok(Some(fake(1, t0, &dropped))));
-    pool.started(
+    pool.started::<String>("python", Ok(Some(fake(1, t0, &dropped))));
+    pool.started::<String>(
         "python",
         Ok(Some(fake(2, t0 + Duration::from_secs(1), &dropped))),
     );
@@ -249,12 +249,12 @@ fn the_pool_gives_up_interpreters_and_holds_off_when_uids_run_short() {
     let t0 = Instant::now();
     assert_eq!(pool.reserve("ruby"), 2);
     assert_eq!(pool.reserve("python"), 2);
-    pool.started(
+    pool.started::<String>(
         "ruby",
         Ok(Some(fake(1, t0 + Duration::from_secs(1), &dropped))),
     );
-    pool.started("python", Ok(Some(fake(2, t0, &dropped))));
-    pool.started("python", Ok(None));
+    pool.started::<String>("python", Ok(Some(fake(2, t0, &dropped))));
+    pool.started::<String>("python", Ok(None));
     pool.hold(true);
     assert_eq!(pool.reserve("python"), 0, "held");
     assert_eq!(

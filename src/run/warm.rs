@@ -190,9 +190,9 @@ impl Runner {
     /// Start one pooled interpreter: a fresh place, the environment of a run there (without
     /// any caller's variables), and the language's loader, through `exec::spawn` (so in the
     /// sandbox, as the run's uid) like every other child.
-    async fn start_warm(&self, lang: &Language) -> Result<Option<Warm>, String> {
+    async fn start_warm(&self, lang: &Language) -> Result<Option<Warm>, WarmError> {
         let Some(p) = &lang.spec.run.pool else {
-            return Err("the language has no pool".into());
+            return Err(WarmError::NoPool);
         };
         if self.sandbox.uids_short() {
             // Not a failure: callers come first.
@@ -201,9 +201,11 @@ impl Runner {
         let detected = lang
             .detect()
             .await
-            .ok_or_else(|| format!("{} is not installed", lang.id()))?;
+            .ok_or_else(|| WarmError::NotInstalled(lang.id().to_string()))?;
         if !self.sandbox.can_run(&detected.exe) {
-            return Err(self.sandbox.cannot_run_reason(&detected.exe));
+            return Err(WarmError::CannotRun(
+                self.sandbox.cannot_run_reason(&detected.exe),
+            ));
         }
         let cpu_s = self.pool_cpu_limit(p);
         let place = match self
@@ -214,7 +216,7 @@ impl Runner {
             // The lease checks for short uids again as it takes one (the check above can
             // be passed by several starts at once): not a failure either.
             Err(_) if self.sandbox.uids_short() => return Ok(None),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(WarmError::Place(e)),
         };
         let vars = place.vars(lang);
         let child = self.child(&place, lang, &BTreeMap::new());
@@ -227,18 +229,44 @@ impl Runner {
         if p.command.iter().any(|c| c.contains("{loader_file}")) {
             tokio::fs::write(&loader_file, &p.loader.text)
                 .await
-                .map_err(|e| format!("cannot write the pool's loader: {e}"))?;
+                .map_err(WarmError::Loader)?;
             with_loader.push(("loader_file", loader_s.as_str()));
         }
         let argv = expand_command(&p.command, &with_loader, &[]);
-        let proc = exec::spawn(&self.sandbox, pipes(argv, &child, place.dir.path()))
-            .map_err(|e| format!("cannot start {}: {e}", detected.exe.display()))?;
+        let proc =
+            exec::spawn(&self.sandbox, pipes(argv, &child, place.dir.path())).map_err(|error| {
+                WarmError::Spawn {
+                    exe: detected.exe.clone(),
+                    error,
+                }
+            })?;
         Ok(Some(Warm {
             proc,
             place,
             born: Instant::now(),
         }))
     }
+}
+
+/// Why a pooled interpreter was not started (logged; runs start cold meanwhile).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum WarmError {
+    #[error("the language has no pool")]
+    NoPool,
+    #[error("{0} is not installed")]
+    NotInstalled(String),
+    /// The sandbox cannot run its interpreter (the sandbox's reason).
+    #[error("{0}")]
+    CannotRun(String),
+    #[error(transparent)]
+    Place(super::PlaceError),
+    #[error("cannot write the pool's loader: {0}")]
+    Loader(std::io::Error),
+    #[error("cannot start {}: {error}", .exe.display())]
+    Spawn {
+        exe: std::path::PathBuf,
+        error: std::io::Error,
+    },
 }
 
 /// The name of the loader's copy in an interpreter's directory: `.replbox-pool` with the
@@ -317,6 +345,23 @@ pub fn starts_differently(name: &str, language_patterns: &[String]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Why a pooled interpreter did not start, as the log says it.
+    #[test]
+    fn warm_messages_are_pinned() {
+        let e = WarmError::Spawn {
+            exe: "/usr/bin/python3".into(),
+            error: std::io::Error::from_raw_os_error(13),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot start /usr/bin/python3: Permission denied (os error 13)"
+        );
+        assert_eq!(
+            WarmError::NotInstalled("ruby".into()).to_string(),
+            "ruby is not installed"
+        );
+    }
 
     #[test]
     fn request_format() {

@@ -322,18 +322,18 @@ impl WarmSessions {
     /// Start one warm session of `lang` as a cold `session_start` without arguments would
     /// (as no principal, on an unbound uid), then import the `--preload` modules. `Ok(None)`:
     /// not started because uids run short or none is unbound (no failure).
-    async fn start_pending(&self, lang: &Language) -> Result<Option<Pending>, String> {
+    async fn start_pending(&self, lang: &Language) -> Result<Option<Pending>, WarmError> {
         let launcher = &self.launcher;
         if launcher.sandbox.uids_short() || launcher.sandbox.egress.is_some() {
             return Ok(None);
         }
         let (lang, spec) = launcher
             .session_language(lang.id())
-            .map_err(|e| e.message)?;
+            .map_err(WarmError::Start)?;
         let it = launcher
             .interpreter(lang, spec)
             .await
-            .map_err(|e| e.message)?;
+            .map_err(WarmError::Start)?;
         let lease = match launcher.sandbox.lease(Holder::Nobody) {
             Ok(l) => l,
             // Every free uid is some principal's: callers come first (no failure).
@@ -347,7 +347,7 @@ impl WarmSessions {
         let (dirs, prepared, it) = launcher
             .dirs(&id, uid, None, Vec::new(), (VenvAsk::No, it), None)
             .await
-            .map_err(|e| e.message)?;
+            .map_err(WarmError::Start)?;
         let interp = launcher
             .bring_up(
                 &it,
@@ -357,7 +357,7 @@ impl WarmSessions {
                 (&BTreeMap::new(), &[]),
             )
             .await
-            .map_err(|e| e.message)?;
+            .map_err(WarmError::Start)?;
         let mut pending = Pending {
             up: Some(Up {
                 id,
@@ -383,7 +383,7 @@ impl WarmSessions {
     /// (`session.preload`), as an internal evaluation: the user's first cell is still
     /// cell 1 and finds no new name. A module that does not import is skipped there and
     /// logged here, once.
-    async fn preload(&self, up: &mut Up) -> Result<(), String> {
+    async fn preload(&self, up: &mut Up) -> Result<(), WarmError> {
         let Some(template) = up.it.spec.preload.clone() else {
             return Ok(());
         };
@@ -391,17 +391,14 @@ impl WarmSessions {
         if modules.is_empty() {
             return Ok(());
         }
-        let list = serde_json::to_string(&modules).map_err(|e| e.to_string())?;
+        let list = serde_json::to_string(&modules).map_err(WarmError::Json)?;
         let code = expand(&template, &[("modules", list.as_str())]);
         let out = up
             .interp
             .internal(&code, tokio::time::Instant::now() + PRELOAD_TIMEOUT)
             .await;
         if !matches!(out.ending, Ending::Done(_)) {
-            return Err(format!(
-                "importing the --preload modules did not finish ({:?})",
-                out.ending
-            ));
+            return Err(WarmError::Preload(out.ending));
         }
         // One line for all of them, once: the default list names modules a host may simply
         // not have (no pandas is no fault).
@@ -429,6 +426,19 @@ impl WarmSessions {
 
 /// How the bootstrap's preload names the modules that did not import (one line).
 const PRELOAD_FAILED: &str = "replbox-preload-failed:";
+
+/// Why a warm session was not started (logged; sessions start cold meanwhile).
+#[derive(Debug, thiserror::Error)]
+enum WarmError {
+    /// What a cold start without arguments would have been refused with.
+    #[error("{}", .0.message)]
+    Start(ToolError),
+    #[error("{0}")]
+    Json(serde_json::Error),
+    /// The `--preload` imports' evaluation ended otherwise than done (how).
+    #[error("importing the --preload modules did not finish ({0:?})")]
+    Preload(Ending),
+}
 
 /// The installed languages that can hold a session.
 fn session_languages(registry: &Registry) -> Vec<Arc<Language>> {
