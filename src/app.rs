@@ -69,7 +69,7 @@ fn reclaim_uids_from(sandbox: &Sandbox, runner: &Runner, sessions: &Arc<SessionM
 /// Flags whose values are checked when the server starts, rather than dropped later.
 fn check_flags(config: &Config) -> anyhow::Result<()> {
     config.egress_policy()?;
-    config.preload_modules().map_err(|e| anyhow::anyhow!(e))?;
+    config.preload_modules()?;
     Ok(())
 }
 

@@ -352,6 +352,14 @@ impl Default for Config {
     }
 }
 
+/// A `--preload` entry that is not a module name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--preload: {0:?} is not a module name (comma-separated dotted names, e.g. \
+     pandas,numpy,matplotlib)"
+)]
+pub struct PreloadError(String);
+
 impl Config {
     /// With --cluster, the directory of every node's state directory (`SHARED`).
     pub fn shared_journals(&self) -> Option<PathBuf> {
@@ -376,7 +384,7 @@ impl Config {
 
     /// The modules a warm Python session imports ahead of time (`--preload`), each a
     /// dotted name (`App::new` reports a bad one).
-    pub fn preload_modules(&self) -> Result<Vec<String>, String> {
+    pub fn preload_modules(&self) -> Result<Vec<String>, PreloadError> {
         let Some(list) = &self.preload else {
             return Ok(DEFAULT_PRELOAD.iter().map(|m| m.to_string()).collect());
         };
@@ -389,10 +397,7 @@ impl Config {
                     && w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
             };
             if !m.split('.').all(word) {
-                return Err(format!(
-                    "--preload: {m:?} is not a module name (comma-separated dotted names, \
-                     e.g. pandas,numpy,matplotlib)"
-                ));
+                return Err(PreloadError(m.to_string()));
             }
             modules.push(m.to_string());
         }

@@ -227,9 +227,22 @@ fn languages_section(app: &App, out: &mut String, problems: &mut Vec<Problem>) {
     }
 }
 
+/// Why a probe's program gave no output to read.
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    #[error(transparent)]
+    Language(crate::lang::LookupError),
+    /// The run was refused (its message).
+    #[error("{}", .0.message)]
+    Refused(crate::error::ToolError),
+    /// The program failed: what it printed.
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// A short program run the way `run-code` runs it (same sandbox and user), its output.
-async fn probe_run(app: &Arc<App>, language: &str, code: &str) -> Result<String, String> {
-    let lang = app.registry.get(language).map_err(|e| e.to_string())?;
+async fn probe_run(app: &Arc<App>, language: &str, code: &str) -> Result<String, ProbeError> {
+    let lang = app.registry.get(language).map_err(ProbeError::Language)?;
     let req = RunRequest {
         code: code.into(),
         stdin: None,
@@ -247,13 +260,15 @@ async fn probe_run(app: &Arc<App>, language: &str, code: &str) -> Result<String,
         .runner
         .run(&lang, req, &cancel, None)
         .await
-        .map_err(|e| e.message)?;
+        .map_err(ProbeError::Refused)?;
     if report.exit_code == Some(0) {
         Ok(report.stdout)
     } else {
-        Err(format!("{}{}", report.stdout, report.stderr)
-            .trim()
-            .to_string())
+        Err(ProbeError::Failed(
+            format!("{}{}", report.stdout, report.stderr)
+                .trim()
+                .to_string(),
+        ))
     }
 }
 

@@ -118,4 +118,12 @@ fn preload_modules() {
     for bad in ["os;import x", "a..b", "1x", "a b", "pkg.", "é"] {
         assert!(with(Some(bad)).preload_modules().is_err(), "{bad}");
     }
+    assert_eq!(
+        with(Some("pandas, a b"))
+            .preload_modules()
+            .unwrap_err()
+            .to_string(),
+        "--preload: \"a b\" is not a module name (comma-separated dotted names, e.g. \
+         pandas,numpy,matplotlib)"
+    );
 }

@@ -228,28 +228,33 @@ struct Caps {
     refusing: Arc<Semaphore>,
 }
 
+/// Which cap a connection is over: what user code is answered (429) and the log says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum Full {
+    #[error(
+        "replbox egress: this session or run already has {PER_ENDPOINT} connections open \
+         through the proxy, the most one may have; close some and try again"
+    )]
+    Endpoint,
+    #[error(
+        "replbox egress: this client's sessions and runs already have {PER_PRINCIPAL} \
+         connections open through the proxy, the most one client may have; close some (or \
+         end a session) and try again"
+    )]
+    Principal,
+    #[error(
+        "replbox egress: the proxy has {PER_SERVER} connections open, its most; try again later"
+    )]
+    Server,
+}
+
 impl Caps {
-    /// A place for one more connection, or why there is none.
-    fn take(&self) -> Result<[OwnedSemaphorePermit; 3], String> {
-        let endpoint = self.endpoint.clone().try_acquire_owned().map_err(|_| {
-            format!(
-                "replbox egress: this session or run already has {PER_ENDPOINT} connections \
-                 open through the proxy, the most one may have; close some and try again"
-            )
-        })?;
-        let principal = self.principal.clone().try_acquire_owned().map_err(|_| {
-            format!(
-                "replbox egress: this client's sessions and runs already have {PER_PRINCIPAL} \
-                 connections open through the proxy, the most one client may have; close \
-                 some (or end a session) and try again"
-            )
-        })?;
-        let server = self.server.clone().try_acquire_owned().map_err(|_| {
-            format!(
-                "replbox egress: the proxy has {PER_SERVER} connections open, its most; try \
-                 again later"
-            )
-        })?;
+    /// A place for one more connection, or which cap there is none under.
+    fn take(&self) -> Result<[OwnedSemaphorePermit; 3], Full> {
+        let endpoint = (self.endpoint.clone().try_acquire_owned()).map_err(|_| Full::Endpoint)?;
+        let principal =
+            (self.principal.clone().try_acquire_owned()).map_err(|_| Full::Principal)?;
+        let server = (self.server.clone().try_acquire_owned()).map_err(|_| Full::Server)?;
         Ok([endpoint, principal, server])
     }
 }
@@ -278,7 +283,7 @@ fn accept<L: Listener>(caps: Caps, listener: L, shared: Arc<proxy::Shared>) -> A
                     if let Ok(p) = caps.refusing.clone().try_acquire_owned() {
                         let shared = shared.clone();
                         conns.spawn(async move {
-                            proxy::turn_away(stream, &shared, why).await;
+                            proxy::turn_away(stream, &shared, why.to_string()).await;
                             drop(p);
                         });
                     }
@@ -338,5 +343,30 @@ fn own_addresses() -> Vec<IpAddr> {
 impl From<EgressError> for crate::error::ToolError {
     fn from(e: EgressError) -> Self {
         Self::invalid(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Full;
+
+    /// What user code is answered over a cap, byte for byte.
+    #[test]
+    fn cap_messages_are_pinned() {
+        assert_eq!(
+            Full::Endpoint.to_string(),
+            "replbox egress: this session or run already has 32 connections open through the \
+             proxy, the most one may have; close some and try again"
+        );
+        assert_eq!(
+            Full::Principal.to_string(),
+            "replbox egress: this client's sessions and runs already have 64 connections open \
+             through the proxy, the most one client may have; close some (or end a session) \
+             and try again"
+        );
+        assert_eq!(
+            Full::Server.to_string(),
+            "replbox egress: the proxy has 512 connections open, its most; try again later"
+        );
     }
 }

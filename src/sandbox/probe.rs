@@ -31,7 +31,9 @@ struct Plan {
     bwrap: Option<PathBuf>,
     masked: Vec<PathBuf>,
     view: super::view::View,
-    pool: Result<Option<Arc<UidPool>>, String>,
+    /// The uid pool, or why root has none (its state directory; shared by clones of the
+    /// plan, so the error is too).
+    pool: Result<Option<Arc<UidPool>>, Arc<anyhow::Error>>,
 }
 
 impl Sandbox {
@@ -72,7 +74,7 @@ impl Sandbox {
                         );
                         Some(Arc::new(pool))
                     })
-                    .map_err(|e| e.to_string())
+                    .map_err(Arc::new)
             } else {
                 Ok(None)
             },
@@ -120,8 +122,8 @@ impl Sandbox {
         let _ = std::thread::Builder::new()
             .name("bwrap-probe".into())
             .spawn(move || {
-                let outcome = cmd.map_err(|e| e.to_string()).and_then(|mut cmd| {
-                    let child = cmd.spawn().map_err(|e| e.to_string())?;
+                let outcome = cmd.map_err(ProbeError::Spawn).and_then(|mut cmd| {
+                    let child = cmd.spawn().map_err(ProbeError::Spawn)?;
                     wait_probe(child, Instant::now())
                 });
                 if let Err(e) = outcome {
@@ -203,13 +205,35 @@ fn bwrap_works(
     }
 }
 
-fn landlock_works() -> Result<(), String> {
+/// Why a level's probe says it does not work here.
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    #[error("the kernel has no Landlock")]
+    NoLandlock,
+    #[error("the kernel has no seccomp")]
+    NoSeccomp,
+    /// bwrap's probe exited otherwise than 0 (what it wrote to stderr).
+    #[error("the probe failed ({status}): {stderr}")]
+    Failed {
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+    #[error("the probe did not finish within 5 s")]
+    Timeout,
+    #[error("the probe could not be waited for: {0}")]
+    Wait(std::io::Error),
+    /// Its command could not be made or started.
+    #[error("{0}")]
+    Spawn(std::io::Error),
+}
+
+fn landlock_works() -> Result<(), ProbeError> {
     if landlock_abi() < 1 {
-        return Err("the kernel has no Landlock".into());
+        return Err(ProbeError::NoLandlock);
     }
     // SAFETY: PR_GET_SECCOMP takes no pointer; it fails with EINVAL without seccomp.
     if unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) } < 0 {
-        return Err("the kernel has no seccomp".into());
+        return Err(ProbeError::NoSeccomp);
     }
     Ok(())
 }
@@ -312,7 +336,7 @@ fn probe_command(sb: &Sandbox) -> std::io::Result<std::process::Command> {
     Ok(c)
 }
 
-fn wait_probe(mut child: std::process::Child, started: Instant) -> Result<(), String> {
+fn wait_probe(mut child: std::process::Child, started: Instant) -> Result<(), ProbeError> {
     loop {
         match child.try_wait() {
             Ok(Some(status)) if status.success() => return Ok(()),
@@ -322,15 +346,18 @@ fn wait_probe(mut child: std::process::Child, started: Instant) -> Result<(), St
                     use std::io::Read;
                     let _ = e.read_to_string(&mut err);
                 }
-                return Err(format!("the probe failed ({status}): {}", err.trim()));
+                return Err(ProbeError::Failed {
+                    status,
+                    stderr: err.trim().to_string(),
+                });
             }
             Ok(None) if started.elapsed() > Duration::from_secs(5) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err("the probe did not finish within 5 s".into());
+                return Err(ProbeError::Timeout);
             }
             Ok(None) => std::thread::sleep(Duration::from_micros(200)),
-            Err(e) => return Err(format!("the probe could not be waited for: {e}")),
+            Err(e) => return Err(ProbeError::Wait(e)),
         }
     }
 }
@@ -442,5 +469,32 @@ impl ProbeCache {
 
     fn forget(&self) {
         let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProbeError;
+
+    /// The reasons the start-up log and `--sandbox` refusals give, byte for byte.
+    #[test]
+    fn probe_messages_are_pinned() {
+        use std::os::unix::process::ExitStatusExt;
+        let failed = ProbeError::Failed {
+            status: std::process::ExitStatus::from_raw(1 << 8),
+            stderr: "bwrap: No permissions to create new namespace".into(),
+        };
+        assert_eq!(
+            failed.to_string(),
+            "the probe failed (exit status: 1): bwrap: No permissions to create new namespace"
+        );
+        assert_eq!(
+            ProbeError::Timeout.to_string(),
+            "the probe did not finish within 5 s"
+        );
+        assert_eq!(
+            ProbeError::NoLandlock.to_string(),
+            "the kernel has no Landlock"
+        );
     }
 }
