@@ -558,6 +558,16 @@ for name in sys.argv[4:]:
 /// A loopback npm registry serving the packages `build_npm` makes in `dir` (documents at
 /// `/NAME`, tarballs at `/NAME/-/FILE`), on its own thread's runtime; its base URL.
 fn serve_npm(dir: PathBuf, names: &[&str], blob: usize) -> String {
+    let files = dir.clone();
+    serve_npm_docs(dir, |base| build_npm(&files, names, blob, base))
+}
+
+/// A loopback npm registry serving the documents `build` makes (given the registry's base
+/// URL; their tarballs in `dir`, at `/NAME/-/FILE`); its base URL.
+pub(crate) fn serve_npm_docs(
+    dir: PathBuf,
+    build: impl FnOnce(&str) -> Vec<(String, String)>,
+) -> String {
     use axum::extract::Path as P;
     use axum::http::{StatusCode, header};
     use axum::response::IntoResponse;
@@ -567,7 +577,7 @@ fn serve_npm(dir: PathBuf, names: &[&str], blob: usize) -> String {
         "http://127.0.0.1:{}",
         listener.local_addr().expect("addr").port()
     );
-    let docs = std::sync::Arc::new(build_npm(&dir, names, blob, &base));
+    let docs = std::sync::Arc::new(build(&base));
     let doc = move |P(name): P<String>| {
         let docs = docs.clone();
         async move {
