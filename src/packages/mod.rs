@@ -559,7 +559,7 @@ impl Packages {
         // Known pins, and their layer in the store: nothing to run. Held first (so that no
         // server evicts it once found), then looked for.
         if let Some(pins) = self.resolved.get(&asked).filter(|p| !p.is_empty()) {
-            let key = self.store.key(&pins, &index, &tag);
+            let key = self.store.key(layer.eco, &pins, &index, &tag);
             let hold = self.store.hold(&key).map_err(|e| {
                 PackageError::Failed(format!("packages: cannot hold a shared layer: {e}"))
             })?;
@@ -698,7 +698,7 @@ impl Packages {
         (index, tag): (&str, &str),
         out: &Installed,
     ) -> Result<(), PackageError> {
-        let key = self.store.key(set, index, tag);
+        let key = self.store.key(layer.eco, set, index, tag);
         // Held before it is in the store: another server's eviction never sees it there
         // unheld.
         let hold = self.store.hold(&key).map_err(|e| {

@@ -207,10 +207,14 @@ impl Packages {
 /// Largest lockfile read (the server's own installer wrote it).
 const LOCKFILE_MAX: u64 = 32 << 20;
 
-/// Every package npm put in the layer `dir`, with its place and version
-/// (`node_modules/a@1.0.0`, `node_modules/a/node_modules/@s/b@2.0.0`), sorted: what its
-/// lockfile says. None when there is no lockfile, or it holds anything but registry
-/// packages beneath `node_modules/`.
+/// Every package npm put in the layer `dir`, with its place, version and the integrity of
+/// its tarball (`node_modules/a@1.0.0 sha512-…`, `node_modules/a/node_modules/@s/b@2.0.0
+/// sha512-…`; a package bundled in another's tarball has none of its own), sorted: what its
+/// lockfile says. The integrity is what tells the packages apart: npm takes a package of
+/// the name of another's alias (`b`, asked for beside `a`, which depends on `b` as
+/// `npm:c@^1`) for that alias, at the same place and version as the honest tree's `c`.
+/// None when there is no lockfile, or it holds anything but registry packages beneath
+/// `node_modules/`.
 pub(super) fn layout(dir: &Path) -> Option<Vec<String>> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
@@ -220,6 +224,10 @@ pub(super) fn layout(dir: &Path) -> Option<Vec<String>> {
         version: Option<String>,
         #[serde(default)]
         link: bool,
+        #[serde(default)]
+        integrity: Option<String>,
+        #[serde(default, rename = "inBundle")]
+        in_bundle: bool,
     }
     #[derive(serde::Deserialize)]
     struct Lock {
@@ -253,7 +261,14 @@ pub(super) fn layout(dir: &Path) -> Option<Vec<String>> {
         if e.link || !plain {
             return None;
         }
-        out.push(format!("{place}@{}", e.version?));
+        let version = e.version?;
+        if e.in_bundle {
+            out.push(format!("{place}@{version}"));
+            continue;
+        }
+        // Without an integrity nothing says what the tarball held: not shared.
+        let integrity = e.integrity.filter(|i| !i.is_empty())?;
+        out.push(format!("{place}@{version} {integrity}"));
     }
     out.sort();
     Some(out)
@@ -265,6 +280,8 @@ pub(super) fn of_layout(layout: &[String], specs: &[Spec]) -> Installed {
     let mut installed = Vec::new();
     let mut pins = Vec::new();
     for entry in layout {
+        // Its place and version, without the integrity.
+        let entry = entry.split(' ').next().unwrap_or(entry);
         let Some((place, version)) = entry.rsplit_once('@') else {
             continue;
         };
@@ -530,17 +547,17 @@ mod tests {
         };
         lock(
             r#"{"": {"dependencies": {"is-odd": "^3.0.1"}},
-                "node_modules/is-odd": {"version": "3.0.1"},
-                "node_modules/@s/x": {"version": "1.0.0"},
-                "node_modules/is-odd/node_modules/is-number": {"version": "6.0.0"}}"#,
+                "node_modules/is-odd": {"version": "3.0.1", "integrity": "sha512-o=="},
+                "node_modules/@s/x": {"version": "1.0.0", "integrity": "sha512-x=="},
+                "node_modules/is-odd/node_modules/is-number": {"version": "6.0.0", "inBundle": true}}"#,
         );
         let l = layout(&dir).expect("a layout");
         assert_eq!(
             l,
             [
-                "node_modules/@s/x@1.0.0",
+                "node_modules/@s/x@1.0.0 sha512-x==",
                 "node_modules/is-odd/node_modules/is-number@6.0.0",
-                "node_modules/is-odd@3.0.1"
+                "node_modules/is-odd@3.0.1 sha512-o=="
             ]
         );
         let specs =
@@ -561,6 +578,8 @@ mod tests {
             r#"{"node_modules/../a": {"version": "1.0.0"}}"#,
             r#"{"lib/a": {"version": "1.0.0"}}"#,
             r#"{"node_modules/a": {}}"#,
+            // Nothing that says what its tarball held.
+            r#"{"node_modules/a": {"version": "1.0.0"}}"#,
         ] {
             lock(bad);
             assert_eq!(layout(&dir), None, "{bad}");

@@ -16,7 +16,8 @@
 //! ```
 //!
 //! KEY is a keyed hash of the set's exact pins (sorted; npm's: every package's place in
-//! the tree and its version, `node_modules/a/node_modules/b@1.0.0`, from npm's lockfile),
+//! the tree, its version and its tarball's integrity, `node_modules/a/node_modules/b@1.0.0
+//! sha512-…`, from npm's lockfile),
 //! the index and the interpreter's version, ABI and platform (node's, for npm): the same
 //! request on the same interpreter gets the same layer, and nobody without the server's secret can name a layer from the packages in
 //! it (so probing for what others installed needs a listing, which the store refuses to
@@ -81,21 +82,25 @@ impl Store {
         })
     }
 
-    /// The key of the set `pins` (Python's `name==version`, npm's `PLACE@version`) for the
-    /// interpreter tagged `tag` and the index `index`.
-    pub(super) fn key(&self, pins: &[String], index: &str, tag: &str) -> String {
+    /// The key of the set `pins` (Python's `name==version`, npm's `PLACE@version INTEGRITY`,
+    /// see `npm::layout`) of `eco` for the interpreter tagged `tag` and the index `index`.
+    pub(super) fn key(&self, eco: super::Eco, pins: &[String], index: &str, tag: &str) -> String {
         let mut pins: Vec<String> = pins
             .iter()
-            .map(|p| match p.split_once("==") {
-                Some((name, version)) => {
-                    format!(
-                        "{}=={}",
-                        super::spec::normalize_python(name),
-                        version.trim()
-                    )
-                }
-                None => p.clone(),
-            })
+            // Python's names normalized; npm's pins as they are (an integrity's base64 ends
+            // in `==`, and its case is what it says).
+            .map(
+                |p| match p.split_once("==").filter(|_| eco == super::Eco::Python) {
+                    Some((name, version)) => {
+                        format!(
+                            "{}=={}",
+                            super::spec::normalize_python(name),
+                            version.trim()
+                        )
+                    }
+                    None => p.clone(),
+                },
+            )
             .collect();
         pins.sort();
         pins.dedup();
@@ -431,6 +436,14 @@ pub(super) fn seal(top: &Path) -> std::io::Result<()> {
     let mut stack = vec![top.to_path_buf()];
     while let Some(p) = stack.pop() {
         let m = std::fs::symlink_metadata(&p)?;
+        // A second name for the inode may lie outside the layer (the cache's file, the
+        // secret): sealing it would chown and chmod that one too. Installers copy.
+        if !m.is_dir() && m.nlink() > 1 {
+            return Err(std::io::Error::other(format!(
+                "{} is a hard link, not a copy",
+                p.display()
+            )));
+        }
         std::os::unix::fs::lchown(&p, Some(uid), Some(gid))?;
         if m.file_type().is_symlink() {
             continue;
@@ -467,32 +480,70 @@ mod tests {
         std::fs::create_dir_all(dir.join("layers")).unwrap();
         let s = Store::new(&dir.join("layers"), &dir.join("shared.key")).unwrap();
         let pins = |v: &[&str]| v.iter().map(|p| p.to_string()).collect::<Vec<_>>();
-        let k = s.key(&pins(&["six==1.17.0", "iniconfig==2.0.0"]), "ix", "t");
+        let k = s.key(
+            super::super::Eco::Python,
+            &pins(&["six==1.17.0", "iniconfig==2.0.0"]),
+            "ix",
+            "t",
+        );
         assert_eq!(k.len(), 40);
         assert_eq!(
             k,
-            s.key(&pins(&["iniconfig==2.0.0", "Six==1.17.0"]), "ix", "t")
+            s.key(
+                super::super::Eco::Python,
+                &pins(&["iniconfig==2.0.0", "Six==1.17.0"]),
+                "ix",
+                "t"
+            )
         );
-        assert_ne!(k, s.key(&pins(&["six==1.17.0"]), "ix", "t"));
         assert_ne!(
             k,
-            s.key(&pins(&["six==1.17.0", "iniconfig==2.0.0"]), "iy", "t")
+            s.key(
+                super::super::Eco::Python,
+                &pins(&["six==1.17.0"]),
+                "ix",
+                "t"
+            )
         );
         assert_ne!(
             k,
-            s.key(&pins(&["six==1.17.0", "iniconfig==2.0.0"]), "ix", "u")
+            s.key(
+                super::super::Eco::Python,
+                &pins(&["six==1.17.0", "iniconfig==2.0.0"]),
+                "iy",
+                "t"
+            )
+        );
+        assert_ne!(
+            k,
+            s.key(
+                super::super::Eco::Python,
+                &pins(&["six==1.17.0", "iniconfig==2.0.0"]),
+                "ix",
+                "u"
+            )
         );
         // The same secret after a restart; another cache's differs.
         let again = Store::new(&dir.join("layers"), &dir.join("shared.key")).unwrap();
         assert_eq!(
             k,
-            again.key(&pins(&["six==1.17.0", "iniconfig==2.0.0"]), "ix", "t")
+            again.key(
+                super::super::Eco::Python,
+                &pins(&["six==1.17.0", "iniconfig==2.0.0"]),
+                "ix",
+                "t"
+            )
         );
         std::fs::remove_file(dir.join("shared.key")).unwrap();
         let other = Store::new(&dir.join("layers"), &dir.join("shared.key")).unwrap();
         assert_ne!(
             k,
-            other.key(&pins(&["six==1.17.0", "iniconfig==2.0.0"]), "ix", "t")
+            other.key(
+                super::super::Eco::Python,
+                &pins(&["six==1.17.0", "iniconfig==2.0.0"]),
+                "ix",
+                "t"
+            )
         );
         // Sealed: read-only, no set-uid; published under its key, a second copy dropped.
         let b = s.building.join("b1");
@@ -516,6 +567,36 @@ mod tests {
         assert!(remove(&s.dir, &k));
         assert!(!place.exists());
         assert!(s.keys().is_empty());
+        remove_sealed(&dir);
+    }
+
+    /// What an installer left in a layer as a hard link (a second name of the cache's
+    /// file, or of the store's secret) is never sealed: sealing would make that file
+    /// root's and read-only where it is too. The layer is not published.
+    #[test]
+    fn a_hard_link_in_a_built_layer_changes_nothing_outside_it() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::env::temp_dir().join(format!("replbox-shared-hl-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("layers")).unwrap();
+        let s = Store::new(&dir.join("layers"), &dir.join("shared.key")).unwrap();
+        let outside = dir.join("cache-file");
+        std::fs::write(&outside, "the cache's").unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let b = s.building.join("b1");
+        std::fs::create_dir_all(b.join("node_modules/a")).unwrap();
+        std::fs::write(b.join("node_modules/a/index.js"), "x").unwrap();
+        std::fs::hard_link(&outside, b.join("node_modules/a/linked.js")).unwrap();
+        let k = s.key(
+            super::super::Eco::Npm,
+            &["node_modules/a@1.0.0 sha512-a==".into()],
+            "r",
+            "t",
+        );
+        assert!(publish(&s.dir, &b, &k).is_err());
+        assert!(s.keys().is_empty());
+        let m = std::fs::metadata(&outside).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o640);
         remove_sealed(&dir);
     }
 }
