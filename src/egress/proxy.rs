@@ -1,9 +1,22 @@
 //! One connection to the proxy: an HTTP/1 request head (bounded, with a deadline) carrying
-//! the endpoint's credentials (else `407`), then either a CONNECT tunnel (HTTPS; the TLS inside is not looked at) or one plain `http://`
-//! request forwarded with `Connection: close`. Whatever the client asks, the upstream is
-//! connected to only at an address [`Policy`] allows, checked on the resolved address itself
-//! (the name is resolved once, here, and that address is the one connected to). A
-//! connection over which nothing moves either way for [`Shared::idle`] is closed.
+//! the endpoint's credentials (else `407`), then either a CONNECT tunnel (HTTPS; the TLS
+//! inside is not looked at) or one plain `http://` request forwarded with `Connection:
+//! close`. Whatever the client asks, the upstream is connected to only at an address
+//! [`Policy`] allows, checked on the resolved address itself (the name is resolved once,
+//! here, and that address is the one connected to). A connection over which nothing moves
+//! either way for [`Shared::idle`] is closed.
+//!
+//! The head is parsed with httparse here rather than by hyper's server (with its CONNECT
+//! upgrade), which would be no stricter where it matters and not simpler. hyper parses a
+//! request with httparse's defaults too (obs-fold refused; neither looks at `Host` for
+//! CONNECT, and the target is checked by `split_authority` either way); what it adds,
+//! refusing Transfer-Encoding on HTTP/1.0, one not chunked, or differing Content-Lengths,
+//! concerns only the body's framing, which reaches nobody but the upstream already allowed
+//! (bytes after a CONNECT's head go into the tunnel, hyper's would read a declared body
+//! first). And hyper decodes bodies and keeps a connection for further requests, so the
+//! plain `http://` path would need hyper's client side (or the body encoded again) and the
+//! upstream's response parsed instead of relayed as bytes, besides a timer for the head's
+//! deadline and an extension for the refusal's reason phrase.
 
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
