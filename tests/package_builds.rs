@@ -2,9 +2,10 @@
 //! with the wheels-only reason unless the operator allows builds; then it is built, as the
 //! installer's uid, into the asking run's or session's own packages. The build code is the
 //! package's own: a hostile one writes neither the shared cache, the store of shared
-//! layers nor the server's files, and reaches nothing but the index. The index is a
-//! loopback one of the test's own (sdists with an in-tree build backend, no setuptools),
-//! so no test here needs the internet.
+//! layers nor the server's files, changes none of their modes, and reaches nothing but the
+//! index. Only bwrap confines it so: a server with the flag at landlock or none does not
+//! start. The index is a loopback one of the test's own (sdists with an in-tree build
+//! backend, no setuptools), so no test here needs the internet.
 
 use crate::common;
 use crate::package_cache::{Dir, IndexFile, Served, build_wheels, serve_files};
@@ -249,7 +250,8 @@ fn stdout(o: &common::Out) -> &str {
 
 /// Without `--package-builds`, an sdist-only package is refused with the wheels-only
 /// reason (run-code, session_start, `%pip`), and the index never served its sdist: nothing
-/// tried to build it. The flag is in `serve --help`, and a server at level none refuses it.
+/// tried to build it. The flag is in `serve --help`, which says it needs bwrap, and a
+/// server at level none refuses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn package_builds_are_off_unless_the_operator_allows_them() {
     if !require("python", "python3") || !require("uv", "uv") {
@@ -261,6 +263,9 @@ async fn package_builds_are_off_unless_the_operator_allows_them() {
         .expect("replbox");
     let help = String::from_utf8_lossy(&o.stdout);
     assert!(help.contains("--package-builds"), "{help}");
+    // Its lines as one (help wraps them).
+    let words = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(words.contains("Needs the sandbox level bwrap"), "{help}");
     let files = Dir::new("pb-off-index");
     let (url, served) = index(&files, &[], &["rbsrcoff"], &[]);
     let cache = CachePath::new("off");
@@ -296,11 +301,19 @@ async fn package_builds_are_off_unless_the_operator_allows_them() {
     let got = served.lock().unwrap_or_else(|e| e.into_inner()).clone();
     assert!(got.is_empty(), "the sdist was fetched: {got:?}");
     // Builds need a level that confines them.
-    let cache = CachePath::new("off-none");
-    match Server::stdio()
+    refused_at("none", None).await;
+}
+
+/// A server with `--package-builds` at `level` (below bwrap), as `uid` (None: the tests'
+/// own), does not start, saying why and what to do; it made no package cache.
+async fn refused_at(level: &str, uid: Option<u32>) {
+    let at = format!("{level} (uid {uid:?})");
+    let cache = CachePath::new(&format!("refused-{level}-{}", uid.unwrap_or(0)));
+    let e = match Server::stdio()
+        .uid(uid)
         .args([
             "--sandbox",
-            "none",
+            level,
             "--package-builds",
             "--package-cache",
             cache.s(),
@@ -310,13 +323,29 @@ async fn package_builds_are_off_unless_the_operator_allows_them() {
     {
         Ok(s) => {
             s.stop().await;
-            panic!("a server at level none took --package-builds");
+            panic!("a server at {at} took --package-builds");
         }
-        Err(e) => assert!(
-            e.contains("--package-builds") && e.contains("bwrap or landlock"),
-            "{e}"
-        ),
+        Err(e) => e,
+    };
+    if e.contains(&format!("--sandbox {level} does not work here")) {
+        common::skip(format!("package builds refused at {at}: {e}"));
+        return;
     }
+    for says in [
+        format!("--package-builds needs the sandbox level bwrap, and this server's is {level}"),
+        "the installer's uid, which owns the shared package cache".into(),
+        "Run with --sandbox bwrap".into(),
+        "or drop --package-builds".into(),
+    ] {
+        assert!(e.contains(&says), "{at}: {says}: {e}");
+    }
+    let why = if level == "none" {
+        "nothing confines that code"
+    } else {
+        "Landlock does not control chmod"
+    };
+    assert!(e.contains(why), "{at}: {e}");
+    assert!(!cache.0.exists(), "{at}: the cache was made: {e}");
 }
 
 /// Unprivileged servers (when the tests run as root) get uids of their own, apart from
@@ -364,14 +393,17 @@ fn holds(root: &Path, name: &str) -> bool {
     false
 }
 
-/// With `--package-builds` at `level`, as root and not: an sdist is built (as the
+/// With `--package-builds` at bwrap, as root and not: an sdist is built (as the
 /// installer's uid, never root) and imports in run-code, at a session's start and in the
 /// line after `%pip`; the result says it was built; nothing of it goes to the store, and it
 /// is built again when asked again. A hostile sdist's build code, run in a session that has
 /// a package of the cache in its own layer, writes neither the shared cache, the store, the
-/// server's files nor a directory every user may write, and reaches no loopback port but
-/// the index; a second principal then gets the clean package, from the cache.
-async fn builds_at(level: &'static str) {
+/// server's files nor a directory every user may write, changes the mode of none of them,
+/// and reaches no loopback port but the index; a second principal then gets the clean
+/// package, from the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn package_builds_at_bwrap_as_root_and_not() {
+    let level = "bwrap";
     if !require("python", "python3") || !require("uv", "uv") {
         return;
     }
@@ -435,6 +467,8 @@ async fn builds_at(level: &'static str) {
         {
             Ok(s) => s,
             Err(e) => {
+                // bwrap not working here is a skip; refusing the flag at bwrap is not.
+                assert!(!e.log.contains("--package-builds needs"), "{at}: {e}");
                 common::skip(format!("package builds at {at}: {e}"));
                 continue;
             }
@@ -549,17 +583,12 @@ async fn builds_at(level: &'static str) {
             "sentinel",
             "connect",
             "proc-root",
+            "cache-chmod",
         ] {
             assert!(
                 said.contains(&format!("refused {what} ")),
                 "{at}: {what}: {said}"
             );
-        }
-        // Modes are no Landlock right: at landlock the installer's uid, which owns the
-        // cache, can change its modes (not its contents; docs/security.md, Open); at bwrap
-        // the cache is not there.
-        if level == "bwrap" {
-            assert!(said.contains("refused cache-chmod "), "{at}: {said}");
         }
         // Its own layer it may write: links planted there, for the session's next
         // installation to follow into the shared cache and the store.
@@ -642,12 +671,14 @@ async fn builds_at(level: &'static str) {
     }
 }
 
+/// At landlock, as root and not, a server with `--package-builds` does not start: build
+/// code runs as the installer's uid, which owns the shared cache and every layer, and
+/// chmod is no Landlock right.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn package_builds_at_bwrap_as_root_and_not() {
-    builds_at("bwrap").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn package_builds_at_landlock_as_root_and_not() {
-    builds_at("landlock").await;
+async fn package_builds_are_refused_at_landlock_as_root_and_not() {
+    refused_at("landlock", None).await;
+    if nix::unistd::geteuid().is_root() {
+        let uid = NEXT_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        refused_at("landlock", Some(uid)).await;
+    }
 }

@@ -15,13 +15,13 @@ impl Packages {
     /// found no wheel for a package. A build backend is the package's own code: it runs in
     /// the installer's confinement as the installer's uid (never root), and this one may
     /// write only its scratch home and `layer`. Its cache is a throwaway one in that home:
-    /// the shared cache, which every principal's installs come from, is neither mounted
-    /// (bwrap) nor in its rules (Landlock), nor is the store of shared layers; its network
-    /// is the installers' proxy (the index only). Nothing of it is shared: the layer is
-    /// never published, its pins are not kept for a repeat, and its packages are not in
-    /// the cache's books. The result lists what was built. The layer is marked: every later
-    /// installation into it runs this way too, apart from the shared cache (see
-    /// `Layer::was_built`).
+    /// the shared cache, which every principal's installs come from, is not mounted in its
+    /// sandbox (builds run at bwrap only: `Flags::check_level`), nor is the store of shared
+    /// layers; its network is the installers' proxy (the index only). Nothing of it is
+    /// shared: the layer is never published, its pins are not kept for a repeat, and its
+    /// packages are not in the cache's books. The result lists what was built. The layer
+    /// is marked: every later installation into it runs this way too, apart from the
+    /// shared cache (see `Layer::was_built`).
     pub(super) async fn build_python(
         &self,
         python: &Path,

@@ -3,6 +3,8 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use crate::sandbox::Level;
+
 /// Packages on demand: what `packages` and `%pip install` may get.
 #[derive(clap::Args, Debug, Clone, Default)]
 #[group(id = "package-flags")]
@@ -54,7 +56,8 @@ pub struct Flags {
     /// when no wheel fits. Its build code runs confined as the installer's uid (never
     /// root), with a throwaway cache of its own and the index as its only network; what it
     /// builds goes into the asking run's or session's own packages, never the shared cache
-    /// or layers. Needs a sandbox level of bwrap or landlock. Default: wheels only.
+    /// or layers. Needs the sandbox level bwrap (at landlock or none the server does not
+    /// start). Default: wheels only.
     #[arg(long, env = "REPLBOX_PACKAGE_BUILDS")]
     pub package_builds: bool,
 }
@@ -142,6 +145,17 @@ impl Flags {
         }
         Ok(())
     }
+
+    /// Check the flags against the sandbox level in force. Build code is the package's
+    /// own and runs as the installer's uid, which owns the shared cache and every layer:
+    /// only bwrap keeps those out of its sight. Landlock does not control chmod, so there
+    /// it could make them unreadable for every principal; at none nothing confines it.
+    pub fn check_level(&self, level: Level) -> Result<(), FlagError> {
+        if self.package_builds && level != Level::Bwrap {
+            return Err(FlagError::BuildsNeedBwrap(level));
+        }
+        Ok(())
+    }
 }
 
 /// A package flag the server cannot run with: the operator's to fix.
@@ -165,6 +179,25 @@ pub enum FlagError {
     CacheMb,
     #[error("--package-timeout-s must be at least 1")]
     Timeout,
+    #[error(
+        "--package-builds needs the sandbox level bwrap, and this server's is {0}: a build runs \
+         the package's own code as the installer's uid, which owns the shared package cache \
+         and every run's and session's packages, and {why}. Run with --sandbox bwrap (bwrap \
+         installed and working), or drop --package-builds (wheels only)",
+        why = unconfined(*.0)
+    )]
+    BuildsNeedBwrap(Level),
+}
+
+/// What a build's code could do at `level` (below bwrap), for [`FlagError::BuildsNeedBwrap`].
+fn unconfined(level: Level) -> &'static str {
+    match level {
+        Level::None => "at level none nothing confines that code",
+        _ => {
+            "Landlock does not control chmod, so that code could make them unreadable for \
+             every caller until the server restarts"
+        }
+    }
 }
 
 /// `value` (a public index's short name, else a URL) as an [`Index`].
@@ -257,6 +290,38 @@ mod tests {
             f.check().unwrap_err().to_string(),
             "--package-timeout-s must be at least 1"
         );
+    }
+
+    #[test]
+    fn builds_need_bwrap() {
+        let builds = Flags {
+            package_builds: true,
+            ..Flags::default()
+        };
+        assert_eq!(builds.check_level(Level::Bwrap), Ok(()));
+        for level in [Level::Landlock, Level::None] {
+            let e = builds.check_level(level).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "--package-builds needs the sandbox level bwrap, and this server's is {level}:"
+                )),
+                "{e}"
+            );
+            assert!(
+                e.ends_with("Run with --sandbox bwrap (bwrap installed and working), or drop --package-builds (wheels only)"),
+                "{e}"
+            );
+        }
+        assert!(
+            builds
+                .check_level(Level::Landlock)
+                .unwrap_err()
+                .to_string()
+                .contains("Landlock does not control chmod")
+        );
+        for level in [Level::Bwrap, Level::Landlock, Level::None] {
+            assert_eq!(Flags::default().check_level(level), Ok(()));
+        }
     }
 
     #[test]

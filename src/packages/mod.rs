@@ -348,15 +348,7 @@ impl Packages {
             return Ok(None);
         }
         flags.check()?;
-        // Build code is the package's own: only a level that confines the installer keeps
-        // it from the cache its uid owns (at `none` nothing does).
-        if flags.package_builds && sandbox.level == crate::sandbox::Level::None {
-            anyhow::bail!(
-                "--package-builds: source builds run the package's own code as the installer, \
-                 which only a sandbox level of bwrap or landlock confines; this server's level \
-                 is none"
-            );
-        }
+        flags.check_level(sandbox.level)?;
         let index = flags.python_index()?;
         let registry = flags.npm_registry()?;
         let root = flags.package_cache.clone().unwrap_or_else(default_cache);
