@@ -30,7 +30,7 @@ impl Packages {
         (principal, cancel): (&str, &CancellationToken),
         started: Instant,
     ) -> Result<Installed, PackageError> {
-        let uv = self.uv(python).await.map_err(PackageError::Failed)?;
+        let uv = self.uv(python).await?;
         let names: Vec<&str> = specs.iter().map(|s| s.text.as_str()).collect();
         let failed = |why: String| {
             PackageError::Failed(format!(

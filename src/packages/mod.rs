@@ -138,6 +138,67 @@ impl From<spec::SpecError> for PackageError {
     }
 }
 
+/// Why the installer program (uv, or npm's `npm-cli.js`) cannot be had: the operator's to
+/// fix. Cloned out of the once-resolved cell each installation reads.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProgramError {
+    #[error(
+        "packages: the installer (uv) is not installed on this server; its operator can \
+         install it (pip install uv) or name it with --uv"
+    )]
+    NoUv,
+    #[error(
+        "packages: the installer {} is not reachable by the installer's uid and cannot be \
+         placed in {}: {why}",
+        uv.display(),
+        root.display()
+    )]
+    UvNotPlaced {
+        uv: PathBuf,
+        root: PathBuf,
+        why: std::sync::Arc<std::io::Error>,
+    },
+    #[error(
+        "packages: npm is not installed beside node on this server; its \
+         operator can install it or name its npm-cli.js with --npm"
+    )]
+    NoNpm,
+    #[error(
+        "packages: npm ({}) is not reachable by the installer's uid; \
+         its operator can name one that is with --npm",
+        .0.display()
+    )]
+    NpmUnreachable(PathBuf),
+    /// The blocking task that looked for it did not finish (a panic, the runtime ending).
+    #[error("packages: finding {what} failed: {why}")]
+    Lookup { what: &'static str, why: String },
+}
+
+impl From<ProgramError> for PackageError {
+    fn from(e: ProgramError) -> Self {
+        Self::Failed(e.to_string())
+    }
+}
+
+/// A `replbox.install` line that is not made of plain string literals: the caller's to
+/// write again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "replbox.install: {line:?} is not a call with string literals; write it on a \
+     line of its own at the top of the cell, as \
+     await replbox.install('lodash', 'is-odd@3')"
+)]
+pub struct InstallLineError {
+    /// The line's first 80 characters.
+    pub line: String,
+}
+
+impl From<InstallLineError> for crate::error::ToolError {
+    fn from(e: InstallLineError) -> Self {
+        Self::invalid(e.to_string())
+    }
+}
+
 /// A package request: refused (nothing of it was started), or a package that cannot be had.
 impl From<PackageError> for crate::error::ToolError {
     fn from(e: PackageError) -> Self {
@@ -194,10 +255,10 @@ pub struct Packages {
     /// The installer program, resolved once, at the first installation (the operator's
     /// choice: `--uv`, else the uv beside the sessions' Python, else on PATH), and placed
     /// where the installer's uid can run it; or why there is none.
-    uv: tokio::sync::OnceCell<Result<PathBuf, String>>,
+    uv: tokio::sync::OnceCell<Result<PathBuf, ProgramError>>,
     npm_flag: Option<PathBuf>,
     /// npm's program (its `npm-cli.js`, run by the sessions' node), found once.
-    npm: tokio::sync::OnceCell<Result<PathBuf, String>>,
+    npm: tokio::sync::OnceCell<Result<PathBuf, ProgramError>>,
     timeout: Duration,
     resolved: Resolved,
     metrics: crate::metrics::PackageMetrics,
@@ -453,7 +514,7 @@ impl Packages {
 
     /// The installer program (see `uv`), resolved at the first call with the sessions'
     /// Python (the real executable, as detected).
-    async fn uv(&self, python: &Path) -> Result<PathBuf, String> {
+    async fn uv(&self, python: &Path) -> Result<PathBuf, ProgramError> {
         let r = self
             .uv
             .get_or_init(|| {
@@ -466,7 +527,12 @@ impl Packages {
                 async move {
                     tokio::task::spawn_blocking(move || resolve_uv(flag, &python, &root, as_root))
                         .await
-                        .unwrap_or_else(|e| Err(format!("packages: finding uv failed: {e}")))
+                        .unwrap_or_else(|e| {
+                            Err(ProgramError::Lookup {
+                                what: "uv",
+                                why: e.to_string(),
+                            })
+                        })
                 }
             })
             .await;
@@ -826,7 +892,7 @@ impl Packages {
         let uv = self
             .uv(python)
             .await
-            .map_err(|m| Unmet::from(PackageError::Failed(m)))?;
+            .map_err(|e| Unmet::from(PackageError::from(e)))?;
         let texts: Vec<String> = specs.iter().map(|s| s.text.clone()).collect();
         let key = resolved_key(python, &self.index.url, &texts);
         // Offline first, from the cache alone, when that gives what the index would: the
@@ -1114,22 +1180,15 @@ fn resolve_uv(
     python: &Path,
     root: &Path,
     as_root: bool,
-) -> Result<PathBuf, String> {
-    let uv = find_uv(flag.as_deref(), python).ok_or_else(|| {
-        "packages: the installer (uv) is not installed on this server; its operator can \
-         install it (pip install uv) or name it with --uv"
-            .to_string()
-    })?;
+) -> Result<PathBuf, ProgramError> {
+    let uv = find_uv(flag.as_deref(), python).ok_or(ProgramError::NoUv)?;
     if !as_root || crate::sandbox::reachable_by_others(&uv) {
         return Ok(uv);
     }
-    let staged = stage_uv(&uv, root).map_err(|e| {
-        format!(
-            "packages: the installer {} is not reachable by the installer's uid and cannot be \
-             placed in {}: {e}",
-            uv.display(),
-            root.display()
-        )
+    let staged = stage_uv(&uv, root).map_err(|e| ProgramError::UvNotPlaced {
+        uv: uv.clone(),
+        root: root.to_path_buf(),
+        why: std::sync::Arc::new(e),
     })?;
     tracing::info!(uv = %uv.display(), staged = %staged.display(), "packages: installer placed");
     Ok(staged)
@@ -1321,7 +1380,7 @@ pub fn pip_lines(code: &str) -> Option<(Vec<String>, String)> {
 /// names in one array, without `await`, with a `;`): the specifiers and the rest of the
 /// cell; None when the cell starts with none. A line that starts as one but is not made of
 /// plain string literals is an error saying how to write it.
-pub fn js_install_lines(code: &str) -> Option<Result<(Vec<String>, String), String>> {
+pub fn js_install_lines(code: &str) -> Option<Result<(Vec<String>, String), InstallLineError>> {
     let mut specs = Vec::new();
     let mut rest_at = 0;
     let mut any = false;
@@ -1339,12 +1398,9 @@ pub fn js_install_lines(code: &str) -> Option<Result<(Vec<String>, String), Stri
         match js_string_args(args) {
             Some(names) => specs.extend(names),
             None => {
-                return Some(Err(format!(
-                    "replbox.install: {:?} is not a call with string literals; write it on a \
-                     line of its own at the top of the cell, as \
-                     await replbox.install('lodash', 'is-odd@3')",
-                    t.chars().take(80).collect::<String>()
-                )));
+                return Some(Err(InstallLineError {
+                    line: t.chars().take(80).collect(),
+                }));
             }
         }
         rest_at += line.len();
@@ -1526,6 +1582,27 @@ mod tests {
             None
         );
         assert_eq!(js_install_lines("console.log('replbox.install')"), None);
+        assert_eq!(
+            js_install_lines("await replbox.install(name)")
+                .and_then(Result::err)
+                .map(|e| e.to_string())
+                .as_deref(),
+            Some(
+                "replbox.install: \"await replbox.install(name)\" is not a call with string \
+                 literals; write it on a line of its own at the top of the cell, as await \
+                 replbox.install('lodash', 'is-odd@3')"
+            )
+        );
+        assert_eq!(
+            ProgramError::NoUv.to_string(),
+            "packages: the installer (uv) is not installed on this server; its operator can \
+             install it (pip install uv) or name it with --uv"
+        );
+        assert_eq!(
+            ProgramError::NpmUnreachable("/x/npm-cli.js".into()).to_string(),
+            "packages: npm (/x/npm-cli.js) is not reachable by the installer's uid; its \
+             operator can name one that is with --npm"
+        );
         assert_eq!(pip_lines("print('%pip install six')"), None);
     }
 }

@@ -10,12 +10,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::install::{self, Reason};
 use super::spec::Spec;
-use super::{Installed, Layer, Package, PackageError, Packages, resolved_key};
+use super::{Installed, Layer, Package, PackageError, Packages, ProgramError, resolved_key};
 
 impl Packages {
     /// npm's `npm-cli.js` (see [`find_npm`]), found once; as root it must be reachable by
     /// the installer's uid (a system node's is).
-    async fn npm(&self, node: &Path) -> Result<PathBuf, String> {
+    async fn npm(&self, node: &Path) -> Result<PathBuf, ProgramError> {
         let r = self
             .npm
             .get_or_init(|| {
@@ -23,22 +23,19 @@ impl Packages {
                 let as_root = self.sandbox.root;
                 async move {
                     tokio::task::spawn_blocking(move || {
-                        let npm = find_npm(flag.as_deref(), &node).ok_or_else(|| {
-                            "packages: npm is not installed beside node on this server; its \
-                             operator can install it or name its npm-cli.js with --npm"
-                                .to_string()
-                        })?;
+                        let npm = find_npm(flag.as_deref(), &node).ok_or(ProgramError::NoNpm)?;
                         if as_root && !crate::sandbox::reachable_by_others(&npm) {
-                            return Err(format!(
-                                "packages: npm ({}) is not reachable by the installer's uid; \
-                                 its operator can name one that is with --npm",
-                                npm.display()
-                            ));
+                            return Err(ProgramError::NpmUnreachable(npm));
                         }
                         Ok(npm)
                     })
                     .await
-                    .unwrap_or_else(|e| Err(format!("packages: finding npm failed: {e}")))
+                    .unwrap_or_else(|e| {
+                        Err(ProgramError::Lookup {
+                            what: "npm",
+                            why: e.to_string(),
+                        })
+                    })
                 }
             })
             .await;
@@ -56,7 +53,7 @@ impl Packages {
         (principal, cancel): (&str, &CancellationToken),
         started: Instant,
     ) -> Result<Installed, PackageError> {
-        let npm = self.npm(node).await.map_err(PackageError::Failed)?;
+        let npm = self.npm(node).await?;
         let texts: Vec<String> = specs.iter().map(|s| s.text.clone()).collect();
         let key = resolved_key(node, &self.registry.url, &texts);
         // Asked lately, or exact versions only (a replay's): the cache likely has it all.

@@ -333,7 +333,7 @@ file in the session's directory and read it from there instead",
                 Err(why) => {
                     let error = super::report::ErrorInfo {
                         kind: "PackageUnavailable".into(),
-                        message: why,
+                        message: why.to_string(),
                     };
                     failed.push(ReplayFailure {
                         eval_id: c.eval_id,

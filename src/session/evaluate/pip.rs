@@ -6,7 +6,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::error::ToolError;
-use crate::packages::Eco;
+use crate::packages::{Eco, InstallLineError, PackageError};
 use crate::session::live::Session;
 
 /// What a cell's install lines did: the note for its report, the code to evaluate after
@@ -20,8 +20,20 @@ pub(super) struct Done {
 /// The session's ecosystem, the specifiers and the rest of the cell.
 type Lines = (Eco, Vec<String>, String);
 
+/// Why a replayed cell's install lines could not be installed again (the replay reports it
+/// as the cell's error, and does not run the cell).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ReplayError {
+    #[error(transparent)]
+    Line(#[from] InstallLineError),
+    #[error("this session has no package layer")]
+    NoLayer,
+    #[error("{}", .0.message())]
+    Install(PackageError),
+}
+
 /// A cell's install lines (None: no such line, or a language without them).
-fn lines(session: &Session, code: &str) -> Option<Result<Lines, String>> {
+fn lines(session: &Session, code: &str) -> Option<Result<Lines, InstallLineError>> {
     let eco = Eco::of(session.lang.id())?;
     let found = match eco {
         Eco::Python => crate::packages::pip_lines(code).map(Ok),
@@ -52,7 +64,7 @@ pub(super) async fn install(
     let Some(found) = lines(session, code) else {
         return Ok(None);
     };
-    let (eco, specs, rest) = found.map_err(ToolError::invalid)?;
+    let (eco, specs, rest) = found?;
     let what = match eco {
         Eco::Python => "%pip install",
         Eco::Npm => "replbox.install",
@@ -95,13 +107,13 @@ pub(super) async fn replay(
     code: &str,
     pins: Option<&Vec<String>>,
     cancel: &CancellationToken,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, ReplayError> {
     let Some(found) = lines(session, code) else {
         return Ok(None);
     };
     let (eco, specs, rest) = found?;
     let Some(sp) = &session.packages else {
-        return Err("this session has no package layer".into());
+        return Err(ReplayError::NoLayer);
     };
     let want = match pins {
         Some(p) if !p.is_empty() && p.len() <= crate::packages::MAX_SPECS => p.clone(),
@@ -110,6 +122,6 @@ pub(super) async fn replay(
     sp.service
         .install(&sp.exe, &want, &sp.layer, &session.owner.principal, cancel)
         .await
-        .map_err(|e| e.message().to_string())?;
+        .map_err(ReplayError::Install)?;
     Ok(Some(after(eco, rest)))
 }
