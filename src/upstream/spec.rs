@@ -92,9 +92,15 @@ pub enum ConfigError {
     Both,
     #[error("give command (stdio) or url (HTTP)")]
     Neither,
-    #[error("type {0:?} does not go with command")]
-    TypeNotCommand(Option<String>),
-    #[error("type {0:?} does not go with url")]
+    #[error(
+        "type {0:?} does not go with command: a server with a command is a stdio server \
+         (type \"stdio\", or no type); an HTTP server has a url instead"
+    )]
+    TypeNotCommand(String),
+    #[error(
+        "type {0:?} does not go with url: a server with a url is an HTTP server (type \
+         \"http\", or no type); a stdio server has a command instead"
+    )]
     TypeNotUrl(String),
     #[error("env.{0}: not a valid variable")]
     EnvVar(String),
@@ -258,8 +264,8 @@ fn parse_entry(name: &str, entry: &Value) -> Result<Option<ServerSpec>, ConfigEr
         }
         (None, None) => return Err(ConfigError::Neither),
         (Some(c), None) => {
-            if !matches!(kind, None | Some("stdio")) {
-                return Err(ConfigError::TypeNotCommand(kind.map(str::to_string)));
+            if let Some(k) = kind.filter(|k| *k != "stdio") {
+                return Err(ConfigError::TypeNotCommand(k.to_string()));
             }
             let Some(command) = c.as_str().filter(|c| !c.is_empty()) else {
                 return Err(ConfigError::must("command", "a non-empty string"));
@@ -551,11 +557,13 @@ mod tests {
         );
         assert_eq!(
             e(r#"{"mcpServers": {"a": {"command": "x", "type": "http"}}}"#),
-            "server \"a\": type Some(\"http\") does not go with command"
+            "server \"a\": type \"http\" does not go with command: a server with a command is \
+             a stdio server (type \"stdio\", or no type); an HTTP server has a url instead"
         );
         assert_eq!(
             e(r#"{"mcpServers": {"a": {"url": "http://h", "type": "stdio"}}}"#),
-            "server \"a\": type \"stdio\" does not go with url"
+            "server \"a\": type \"stdio\" does not go with url: a server with a url is an \
+             HTTP server (type \"http\", or no type); a stdio server has a command instead"
         );
         assert_eq!(
             e(r#"{"mcpServers": {"a": {"command": "x", "env": {"K": 1}}}}"#),
