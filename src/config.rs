@@ -4,6 +4,10 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+// A switch's variable (REPLBOX_EVICT_IDLE=1) takes what an operator writes: 1/0, yes/no,
+// on/off as well as true/false (clap's own parser for a bool takes only true/false).
+use clap::builder::BoolishValueParser;
+
 use crate::egress::Policy;
 use crate::sandbox::level::{Level, Mode};
 use crate::sandbox::{Limits, Settings};
@@ -56,7 +60,7 @@ pub struct Config {
     pub max_ended_sessions: usize,
 
     /// At the session limit, close the idlest session to make room instead of refusing.
-    #[arg(long, env = "REPLBOX_EVICT_IDLE")]
+    #[arg(long, env = "REPLBOX_EVICT_IDLE", value_parser = BoolishValueParser::new())]
     pub evict_idle: bool,
 
     /// Open REPL sessions one principal (an HTTP token, or the stdio client) may hold at
@@ -103,7 +107,7 @@ pub struct Config {
 
     /// Let user code reach any public host through the egress proxy (HTTP(S) only; never
     /// the host's loopback, link-local or private ranges). Off by default.
-    #[arg(long, env = "REPLBOX_ALLOW_NETWORK")]
+    #[arg(long, env = "REPLBOX_ALLOW_NETWORK", value_parser = BoolishValueParser::new())]
     pub allow_network: bool,
 
     /// A domain user code may reach through the egress proxy (`*.example.org`: the names
@@ -278,7 +282,7 @@ pub struct Config {
 
     /// Do not restore a suspended session by itself at its first session_eval; only
     /// session_restore does.
-    #[arg(long, env = "REPLBOX_NO_AUTO_RESTORE")]
+    #[arg(long, env = "REPLBOX_NO_AUTO_RESTORE", value_parser = BoolishValueParser::new())]
     pub no_auto_restore: bool,
 
     /// Code mode: the MCP servers code may call, who may call them, and the bounds.

@@ -1,7 +1,8 @@
 //! The command line a newcomer meets: `install --client` (each client's format against a
 //! golden file, merging into a file that has other servers, the backup, `--print`),
 //! `doctor` on this host, each subcommand's help, the tip for a bare `replbox` given a
-//! `serve` flag, unknown `REPLBOX_*` variables, and `REPLBOX_TOKEN` over HTTP.
+//! `serve` flag, unknown `REPLBOX_*` variables, a switch's variable set to 1 or 0, and
+//! `REPLBOX_TOKEN` over HTTP.
 
 use crate::common;
 
@@ -403,6 +404,49 @@ fn an_unknown_replbox_variable_is_named_with_the_closest_known_one() {
         "{err}"
     );
     assert!(!err.contains("REPLBOX_POOL is set"), "{err}");
+}
+
+/// A switch's variable takes what an operator writes, 1 and 0 (and yes/no) as well as
+/// true/false: `REPLBOX_PACKAGE_BUILDS=1` at level none is `--package-builds` there (the
+/// server does not start, saying why), `=no` is its absence (the server starts, and stops
+/// at once: stdin is closed); a value that is neither is refused by name.
+#[test]
+fn a_switch_variable_takes_one_and_zero() {
+    let cache = tempfile::tempdir().expect("tempdir");
+    let serve = |builds: &str| {
+        Command::new(BIN)
+            .args(["serve", "--sandbox", "none", "--package-cache"])
+            .arg(cache.path().join("packages"))
+            .env("REPLBOX_PACKAGE_BUILDS", builds)
+            .env("REPLBOX_EVICT_IDLE", "1")
+            .env("REPLBOX_NO_AUTO_RESTORE", "yes")
+            .env("REPLBOX_ALLOW_NETWORK", "0")
+            .env("REPLBOX_POOL", "0")
+            .env("REPLBOX_SESSION_POOL", "0")
+            .env_remove("REPLBOX_NO_PACKAGES")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run")
+    };
+    let on = serve("1");
+    let err = text(&on.stderr);
+    assert!(!on.status.success(), "{err}");
+    assert!(
+        err.contains("--package-builds needs the sandbox level bwrap, and this server's is none"),
+        "{err}"
+    );
+    let off = serve("no");
+    let err = text(&off.stderr);
+    assert_ne!(off.status.code(), Some(2), "{err}");
+    assert!(err.contains("sandbox and limits sandbox=none"), "{err}");
+    assert!(!err.contains("--package-builds"), "{err}");
+    let bad = serve("maybe");
+    assert_eq!(bad.status.code(), Some(2));
+    let err = text(&bad.stderr);
+    assert!(
+        err.contains("'maybe'") && err.contains("--package-builds"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

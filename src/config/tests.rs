@@ -127,3 +127,54 @@ fn preload_modules() {
          pandas,numpy,matplotlib)"
     );
 }
+
+/// Every switch's variable takes 1/0, yes/no, on/off and true/false (any case), and refuses
+/// anything else. clap parses a variable's value with its argument's value parser: each
+/// switch's is tried here on the command line, as a flag that takes a value.
+#[test]
+fn switch_variables_take_one_and_zero() {
+    use clap::CommandFactory;
+    let cmd = Wrapper::command();
+    let switches: Vec<&clap::Arg> = cmd
+        .get_arguments()
+        .filter(|a| a.get_env().is_some() && matches!(a.get_action(), clap::ArgAction::SetTrue))
+        .collect();
+    let names: Vec<String> = switches
+        .iter()
+        .map(|a| a.get_env().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "REPLBOX_EVICT_IDLE",
+            "REPLBOX_ALLOW_NETWORK",
+            "REPLBOX_NO_AUTO_RESTORE",
+            "REPLBOX_NO_PACKAGES",
+            "REPLBOX_PACKAGE_BUILDS"
+        ]
+    );
+    for arg in switches {
+        let id = arg.get_id().as_str();
+        let taking = clap::Command::new("x").arg(arg.clone().action(clap::ArgAction::Set));
+        let parse = |v: &str| {
+            taking
+                .clone()
+                .try_get_matches_from(["x", &format!("--{}={v}", arg.get_long().unwrap())])
+                .map(|m| m.get_one::<bool>(id).copied())
+        };
+        for (v, on) in [
+            ("1", true),
+            ("yes", true),
+            ("on", true),
+            ("true", true),
+            ("TRUE", true),
+            ("0", false),
+            ("no", false),
+            ("off", false),
+            ("false", false),
+        ] {
+            assert_eq!(parse(v).ok().flatten(), Some(on), "{id}={v}");
+        }
+        assert!(parse("maybe").is_err(), "{id}=maybe");
+    }
+}

@@ -3,6 +3,9 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+// 1/0, yes/no, on/off as well as true/false for a switch's variable (see `config`).
+use clap::builder::BoolishValueParser;
+
 use crate::sandbox::Level;
 
 /// Packages on demand: what `packages` and `%pip install` may get.
@@ -10,7 +13,7 @@ use crate::sandbox::Level;
 #[group(id = "package-flags")]
 pub struct Flags {
     /// Turn packages off: `packages` and `%pip install` are refused.
-    #[arg(long, env = "REPLBOX_NO_PACKAGES")]
+    #[arg(long, env = "REPLBOX_NO_PACKAGES", value_parser = BoolishValueParser::new())]
     pub no_packages: bool,
 
     /// Python index the installer uses: `pypi` (pypi.org and files.pythonhosted.org, the
@@ -58,7 +61,7 @@ pub struct Flags {
     /// builds goes into the asking run's or session's own packages, never the shared cache
     /// or layers. Needs the sandbox level bwrap (at landlock or none the server does not
     /// start). Default: wheels only.
-    #[arg(long, env = "REPLBOX_PACKAGE_BUILDS")]
+    #[arg(long, env = "REPLBOX_PACKAGE_BUILDS", value_parser = BoolishValueParser::new())]
     pub package_builds: bool,
 }
 
