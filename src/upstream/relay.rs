@@ -3,13 +3,16 @@
 //! and what is kept of it (record, audit line, metrics). The upstream's answer is hostile
 //! input: it is measured, hashed and passed on as JSON, never rendered by the server.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rmcp::model::CallToolRequestParams;
+use rmcp::model::{CallToolRequestParams, JsonObject};
 use rmcp::service::ServiceError;
 use serde_json::{Value, json};
 
-use super::endpoint::{Inner, refusal};
+use super::Granted;
+use super::endpoint::{Inner, Scope, refusal};
+use super::instance::Live;
 use super::record::{CallRecord, CallStatus, KEPT_ARGUMENTS, canonical, sha256};
 
 /// How long past the evaluation's deadline a call may still run (the interrupt acts first).
@@ -18,7 +21,6 @@ const DEADLINE_GRACE: Duration = Duration::from_secs(1);
 /// Longest error text passed on from an upstream (its own words), in characters.
 const MAX_ERROR: usize = 4000;
 
-/// Answer one call: a reply line's value for the code.
 /// The code's connection closing (it gave up on the call).
 type HungUp<'a> = std::pin::Pin<&'a mut (dyn std::future::Future<Output = ()> + Send + 'a)>;
 
@@ -64,53 +66,17 @@ async fn answer(
     gone: &mut HungUp<'_>,
     hung_up: &mut bool,
 ) -> (Value, bool) {
-    let refuse = |rec: &mut CallRecord, m: String| {
-        rec.status = CallStatus::Refused;
-        rec.error = Some(m.clone());
-        refusal(m)
-    };
     let Some(scope) = inner.scope() else {
         let m = "tool calls are answered only while a cell (or a run) is being evaluated, \
                  not from code left running after it ended"
             .to_string();
         return (refuse(rec, m), false);
     };
-    let args = match arguments {
-        Value::Object(m) => Some(m),
-        Value::Null => None,
-        _ => {
-            let m = format!(
-                "{}.{}: the arguments must be an object",
-                rec.server, rec.tool
-            );
-            return (refuse(rec, m), true);
-        }
+    let (args, granted) = match admit(inner, &scope, rec, arguments) {
+        Ok(admitted) => admitted,
+        Err(refused) => return (refused, true),
     };
-    let Some(granted) = inner.access.get(&rec.server) else {
-        let m = format!(
-            "no MCP server {:?} for this code (it may call: {}); name the servers in \
-             mcp_servers when starting the session or run",
-            rec.server,
-            inner.access.names().join(", ")
-        );
-        return (refuse(rec, m), true);
-    };
-    if !granted.tools.allows(&rec.tool) {
-        let m = format!(
-            "{}.{} is not among the tools the server's operator lets you call",
-            rec.server, rec.tool
-        );
-        return (refuse(rec, m), true);
-    }
     let limits = &inner.shared.limits;
-    if !scope.count(limits.max_calls) {
-        let m = format!(
-            "this evaluation made {} tool calls, the most one may (--mcp-max-calls); \
-             split the work over several cells",
-            limits.max_calls
-        );
-        return (refuse(rec, m), true);
-    }
     if let Some(recorded) = scope.recorded(&rec.server, &rec.tool, &rec.arguments_sha256)
         && let Some(result) = recorded.result.clone()
     {
@@ -133,13 +99,84 @@ async fn answer(
         rec.error = Some(m.into());
         return (error_reply("cancelled", m.into(), None), true);
     };
+    let live = match live_with_tool(granted, rec).await {
+        Ok(live) => live,
+        Err(reply) => return (reply, true),
+    };
+    let call = Call {
+        inner,
+        scope: &scope,
+        granted,
+        live: &live,
+    };
+    (call.send(rec, args, gone, hung_up).await, true)
+}
+
+/// Refuse the call before anything was called.
+fn refuse(rec: &mut CallRecord, m: String) -> Value {
+    rec.status = CallStatus::Refused;
+    rec.error = Some(m.clone());
+    refusal(m)
+}
+
+/// The checks that need no upstream, in order: the arguments' shape, the server granted
+/// and the tool allowed, and the evaluation's count of calls (this call counts from here).
+/// The arguments and the grant, or the refusal.
+fn admit<'a>(
+    inner: &'a Inner,
+    scope: &Scope,
+    rec: &mut CallRecord,
+    arguments: Value,
+) -> Result<(Option<JsonObject>, &'a Granted), Value> {
+    let args = match arguments {
+        Value::Object(m) => Some(m),
+        Value::Null => None,
+        _ => {
+            let m = format!(
+                "{}.{}: the arguments must be an object",
+                rec.server, rec.tool
+            );
+            return Err(refuse(rec, m));
+        }
+    };
+    let Some(granted) = inner.access.get(&rec.server) else {
+        let m = format!(
+            "no MCP server {:?} for this code (it may call: {}); name the servers in \
+             mcp_servers when starting the session or run",
+            rec.server,
+            inner.access.names().join(", ")
+        );
+        return Err(refuse(rec, m));
+    };
+    if !granted.tools.allows(&rec.tool) {
+        let m = format!(
+            "{}.{} is not among the tools the server's operator lets you call",
+            rec.server, rec.tool
+        );
+        return Err(refuse(rec, m));
+    }
+    let max_calls = inner.shared.limits.max_calls;
+    if !scope.count(max_calls) {
+        let m = format!(
+            "this evaluation made {} tool calls, the most one may (--mcp-max-calls); \
+             split the work over several cells",
+            max_calls
+        );
+        return Err(refuse(rec, m));
+    }
+    Ok((args, granted))
+}
+
+/// The granted server's running instance (started if it is not), when it lists the tool;
+/// else the reply that says why not.
+async fn live_with_tool(granted: &Granted, rec: &mut CallRecord) -> Result<Arc<Live>, Value> {
     let live = match granted.instance.get().await {
         Ok(l) => l,
         Err(e) => {
             let e = e.to_string();
             rec.status = CallStatus::Failed;
             rec.error = Some(e.clone());
-            return (error_reply("failed", e, None), true);
+            return Err(error_reply("failed", e, None));
         }
     };
     if live.tool(&rec.tool).is_none() {
@@ -155,83 +192,114 @@ async fn answer(
             rec.tool,
             names.join(", ")
         );
-        return (refuse(rec, m), true);
+        return Err(refuse(rec, m));
     }
-    // Past the evaluation's deadline the interpreter interrupts the code (which closes
-    // the connection) and the scope ends: the call's own timeout leaves them a moment.
-    let timeout = Duration::from_millis(limits.call_timeout_ms).min(
-        (scope.deadline + DEADLINE_GRACE).saturating_duration_since(tokio::time::Instant::now()),
-    );
-    let mut params = CallToolRequestParams::new(rec.tool.clone());
-    params.arguments = args;
-    // Dropping the call (cancel, timeout) sends the upstream notifications/cancelled.
-    let outcome = tokio::select! {
-        r = live.peer().call_tool(params) => Some(r),
-        _ = gone.as_mut() => { *hung_up = true; None },
-        _ = scope.cancel.cancelled() => None,
-        _ = tokio::time::sleep(timeout) => {
-            rec.status = CallStatus::Timeout;
+    Ok(live)
+}
+
+/// An admitted call, with its place among the calls in flight, to the instance that
+/// lists its tool.
+struct Call<'a> {
+    inner: &'a Inner,
+    scope: &'a Scope,
+    granted: &'a Granted,
+    live: &'a Arc<Live>,
+}
+
+impl Call<'_> {
+    /// Send the call and wait for the upstream's answer, within the call's time: the reply
+    /// for its result, or the one that says why there is none.
+    async fn send(
+        &self,
+        rec: &mut CallRecord,
+        args: Option<JsonObject>,
+        gone: &mut HungUp<'_>,
+        hung_up: &mut bool,
+    ) -> Value {
+        let limits = &self.inner.shared.limits;
+        // Past the evaluation's deadline the interpreter interrupts the code (which closes
+        // the connection) and the scope ends: the call's own timeout leaves them a moment.
+        let timeout = Duration::from_millis(limits.call_timeout_ms).min(
+            (self.scope.deadline + DEADLINE_GRACE)
+                .saturating_duration_since(tokio::time::Instant::now()),
+        );
+        let mut params = CallToolRequestParams::new(rec.tool.clone());
+        params.arguments = args;
+        // Dropping the call (cancel, timeout) sends the upstream notifications/cancelled.
+        let outcome = tokio::select! {
+            r = self.live.peer().call_tool(params) => Some(r),
+            _ = gone.as_mut() => { *hung_up = true; None },
+            _ = self.scope.cancel.cancelled() => None,
+            _ = tokio::time::sleep(timeout) => {
+                rec.status = CallStatus::Timeout;
+                let m = format!(
+                    "{}.{} did not answer within {} ms ({})",
+                    rec.server,
+                    rec.tool,
+                    timeout.as_millis(),
+                    if timeout.as_millis() as u64 >= limits.call_timeout_ms {
+                        "--mcp-call-timeout-ms"
+                    } else {
+                        "the evaluation's deadline"
+                    }
+                );
+                rec.error = Some(m.clone());
+                return error_reply("timeout", m, None);
+            }
+        };
+        let Some(outcome) = outcome else {
+            rec.status = CallStatus::Cancelled;
             let m = format!(
-                "{}.{} did not answer within {} ms ({})",
+                "{}.{}: cancelled, {}",
                 rec.server,
                 rec.tool,
-                timeout.as_millis(),
-                if timeout.as_millis() as u64 >= limits.call_timeout_ms {
-                    "--mcp-call-timeout-ms"
+                if *hung_up {
+                    "the code stopped waiting for it (interrupted)"
                 } else {
-                    "the evaluation's deadline"
+                    "the evaluation ended"
                 }
             );
             rec.error = Some(m.clone());
-            return (error_reply("timeout", m, None), true);
-        }
-    };
-    let Some(outcome) = outcome else {
-        rec.status = CallStatus::Cancelled;
-        let m = format!(
-            "{}.{}: cancelled, {}",
-            rec.server,
-            rec.tool,
-            if *hung_up {
-                "the code stopped waiting for it (interrupted)"
-            } else {
-                "the evaluation ended"
+            return error_reply("cancelled", m, None);
+        };
+        match outcome {
+            Ok(result) => {
+                let value = serde_json::to_value(&result).unwrap_or(Value::Null);
+                result_reply(rec, value, limits.max_result_bytes)
             }
-        );
-        rec.error = Some(m.clone());
-        return (error_reply("cancelled", m, None), true);
-    };
-    match outcome {
-        Ok(result) => {
-            let value = serde_json::to_value(&result).unwrap_or(Value::Null);
-            (result_reply(rec, value, limits.max_result_bytes), true)
+            Err(e) => {
+                rec.status = CallStatus::Failed;
+                let m = self.failure(rec, e).await;
+                rec.error = Some(m.clone());
+                error_reply("failed", m, None)
+            }
         }
-        Err(e) => {
-            rec.status = CallStatus::Failed;
-            let m = match e {
-                ServiceError::McpError(e) => format!(
-                    "{}.{} failed: {}",
-                    rec.server,
-                    rec.tool,
-                    cut(&e.message, MAX_ERROR)
-                ),
-                ServiceError::TransportClosed => {
-                    granted.instance.reset(&live).await;
-                    format!(
-                        "MCP server {} ended during the call; it is started again at the next call",
-                        rec.server
-                    )
-                }
-                other => {
-                    tracing::warn!(who = %inner.who, server = %rec.server, "tool call failed: {other}");
-                    format!(
-                        "{}.{} failed (the server's log says why)",
-                        rec.server, rec.tool
-                    )
-                }
-            };
-            rec.error = Some(m.clone());
-            (error_reply("failed", m, None), true)
+    }
+
+    /// What the code is told of a call that failed; an instance whose transport closed is
+    /// let go, to be started again at the next call.
+    async fn failure(&self, rec: &CallRecord, e: ServiceError) -> String {
+        match e {
+            ServiceError::McpError(e) => format!(
+                "{}.{} failed: {}",
+                rec.server,
+                rec.tool,
+                cut(&e.message, MAX_ERROR)
+            ),
+            ServiceError::TransportClosed => {
+                self.granted.instance.reset(self.live).await;
+                format!(
+                    "MCP server {} ended during the call; it is started again at the next call",
+                    rec.server
+                )
+            }
+            other => {
+                tracing::warn!(who = %self.inner.who, server = %rec.server, "tool call failed: {other}");
+                format!(
+                    "{}.{} failed (the server's log says why)",
+                    rec.server, rec.tool
+                )
+            }
         }
     }
 }
