@@ -289,40 +289,14 @@ file in the session's directory and read it from there instead",
         let mut guard = session.interp.lock().await;
         let never = CancellationToken::new();
         let mut stopped_in = unfinished.iter().peekable();
-        let not_run = |u: &journal::Unfinished| Cell {
-            eval_id: u.eval_id,
-            code: u.code.clone(),
-            status: EvalStatus::Error,
-            error: Some(super::report::ErrorInfo {
-                kind: "ServerStopped".into(),
-                message: "the server stopped while this cell ran; it was not run again".into(),
-            }),
-            duration_ms: 0,
-            started_at: u.started_at,
-            outputs: Outputs::default(),
-            replayed: false,
-            tool_calls: Vec::new(),
-            typed: String::new(),
-        };
         for c in cells {
             while let Some(u) = stopped_in.next_if(|u| u.eval_id < c.eval_id) {
                 skipped += 1;
-                lock(&session.record).history.push(not_run(u));
+                lock(&session.record).history.push(stopped_cell(u));
             }
             if c.status != EvalStatus::Ok || guard.is_none() {
                 skipped += 1;
-                lock(&session.record).history.push(Cell {
-                    eval_id: c.eval_id,
-                    code: c.code.clone(),
-                    status: c.status,
-                    error: c.error.clone(),
-                    duration_ms: c.duration_ms,
-                    started_at: c.started_at,
-                    outputs: Outputs::default(),
-                    replayed: false,
-                    tool_calls: c.tool_calls.iter().map(|t| t.without_result()).collect(),
-                    typed: typed(&c.inputs, &c.no_enter),
-                });
+                lock(&session.record).history.push(not_replayed(c));
                 continue;
             }
             let started = Instant::now();
@@ -331,79 +305,28 @@ file in the session's directory and read it from there instead",
             let code = match pip::replay(session, &c.code, packages.get(&c.eval_id), &never).await {
                 Ok(rest) => rest,
                 Err(why) => {
-                    let error = super::report::ErrorInfo {
-                        kind: "PackageUnavailable".into(),
-                        message: why.to_string(),
-                    };
-                    failed.push(ReplayFailure {
-                        eval_id: c.eval_id,
-                        status: EvalStatus::Error,
-                        error: Some(error.clone()),
-                        output: String::new(),
-                    });
-                    lock(&session.record).history.push(Cell {
-                        eval_id: c.eval_id,
-                        code: c.code.clone(),
-                        status: EvalStatus::Error,
-                        error: Some(error),
-                        duration_ms: started.elapsed().as_millis() as u64,
-                        started_at: unix(SystemTime::now()),
-                        outputs: Outputs::default(),
-                        replayed: false,
-                        tool_calls: Vec::new(),
-                        typed: String::new(),
-                    });
+                    let (failure, cell) = package_unavailable(c, &why, started);
+                    failed.push(failure);
+                    lock(&session.record).history.push(cell);
                     continue;
                 }
             };
             let code = code.as_deref().unwrap_or(&c.code);
-            if session.begin(c.eval_id, &never).is_none() {
+            let Some((report, cell)) = self
+                .rerun(table, session, &mut guard, c, code, started, &never)
+                .await
+            else {
                 break;
-            }
-            let timeout = self.config.timeout(Some(c.timeout_ms));
-            let deadline = tokio::time::Instant::now() + timeout;
-            let Some(interp) = guard.as_mut() else { break };
-            // Code mode: the cell's tool calls are answered from the journal's record.
-            let scope = tools::begin(session, c.eval_id, deadline, c.tool_calls.clone());
-            let mut outcome = interp.eval(c.eval_id, code, deadline, &never, None).await;
-            let mut before = String::new();
-            let mut answers = c.inputs.iter().enumerate();
-            while matches!(outcome.ending, Ending::AwaitingInput) {
-                before.push_str(&outcome.output.text);
-                outcome = match answers.next() {
-                    Some((i, a)) => {
-                        let enter = !c.no_enter.contains(&i);
-                        interp.resume(a, enter, deadline, &never, None).await
-                    }
-                    None => interp.interrupt_paused().await,
-                };
-            }
-            drop(scope);
-            let calls = tools::calls(session, c.eval_id);
-            let (mut report, _) =
-                self.conclude(table, session, &mut guard, (c.eval_id, started), outcome);
-            self.collect(session, &mut report).await;
-            session.finish(None);
+            };
             replayed += 1;
             if report.status != EvalStatus::Ok {
                 failed.push(failure(c.eval_id, &report));
             }
-            lock(&session.record).history.push(Cell {
-                eval_id: c.eval_id,
-                code: c.code.clone(),
-                status: report.status,
-                error: report.error.clone(),
-                duration_ms: started.elapsed().as_millis() as u64,
-                started_at: unix(SystemTime::now()),
-                outputs: Outputs::of(&report, &before),
-                replayed: true,
-                tool_calls: calls.iter().map(|t| t.without_result()).collect(),
-                typed: answered(typed(&c.inputs, &c.no_enter), &report),
-            });
+            lock(&session.record).history.push(cell);
         }
         for u in stopped_in {
             skipped += 1;
-            lock(&session.record).history.push(not_run(u));
+            lock(&session.record).history.push(stopped_cell(u));
         }
         drop(guard);
         session.touch();
@@ -412,6 +335,47 @@ file in the session's directory and read it from there instead",
             lock(&session.record).pending = None::<Pending>;
         }
         (replayed, skipped, failed)
+    }
+
+    /// Evaluate one journaled cell again (`code`, its install lines done), with its own
+    /// number and deadline: its report and its place in the history. None when the
+    /// session ended (nothing more is replayed).
+    #[allow(clippy::too_many_arguments)]
+    async fn rerun(
+        &self,
+        table: &Table,
+        session: &Session,
+        guard: &mut Option<Interp>,
+        c: &CellEntry,
+        code: &str,
+        started: Instant,
+        never: &CancellationToken,
+    ) -> Option<(EvalReport, Cell)> {
+        session.begin(c.eval_id, never)?;
+        let timeout = self.config.timeout(Some(c.timeout_ms));
+        let deadline = tokio::time::Instant::now() + timeout;
+        let interp = guard.as_mut()?;
+        // Code mode: the cell's tool calls are answered from the journal's record.
+        let scope = tools::begin(session, c.eval_id, deadline, c.tool_calls.clone());
+        let (outcome, before) = eval_answering(interp, c, code, deadline, never).await;
+        drop(scope);
+        let calls = tools::calls(session, c.eval_id);
+        let (mut report, _) = self.conclude(table, session, guard, (c.eval_id, started), outcome);
+        self.collect(session, &mut report).await;
+        session.finish(None);
+        let cell = Cell {
+            eval_id: c.eval_id,
+            code: c.code.clone(),
+            status: report.status,
+            error: report.error.clone(),
+            duration_ms: started.elapsed().as_millis() as u64,
+            started_at: unix(SystemTime::now()),
+            outputs: Outputs::of(&report, &before),
+            replayed: true,
+            tool_calls: calls.iter().map(|t| t.without_result()).collect(),
+            typed: answered(typed(&c.inputs, &c.no_enter), &report),
+        };
+        Some((report, cell))
     }
 
     /// Add a finished evaluation to the session's history (and journal); a part that ended
@@ -519,6 +483,100 @@ file in the session's directory and read it from there instead",
         session.outcome_known();
         (report, awaiting)
     }
+}
+
+/// Evaluate a replayed cell's code, typing at each prompt the answer it was given there
+/// (interrupted at a prompt past them): the outcome, and what it printed before the last
+/// prompt.
+async fn eval_answering(
+    interp: &mut Interp,
+    c: &CellEntry,
+    code: &str,
+    deadline: tokio::time::Instant,
+    never: &CancellationToken,
+) -> (Outcome, String) {
+    let mut outcome = interp.eval(c.eval_id, code, deadline, never, None).await;
+    let mut before = String::new();
+    let mut answers = c.inputs.iter().enumerate();
+    while matches!(outcome.ending, Ending::AwaitingInput) {
+        before.push_str(&outcome.output.text);
+        outcome = match answers.next() {
+            Some((i, a)) => {
+                let enter = !c.no_enter.contains(&i);
+                interp.resume(a, enter, deadline, never, None).await
+            }
+            None => interp.interrupt_paused().await,
+        };
+    }
+    (outcome, before)
+}
+
+/// A cell the server stopped in, in the history: not run again.
+fn stopped_cell(u: &journal::Unfinished) -> Cell {
+    Cell {
+        eval_id: u.eval_id,
+        code: u.code.clone(),
+        status: EvalStatus::Error,
+        error: Some(super::report::ErrorInfo {
+            kind: "ServerStopped".into(),
+            message: "the server stopped while this cell ran; it was not run again".into(),
+        }),
+        duration_ms: 0,
+        started_at: u.started_at,
+        outputs: Outputs::default(),
+        replayed: false,
+        tool_calls: Vec::new(),
+        typed: String::new(),
+    }
+}
+
+/// A journaled cell that is not run again (it did not succeed, or the interpreter is
+/// gone), in the history as the journal has it.
+fn not_replayed(c: &CellEntry) -> Cell {
+    Cell {
+        eval_id: c.eval_id,
+        code: c.code.clone(),
+        status: c.status,
+        error: c.error.clone(),
+        duration_ms: c.duration_ms,
+        started_at: c.started_at,
+        outputs: Outputs::default(),
+        replayed: false,
+        tool_calls: c.tool_calls.iter().map(|t| t.without_result()).collect(),
+        typed: typed(&c.inputs, &c.no_enter),
+    }
+}
+
+/// A cell whose packages could not be installed again: its failure and its place in the
+/// history (not run).
+fn package_unavailable(
+    c: &CellEntry,
+    why: &pip::ReplayError,
+    started: Instant,
+) -> (ReplayFailure, Cell) {
+    let error = super::report::ErrorInfo {
+        kind: "PackageUnavailable".into(),
+        message: why.to_string(),
+    };
+    let failure = ReplayFailure {
+        eval_id: c.eval_id,
+        status: EvalStatus::Error,
+        error: Some(error.clone()),
+        output: String::new(),
+    };
+    let cell = Cell {
+        eval_id: c.eval_id,
+        code: c.code.clone(),
+        status: EvalStatus::Error,
+        error: Some(error),
+        duration_ms: started.elapsed().as_millis() as u64,
+        started_at: unix(SystemTime::now()),
+        outputs: Outputs::default(),
+        replayed: false,
+        tool_calls: Vec::new(),
+        typed: String::new(),
+    };
+    (failure, cell)
 }
 
 /// Journal a finished cell (made durable before the call returns).
