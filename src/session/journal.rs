@@ -607,6 +607,19 @@ pub fn read(path: &Path, id: &str, max: u64) -> Result<Journal, JournalError> {
 
 /// Parse a journal's bytes (see [`read`]).
 pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, JournalError> {
+    let (entries, torn) = entries(bytes)?;
+    let mut it = entries.into_iter();
+    let mut j = started_by(it.next(), torn, id, modified)?;
+    let mut current = 0;
+    for e in it {
+        j.apply(e, &mut current)?;
+    }
+    Ok(j)
+}
+
+/// The journal's lines, each checked against its checksum and decoded; and whether a last
+/// line cut short (by a crash) was dropped.
+fn entries(bytes: &[u8]) -> Result<(Vec<Entry>, bool), JournalError> {
     let mut lines: Vec<&[u8]> = bytes.split_inclusive(|b| *b == b'\n').collect();
     let mut torn = false;
     if lines.last().is_some_and(|l| !l.ends_with(b"\n")) {
@@ -625,14 +638,23 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, JournalEr
             serde_json::from_str(json).map_err(|error| JournalError::Entry { line: n, error })?;
         entries.push(entry);
     }
-    let mut it = entries.into_iter();
+    Ok((entries, torn))
+}
+
+/// The journal its first line starts: session `id`'s, at this server's version.
+fn started_by(
+    first: Option<Entry>,
+    torn: bool,
+    id: &str,
+    modified: u64,
+) -> Result<Journal, JournalError> {
     let Some(Entry::Start {
         version,
         session_id,
         owner,
         created_at,
         request,
-    }) = it.next()
+    }) = first
     else {
         return Err(if torn {
             JournalError::TornStart
@@ -649,7 +671,7 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, JournalEr
             id: id.into(),
         });
     }
-    let mut j = Journal {
+    Ok(Journal {
         session_id,
         owner,
         created_at,
@@ -663,37 +685,41 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, JournalEr
         modified,
         claim: None,
         stale: 0,
-    };
-    let mut current = 0;
-    for e in it {
+    })
+}
+
+impl Journal {
+    /// Apply a line after the start; `current` is the generation of the last claim, which
+    /// a claim's line updates.
+    fn apply(&mut self, e: Entry, current: &mut i64) -> Result<(), JournalError> {
         // A claim's line is checked below, against the claims before it.
-        if !matches!(e, Entry::Claimed { .. }) && e.generation() < current {
-            j.stale += 1;
-            continue;
+        if !matches!(e, Entry::Claimed { .. }) && e.generation() < *current {
+            self.stale += 1;
+            return Ok(());
         }
         match e {
             Entry::Start { .. } => return Err(JournalError::SecondStart),
             Entry::Cell(c) => {
-                if j.full_at.is_some() {
+                if self.full_at.is_some() {
                     return Err(JournalError::CellAfterFull);
                 }
-                if j.cells.last().is_some_and(|l| l.eval_id >= c.eval_id) || c.eval_id == 0 {
+                if self.cells.last().is_some_and(|l| l.eval_id >= c.eval_id) || c.eval_id == 0 {
                     return Err(JournalError::CellOrder(c.eval_id));
                 }
-                j.unfinished.retain(|u| u.eval_id != c.eval_id);
-                j.cells.push(c);
+                self.unfinished.retain(|u| u.eval_id != c.eval_id);
+                self.cells.push(c);
             }
             Entry::Started {
                 eval_id, at, code, ..
             } => {
-                let last = j.cells.last().map_or(0, |c| c.eval_id);
-                if eval_id <= last || j.unfinished.last().is_some_and(|u| u.eval_id >= eval_id) {
+                let last = self.cells.last().map_or(0, |c| c.eval_id);
+                if eval_id <= last || self.unfinished.last().is_some_and(|u| u.eval_id >= eval_id) {
                     return Err(JournalError::StartedOrder(eval_id));
                 }
                 if code.len() > STARTED_CODE * 4 {
                     return Err(JournalError::StartedTooLong(eval_id));
                 }
-                j.unfinished.push(Unfinished {
+                self.unfinished.push(Unfinished {
                     eval_id,
                     started_at: at,
                     code,
@@ -702,33 +728,33 @@ pub fn parse(bytes: &[u8], id: &str, modified: u64) -> Result<Journal, JournalEr
             Entry::Packages {
                 eval_id, installed, ..
             } => {
-                if eval_id <= j.cells.last().map_or(0, |c| c.eval_id) {
+                if eval_id <= self.cells.last().map_or(0, |c| c.eval_id) {
                     return Err(JournalError::PackagesOrder(eval_id));
                 }
                 if installed.len() > PACKAGES_MAX || installed.iter().any(|p| p.len() > 300) {
                     return Err(JournalError::PackagesTooLong(eval_id));
                 }
-                j.packages.insert(eval_id, installed);
+                self.packages.insert(eval_id, installed);
             }
-            Entry::End { how, at, .. } => j.ended = Some((how, at)),
-            Entry::Restored { .. } => j.ended = None,
-            Entry::Full { eval_id, .. } => j.full_at = Some(eval_id),
+            Entry::End { how, at, .. } => self.ended = Some((how, at)),
+            Entry::Restored { .. } => self.ended = None,
+            Entry::Full { eval_id, .. } => self.full_at = Some(eval_id),
             Entry::Claimed {
                 node,
                 generation,
                 lease,
                 ..
             } => {
-                if generation < current {
-                    j.stale += 1;
-                    continue;
+                if generation < *current {
+                    self.stale += 1;
+                    return Ok(());
                 }
-                current = generation;
-                j.claim = Some((node, generation, lease));
+                *current = generation;
+                self.claim = Some((node, generation, lease));
             }
         }
+        Ok(())
     }
-    Ok(j)
 }
 
 #[cfg(test)]
