@@ -18,6 +18,7 @@ use crate::exec::Proc;
 use crate::exec::child::{Child, ChildBuilder, check_caller_env};
 use crate::hostfs::{self, CwdPolicy};
 use crate::identity::Caller;
+use crate::lang::spec::RunSpec;
 use crate::lang::{InterpreterInfo, Language, Why, expand, expand_command};
 use crate::progress::Progress;
 use crate::sandbox::{Holder, Lease, Sandbox};
@@ -25,7 +26,7 @@ use crate::share::{Shares, Use};
 use crate::venv::{self, Venv, VenvPolicy};
 use crate::workspace::{PrivateDir, Workspace};
 pub use report::{Phase, RunReport};
-use supervise::{Watch, pipes};
+use supervise::{Step, Watch, pipes};
 use warm::WarmPool;
 
 /// What the caller asked for.
@@ -226,18 +227,9 @@ impl Runner {
             Err(NoPlace::Failed(m)) => return Ok(fail(report, m)),
         };
         report.interpreter = Some(place.info(lang));
-        let spec = &lang.spec.run;
-        let program = place.dir.path().join(&spec.file);
-        let code = if spec.unix_newlines {
-            crate::session::interp::unix_newlines(&req.code)
-        } else {
-            std::borrow::Cow::Borrowed(req.code.as_str())
-        };
-        if let Err(e) = tokio::fs::write(program, code.as_bytes()).await {
+        if let Err(e) = write_program(lang, &place, &req.code).await {
             return Ok(fail(report, format!("cannot write the program: {e}")));
         }
-        let vars = place.vars(lang);
-        let who = format!("run {}", place.dir_s);
         let layer = match self.install(lang, &place, &req, cancel).await {
             Ok(Some((layer, installed))) => {
                 report.packages = Some(installed);
@@ -249,60 +241,33 @@ impl Runner {
                 return Err(e.into());
             }
         };
-        let child = match self.sandbox.egress_endpoint(&who, &req.principal, &domains) {
-            Ok(ep) => self.child(&place, lang, &req.env).with_egress(ep),
-            Err(e) => return Ok(fail(report, e.to_string())),
-        };
-        // Code mode: the run's own channel to its tools, answering for the whole run.
-        let uid = place.lease.as_ref().map(|l| l.uid);
-        let channel = match access {
-            Some(a) => Some(self.upstreams.channel(a, &who, uid)?),
-            None => None,
-        };
-        // Packages after the tools: their search path goes in front of the tools' module.
-        let child = child
-            .with_tools(channel.as_ref())
-            .with_packages(layer.as_ref().map(crate::packages::Layer::view));
+        let (child, channel) =
+            match self.tooled_child(&place, lang, &req, &domains, access, layer.as_ref()) {
+                Ok(c) => c,
+                Err(NoPlace::Refused(e)) => return Err(e),
+                Err(NoPlace::Failed(m)) => return Ok(fail(report, m)),
+            };
         let _calls = channel.as_ref().map(|c| {
             report.mcp_servers = c.listing();
             c.begin(0, watch.deadline, Vec::new())
         });
-        if let Some(compile) = &spec.compile {
-            let argv = expand_command(compile, &vars, &[]);
-            let spawn = pipes(argv, &child, place.dir.path());
-            let step = self.step(spawn, None, watch).await;
-            let ok = step.status.is_some_and(|s| s.success()) && !step.timed_out;
-            if !ok || step.cancelled || step.spawn_error.is_some() {
-                report.phase = Phase::Compile;
-                Self::fill(&mut report, step);
-                report.hide_dir(place.dir.path());
-                report.duration_ms = started.elapsed().as_millis() as u64;
-                return Ok(report);
-            }
-        }
-        let argv = expand_command(&spec.command, &vars, &req.args);
-        // stdin is always a pipe, closed after the caller's input (if any): a pooled
-        // interpreter reads its request on that same pipe, and a cold run must see the same.
-        let input = req.stdin.map(String::into_bytes).unwrap_or_default();
-        let step = match warm {
-            Some(proc) => {
-                let env = child.env.merged();
-                let mut data = warm::request(&spec.file, cpu_s, req.args.len(), &argv, &env);
-                data.extend_from_slice(&input);
-                self.supervise(proc, data, watch).await
-            }
-            None => {
-                let spawn = pipes(argv, &child, place.dir.path());
-                self.step(spawn, Some(input), watch).await
-            }
+        let ready = Ready {
+            runner: self,
+            lang,
+            place: &place,
+            child: &child,
+            watch,
         };
+        if let Some(failed) = ready.compile().await {
+            report.phase = Phase::Compile;
+            Self::fill(&mut report, failed);
+            report.hide_dir(place.dir.path());
+            report.duration_ms = started.elapsed().as_millis() as u64;
+            return Ok(report);
+        }
+        let step = ready.program(warm, &req.args, req.stdin, cpu_s).await;
         Self::fill(&mut report, step);
-        if report.exit_code.is_some_and(|c| c != 0)
-            && !report.timed_out
-            && spec.compile_failure.as_deref().is_some_and(|last| {
-                report.stderr.trim_end().lines().next_back().map(str::trim) == Some(last)
-            })
-        {
+        if compile_failure(&lang.spec.run, &report) {
             report.phase = Phase::Compile;
         }
         report.hide_dir(place.dir.path());
@@ -315,6 +280,39 @@ impl Runner {
         // Replace what this run used (or what the pool dropped), now that the run is over.
         self.refill(lang);
         Ok(report)
+    }
+
+    /// What the run's processes start with (see [`child`](Self::child)), with the egress
+    /// the caller may use, code mode's own channel for the run (answering for the whole
+    /// run) and the packages' layer; and that channel.
+    fn tooled_child(
+        &self,
+        place: &Place,
+        lang: &Language,
+        req: &RunRequest,
+        domains: &[String],
+        access: Option<Arc<crate::upstream::Access>>,
+        layer: Option<&crate::packages::Layer>,
+    ) -> Result<(Child, Option<crate::upstream::Channel>), NoPlace> {
+        let who = format!("run {}", place.dir_s);
+        let child = match self.sandbox.egress_endpoint(&who, &req.principal, domains) {
+            Ok(ep) => self.child(place, lang, &req.env).with_egress(ep),
+            Err(e) => return Err(NoPlace::Failed(e.to_string())),
+        };
+        let uid = place.lease.as_ref().map(|l| l.uid);
+        let channel = match access {
+            Some(a) => Some(
+                self.upstreams
+                    .channel(a, &who, uid)
+                    .map_err(NoPlace::Refused)?,
+            ),
+            None => None,
+        };
+        // Packages after the tools: their search path goes in front of the tools' module.
+        let child = child
+            .with_tools(channel.as_ref())
+            .with_packages(layer.map(crate::packages::Layer::view));
+        Ok((child, channel))
     }
 
     /// The run's packages installed into a layer of its own (None when it asks for none).
@@ -463,4 +461,77 @@ impl Runner {
     fn max_timeout(&self) -> Duration {
         Duration::from_millis(self.config.max_timeout_ms.max(1))
     }
+}
+
+/// A run ready to start its processes: its place, what they start with, and what they
+/// are watched for.
+struct Ready<'a> {
+    runner: &'a Runner,
+    lang: &'a Language,
+    place: &'a Place,
+    child: &'a Child,
+    watch: Watch<'a>,
+}
+
+impl Ready<'_> {
+    /// Compile the program, for a compiled language: the step when it failed (the run
+    /// goes no further), None when it succeeded or there is nothing to compile.
+    async fn compile(&self) -> Option<Step> {
+        let compile = self.lang.spec.run.compile.as_ref()?;
+        let argv = expand_command(compile, &self.place.vars(self.lang), &[]);
+        let spawn = pipes(argv, self.child, self.place.dir.path());
+        let step = self.runner.step(spawn, None, self.watch).await;
+        let ok = step.status.is_some_and(|s| s.success()) && !step.timed_out;
+        (!ok || step.cancelled || step.spawn_error.is_some()).then_some(step)
+    }
+
+    /// Run the program with the caller's arguments and input: in the pooled interpreter
+    /// (`warm`, under the run's CPU limit `cpu_s`), else in a process of its own.
+    async fn program(
+        &self,
+        warm: Option<Proc>,
+        args: &[String],
+        stdin: Option<String>,
+        cpu_s: u64,
+    ) -> Step {
+        let spec = &self.lang.spec.run;
+        let argv = expand_command(&spec.command, &self.place.vars(self.lang), args);
+        // stdin is always a pipe, closed after the caller's input (if any): a pooled
+        // interpreter reads its request on that same pipe, and a cold run must see the same.
+        let input = stdin.map(String::into_bytes).unwrap_or_default();
+        match warm {
+            Some(proc) => {
+                let env = self.child.env.merged();
+                let mut data = warm::request(&spec.file, cpu_s, args.len(), &argv, &env);
+                data.extend_from_slice(&input);
+                self.runner.supervise(proc, data, self.watch).await
+            }
+            None => {
+                let spawn = pipes(argv, self.child, self.place.dir.path());
+                self.runner.step(spawn, Some(input), self.watch).await
+            }
+        }
+    }
+}
+
+/// Write the program into its place, with Unix newlines when the language needs them.
+async fn write_program(lang: &Language, place: &Place, code: &str) -> std::io::Result<()> {
+    let spec = &lang.spec.run;
+    let program = place.dir.path().join(&spec.file);
+    let code = if spec.unix_newlines {
+        crate::session::interp::unix_newlines(code)
+    } else {
+        std::borrow::Cow::Borrowed(code)
+    };
+    tokio::fs::write(program, code.as_bytes()).await
+}
+
+/// Whether a program that failed failed to compile: the language compiles as it runs, and
+/// the last line of its stderr is the one that says so.
+fn compile_failure(spec: &RunSpec, report: &RunReport) -> bool {
+    report.exit_code.is_some_and(|c| c != 0)
+        && !report.timed_out
+        && spec.compile_failure.as_deref().is_some_and(|last| {
+            report.stderr.trim_end().lines().next_back().map(str::trim) == Some(last)
+        })
 }
