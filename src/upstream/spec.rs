@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// Longest server name: it becomes an attribute of `tools` in the sandbox's modules.
 const MAX_NAME: usize = 64;
@@ -245,98 +245,115 @@ fn parse_entry(name: &str, entry: &Value) -> Result<Option<ServerSpec>, ConfigEr
         Some(Value::String(s)) => Some(s.as_str()),
         Some(_) => return Err(ConfigError::must("type", "a string")),
     };
-    let strings = |key: &str| -> Result<BTreeMap<String, String>, ConfigError> {
-        match obj.get(key) {
-            None => Ok(BTreeMap::new()),
-            Some(Value::Object(m)) => m
-                .iter()
-                .map(|(k, v)| match v {
-                    Value::String(s) => Ok((k.clone(), s.clone())),
-                    _ => Err(ConfigError::must(format!("{key}.{k}"), "a string")),
-                })
-                .collect(),
-            Some(_) => Err(ConfigError::must(key, "an object of strings")),
-        }
-    };
     let transport = match (obj.get("command"), obj.get("url")) {
         (Some(_), Some(_)) => {
             return Err(ConfigError::Both);
         }
         (None, None) => return Err(ConfigError::Neither),
-        (Some(c), None) => {
-            if let Some(k) = kind.filter(|k| *k != "stdio") {
-                return Err(ConfigError::TypeNotCommand(k.to_string()));
-            }
-            let Some(command) = c.as_str().filter(|c| !c.is_empty()) else {
-                return Err(ConfigError::must("command", "a non-empty string"));
-            };
-            let not_strings = || ConfigError::must("args", "a list of strings");
-            let args = match obj.get("args") {
-                None => Vec::new(),
-                Some(Value::Array(a)) => a
-                    .iter()
-                    .map(|v| v.as_str().map(str::to_string))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(not_strings)?,
-                Some(_) => return Err(not_strings()),
-            };
-            let env = strings("env")?;
-            for (k, v) in &env {
-                if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                    return Err(ConfigError::EnvVar(k.clone()));
-                }
-            }
-            let cwd = match obj.get("cwd") {
-                None => None,
-                Some(Value::String(s)) if Path::new(s).is_absolute() => Some(PathBuf::from(s)),
-                Some(_) => return Err(ConfigError::must("cwd", "an absolute path")),
-            };
-            if obj.contains_key("headers") {
-                return Err(ConfigError::HeadersNotStdio);
-            }
-            Transport::Stdio {
-                command: command.to_string(),
-                args,
-                env,
-                cwd,
-            }
-        }
-        (None, Some(u)) => {
-            match kind {
-                None | Some("http" | "streamable-http" | "streamableHttp" | "streamable_http") => {}
-                Some("sse") => return Err(ConfigError::Sse),
-                Some(k) => return Err(ConfigError::TypeNotUrl(k.to_string())),
-            }
-            let Some(url) = u.as_str() else {
-                return Err(ConfigError::must("url", "a string"));
-            };
-            if !url.starts_with("http://") {
-                return Err(ConfigError::NoTls(url.to_string()));
-            }
-            for key in ["args", "env", "cwd"] {
-                if obj.contains_key(key) {
-                    return Err(ConfigError::NotHttp(key));
-                }
-            }
-            let headers = strings("headers")?;
-            for (k, v) in &headers {
-                if http::HeaderName::from_bytes(k.as_bytes()).is_err()
-                    || http::HeaderValue::from_str(v).is_err()
-                {
-                    return Err(ConfigError::Header(k.clone()));
-                }
-            }
-            Transport::Http {
-                url: url.to_string(),
-                headers,
-            }
-        }
+        (Some(c), None) => stdio_transport(obj, kind, c)?,
+        (None, Some(u)) => http_transport(obj, kind, u)?,
     };
     Ok(Some(ServerSpec {
         name: name.to_string(),
         transport,
         per_principal,
     }))
+}
+
+/// The transport of an entry with `command` (`c`): the program, its arguments, the
+/// variables added to its environment and its directory.
+fn stdio_transport(
+    obj: &Map<String, Value>,
+    kind: Option<&str>,
+    c: &Value,
+) -> Result<Transport, ConfigError> {
+    if let Some(k) = kind.filter(|k| *k != "stdio") {
+        return Err(ConfigError::TypeNotCommand(k.to_string()));
+    }
+    let Some(command) = c.as_str().filter(|c| !c.is_empty()) else {
+        return Err(ConfigError::must("command", "a non-empty string"));
+    };
+    let not_strings = || ConfigError::must("args", "a list of strings");
+    let args = match obj.get("args") {
+        None => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(not_strings)?,
+        Some(_) => return Err(not_strings()),
+    };
+    let env = strings(obj, "env")?;
+    for (k, v) in &env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(ConfigError::EnvVar(k.clone()));
+        }
+    }
+    let cwd = match obj.get("cwd") {
+        None => None,
+        Some(Value::String(s)) if Path::new(s).is_absolute() => Some(PathBuf::from(s)),
+        Some(_) => return Err(ConfigError::must("cwd", "an absolute path")),
+    };
+    if obj.contains_key("headers") {
+        return Err(ConfigError::HeadersNotStdio);
+    }
+    Ok(Transport::Stdio {
+        command: command.to_string(),
+        args,
+        env,
+        cwd,
+    })
+}
+
+/// The transport of an entry with `url` (`u`): streamable HTTP, with its headers.
+fn http_transport(
+    obj: &Map<String, Value>,
+    kind: Option<&str>,
+    u: &Value,
+) -> Result<Transport, ConfigError> {
+    match kind {
+        None | Some("http" | "streamable-http" | "streamableHttp" | "streamable_http") => {}
+        Some("sse") => return Err(ConfigError::Sse),
+        Some(k) => return Err(ConfigError::TypeNotUrl(k.to_string())),
+    }
+    let Some(url) = u.as_str() else {
+        return Err(ConfigError::must("url", "a string"));
+    };
+    if !url.starts_with("http://") {
+        return Err(ConfigError::NoTls(url.to_string()));
+    }
+    for key in ["args", "env", "cwd"] {
+        if obj.contains_key(key) {
+            return Err(ConfigError::NotHttp(key));
+        }
+    }
+    let headers = strings(obj, "headers")?;
+    for (k, v) in &headers {
+        if http::HeaderName::from_bytes(k.as_bytes()).is_err()
+            || http::HeaderValue::from_str(v).is_err()
+        {
+            return Err(ConfigError::Header(k.clone()));
+        }
+    }
+    Ok(Transport::Http {
+        url: url.to_string(),
+        headers,
+    })
+}
+
+/// An entry's object of strings at `key` (`env`, `headers`); empty when it has none.
+fn strings(obj: &Map<String, Value>, key: &str) -> Result<BTreeMap<String, String>, ConfigError> {
+    match obj.get(key) {
+        None => Ok(BTreeMap::new()),
+        Some(Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => Ok((k.clone(), s.clone())),
+                _ => Err(ConfigError::must(format!("{key}.{k}"), "a string")),
+            })
+            .collect(),
+        Some(_) => Err(ConfigError::must(key, "an object of strings")),
+    }
 }
 
 /// Which tools of one server a principal may call.
