@@ -4,7 +4,8 @@
 //! with the environment the operator gave it (over a few basics); its stderr goes to
 //! replbox's log, line by line, with its name.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +18,7 @@ use rmcp::transport::streamable_http_client::{
 };
 use rmcp::{RoleClient, ServiceExt};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+use tokio::process::{ChildStdin, ChildStdout};
 
 use super::spec::{ServerSpec, Transport};
 
@@ -258,40 +260,7 @@ impl Instance {
                 env,
                 cwd,
             } => {
-                let mut cmd = tokio::process::Command::new(command);
-                cmd.args(args).env_clear();
-                for k in INHERITED {
-                    if let Some(v) = std::env::var_os(k) {
-                        cmd.env(k, v);
-                    }
-                }
-                cmd.envs(env);
-                if let Some(d) = cwd {
-                    cmd.current_dir(d);
-                } else {
-                    cmd.current_dir("/");
-                }
-                cmd.stdin(Stdio::piped())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .process_group(0)
-                    .kill_on_drop(true);
-                let mut child = cmd.spawn().map_err(|e| StartError::Spawn {
-                    command: command.clone(),
-                    error: Arc::new(e),
-                })?;
-                let pid = child.id().map(|p| p as i32).unwrap_or(0);
-                let group = Group {
-                    pgid: pid,
-                    name: self.spec.name.clone(),
-                };
-                let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-                    return Err(StartError::NoPipes);
-                };
-                if let Some(stderr) = child.stderr.take() {
-                    log_stderr(self.spec.name.clone(), stderr);
-                }
-                reap(self.spec.name.clone(), child);
+                let (stdin, stdout, group) = self.spawn(command, args, env, cwd.as_deref())?;
                 let transport = AsyncRwTransport::new_client(stdout, stdin)
                     .with_max_line_length(self.max_message);
                 let service = info
@@ -301,29 +270,7 @@ impl Instance {
                 (service, Some(group))
             }
             Transport::Http { url, headers } => {
-                let mut custom = HashMap::new();
-                for (k, v) in headers {
-                    let name = http::HeaderName::from_bytes(k.as_bytes()).map_err(|e| {
-                        StartError::HeaderName {
-                            key: k.clone(),
-                            error: Arc::new(e),
-                        }
-                    })?;
-                    let value = http::HeaderValue::from_str(v)
-                        .map_err(|_| StartError::HeaderValue(k.clone()))?;
-                    custom.insert(name, value);
-                }
-                let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
-                    .custom_headers(custom)
-                    .max_sse_event_size(self.max_message)
-                    .max_json_response_size(self.max_message);
-                let transport = StreamableHttpClientTransport::with_client(
-                    reqwest::Client::builder()
-                        .no_proxy()
-                        .build()
-                        .map_err(|e| StartError::Client(Arc::new(e)))?,
-                    config,
-                );
+                let transport = self.http_transport(url, headers)?;
                 // A transport error may quote the URL (a credential in its query): the
                 // server's log has it, the caller's message does not.
                 let service = info.serve(transport).await.map_err(|e| {
@@ -343,6 +290,84 @@ impl Instance {
             _group: group,
             started: Instant::now(),
         })
+    }
+
+    /// A stdio server's process, in a process group of its own, with the few variables it
+    /// inherits and the operator's: its stdin and stdout, and its group. Its stderr goes to
+    /// the log; it is reaped when it exits.
+    fn spawn(
+        &self,
+        command: &str,
+        args: &[String],
+        env: &BTreeMap<String, String>,
+        cwd: Option<&Path>,
+    ) -> Result<(ChildStdin, ChildStdout, Group), StartError> {
+        let mut cmd = tokio::process::Command::new(command);
+        cmd.args(args).env_clear();
+        for k in INHERITED {
+            if let Some(v) = std::env::var_os(k) {
+                cmd.env(k, v);
+            }
+        }
+        cmd.envs(env);
+        if let Some(d) = cwd {
+            cmd.current_dir(d);
+        } else {
+            cmd.current_dir("/");
+        }
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|e| StartError::Spawn {
+            command: command.to_string(),
+            error: Arc::new(e),
+        })?;
+        let pid = child.id().map(|p| p as i32).unwrap_or(0);
+        let group = Group {
+            pgid: pid,
+            name: self.spec.name.clone(),
+        };
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(StartError::NoPipes);
+        };
+        if let Some(stderr) = child.stderr.take() {
+            log_stderr(self.spec.name.clone(), stderr);
+        }
+        reap(self.spec.name.clone(), child);
+        Ok((stdin, stdout, group))
+    }
+
+    /// An HTTP server's streamable HTTP transport, with the operator's headers, its
+    /// messages bounded, through no proxy.
+    fn http_transport(
+        &self,
+        url: &str,
+        headers: &BTreeMap<String, String>,
+    ) -> Result<StreamableHttpClientTransport<reqwest::Client>, StartError> {
+        let mut custom = HashMap::new();
+        for (k, v) in headers {
+            let name =
+                http::HeaderName::from_bytes(k.as_bytes()).map_err(|e| StartError::HeaderName {
+                    key: k.clone(),
+                    error: Arc::new(e),
+                })?;
+            let value =
+                http::HeaderValue::from_str(v).map_err(|_| StartError::HeaderValue(k.clone()))?;
+            custom.insert(name, value);
+        }
+        let config = StreamableHttpClientTransportConfig::with_uri(url)
+            .custom_headers(custom)
+            .max_sse_event_size(self.max_message)
+            .max_json_response_size(self.max_message);
+        Ok(StreamableHttpClientTransport::with_client(
+            reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .map_err(|e| StartError::Client(Arc::new(e)))?,
+            config,
+        ))
     }
 }
 
