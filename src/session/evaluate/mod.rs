@@ -86,18 +86,7 @@ impl Evaluator {
     ) -> Result<EvalReport, ToolError> {
         let id = &session.id;
         if let Phase::AwaitingInput { eval, prompt } = session.phase() {
-            let message = format!(
-                "session {id} is waiting for input to evaluation {eval}{}. Answer it with session_input, \
-or stop it with session_interrupt, before evaluating more code.",
-                if prompt.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (it asked: {prompt:?})")
-                }
-            );
-            return Err(ToolError::new(ErrorKind::AwaitingInput, message)
-                .session(id)
-                .eval(Some(eval)));
+            return Err(awaiting_error(id, eval, &prompt));
         }
         let Ok(mut guard) = session.interp.try_lock() else {
             return Err(busy_error(session));
@@ -116,24 +105,7 @@ or stop it with session_interrupt, before evaluating more code.",
         let (typed, code) = (code, evaluated.as_str());
         let eval_id = session.evals.fetch_add(1, Ordering::Relaxed) + 1;
         let started_at = unix(SystemTime::now());
-        if let Some(w) = &session.journal {
-            // What the install lines installed, for a restore to install the same again.
-            if let Some(installed) = pins {
-                let entry = Entry::Packages {
-                    eval_id,
-                    installed,
-                    generation: 0,
-                };
-                if let Err(e) = w.append(&entry) {
-                    tracing::error!(session = %id, error = %e, "cannot write the session's journal");
-                }
-            }
-            // Before the code is typed: a restore after a stop in this cell must know it ran.
-            // One small write, not synced (see `Writer::append`).
-            if let Err(e) = w.append(&journal::started(eval_id, started_at, typed)) {
-                tracing::error!(session = %id, error = %e, "cannot write the session's journal");
-            }
-        }
+        journal_started(session, eval_id, started_at, typed, pins);
         lock(&session.record).pending = Some(Pending {
             eval_id,
             code: typed.to_string(),
@@ -577,6 +549,54 @@ fn package_unavailable(
         typed: String::new(),
     };
     (failure, cell)
+}
+
+/// The error for an evaluation asked of a session that waits for input to evaluation
+/// `eval` (which asked `prompt`).
+fn awaiting_error(id: &str, eval: u64, prompt: &str) -> ToolError {
+    let message = format!(
+        "session {id} is waiting for input to evaluation {eval}{}. Answer it with session_input, \
+or stop it with session_interrupt, before evaluating more code.",
+        if prompt.is_empty() {
+            String::new()
+        } else {
+            format!(" (it asked: {prompt:?})")
+        }
+    );
+    ToolError::new(ErrorKind::AwaitingInput, message)
+        .session(id)
+        .eval(Some(eval))
+}
+
+/// Journal that a cell starts: what its install lines installed (`pins`), and the start
+/// itself.
+fn journal_started(
+    session: &Session,
+    eval_id: u64,
+    started_at: u64,
+    typed: &str,
+    pins: Option<Vec<String>>,
+) {
+    let Some(w) = &session.journal else {
+        return;
+    };
+    let id = &session.id;
+    // What the install lines installed, for a restore to install the same again.
+    if let Some(installed) = pins {
+        let entry = Entry::Packages {
+            eval_id,
+            installed,
+            generation: 0,
+        };
+        if let Err(e) = w.append(&entry) {
+            tracing::error!(session = %id, error = %e, "cannot write the session's journal");
+        }
+    }
+    // Before the code is typed: a restore after a stop in this cell must know it ran.
+    // One small write, not synced (see `Writer::append`).
+    if let Err(e) = w.append(&journal::started(eval_id, started_at, typed)) {
+        tracing::error!(session = %id, error = %e, "cannot write the session's journal");
+    }
 }
 
 /// Journal a finished cell (made durable before the call returns).
