@@ -166,7 +166,6 @@ pub(super) fn bundle(
         tracing::warn!("ignored a display that is not a bundle");
         return;
     };
-    let b64 = base64::engine::general_purpose::STANDARD;
     let mut info = DisplayInfo::default();
     let mut entries: Vec<(&String, &Value, Kind)> = b
         .data
@@ -178,84 +177,88 @@ pub(super) fn bundle(
     let image = |k: &Kind| matches!(k, Kind::Raster(_) | Kind::Svg);
     entries.sort_by(|a, b| (!image(&a.2), a.0).cmp(&(!image(&b.2), b.0)));
     for (mime, value, kind) in entries {
-        match kind {
-            Kind::Raster(ext) => {
-                let Some(s) = value.as_str() else { continue };
-                let clean: String = s.chars().filter(|c| !c.is_ascii_whitespace()).collect();
-                let Ok(bytes) = b64.decode(clean.as_bytes()) else {
-                    continue;
-                };
-                // The same check as a figure's: the signature and a header with a size.
-                if super::image::size(mime, &bytes).is_none() {
-                    continue;
-                }
-                if !take_image(out, caps, bytes.len() as u64, mime, b.linked) {
-                    continue;
-                }
-                let uri = namer.uri("displays", ext);
-                info.uris.push(uri.clone());
-                out.blocks.push(RichBlock {
-                    mime_type: mime.clone(),
-                    uri,
-                    content: if b.linked {
-                        RichContent::Link(bytes)
-                    } else {
-                        RichContent::Image(bytes)
-                    },
-                });
-            }
-            Kind::Svg => {
-                let Some(s) = value.as_str() else { continue };
-                if !s.contains("<svg") || !take_image(out, caps, s.len() as u64, mime, b.linked) {
-                    continue;
-                }
-                let uri = namer.uri("displays", "svg");
-                info.uris.push(uri.clone());
-                let bytes = s.as_bytes().to_vec();
-                out.blocks.push(RichBlock {
-                    mime_type: mime.clone(),
-                    uri,
-                    content: if b.linked {
-                        RichContent::Link(bytes)
-                    } else {
-                        RichContent::Image(bytes)
-                    },
-                });
-            }
-            Kind::Text(ext) => {
-                let text = match value {
-                    Value::String(s) => s.clone(),
-                    v if ext == "json" => v.to_string(),
-                    _ => continue,
-                };
-                if text.len() > *text_left {
-                    out.omitted += 1;
-                    out.notes.push(format!(
-                        "a display's {mime} ({}) was not returned: over what is left of the \
-evaluation's budget for rich text (--output-cap); its text form is in the output",
-                        crate::session::files::human_size(text.len() as u64)
-                    ));
-                    continue;
-                }
-                *text_left -= text.len();
-                let uri = namer.uri("displays", ext);
-                info.uris.push(uri.clone());
-                out.blocks.push(RichBlock {
-                    mime_type: mime.clone(),
-                    uri,
-                    content: if b.linked {
-                        RichContent::Link(text.into_bytes())
-                    } else {
-                        RichContent::Text(text)
-                    },
-                });
-            }
-        }
+        let Some((ext, content)) = part(mime, value, kind, b.linked, caps, text_left, out) else {
+            continue;
+        };
+        let uri = namer.uri("displays", ext);
+        info.uris.push(uri.clone());
+        out.blocks.push(RichBlock {
+            mime_type: mime.clone(),
+            uri,
+            content,
+        });
         info.mime_types.push(mime.clone());
     }
     info.frame = b.frame.and_then(|f| frame(f, caps.frame_bytes));
     if !info.mime_types.is_empty() || info.frame.is_some() {
         out.infos.push(info);
+    }
+}
+
+/// What one part of a bundle (`value`, of MIME type `mime`) returns, checked and within
+/// the caps: its file extension and content. None when it returns nothing (with a note
+/// when a cap left it out).
+fn part(
+    mime: &str,
+    value: &Value,
+    kind: Kind,
+    linked: bool,
+    caps: Caps,
+    text_left: &mut usize,
+    out: &mut Displays,
+) -> Option<(&'static str, RichContent)> {
+    match kind {
+        Kind::Raster(ext) => {
+            let s = value.as_str()?;
+            let clean: String = s.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+            let b64 = base64::engine::general_purpose::STANDARD;
+            let bytes = b64.decode(clean.as_bytes()).ok()?;
+            // The same check as a figure's: the signature and a header with a size.
+            super::image::size(mime, &bytes)?;
+            if !take_image(out, caps, bytes.len() as u64, mime, linked) {
+                return None;
+            }
+            Some((ext, image_content(bytes, linked)))
+        }
+        Kind::Svg => {
+            let s = value.as_str()?;
+            if !s.contains("<svg") || !take_image(out, caps, s.len() as u64, mime, linked) {
+                return None;
+            }
+            Some(("svg", image_content(s.as_bytes().to_vec(), linked)))
+        }
+        Kind::Text(ext) => {
+            let text = match value {
+                Value::String(s) => s.clone(),
+                v if ext == "json" => v.to_string(),
+                _ => return None,
+            };
+            if text.len() > *text_left {
+                out.omitted += 1;
+                out.notes.push(format!(
+                    "a display's {mime} ({}) was not returned: over what is left of the \
+evaluation's budget for rich text (--output-cap); its text form is in the output",
+                    crate::session::files::human_size(text.len() as u64)
+                ));
+                return None;
+            }
+            *text_left -= text.len();
+            let content = if linked {
+                RichContent::Link(text.into_bytes())
+            } else {
+                RichContent::Text(text)
+            };
+            Some((ext, content))
+        }
+    }
+}
+
+/// An image's content: embedded, or kept as a resource and linked.
+fn image_content(bytes: Vec<u8>, linked: bool) -> RichContent {
+    if linked {
+        RichContent::Link(bytes)
+    } else {
+        RichContent::Image(bytes)
     }
 }
 
