@@ -6,9 +6,10 @@ use std::os::fd::AsFd;
 
 use super::{Evaluator, display};
 use crate::hostfs;
-use crate::session::files;
+use crate::session::files::{self, FileChange};
 use crate::session::live::{Session, lock};
 use crate::session::report::{Attachment, EvalReport, ImageInfo, ImageRef};
+use crate::session::watch::Tracked;
 
 impl Evaluator {
     /// Attach what an evaluation left behind: the images its end marker announced (read
@@ -65,6 +66,12 @@ impl Evaluator {
             return;
         };
         *lock(&session.shown) = (eval_id, next);
+        self.shown(report, images, displays);
+        self.changes(session, report, tracked, was_tracked);
+    }
+
+    /// The figures and displays read into the report, with notes on what was left out.
+    fn shown(&self, report: &mut EvalReport, images: ImagesRead, displays: display::Displays) {
         report.images_omitted += images.over_count;
         for (info, data) in images.images {
             report.images.push(info);
@@ -94,6 +101,18 @@ draw it smaller (figsize, dpi) or save it with savefig and read it as a resource
                 files::human_size(self.config.max_image_bytes)
             ));
         }
+    }
+
+    /// The files the evaluation created, changed or deleted into the report, and the
+    /// session's tracking refreshed (`tracked`) kept; a note when its directory outgrew the
+    /// walk.
+    fn changes(
+        &self,
+        session: &Session,
+        report: &mut EvalReport,
+        tracked: Option<(Tracked, Option<Vec<FileChange>>)>,
+        was_tracked: bool,
+    ) {
         match tracked {
             Some((new, Some(mut changes))) => {
                 const LISTED: usize = 100;
