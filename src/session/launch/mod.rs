@@ -21,9 +21,10 @@ use super::report::StartReport;
 use super::watch::Tracked;
 use crate::config::Config;
 use crate::error::{ErrorKind, ToolError};
-use crate::exec::child::{ChildBuilder, check_caller_env};
+use crate::exec::child::{Child, ChildBuilder, check_caller_env};
 use crate::hostfs::{self, CwdPolicy};
 use crate::identity::Caller;
+use crate::lang::protocol::SessionValues;
 use crate::lang::{
     Detected, InterpreterInfo, Language, LookupError, Registry, SessionSpec, Why, did_you_mean,
     expand, expand_command_lists,
@@ -579,29 +580,7 @@ have put it there; this session runs the server's Python. Pass venv to use it an
             &dirs.cwd,
             u64::from(self.config.max_images),
         );
-        // A compiled bootstrap module when there is one (built at the language's first
-        // session), else the bootstrap as it is.
-        // It is shared by path with every session: only where none can change it (as root it
-        // is root's and sessions run as other uids; at bwrap it is bound read-only). Not
-        // root at landlock or none, sessions run as the server's own uid and could chmod it
-        // for every other principal's ghci: those start from the interpreted bootstrap.
-        let shared_read_only =
-            self.sandbox.root || self.sandbox.level == crate::sandbox::Level::Bwrap;
-        let built = match &spec.compiled {
-            Some(c) if shared_read_only => self.compiled.get(c, &it.exe).await,
-            _ => None,
-        };
-        let source = match (&built, &spec.compiled) {
-            (Some(_), Some(c)) => &c.bootstrap.text,
-            _ => &spec.bootstrap.text,
-        };
-        let boot_path = dirs.ctl.join(&spec.bootstrap.file);
-        let (path, text) = (boot_path.clone(), values.expand(source));
-        tokio::task::spawn_blocking(move || crate::workspace::write_ctl(&path, text))
-            .await
-            .map_err(std::io::Error::other)
-            .and_then(|r| r)
-            .map_err(|e| ToolError::internal(format!("cannot write the bootstrap: {e}")))?;
+        let (built, boot_path) = self.write_bootstrap(it, dirs, &values).await?;
         let init = spec.init.iter().map(|l| values.expand(l)).collect();
         let exe = it.exe.display().to_string();
         let boot_s = boot_path.display().to_string();
@@ -638,14 +617,7 @@ have put it there; this session runs the server's Python. Pass venv to use it an
             .language_env(language.map(|(k, v)| (k.clone(), expand(v, &vars))))
             .caller_env(caller_env)
             .build();
-        let who = format!("session {}", dirs.dir.path().display());
-        let endpoint = self
-            .sandbox
-            .egress_endpoint(&who, &dirs.principal, domains)?;
-        let child = child
-            .with_egress(endpoint)
-            .with_tools(dirs.tools.as_deref())
-            .with_packages(dirs.packages.as_ref().map(|p| p.layer.view()));
+        let child = self.connect(child, dirs, domains)?;
         Ok(Arc::new(Launch {
             sandbox: self.sandbox.clone(),
             jail: child.jail,
@@ -663,5 +635,52 @@ have put it there; this session runs the server's Python. Pass venv to use it an
             output_cap: self.config.output_cap,
             whole_output_cap: self.config.whole_output_cap(),
         }))
+    }
+
+    /// Write the session's bootstrap into `ctl/`, its placeholders filled in: the compiled
+    /// module when there is one (built at the language's first session), else the bootstrap
+    /// as it is. The build it loads, if any, and the file's path.
+    async fn write_bootstrap(
+        &self,
+        it: &Interpreter,
+        dirs: &Dirs,
+        values: &SessionValues,
+    ) -> Result<(Option<Arc<compiled::Built>>, PathBuf), ToolError> {
+        let spec = &it.spec;
+        // It is shared by path with every session: only where none can change it (as root it
+        // is root's and sessions run as other uids; at bwrap it is bound read-only). Not
+        // root at landlock or none, sessions run as the server's own uid and could chmod it
+        // for every other principal's ghci: those start from the interpreted bootstrap.
+        let shared_read_only =
+            self.sandbox.root || self.sandbox.level == crate::sandbox::Level::Bwrap;
+        let built = match &spec.compiled {
+            Some(c) if shared_read_only => self.compiled.get(c, &it.exe).await,
+            _ => None,
+        };
+        let source = match (&built, &spec.compiled) {
+            (Some(_), Some(c)) => &c.bootstrap.text,
+            _ => &spec.bootstrap.text,
+        };
+        let boot_path = dirs.ctl.join(&spec.bootstrap.file);
+        let (path, text) = (boot_path.clone(), values.expand(source));
+        tokio::task::spawn_blocking(move || crate::workspace::write_ctl(&path, text))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r)
+            .map_err(|e| ToolError::internal(format!("cannot write the bootstrap: {e}")))?;
+        Ok((built, boot_path))
+    }
+
+    /// What the session's processes reach beyond its directories: the egress the caller
+    /// may use, its channel to the MCP tools and its packages' layer.
+    fn connect(&self, child: Child, dirs: &Dirs, domains: &[String]) -> Result<Child, ToolError> {
+        let who = format!("session {}", dirs.dir.path().display());
+        let endpoint = self
+            .sandbox
+            .egress_endpoint(&who, &dirs.principal, domains)?;
+        Ok(child
+            .with_egress(endpoint)
+            .with_tools(dirs.tools.as_deref())
+            .with_packages(dirs.packages.as_ref().map(|p| p.layer.view())))
     }
 }
