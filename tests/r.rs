@@ -392,6 +392,36 @@ async fn interrupts_keep_the_state() {
     s.stop().await;
 }
 
+/// What the bootstrap runs between a cell's expressions is compiled before the first cell:
+/// left to R's JIT, it was compiled between the first cell's first two expressions, inside
+/// the cell's deadline (0.14-0.21 s at load 10), and a deadline meant to find the cell in its
+/// second expression could stop it before that one started. Asked in one expression, which
+/// runs before any of them is called.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_runs_between_expressions_is_compiled_before_the_first_cell() {
+    if !r() {
+        return;
+    }
+    let s = Server::stdio().start().await;
+    let id = s.start_session("r").await;
+    let o = s
+        .eval(
+            &id,
+            "cat(paste(c('not compiled:', Filter(function(f) !any(grepl('^<bytecode', \
+             capture.output(print(get(f, environment(.rbx_eval)))))), \
+             c('set_last', 'show', 'publish', 'print_warnings'))), collapse = ' '), '\\n', \
+             sep = '')",
+        )
+        .await;
+    assert_eq!(
+        (status(&o), output(&o)),
+        ("ok", "not compiled:\n"),
+        "{}",
+        o.text
+    );
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn run_code_runs_r_with_rscript() {
     if !require("r", "Rscript") {
