@@ -761,11 +761,15 @@ per_lang!(
         let s = Server::stdio().start().await;
         let sn = snippets(lang);
         let id = s.start_session(lang).await;
+        // Noticed as the interpreter ends, not at the deadline: an exit found only by the
+        // deadline's interrupt (the terminal gone) says `exited` too, once the deadline has
+        // passed. Not a bound on the time itself: under load (average 25) this cell has
+        // taken 4.9 s.
         let t = Instant::now();
-        let o = s.eval_t(&id, sn.exit3, 30_000).await;
+        let o = s.eval_t(&id, sn.exit3, 60_000).await;
         assert!(
-            t.elapsed() < Duration::from_secs(3),
-            "{lang}: took {:?}",
+            t.elapsed() < Duration::from_secs(60),
+            "{lang}: noticed only at the deadline, after {:?}",
             t.elapsed()
         );
         assert_eq!(status(&o), "exited", "{lang}: {}", o.text);
