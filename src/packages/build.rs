@@ -7,7 +7,11 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Installed, Layer, PackageError, Packages, install, installer_env, parse_uv, spec};
+use super::answer::{Installed, PackageError};
+use super::install::{self, installer_env};
+use super::layer::Layer;
+use super::python::parse_uv;
+use super::{Packages, spec};
 
 impl Packages {
     /// Install `specs` into `layer` (a run's or session's own, never a shared one) with
@@ -69,21 +73,5 @@ impl Packages {
         out.duration_ms = started.elapsed().as_millis() as u64;
         self.metrics.online(out.installed.len(), out.downloaded);
         Ok(out)
-    }
-}
-
-/// Why the wheels-only installation failed: the caller's error, and whether it was for
-/// want of a wheel (which a source build may give).
-pub(super) struct Unmet {
-    pub(super) error: PackageError,
-    pub(super) no_wheel: bool,
-}
-
-impl From<PackageError> for Unmet {
-    fn from(error: PackageError) -> Self {
-        Self {
-            error,
-            no_wheel: false,
-        }
     }
 }

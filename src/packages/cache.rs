@@ -19,7 +19,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Eco, Package, Packages, install};
+use super::answer::Package;
+use super::{Eco, Packages, install};
 
 /// Largest record of use read back (it is the server's own file; past this it is ignored).
 const BOOK_FILE_MAX: u64 = 8 << 20;
@@ -332,7 +333,7 @@ impl Packages {
                     "--".into(),
                     name.to_string(),
                 ],
-                env: super::installer_env(),
+                env: install::installer_env(),
                 exes: vec![uv.clone()],
                 rw: vec![self.root.join("uv")],
                 home,

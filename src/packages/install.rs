@@ -11,6 +11,9 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::sync::CancellationToken;
 
 use super::Packages;
+use super::flags::Index;
+use super::tree::own_dir;
+use crate::egress::{Egress, Policy};
 use crate::exec::child::ChildBuilder;
 use crate::exec::{self, SpawnSpec, Stdio3};
 use crate::output::HeadTail;
@@ -54,7 +57,7 @@ impl Packages {
             .root
             .join("tmp")
             .join(uuid::Uuid::new_v4().simple().to_string());
-        super::own_dir(&home, 0o700, self.installer)
+        own_dir(&home, 0o700, self.installer)
             .map_err(|e| stopped(format!("cannot make the installer's home: {e}")))?;
         Ok(home)
     }
@@ -141,6 +144,39 @@ impl Packages {
         }
         done
     }
+}
+
+/// The installer's variables: no colour, no Python downloads, and the operator's own CA
+/// bundle when the server was given one (a TLS-inspecting network's, say; node's own
+/// variable for npm).
+pub(super) fn installer_env() -> Vec<(String, String)> {
+    let mut env = vec![
+        ("NO_COLOR".to_string(), "1".to_string()),
+        ("UV_PYTHON_DOWNLOADS".to_string(), "never".to_string()),
+    ];
+    for k in ["SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS"] {
+        if let Ok(v) = std::env::var(k) {
+            env.push((k.to_string(), v));
+        }
+    }
+    env
+}
+
+/// The installers' own egress proxy, its sockets in `dir`: the index's and the registry's
+/// hosts by name and port, reached whatever they resolve to (the installer is the server's
+/// own program, its only caller input the checked specifiers; an operator's index may be
+/// private; a mirror may answer for PyPI).
+pub(super) fn proxy(index: &Index, registry: &Index, dir: &Path) -> anyhow::Result<Egress> {
+    let mut hosts: Vec<String> = Vec::new();
+    for ix in [index, registry] {
+        hosts.extend(ix.domains.iter().map(|d| format!("{d}:443")));
+        if let Some((h, p)) = &ix.host {
+            hosts.push(format!("{h}:{p}"));
+        }
+    }
+    let policy = Policy::new(false, &[], &hosts, &[]).map_err(|e| anyhow::anyhow!(e))?;
+    Egress::new(policy, dir)
+        .map_err(|e| anyhow::anyhow!("cannot set up the installer's proxy: {e}"))
 }
 
 pub(super) fn stopped(why: String) -> Done {

@@ -8,9 +8,12 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
+use super::Packages;
+use super::answer::{Installed, Package, PackageError, ProgramError};
 use super::install::{self, Reason};
+use super::layer::Layer;
+use super::resolved::resolved_key;
 use super::spec::Spec;
-use super::{Installed, Layer, Package, PackageError, Packages, ProgramError, resolved_key};
 
 impl Packages {
     /// npm's `npm-cli.js` (see [`find_npm`]), found once; as root it must be reachable by
@@ -187,7 +190,7 @@ impl Packages {
             cache.display().to_string(),
         ];
         argv.extend(args);
-        let mut env = super::installer_env();
+        let mut env = install::installer_env();
         env.push(("NODE_OPTIONS".into(), String::new()));
         install::Job {
             argv,
@@ -199,6 +202,16 @@ impl Packages {
             home,
         }
     }
+}
+
+/// The operator's `--npm` must be npm's `npm-cli.js`: a typo stops the server at once.
+pub(super) fn check_flag(flag: Option<&Path>) -> anyhow::Result<()> {
+    if let Some(f) = flag
+        && !f.is_file()
+    {
+        anyhow::bail!("--npm {}: not npm's npm-cli.js", f.display());
+    }
+    Ok(())
 }
 
 /// Largest lockfile read (the server's own installer wrote it).
@@ -503,18 +516,13 @@ mod tests {
                    npm http fetch GET 200 https://registry.npmjs.org/is-number/-/is-number-6.0.0.tgz 340ms (cache miss)\n\
                    npm http fetch GET 200 https://registry.npmjs.org/is-even/-/is-even-1.0.0.tgz 177ms (cache updated)\n\
                    npm http fetch GET 304 https://registry.npmjs.org/is-odd/-/is-odd-3.0.1.tgz 17ms (cache revalidated)\n";
-        let layer = Layer {
-            dir: PathBuf::from("/l"),
-            eco: super::super::Eco::Npm,
-            remove: false,
-            held: std::sync::Mutex::default(),
-            book: None,
-            store: None,
-            shared: std::sync::Mutex::default(),
-            shared_set: std::sync::Mutex::default(),
-            hold: std::sync::Mutex::default(),
-            built: Default::default(),
-        };
+        let layer = Layer::new(
+            PathBuf::from("/l"),
+            super::super::Eco::Npm,
+            false,
+            None,
+            None,
+        );
         let specs = super::super::spec::check(super::super::Eco::Npm, &["is-odd@3".into()])
             .expect("a specifier");
         let i = parse_npm(out, err, &layer, &specs);

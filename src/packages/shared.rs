@@ -69,9 +69,9 @@ impl Store {
         let dir = layers.join("shared");
         let building = layers.join("building");
         let holds = layers.join("holds");
-        super::own_dir(&dir, 0o711, None)?;
-        super::own_dir(&building, 0o711, None)?;
-        super::own_dir(&holds, 0o700, None)?;
+        super::tree::own_dir(&dir, 0o711, None)?;
+        super::tree::own_dir(&building, 0o711, None)?;
+        super::tree::own_dir(&holds, 0o700, None)?;
         sweep(&building);
         Ok(Self {
             dir,
@@ -197,7 +197,7 @@ impl Store {
             dir,
             lock: Some(lock),
         };
-        super::own_dir(&build.dir, 0o755, installer)?;
+        super::tree::own_dir(&build.dir, 0o755, installer)?;
         Ok(build)
     }
 
