@@ -19,6 +19,8 @@ pub mod api;
 #[cfg(target_os = "linux")]
 mod app;
 #[cfg(target_os = "linux")]
+mod bounded_read;
+#[cfg(target_os = "linux")]
 mod clients;
 #[cfg(target_os = "linux")]
 mod cluster;

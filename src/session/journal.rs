@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -30,6 +30,7 @@ use sha2::{Digest, Sha256};
 
 use super::report::{ErrorInfo, EvalStatus};
 pub use super::state_dir::StateDir;
+use crate::bounded_read;
 use crate::identity::Caller;
 
 /// The format of the lines written here.
@@ -536,15 +537,9 @@ impl Journaled {
 /// Why a journal does not read: it is corrupt (or gone). Lines are counted from 1.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
-    #[error("cannot open it: {0}")]
-    Open(io::Error),
-    /// Its metadata or bytes could not be read.
-    #[error("{0}")]
-    Read(io::Error),
-    #[error("not a regular file")]
-    NotFile,
-    #[error("{0} bytes, over the bound")]
-    TooBig(u64),
+    /// It cannot be opened or read, is not a regular file, or is over its bound.
+    #[error(transparent)]
+    File(#[from] bounded_read::ReadError),
     #[error("line {0}: not UTF-8")]
     NotUtf8(usize),
     #[error("line {0}: no checksum")]
@@ -582,25 +577,10 @@ pub enum JournalError {
 
 /// Read the journal of session `id` at `path`; `Err` says why it is corrupt.
 pub fn read(path: &Path, id: &str, max: u64) -> Result<Journal, JournalError> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(JournalError::Open)?;
-    let meta = file.metadata().map_err(JournalError::Read)?;
-    if !meta.is_file() {
-        return Err(JournalError::NotFile);
-    }
     // A journal is at most its bound plus the lines that end it; allow some slack for a
     // bound that was larger when it was written.
     let limit = max.saturating_mul(2).saturating_add(1 << 20);
-    if meta.len() > limit {
-        return Err(JournalError::TooBig(meta.len()));
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(JournalError::Read)?;
+    let (bytes, meta) = bounded_read::read(path, limit)?;
     let modified = meta.mtime().max(0) as u64;
     parse(&bytes, id, modified)
 }

@@ -5,7 +5,7 @@
 //! must be the file's name; a file that does not read is reported, set aside and skipped.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -165,15 +165,9 @@ impl Store {
 /// Why a task file does not read (it is then set aside).
 #[derive(Debug, thiserror::Error)]
 pub enum TaskFileError {
-    #[error("cannot open it: {0}")]
-    Open(io::Error),
-    /// Its metadata or bytes could not be read.
-    #[error("{0}")]
-    Read(io::Error),
-    #[error("not a regular file")]
-    NotFile,
-    #[error("{0} bytes, over the bound")]
-    TooBig(u64),
+    /// It cannot be opened or read, is not a regular file, or is over [`MAX_FILE`].
+    #[error(transparent)]
+    File(#[from] crate::bounded_read::ReadError),
     #[error("{0}")]
     Json(serde_json::Error),
     #[error("version {0}, this server reads {VERSION}")]
@@ -188,22 +182,7 @@ pub enum TaskFileError {
 
 /// Read task `id`'s file: bounded, no link followed, its id the file's.
 fn read(path: &Path, id: &str) -> Result<Stored, TaskFileError> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(TaskFileError::Open)?;
-    let meta = f.metadata().map_err(TaskFileError::Read)?;
-    if !meta.is_file() {
-        return Err(TaskFileError::NotFile);
-    }
-    if meta.len() > MAX_FILE {
-        return Err(TaskFileError::TooBig(meta.len()));
-    }
-    let mut bytes = Vec::new();
-    f.take(MAX_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(TaskFileError::Read)?;
+    let (bytes, _) = crate::bounded_read::read(path, MAX_FILE)?;
     parse(&bytes, id)
 }
 
