@@ -55,6 +55,48 @@ impl Drop for InFlightGuard {
     }
 }
 
+/// The workspace, the sandbox (the level the host allows) and the languages it can run:
+/// the operator's `--python` must be one; `journals` (a state directory) need a sandbox or
+/// root.
+fn sandbox_and_languages(
+    config: &Config,
+    journals: bool,
+) -> anyhow::Result<(Registry, Arc<Workspace>, Arc<Sandbox>)> {
+    let probe = Sandbox::probe(&config.sandbox_settings());
+    let mut registry = Registry::load(config.prompts.as_deref())?;
+    if let Some(python) = &config.python {
+        registry
+            .set_program("python", python, Why::PythonFlag)
+            .map_err(|e| anyhow::anyhow!("--python {}: {e}", python.display()))?;
+    }
+    let workspace = Arc::new(Workspace::new(config.work_dir.as_deref())?);
+    let sandbox = Arc::new(probe.finish(workspace.root())?);
+    if journals && !sandbox.root && sandbox.level == crate::sandbox::Level::None {
+        anyhow::bail!(
+            "--state-dir needs a sandbox (level bwrap or landlock) or a server running as \
+root: at level none, user code runs as the server's own user and could read the journals"
+        );
+    }
+    registry.restrict(
+        |exe| sandbox.can_run(exe),
+        |exe| sandbox.cannot_run_reason(exe),
+    );
+    // The operator named it: one that cannot run at this level stops the server rather
+    // than being replaced by another Python.
+    if let Some(python) = &config.python
+        && let Ok(lang) = registry.get("python")
+        && let Ok(exe) = &lang.program
+        && !sandbox.can_run(exe)
+    {
+        anyhow::bail!(
+            "--python {}: {}",
+            python.display(),
+            sandbox.cannot_run_reason(exe)
+        );
+    }
+    Ok((registry, workspace, sandbox))
+}
+
 /// When every uid is in use, one is taken back from the warm pools first (a head start
 /// lost: run-code's, then the warm sessions), then from the kept files of ended sessions (files a caller may still read).
 fn reclaim_uids_from(sandbox: &Sandbox, runner: &Runner, sessions: &Arc<SessionManager>) {
@@ -89,38 +131,7 @@ impl App {
             .transpose()?;
         let cluster = crate::cluster::Cluster::new(&config.cluster, config.state_dir.as_deref())?
             .map(Arc::new);
-        let probe = Sandbox::probe(&config.sandbox_settings());
-        let mut registry = Registry::load(config.prompts.as_deref())?;
-        if let Some(python) = &config.python {
-            registry
-                .set_program("python", python, Why::PythonFlag)
-                .map_err(|e| anyhow::anyhow!("--python {}: {e}", python.display()))?;
-        }
-        let workspace = Arc::new(Workspace::new(config.work_dir.as_deref())?);
-        let sandbox = Arc::new(probe.finish(workspace.root())?);
-        if state.is_some() && !sandbox.root && sandbox.level == crate::sandbox::Level::None {
-            anyhow::bail!(
-                "--state-dir needs a sandbox (level bwrap or landlock) or a server running as \
-root: at level none, user code runs as the server's own user and could read the journals"
-            );
-        }
-        registry.restrict(
-            |exe| sandbox.can_run(exe),
-            |exe| sandbox.cannot_run_reason(exe),
-        );
-        // The operator named it: one that cannot run at this level stops the server rather
-        // than being replaced by another Python.
-        if let Some(python) = &config.python
-            && let Ok(lang) = registry.get("python")
-            && let Ok(exe) = &lang.program
-            && !sandbox.can_run(exe)
-        {
-            anyhow::bail!(
-                "--python {}: {}",
-                python.display(),
-                sandbox.cannot_run_reason(exe)
-            );
-        }
+        let (registry, workspace, sandbox) = sandbox_and_languages(&config, state.is_some())?;
         let registry = Arc::new(registry);
         let config = Arc::new(config);
         let cwd_policy = Arc::new(CwdPolicy::new(
