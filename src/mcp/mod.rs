@@ -383,12 +383,7 @@ impl ServerHandler for ReplboxServer {
                 .app
                 .sessions
                 .read_output(&caller, &id, &base, page)
-                .map_err(|e| match e {
-                    FileError::NotFound(m) => ErrorData::resource_not_found(m, None),
-                    FileError::Invalid(m) | FileError::TooLarge(m) => {
-                        ErrorData::invalid_params(m, None)
-                    }
-                })?;
+                .map_err(file_error)?;
             let contents = ResourceContents::text(text, uri).with_mime_type("text/plain");
             return Ok(ReadResourceResult::new(vec![contents]).into());
         }
@@ -397,24 +392,9 @@ impl ServerHandler for ReplboxServer {
                 .app
                 .sessions
                 .read_shown(&caller, &id, &uri)
-                .map_err(|e| match e {
-                    FileError::NotFound(m) => ErrorData::resource_not_found(m, None),
-                    FileError::Invalid(m) | FileError::TooLarge(m) => {
-                        ErrorData::invalid_params(m, None)
-                    }
-                })?;
-            let contents =
-                if shown.mime_type.starts_with("image/") && shown.mime_type != "image/svg+xml" {
-                    ResourceContents::blob(
-                        base64::engine::general_purpose::STANDARD.encode(&shown.data),
-                        uri,
-                    )
-                } else {
-                    ResourceContents::text(String::from_utf8_lossy(&shown.data).into_owned(), uri)
-                };
-            return Ok(
-                ReadResourceResult::new(vec![contents.with_mime_type(shown.mime_type)]).into(),
-            );
+                .map_err(file_error)?;
+            let contents = shown_contents(shown.mime_type, &shown.data, uri);
+            return Ok(ReadResourceResult::new(vec![contents]).into());
         }
         let (id, path) = parse_uri(&uri).map_err(|e| {
             tracing::debug!(principal = %caller.principal, "resources/read of a malformed URI");
@@ -429,28 +409,8 @@ impl ServerHandler for ReplboxServer {
                 // A client's mistake (a missing file, a bad path): not the operator's concern.
                 tracing::debug!(principal = %caller.principal, "resources/read refused");
             })
-            .map_err(|e| match e {
-                FileError::NotFound(m) => ErrorData::resource_not_found(m, None),
-                FileError::Invalid(m) | FileError::TooLarge(m) => {
-                    ErrorData::invalid_params(m, None)
-                }
-            })?;
-        // Text when it reads as text (UTF-8 without NUL bytes), whatever the name says.
-        let text = if data.bytes.contains(&0) {
-            Err(data.bytes)
-        } else {
-            String::from_utf8(data.bytes).map_err(|e| e.into_bytes())
-        };
-        let contents = match text {
-            Ok(t) => {
-                ResourceContents::text(t, uri).with_mime_type(data.mime.unwrap_or("text/plain"))
-            }
-            Err(bytes) => ResourceContents::blob(
-                base64::engine::general_purpose::STANDARD.encode(&bytes),
-                uri,
-            )
-            .with_mime_type(data.mime.unwrap_or("application/octet-stream")),
-        };
+            .map_err(file_error)?;
+        let contents = file_contents(data.bytes, data.mime, uri);
         Ok(ReadResourceResult::new(vec![contents]).into())
     }
 
@@ -503,6 +463,44 @@ impl ServerHandler for ReplboxServer {
         )
         .with_server_info(Implementation::new("replbox", env!("CARGO_PKG_VERSION")))
         .with_instructions(self.instructions.as_str())
+    }
+}
+
+/// A session file, output page or shown part that cannot be read: not found, or a bad
+/// request.
+fn file_error(e: FileError) -> ErrorData {
+    match e {
+        FileError::NotFound(m) => ErrorData::resource_not_found(m, None),
+        FileError::Invalid(m) | FileError::TooLarge(m) => ErrorData::invalid_params(m, None),
+    }
+}
+
+/// What an evaluation showed, read again: an image (SVG aside) as a blob, the rest as
+/// text.
+fn shown_contents(mime_type: String, data: &[u8], uri: String) -> ResourceContents {
+    let contents = if mime_type.starts_with("image/") && mime_type != "image/svg+xml" {
+        ResourceContents::blob(base64::engine::general_purpose::STANDARD.encode(data), uri)
+    } else {
+        ResourceContents::text(String::from_utf8_lossy(data).into_owned(), uri)
+    };
+    contents.with_mime_type(mime_type)
+}
+
+/// A session file: text when it reads as text (UTF-8 without NUL bytes), whatever the name
+/// says (`mime`), else a blob.
+fn file_contents(bytes: Vec<u8>, mime: Option<&'static str>, uri: String) -> ResourceContents {
+    let text = if bytes.contains(&0) {
+        Err(bytes)
+    } else {
+        String::from_utf8(bytes).map_err(|e| e.into_bytes())
+    };
+    match text {
+        Ok(t) => ResourceContents::text(t, uri).with_mime_type(mime.unwrap_or("text/plain")),
+        Err(bytes) => ResourceContents::blob(
+            base64::engine::general_purpose::STANDARD.encode(&bytes),
+            uri,
+        )
+        .with_mime_type(mime.unwrap_or("application/octet-stream")),
     }
 }
 
