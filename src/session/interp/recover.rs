@@ -92,6 +92,14 @@ impl Interp {
                 _ = look.tick() => {
                     reading = if self.repl_reads() { reading + 1 } else { 0 };
                     if reading >= 2 {
+                        // Look again: `select!` takes a ready branch at random, so the end
+                        // marker may have been filed since the check above, and the REPL be
+                        // reading at its own prompt after it. Once the terminal is seen
+                        // drained, whatever the REPL wrote before reading is filed (the
+                        // reader takes bytes out only under the stream's lock).
+                        if let Check::End(end) = self.check_since(n, prompts_before) {
+                            break Some(end);
+                        }
                         break None;
                     }
                 }
