@@ -31,6 +31,26 @@ pub struct Cell {
     pub typed: String,
 }
 
+impl Cell {
+    /// A journaled cell in the history as the journal has it, without running it again (it
+    /// did not succeed, the interpreter is gone, or the session is only exported): no
+    /// outputs, which the journal does not keep.
+    pub fn not_replayed(c: &super::journal::CellEntry) -> Cell {
+        Cell {
+            eval_id: c.eval_id,
+            code: c.code.clone(),
+            status: c.status,
+            error: c.error.clone(),
+            duration_ms: c.duration_ms,
+            started_at: c.started_at,
+            outputs: Outputs::default(),
+            replayed: false,
+            tool_calls: c.tool_calls.iter().map(|t| t.without_result()).collect(),
+            typed: typed(&c.inputs, &c.no_enter),
+        }
+    }
+}
+
 /// The answers of `session_input` as the terminal got them: each one, with a newline
 /// unless it was typed without Enter (its index in `no_enter`).
 pub fn typed(inputs: &[String], no_enter: &[usize]) -> String {

@@ -268,7 +268,7 @@ file in the session's directory and read it from there instead",
             }
             if c.status != EvalStatus::Ok || guard.is_none() {
                 skipped += 1;
-                lock(&session.record).history.push(not_replayed(c));
+                lock(&session.record).history.push(Cell::not_replayed(c));
                 continue;
             }
             let started = Instant::now();
@@ -499,23 +499,6 @@ fn stopped_cell(u: &journal::Unfinished) -> Cell {
         replayed: false,
         tool_calls: Vec::new(),
         typed: String::new(),
-    }
-}
-
-/// A journaled cell that is not run again (it did not succeed, or the interpreter is
-/// gone), in the history as the journal has it.
-fn not_replayed(c: &CellEntry) -> Cell {
-    Cell {
-        eval_id: c.eval_id,
-        code: c.code.clone(),
-        status: c.status,
-        error: c.error.clone(),
-        duration_ms: c.duration_ms,
-        started_at: c.started_at,
-        outputs: Outputs::default(),
-        replayed: false,
-        tool_calls: c.tool_calls.iter().map(|t| t.without_result()).collect(),
-        typed: typed(&c.inputs, &c.no_enter),
     }
 }
 

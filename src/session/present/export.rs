@@ -14,7 +14,7 @@ use crate::error::ToolError;
 use crate::identity::Caller;
 use crate::lang::{Language, NotebookSpec, protocol};
 use crate::session::files::export_uri;
-use crate::session::history::{Cell, CellInfo, HistoryReport, Outputs, Record, typed};
+use crate::session::history::{Cell, CellInfo, HistoryReport, Record};
 use crate::session::live::lock;
 use crate::session::manager::SessionManager;
 use crate::session::report::EvalStatus;
@@ -100,18 +100,7 @@ impl SessionManager {
             let cells = j
                 .cells
                 .into_iter()
-                .map(|c| Cell {
-                    eval_id: c.eval_id,
-                    code: c.code,
-                    status: c.status,
-                    error: c.error,
-                    duration_ms: c.duration_ms,
-                    started_at: c.started_at,
-                    outputs: Outputs::default(),
-                    replayed: false,
-                    tool_calls: c.tool_calls.iter().map(|t| t.without_result()).collect(),
-                    typed: typed(&c.inputs, &c.no_enter),
-                })
+                .map(|c| Cell::not_replayed(&c))
                 .collect();
             return Ok(Source {
                 id: id.into(),
@@ -527,6 +516,7 @@ pub(super) fn script(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::session::history::Outputs;
     use crate::session::report::ErrorInfo;
 
     fn source() -> Source {
