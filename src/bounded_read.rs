@@ -1,9 +1,10 @@
 //! A file the server wrote earlier read back whole as hostile data (a session's journal, a
-//! task's file): no link followed (`O_NOFOLLOW`: a link planted in its place is refused,
-//! never read through), never blocking (`O_NONBLOCK`: a FIFO in its place is refused, not
-//! waited on), a regular file only, and no more than its bound read, even from a file that
-//! grows meanwhile. A leaf, so that `tasks`, which may use only leaves, shares it with
-//! `session`; each caller's error wraps [`ReadError`], whose messages are theirs.
+//! task's file, an npm layer's lockfile): no link followed (`O_NOFOLLOW`: a link planted in
+//! its place is refused, never read through), never blocking (`O_NONBLOCK`: a FIFO in its
+//! place is refused, not waited on), a regular file only, and no more than its bound read,
+//! even from a file that grows meanwhile. A leaf, so that `tasks`, which may use only
+//! leaves, shares it with `session` and `packages`; each caller's error wraps [`ReadError`],
+//! whose messages are theirs (or, for a lockfile, stands for "no layout").
 
 use std::fs::Metadata;
 use std::io::{self, Read};

@@ -226,8 +226,6 @@ const LOCKFILE_MAX: u64 = 32 << 20;
 /// None when there is no lockfile, or it holds anything but registry packages beneath
 /// `node_modules/`.
 pub(super) fn layout(dir: &Path) -> Option<Vec<String>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
     #[derive(serde::Deserialize)]
     struct Entry {
         #[serde(default)]
@@ -244,17 +242,7 @@ pub(super) fn layout(dir: &Path) -> Option<Vec<String>> {
         #[serde(default)]
         packages: std::collections::BTreeMap<String, Entry>,
     }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(dir.join("package-lock.json"))
-        .ok()?;
-    let m = f.metadata().ok()?;
-    if !m.is_file() || m.len() > LOCKFILE_MAX {
-        return None;
-    }
-    let mut text = Vec::new();
-    f.take(LOCKFILE_MAX).read_to_end(&mut text).ok()?;
+    let (text, _) = crate::bounded_read::read(&dir.join("package-lock.json"), LOCKFILE_MAX).ok()?;
     let lock: Lock = serde_json::from_slice(&text).ok()?;
     let mut out = Vec::new();
     for (place, e) in lock.packages {
@@ -591,6 +579,14 @@ mod tests {
         }
         std::fs::remove_file(dir.join("package-lock.json")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", dir.join("package-lock.json")).unwrap();
+        assert_eq!(layout(&dir), None);
+        // A FIFO in its place is refused, not waited on for a writer.
+        std::fs::remove_file(dir.join("package-lock.json")).unwrap();
+        nix::unistd::mkfifo(
+            &dir.join("package-lock.json"),
+            nix::sys::stat::Mode::S_IRWXU,
+        )
+        .unwrap();
         assert_eq!(layout(&dir), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
