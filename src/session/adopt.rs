@@ -303,14 +303,6 @@ impl SessionManager {
         let Some(cluster) = self.cluster.get() else {
             return Ok(());
         };
-        let state = || {
-            self.table.read(|st| match st.get(id) {
-                Some(Entry::Open(_) | Entry::Starting { .. }) => (true, false),
-                // The caller's suspended session may have been adopted here eagerly: checked.
-                Some(e @ Entry::Suspended(_)) => (true, e.owner() == caller),
-                _ => (false, false),
-            })
-        };
         if cluster.fenced() {
             return Err(ToolError::new(
                 ErrorKind::Unavailable,
@@ -320,77 +312,120 @@ it is back (another server may take its sessions over). Try again in a few secon
             .session(id));
         }
         // Only a session id names a journal: anything else is unknown, no file looked at.
-        let (here_now, suspended) = state();
+        let (here_now, suspended) = self.presence(caller, id);
         if (here_now && !suspended)
             || (!here_now && uuid::Uuid::parse_str(id).map_or(true, |u| u.to_string() != id))
         {
             return Ok(());
         }
         let _one = cluster.adopting.lock().await;
-        let (here, suspended) = state();
+        let (here, suspended) = self.presence(caller, id);
         if suspended {
-            // Held here; adopted eagerly, it is restored now, so no other node may take it
-            // over any more.
-            if let Some(r) = cluster.owner(id).await.map_err(unavailable)?
-                && r.node == cluster.node
-                && (!r.suspended || cluster.activate(id, &r).await.map_err(unavailable)?)
-            {
+            if self.restore_held(cluster, caller, id).await? {
                 return Ok(());
             }
-            // Orphaned again (re-adopted below), or taken over by another node.
-            self.table.unsuspend(Some(caller), id);
         } else if here {
             return Ok(());
         }
-        let record = match cluster.owner(id).await.map_err(unavailable)? {
-            Some(r) if r.principal != caller.principal => return Ok(()),
-            // Adopted eagerly by another node and not restored there: its owner's call
-            // reached this node, so the session comes here.
-            Some(r) if r.node != cluster.node && r.suspended => {
-                match cluster.take_over(id, &r).await.map_err(unavailable)? {
-                    Some(taken) => {
-                        tracing::info!(session = %id, from = %r.node, generation = taken.generation, "taking a session over");
-                        taken
-                    }
-                    None => {
-                        return match cluster.owner(id).await.map_err(unavailable)? {
-                            Some(r) if r.node != cluster.node => Err(elsewhere(id)),
-                            _ => Err(taking_over(id)),
-                        };
-                    }
-                }
-            }
-            Some(r) if r.node != cluster.node => return Err(elsewhere(id)),
-            // Ours in the registry, not in the table: adopted from its journal below (and
-            // restored now, if it was adopted eagerly).
-            Some(r) => {
-                if r.suspended && !cluster.activate(id, &r).await.map_err(unavailable)? {
-                    return Err(taking_over(id));
-                }
-                r
-            }
-            None => {
-                let Some(from) = self.orphan(cluster, id, caller).await else {
-                    // Moved by a node that claimed it meanwhile, or no journal at all.
-                    return match cluster.owner(id).await.map_err(unavailable)? {
-                        Some(r) if r.principal != caller.principal => Ok(()),
-                        Some(r) if r.node != cluster.node => Err(elsewhere(id)),
-                        Some(_) => Err(taking_over(id)),
-                        None => Ok(()),
-                    };
-                };
-                match cluster.claim(id, &caller.principal).await {
-                    Ok(Some(r)) => {
-                        tracing::info!(session = %id, from = %from.display(), generation = r.generation, "adopting a session");
-                        r
-                    }
-                    Ok(None) => return Err(taking_over(id)),
-                    Err(e) => return Err(unavailable(e)),
-                }
-            }
+        let Some(record) = self.registry_record(cluster, caller, id).await? else {
+            return Ok(());
         };
         self.take_journal(cluster, &caller.principal, id, &record)
             .await
+    }
+
+    /// Whether `id` is in the table (open or starting, or suspended), and whether it is the
+    /// caller's suspended session.
+    fn presence(&self, caller: &Caller, id: &str) -> (bool, bool) {
+        self.table.read(|st| match st.get(id) {
+            Some(Entry::Open(_) | Entry::Starting { .. }) => (true, false),
+            // The caller's suspended session may have been adopted here eagerly: checked.
+            Some(e @ Entry::Suspended(_)) => (true, e.owner() == caller),
+            _ => (false, false),
+        })
+    }
+
+    /// The caller's suspended session `id`, held in the table: true if it is still this
+    /// node's in the registry (restored there if it was adopted eagerly); otherwise it is
+    /// unsuspended here and false. Called with `cluster.adopting` held.
+    async fn restore_held(
+        &self,
+        cluster: &Cluster,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<bool, ToolError> {
+        // Held here; adopted eagerly, it is restored now, so no other node may take it
+        // over any more.
+        if let Some(r) = cluster.owner(id).await.map_err(unavailable)?
+            && r.node == cluster.node
+            && (!r.suspended || cluster.activate(id, &r).await.map_err(unavailable)?)
+        {
+            return Ok(true);
+        }
+        // Orphaned again (re-adopted below), or taken over by another node.
+        self.table.unsuspend(Some(caller), id);
+        Ok(false)
+    }
+
+    /// The registry's record of `id`, once this node holds it (taken over or claimed), for
+    /// its journal to be taken; `None` if the call goes on without adopting (another
+    /// principal's session, or none). Called with `cluster.adopting` held.
+    async fn registry_record(
+        &self,
+        cluster: &Cluster,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<Option<Record>, ToolError> {
+        Ok(Some(
+            match cluster.owner(id).await.map_err(unavailable)? {
+                Some(r) if r.principal != caller.principal => return Ok(None),
+                // Adopted eagerly by another node and not restored there: its owner's call
+                // reached this node, so the session comes here.
+                Some(r) if r.node != cluster.node && r.suspended => {
+                    take_over_suspended(cluster, id, &r).await?
+                }
+                Some(r) if r.node != cluster.node => return Err(elsewhere(id)),
+                // Ours in the registry, not in the table: adopted from its journal below (and
+                // restored now, if it was adopted eagerly).
+                Some(r) => {
+                    if r.suspended && !cluster.activate(id, &r).await.map_err(unavailable)? {
+                        return Err(taking_over(id));
+                    }
+                    r
+                }
+                None => match self.claim_orphan(cluster, caller, id).await? {
+                    Some(r) => r,
+                    None => return Ok(None),
+                },
+            },
+        ))
+    }
+
+    /// `id`, in no node's registry, claimed for the caller if its journal is an orphan on
+    /// the shared filesystem; `None` if the call goes on without adopting.
+    async fn claim_orphan(
+        &self,
+        cluster: &Cluster,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<Option<Record>, ToolError> {
+        let Some(from) = self.orphan(cluster, id, caller).await else {
+            // Moved by a node that claimed it meanwhile, or no journal at all.
+            return match cluster.owner(id).await.map_err(unavailable)? {
+                Some(r) if r.principal != caller.principal => Ok(None),
+                Some(r) if r.node != cluster.node => Err(elsewhere(id)),
+                Some(_) => Err(taking_over(id)),
+                None => Ok(None),
+            };
+        };
+        match cluster.claim(id, &caller.principal).await {
+            Ok(Some(r)) => {
+                tracing::info!(session = %id, from = %from.display(), generation = r.generation, "adopting a session");
+                Ok(Some(r))
+            }
+            Ok(None) => Err(taking_over(id)),
+            Err(e) => Err(unavailable(e)),
+        }
     }
 
     /// The journal of `id` on the shared filesystem if it is the caller's session: where it
@@ -549,6 +584,21 @@ it is back (another server may take its sessions over). Try again in a few secon
         if let Some(cluster) = self.cluster.get() {
             cluster.leave().await;
         }
+    }
+}
+
+/// Takes `id` over from the node `r` names, which adopted it eagerly and has not restored
+/// it; if that fails, why the call cannot go on here.
+async fn take_over_suspended(cluster: &Cluster, id: &str, r: &Record) -> Result<Record, ToolError> {
+    match cluster.take_over(id, r).await.map_err(unavailable)? {
+        Some(taken) => {
+            tracing::info!(session = %id, from = %r.node, generation = taken.generation, "taking a session over");
+            Ok(taken)
+        }
+        None => match cluster.owner(id).await.map_err(unavailable)? {
+            Some(r) if r.node != cluster.node => Err(elsewhere(id)),
+            _ => Err(taking_over(id)),
+        },
     }
 }
 
