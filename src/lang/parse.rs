@@ -206,6 +206,28 @@ fn check_session(s: &SessionSpec, bad: Bad<'_>) -> anyhow::Result<()> {
     if s.command.is_empty() {
         return Err(bad("session.command", "must not be empty"));
     }
+    check_session_templates(s, bad)?;
+    check_session_code(s, bad)?;
+    check_session_patterns(s, bad)?;
+    if s.interrupt.is_empty() {
+        return Err(bad("session.interrupt", "must not be empty"));
+    }
+    if let Some(p) = s
+        .programs
+        .iter()
+        .find(|p| p.trim().is_empty() || p.chars().any(|c| c.is_whitespace() || c == '\0'))
+    {
+        return Err(bad(
+            "session.programs",
+            &format!("{p:?} is not an executable name or path"),
+        ));
+    }
+    Ok(())
+}
+
+/// `[session]`'s templates of the protocol: the prompts, the line that runs a cell, the
+/// cell's file name.
+fn check_session_templates(s: &SessionSpec, bad: Bad<'_>) -> anyhow::Result<()> {
     if !s.prompt.contains("{nonce}") {
         return Err(bad("session.prompt", "must contain {nonce}"));
     }
@@ -226,6 +248,12 @@ fn check_session(s: &SessionSpec, bad: Bad<'_>) -> anyhow::Result<()> {
             "must be a plain file name containing {n}",
         ));
     }
+    Ok(())
+}
+
+/// `[session]`'s code run in the interpreter: the bootstrap (compiled or not), the init
+/// lines, the line that runs a cell.
+fn check_session_code(s: &SessionSpec, bad: Bad<'_>) -> anyhow::Result<()> {
     if s.bootstrap_file.is_some() {
         return Err(bad(
             "session.bootstrap_file",
@@ -254,6 +282,12 @@ fn check_session(s: &SessionSpec, bad: Bad<'_>) -> anyhow::Result<()> {
     }
     protocol::check_source(&s.eval, protocol::EVAL_VARS)
         .map_err(|e| bad("session.eval", &e.to_string()))?;
+    Ok(())
+}
+
+/// `[session]`'s reading of the interpreter's output: the error and variable patterns, the
+/// lines that list variables and inspect one.
+fn check_session_patterns(s: &SessionSpec, bad: Bad<'_>) -> anyhow::Result<()> {
     if let Some(p) = &s.error_pattern {
         check_regex(p).map_err(|e| bad("session.error_pattern", &e.to_string()))?;
     }
@@ -278,19 +312,6 @@ fn check_session(s: &SessionSpec, bad: Bad<'_>) -> anyhow::Result<()> {
         && v.contains('\n')
     {
         return Err(bad("session.inspect", "must be a single line"));
-    }
-    if s.interrupt.is_empty() {
-        return Err(bad("session.interrupt", "must not be empty"));
-    }
-    if let Some(p) = s
-        .programs
-        .iter()
-        .find(|p| p.trim().is_empty() || p.chars().any(|c| c.is_whitespace() || c == '\0'))
-    {
-        return Err(bad(
-            "session.programs",
-            &format!("{p:?} is not an executable name or path"),
-        ));
     }
     Ok(())
 }
