@@ -279,13 +279,7 @@ impl Tracked {
                 continue; // a directory dropped meanwhile
             };
             let path = files::join(&dir_path, &name);
-            // One open of each directory events name (they come sorted by it).
-            if opened.as_ref().is_none_or(|(w, _)| *w != wd) {
-                opened = open_rel(root, &dir_path, &walk).map(|fd| (wd, fd));
-            }
-            let st = opened.as_ref().and_then(|(_, dir)| {
-                rustix::fs::statat(dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ok()
-            });
+            let st = stat_in(root, wd, &dir_path, &name, &walk, &mut opened);
             let kind = st.as_ref().map(|s| FileType::from_raw_mode(s.st_mode));
             let known_dir = watch
                 .by_path
@@ -295,13 +289,7 @@ impl Tracked {
             if kind == Some(FileType::Directory) && st.as_ref().map(|s| s.st_ino) == known_dir {
                 continue; // the same directory: its own watch reports what is inside
             }
-            // Whatever was at `path` before is gone or replaced.
-            let old: Vec<String> = subtree(&snap.files, &path).cloned().collect();
-            for p in old {
-                let stamp = snap.files.remove(&p);
-                before.entry(p).or_insert(stamp);
-            }
-            watch.drop_dirs(&path);
+            forget(snap, &mut watch, &path, &mut before);
             match (kind, st) {
                 (Some(FileType::RegularFile), Some(st)) => {
                     let prev = snap.files.insert(path.clone(), Stamp::of(&st));
@@ -317,31 +305,13 @@ impl Tracked {
                         continue;
                     };
                     let budget = max_entries.saturating_sub(snap.files.len() + watch.dirs.len());
-                    let mut new = Snapshot {
-                        files: BTreeMap::new(),
-                        complete: true,
-                    };
-                    files::walk_into(sub, path, depth, &walk, budget, &mut new, &mut |d, p, _| {
-                        watch.add(d, p)
-                    });
-                    if !new.complete {
-                        snap.complete = false;
-                    }
-                    for (p, stamp) in new.files {
-                        let prev = snap.files.insert(p.clone(), stamp);
-                        before.entry(p).or_insert(prev);
-                    }
+                    let new = walk_new(&mut watch, sub, path, depth, &walk, budget);
+                    absorb(snap, new, &mut before);
                 }
                 _ => {}
             }
             if watch.broken {
-                // Back to what the previous evaluation left, for the walk to compare with.
-                for (p, stamp) in before {
-                    match stamp {
-                        Some(stamp) => snap.files.insert(p, stamp),
-                        None => snap.files.remove(&p),
-                    };
-                }
+                restore(snap, before);
                 return None;
             }
         }
@@ -350,6 +320,81 @@ impl Tracked {
         }
         self.watch = Some(watch);
         Some(before)
+    }
+}
+
+/// The stat of `name` in the watched directory `wd` at `dir_path`, not following a link.
+/// `opened` keeps the last directory opened: one open of each directory events name (they
+/// come sorted by it).
+fn stat_in(
+    root: BorrowedFd<'_>,
+    wd: i32,
+    dir_path: &str,
+    name: &str,
+    walk: &Walk,
+    opened: &mut Option<(i32, OwnedFd)>,
+) -> Option<rustix::fs::Stat> {
+    if opened.as_ref().is_none_or(|(w, _)| *w != wd) {
+        *opened = open_rel(root, dir_path, walk).map(|fd| (wd, fd));
+    }
+    opened
+        .as_ref()
+        .and_then(|(_, dir)| rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok())
+}
+
+/// Whatever was at `path` before is gone or replaced: out of the snapshot (its stamps noted
+/// in `before`, the first one kept) and out of the watch.
+fn forget(
+    snap: &mut Snapshot,
+    watch: &mut Watch,
+    path: &str,
+    before: &mut BTreeMap<String, Option<Stamp>>,
+) {
+    let old: Vec<String> = subtree(&snap.files, path).cloned().collect();
+    for p in old {
+        let stamp = snap.files.remove(&p);
+        before.entry(p).or_insert(stamp);
+    }
+    watch.drop_dirs(path);
+}
+
+/// A snapshot of the new directory `sub` at `path`, its directories added to the watch.
+fn walk_new(
+    watch: &mut Watch,
+    sub: OwnedFd,
+    path: String,
+    depth: usize,
+    walk: &Walk,
+    budget: usize,
+) -> Snapshot {
+    let mut new = Snapshot {
+        files: BTreeMap::new(),
+        complete: true,
+    };
+    files::walk_into(sub, path, depth, walk, budget, &mut new, &mut |d, p, _| {
+        watch.add(d, p)
+    });
+    new
+}
+
+/// `new`'s files into `snap`, their earlier stamps noted in `before` (the first one kept).
+fn absorb(snap: &mut Snapshot, new: Snapshot, before: &mut BTreeMap<String, Option<Stamp>>) {
+    if !new.complete {
+        snap.complete = false;
+    }
+    for (p, stamp) in new.files {
+        let prev = snap.files.insert(p.clone(), stamp);
+        before.entry(p).or_insert(prev);
+    }
+}
+
+/// Back to what the previous evaluation left, for the walk to compare with.
+fn restore(snap: &mut Snapshot, before: BTreeMap<String, Option<Stamp>>) {
+    for (p, stamp) in before {
+        match stamp {
+            Some(stamp) => snap.files.insert(p, stamp),
+            None => snap.files.remove(&p),
+        };
     }
 }
 
