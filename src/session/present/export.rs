@@ -14,7 +14,7 @@ use crate::error::ToolError;
 use crate::identity::Caller;
 use crate::lang::{Language, NotebookSpec, protocol};
 use crate::session::files::export_uri;
-use crate::session::history::{Cell, CellInfo, HistoryReport, Record};
+use crate::session::history::{Cell, CellInfo, HistoryReport, Record, Shown};
 use crate::session::live::lock;
 use crate::session::manager::SessionManager;
 use crate::session::report::EvalStatus;
@@ -333,26 +333,41 @@ fn code_cell(c: &Cell) -> Value {
             "metadata": {},
         }));
     }
-    // Each part of a rich display as display_data with its MIME type: text forms as lines,
-    // JSON forms as JSON, images as base64 (as nbformat's mimebundle has them).
-    for d in o.displays.iter().filter(|d| !d.linked) {
-        let m = d.mime_type.as_str();
-        let value = if m.starts_with("image/") && m != "image/svg+xml" {
-            Value::from(b64.encode(&d.data))
-        } else if m == "application/json" || (m.starts_with("application/") && m.ends_with("+json"))
-        {
-            // nbformat takes JSON only for these types; others (`….v6.json`) are strings.
-            serde_json::from_slice(&d.data)
-                .unwrap_or_else(|_| Value::from(String::from_utf8_lossy(&d.data).into_owned()))
-        } else {
-            lines(&String::from_utf8_lossy(&d.data))
-        };
-        outputs.push(json!({
-            "output_type": "display_data",
-            "data": {m: value},
-            "metadata": {},
-        }));
-    }
+    outputs.extend(o.displays.iter().filter(|d| !d.linked).map(display_data));
+    let tags = outcome(c, &mut outputs);
+    json!({
+        "cell_type": "code",
+        "id": format!("cell-{n}"),
+        "execution_count": n,
+        "metadata": cell_metadata(c, tags),
+        "source": lines(&c.code),
+        "outputs": outputs,
+    })
+}
+
+/// Each part of a rich display as display_data with its MIME type: text forms as lines,
+/// JSON forms as JSON, images as base64 (as nbformat's mimebundle has them).
+fn display_data(d: &Shown) -> Value {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let m = d.mime_type.as_str();
+    let value = if m.starts_with("image/") && m != "image/svg+xml" {
+        Value::from(b64.encode(&d.data))
+    } else if m == "application/json" || (m.starts_with("application/") && m.ends_with("+json")) {
+        // nbformat takes JSON only for these types; others (`….v6.json`) are strings.
+        serde_json::from_slice(&d.data)
+            .unwrap_or_else(|_| Value::from(String::from_utf8_lossy(&d.data).into_owned()))
+    } else {
+        lines(&String::from_utf8_lossy(&d.data))
+    };
+    json!({
+        "output_type": "display_data",
+        "data": {m: value},
+        "metadata": {},
+    })
+}
+
+/// How the cell ended, for nbclient: its tags, and its error appended to `outputs`.
+fn outcome(c: &Cell, outputs: &mut Vec<Value>) -> Vec<&'static str> {
     let mut tags = Vec::new();
     match c.status {
         EvalStatus::Ok => {}
@@ -368,13 +383,19 @@ fn code_cell(c: &Cell) -> Value {
                 "output_type": "error",
                 "ename": ename,
                 "evalue": evalue,
-                "traceback": o.traceback,
+                "traceback": c.outputs.traceback,
             }));
         }
         EvalStatus::Timeout | EvalStatus::Exited | EvalStatus::AwaitingInput => {
             tags.push("skip-execution");
         }
     }
+    tags
+}
+
+/// The cell's metadata: its `tags`, and the session's own record of the evaluation.
+fn cell_metadata(c: &Cell, tags: Vec<&'static str>) -> serde_json::Map<String, Value> {
+    let n = c.eval_id;
     let mut meta = serde_json::Map::new();
     if !tags.is_empty() {
         meta.insert("tags".into(), Value::from(tags));
@@ -387,14 +408,7 @@ fn code_cell(c: &Cell) -> Value {
         ours["tool_calls"] = serde_json::to_value(calls).unwrap_or_default();
     }
     meta.insert("replbox".into(), ours);
-    json!({
-        "cell_type": "code",
-        "id": format!("cell-{n}"),
-        "execution_count": n,
-        "metadata": meta,
-        "source": lines(&c.code),
-        "outputs": outputs,
-    })
+    meta
 }
 
 /// Every line terminator of a language a script may be read as: Python ends a comment at a
