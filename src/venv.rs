@@ -407,15 +407,35 @@ pub fn writers(
     venv: BorrowedFd<'_>,
 ) -> Result<Writers, VenvError> {
     let mut w = Writers::default();
-    let io = |at: &Path, e: rustix::io::Errno| VenvError::Check {
+    // The way's last handle (checked to be `venv`) stays open until the environment is walked.
+    let (at, _venv_by_path) = the_way(&mut w, cwd, cwd_fd, venv)?;
+    the_environment(&mut w, &at, venv)?;
+    Ok(w)
+}
+
+/// Handles opened only to be looked at (fstat, the next step of a path), through no link.
+const LOOK: OFlags = OFlags::PATH.union(OFlags::NOFOLLOW).union(OFlags::CLOEXEC);
+
+/// A check's failure at `at`.
+fn check_failed(at: &Path, e: rustix::io::Errno) -> VenvError {
+    VenvError::Check {
         at: at.into(),
         source: e.into(),
-    };
-    // The way, by path from `/`, ending where the handles are (else it changed meanwhile).
-    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    }
+}
+
+/// [`writers`]' way: who may rename an entry on the way from `/` down to `cwd`'s `.venv`,
+/// opened by path, ending where the handles are (else it changed meanwhile). Returns the
+/// `.venv`'s path and the handle opened by it.
+fn the_way(
+    w: &mut Writers,
+    cwd: &Path,
+    cwd_fd: BorrowedFd<'_>,
+    venv: BorrowedFd<'_>,
+) -> Result<(PathBuf, OwnedFd), VenvError> {
     let mut at = PathBuf::from("/");
-    let mut dir = rustix::fs::open("/", flags | OFlags::DIRECTORY, Mode::empty())
-        .map_err(|e| io(Path::new("/"), e))?;
+    let mut dir = rustix::fs::open("/", LOOK | OFlags::DIRECTORY, Mode::empty())
+        .map_err(|e| check_failed(Path::new("/"), e))?;
     let names = cwd
         .components()
         .filter_map(|c| match c {
@@ -425,8 +445,8 @@ pub fn writers(
         .chain([".venv".into()]);
     for name in names {
         let shown = at.join(&name);
-        let child = rustix::fs::openat(&dir, name.as_os_str(), flags, Mode::empty())
-            .map_err(|e| io(&shown, e))?;
+        let child = rustix::fs::openat(&dir, name.as_os_str(), LOOK, Mode::empty())
+            .map_err(|e| check_failed(&shown, e))?;
         let (dst, cst) = (fstat(&dir, &at)?, fstat(&child, &shown)?);
         w.may_rename(&dir, &dst, &cst, &at)?;
         if at == cwd && !same(&dir, cwd_fd) {
@@ -438,7 +458,12 @@ pub fn writers(
     if !same(&dir, venv) {
         return Err(changed(&at));
     }
-    // The environment, every entry.
+    Ok((at, dir))
+}
+
+/// [`writers`]' environment, every entry beneath `venv` (at `at`): each one's owner, and
+/// whoever else may write in it; links not followed (their owner counted).
+fn the_environment(w: &mut Writers, at: &Path, venv: BorrowedFd<'_>) -> Result<(), VenvError> {
     let read = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let mut todo = vec![(PathBuf::new(), 0usize)];
     let mut seen = 0usize;
@@ -449,12 +474,12 @@ pub fn writers(
         } else {
             rel.clone()
         };
-        let d = beneath(venv, &path, read).map_err(|e| io(&shown, e))?;
+        let d = beneath(venv, &path, read).map_err(|e| check_failed(&shown, e))?;
         let st = fstat(&d, &shown)?;
         w.owns(&st, &d, &shown)?;
-        let entries = rustix::fs::Dir::read_from(&d).map_err(|e| io(&shown, e))?;
+        let entries = rustix::fs::Dir::read_from(&d).map_err(|e| check_failed(&shown, e))?;
         for entry in entries {
-            let entry = entry.map_err(|e| io(&shown, e))?;
+            let entry = entry.map_err(|e| check_failed(&shown, e))?;
             let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes());
             if name == "." || name == ".." {
                 continue;
@@ -465,7 +490,7 @@ pub fn writers(
             }
             let shown = shown.join(name);
             let est = rustix::fs::statat(&d, name, AtFlags::SYMLINK_NOFOLLOW)
-                .map_err(|e| io(&shown, e))?;
+                .map_err(|e| check_failed(&shown, e))?;
             match FileType::from_raw_mode(est.st_mode) {
                 FileType::Directory if depth + 1 > MAX_DEPTH => {
                     return Err(VenvError::TooDeep);
@@ -475,14 +500,14 @@ pub fn writers(
                     w.uids.insert(est.st_uid);
                 }
                 _ => {
-                    let f = rustix::fs::openat(&d, name, flags, Mode::empty())
-                        .map_err(|e| io(&shown, e))?;
+                    let f = rustix::fs::openat(&d, name, LOOK, Mode::empty())
+                        .map_err(|e| check_failed(&shown, e))?;
                     w.owns(&est, &f, &shown)?;
                 }
             }
         }
     }
-    Ok(w)
+    Ok(())
 }
 
 impl Writers {
