@@ -73,55 +73,11 @@ pub async fn serve(
     addr: &str,
     terminate: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let tokens = Tokens::load(&cfg.tokens, cfg.tokens_file.as_deref())?;
-    let addr = resolve(addr).await?;
-    if tokens.is_empty() && !is_loopback(addr.ip()) {
-        anyhow::bail!(
-            "refusing to serve on {addr} without a token: anyone who can reach it could run code \
-             as this user. Give tokens with --token, REPLBOX_TOKENS or --tokens-file, or bind a \
-             loopback address such as 127.0.0.1:{}",
-            addr.port()
-        );
-    }
-    if tokens.is_empty() {
-        check_tokenless(app.sandbox.level, app.sandbox.egress.is_some())?;
-    }
-    let hosts = HostPolicy::new(&cfg.allowed_hosts, addr.ip())?;
-    // Checked before binding, so a bad list stops the server before it listens.
-    OriginPolicy::new(&cfg.allowed_origins)?;
-
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-    let local = listener.local_addr()?;
-    // The operator's origins, and this listener's own when it is on loopback (known once
-    // bound, for port 0).
-    let allowed_origins: Vec<String> = cfg
-        .allowed_origins
-        .iter()
-        .cloned()
-        .chain(loopback_origins(local))
-        .collect();
-    let origins = OriginPolicy::new(&allowed_origins)?;
+    let (tokens, addr, hosts) = checked(&app, cfg, addr).await?;
+    let (listener, local, allowed_origins, origins) = bind(cfg, addr).await?;
 
     let mcp_ct = CancellationToken::new();
-    let max_connections = usize::try_from(cfg.http_max_connections).unwrap_or(usize::MAX);
-    let share = connection_share(cfg, max_connections, tokens.principals());
-    let shared = Arc::new(Shared {
-        app: app.clone(),
-        mcp: McpSessions::new(session_limits(cfg)),
-        tokens,
-        hosts,
-        origins,
-        requests: InFlight::default(),
-        draining: AtomicBool::new(false),
-        started: Instant::now(),
-        limits: listener::Limits::new(
-            Duration::from_millis(cfg.http_read_timeout_ms),
-            max_connections,
-            share,
-        ),
-    });
+    let shared = shared_state(&app, cfg, tokens, hosts, origins);
     let router = router(&shared, cfg, &allowed_origins, mcp_ct.child_token());
 
     let stop_accepting = CancellationToken::new();
@@ -151,10 +107,103 @@ pub async fn serve(
             anyhow::bail!("the HTTP server stopped unexpectedly");
         }
     }
+    shut_down(&shared, cfg, &stop_accepting, &mcp_ct, pruner, server).await;
+    Ok(())
+}
+
+/// The tokens, the address and the Host policy, each checked before binding, so that a
+/// refused configuration stops the server before it listens.
+async fn checked(
+    app: &App,
+    cfg: &HttpConfig,
+    addr: &str,
+) -> anyhow::Result<(Tokens, SocketAddr, HostPolicy)> {
+    let tokens = Tokens::load(&cfg.tokens, cfg.tokens_file.as_deref())?;
+    let addr = resolve(addr).await?;
+    if tokens.is_empty() && !is_loopback(addr.ip()) {
+        anyhow::bail!(
+            "refusing to serve on {addr} without a token: anyone who can reach it could run code \
+             as this user. Give tokens with --token, REPLBOX_TOKENS or --tokens-file, or bind a \
+             loopback address such as 127.0.0.1:{}",
+            addr.port()
+        );
+    }
+    if tokens.is_empty() {
+        check_tokenless(app.sandbox.level, app.sandbox.egress.is_some())?;
+    }
+    let hosts = HostPolicy::new(&cfg.allowed_hosts, addr.ip())?;
+    // Checked before binding, so a bad list stops the server before it listens.
+    OriginPolicy::new(&cfg.allowed_origins)?;
+    Ok((tokens, addr, hosts))
+}
+
+/// The bound listener, its address, and the allowed origins as a list and as a policy.
+async fn bind(
+    cfg: &HttpConfig,
+    addr: SocketAddr,
+) -> anyhow::Result<(
+    tokio::net::TcpListener,
+    SocketAddr,
+    Vec<String>,
+    OriginPolicy,
+)> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    let local = listener.local_addr()?;
+    // The operator's origins, and this listener's own when it is on loopback (known once
+    // bound, for port 0).
+    let allowed_origins: Vec<String> = cfg
+        .allowed_origins
+        .iter()
+        .cloned()
+        .chain(loopback_origins(local))
+        .collect();
+    let origins = OriginPolicy::new(&allowed_origins)?;
+    Ok((listener, local, allowed_origins, origins))
+}
+
+/// The state shared by the guard, `/healthz` and shutdown, with the limits from the flags.
+fn shared_state(
+    app: &Arc<App>,
+    cfg: &HttpConfig,
+    tokens: Tokens,
+    hosts: HostPolicy,
+    origins: OriginPolicy,
+) -> Arc<Shared> {
+    let max_connections = usize::try_from(cfg.http_max_connections).unwrap_or(usize::MAX);
+    let share = connection_share(cfg, max_connections, tokens.principals());
+    Arc::new(Shared {
+        app: app.clone(),
+        mcp: McpSessions::new(session_limits(cfg)),
+        tokens,
+        hosts,
+        origins,
+        requests: InFlight::default(),
+        draining: AtomicBool::new(false),
+        started: Instant::now(),
+        limits: listener::Limits::new(
+            Duration::from_millis(cfg.http_read_timeout_ms),
+            max_connections,
+            share,
+        ),
+    })
+}
+
+/// After `terminate`: drain, stop the app, then give the server task a bounded time to
+/// close its connections.
+async fn shut_down(
+    shared: &Shared,
+    cfg: &HttpConfig,
+    stop_accepting: &CancellationToken,
+    mcp_ct: &CancellationToken,
+    pruner: tokio::task::JoinHandle<()>,
+    mut server: tokio::task::JoinHandle<()>,
+) {
     let t0 = Instant::now();
-    drain(&shared, cfg, &stop_accepting, &mcp_ct).await;
+    drain(shared, cfg, stop_accepting, mcp_ct).await;
     pruner.abort();
-    app.shutdown().await;
+    shared.app.shutdown().await;
     match tokio::time::timeout(Duration::from_secs(3), &mut server).await {
         Ok(Err(e)) => tracing::warn!("HTTP server: {e}"),
         Ok(Ok(())) => {}
@@ -167,7 +216,6 @@ pub async fn serve(
         elapsed_ms = t0.elapsed().as_millis() as u64,
         "shut down: all sessions closed"
     );
-    Ok(())
 }
 
 /// `/mcp` (rmcp's service, one handler per MCP session, behind the guard) and `/healthz`.
