@@ -372,56 +372,11 @@ fn connection(
     };
     let io = TokioIo::new(Clocked::new(stream, pending.clone(), id));
     let inner = TowerToHyperService::new(router.clone());
-    let serving: std::pin::Pin<Box<dyn std::future::Future<Output = hyper::Result<()>> + Send>> =
-        if general {
-            let first_request = first_request.clone();
-            let service = hyper::service::service_fn(move |req| {
-                first_request();
-                let call = hyper::service::Service::call(&inner, req);
-                async move {
-                    let mut response = call.await?;
-                    // Kept open, a connection that counts in no principal's share (a probe's,
-                    // a refusal's, a request for no route) would hold its slot unbounded,
-                    // and it is no longer pending: it closes after its answer.
-                    if CONN
-                        .try_with(|c| lock(&c.principal).is_none())
-                        .unwrap_or(true)
-                    {
-                        response.headers_mut().insert(
-                            axum::http::header::CONNECTION,
-                            axum::http::HeaderValue::from_static("close"),
-                        );
-                    }
-                    Ok::<_, std::convert::Infallible>(response)
-                }
-            });
-            Box::pin(b.graceful.watch(b.http.serve_connection(io, service)))
-        } else {
-            let state = Arc::new(Overflow {
-                limits: limits.clone(),
-                place: held.clone(),
-                slot: tokio::sync::Mutex::new(None),
-            });
-            let max = limits.max;
-            let first_request = first_request.clone();
-            let admits = b.admits.clone();
-            let service = hyper::service::service_fn(move |req| {
-                first_request();
-                let state = state.clone();
-                let inner = inner.clone();
-                let waits = !is_probe(req.uri().path()) && admits(req.headers());
-                async move {
-                    if waits && !state.slot().await {
-                        return Ok(busy(max));
-                    }
-                    hyper::service::Service::call(&inner, req).await
-                }
-            });
-            Box::pin(
-                b.graceful
-                    .watch(b.overflow_http.serve_connection(io, service)),
-            )
-        };
+    let serving = if general {
+        serve_general(b, io, inner, &first_request)
+    } else {
+        serve_overflow(b, io, inner, &first_request, limits, &held)
+    };
     CONN.scope(tag, async move {
         tokio::select! {
             // A timed-out or broken connection is the client's; nothing to report.
@@ -435,4 +390,75 @@ fn connection(
         // frees here, unless a waiting connection took it.
         drop(held);
     })
+}
+
+/// A connection being served, boxed: the general and the overflow ones differ in type.
+type Serving = std::pin::Pin<Box<dyn std::future::Future<Output = hyper::Result<()>> + Send>>;
+
+/// A connection in a slot: served in full, closed after an answer that carried no
+/// principal.
+fn serve_general(
+    b: &Builders,
+    io: TokioIo<Clocked>,
+    inner: TowerToHyperService<Router>,
+    first_request: &(impl Fn() + Clone + Send + 'static),
+) -> Serving {
+    let first_request = first_request.clone();
+    let service = hyper::service::service_fn(move |req| {
+        first_request();
+        let call = hyper::service::Service::call(&inner, req);
+        async move {
+            let mut response = call.await?;
+            // Kept open, a connection that counts in no principal's share (a probe's,
+            // a refusal's, a request for no route) would hold its slot unbounded,
+            // and it is no longer pending: it closes after its answer.
+            if CONN
+                .try_with(|c| lock(&c.principal).is_none())
+                .unwrap_or(true)
+            {
+                response.headers_mut().insert(
+                    axum::http::header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+            }
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    });
+    Box::pin(b.graceful.watch(b.http.serve_connection(io, service)))
+}
+
+/// A connection past the cap, in the place `held`: probes and requests without a principal
+/// are answered at once, any other request waits for a slot or is answered 503.
+fn serve_overflow(
+    b: &Builders,
+    io: TokioIo<Clocked>,
+    inner: TowerToHyperService<Router>,
+    first_request: &(impl Fn() + Clone + Send + 'static),
+    limits: &Limits,
+    held: &Held,
+) -> Serving {
+    let state = Arc::new(Overflow {
+        limits: limits.clone(),
+        place: held.clone(),
+        slot: tokio::sync::Mutex::new(None),
+    });
+    let max = limits.max;
+    let first_request = first_request.clone();
+    let admits = b.admits.clone();
+    let service = hyper::service::service_fn(move |req| {
+        first_request();
+        let state = state.clone();
+        let inner = inner.clone();
+        let waits = !is_probe(req.uri().path()) && admits(req.headers());
+        async move {
+            if waits && !state.slot().await {
+                return Ok(busy(max));
+            }
+            hyper::service::Service::call(&inner, req).await
+        }
+    });
+    Box::pin(
+        b.graceful
+            .watch(b.overflow_http.serve_connection(io, service)),
+    )
 }
