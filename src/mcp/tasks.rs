@@ -142,68 +142,10 @@ new key to run it again",
     ) {
         let args = request.arguments.clone().unwrap_or_default();
         let session_id = args.get("session_id").cloned();
-        let mut response = self.call_route(request, &ctx).await;
-        // A cell waiting for input: ask for it, type the answer, go on.
-        let mut refused: Option<String> = None;
-        while let (Ok(CallToolResponse::Complete(r)), Some(sid)) = (&response, &session_id) {
-            let Some(output) = awaiting_input(r) else {
-                break;
-            };
-            let paused = response.clone();
-            let mut message = asked_message(&output);
-            if let Some(why) = refused.take() {
-                message = format!("the answer was refused: {why}\n{message}");
-            }
-            let Some(question) = input_request(&message) else {
-                response = self.call_route(interrupt_request(sid), &ctx).await;
-                break;
-            };
-            // The answer comes by tasks/update, unless another call (session_input,
-            // session_interrupt, session_close) moves the cell on first: then this call is
-            // over as a plain one would have been, paused for input, and the task says so.
-            let eval = r
-                .structured_content
-                .as_ref()
-                .and_then(|s| s.get("eval_id"))
-                .and_then(Value::as_u64);
-            let sid_str = sid.as_str().unwrap_or_default().to_string();
-            let answered = tokio::select! {
-                answer = handle.ask(question, message) => answer,
-                () = self.moved_on(&caller, &sid_str, eval) => {
-                    // Reaped, closed or ended meanwhile: the task says so, not "waiting".
-                    if let Some(e) = self.app.sessions.not_open(&caller, &sid_str) {
-                        response = Ok(CallToolResponse::Complete(reply::error_result(&e)));
-                    }
-                    break;
-                }
-            };
-            let next = match answered {
-                Ok(answer) => match read_answer(&answer) {
-                    Answer::Text(text, enter) => {
-                        let mut a = JsonObject::new();
-                        a.insert("session_id".into(), sid.clone());
-                        a.insert("text".into(), Value::from(text));
-                        a.insert("enter".into(), Value::from(enter));
-                        if let Some(t) = args.get("timeout_ms") {
-                            a.insert("timeout_ms".into(), t.clone());
-                        }
-                        CallToolRequestParams::new("session_input").with_arguments(a)
-                    }
-                    Answer::Malformed => {
-                        refused = Some("it needs content.text, a string".into());
-                        continue;
-                    }
-                    Answer::Declined => interrupt_request(sid),
-                },
-                Err(()) => interrupt_request(sid),
-            };
-            response = self.call_route(next, &ctx).await;
-            // An answer session_input refuses (a line too long) leaves the cell waiting.
-            if let Some(why) = refused_answer(&response) {
-                refused = Some(why);
-                response = paused;
-            }
-        }
+        let response = self.call_route(request, &ctx).await;
+        let response = self
+            .answer_inputs(&caller, &args, &session_id, &ctx, &handle, response)
+            .await;
         let cancelled = handle.cancel_token().is_cancelled();
         if let Some((tool, status, took)) = end_with(&handle, &response, cancelled) {
             // The task's own audit line (the call that started it had its own, at once): the
@@ -218,6 +160,71 @@ new key to run it again",
                 "task ended"
             );
         }
+    }
+
+    /// While `response` is a cell in session `session_id` waiting for input: ask for it
+    /// through the task, type the answer, go on. Returns the response the task ends with.
+    async fn answer_inputs(
+        &self,
+        caller: &Caller,
+        args: &JsonObject,
+        session_id: &Option<Value>,
+        ctx: &RequestContext<RoleServer>,
+        handle: &TaskHandle,
+        mut response: Result<CallToolResponse, ErrorData>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let mut refused: Option<String> = None;
+        while let (Ok(CallToolResponse::Complete(r)), Some(sid)) = (&response, session_id) {
+            let Some(output) = awaiting_input(r) else {
+                break;
+            };
+            let paused = response.clone();
+            let mut message = asked_message(&output);
+            if let Some(why) = refused.take() {
+                message = format!("the answer was refused: {why}\n{message}");
+            }
+            let Some(question) = input_request(&message) else {
+                response = self.call_route(interrupt_request(sid), ctx).await;
+                break;
+            };
+            // The answer comes by tasks/update, unless another call (session_input,
+            // session_interrupt, session_close) moves the cell on first: then this call is
+            // over as a plain one would have been, paused for input, and the task says so.
+            let eval = r
+                .structured_content
+                .as_ref()
+                .and_then(|s| s.get("eval_id"))
+                .and_then(Value::as_u64);
+            let sid_str = sid.as_str().unwrap_or_default().to_string();
+            let answered = tokio::select! {
+                answer = handle.ask(question, message) => answer,
+                () = self.moved_on(caller, &sid_str, eval) => {
+                    // Reaped, closed or ended meanwhile: the task says so, not "waiting".
+                    if let Some(e) = self.app.sessions.not_open(caller, &sid_str) {
+                        response = Ok(CallToolResponse::Complete(reply::error_result(&e)));
+                    }
+                    break;
+                }
+            };
+            let next = match answered {
+                Ok(answer) => match read_answer(&answer) {
+                    Answer::Text(text, enter) => input_call(sid, text, enter, args),
+                    Answer::Malformed => {
+                        refused = Some("it needs content.text, a string".into());
+                        continue;
+                    }
+                    Answer::Declined => interrupt_request(sid),
+                },
+                Err(()) => interrupt_request(sid),
+            };
+            response = self.call_route(next, ctx).await;
+            // An answer session_input refuses (a line too long) leaves the cell waiting.
+            if let Some(why) = refused_answer(&response) {
+                refused = Some(why);
+                response = paused;
+            }
+        }
+        response
     }
 
     /// Returns once the session is no longer paused on evaluation `eval` (never, when the
@@ -423,6 +430,24 @@ fn refused_answer(response: &Result<CallToolResponse, ErrorData>) -> Option<Stri
             .unwrap_or("")
             .into()
     })
+}
+
+/// The client's answer typed into session `session_id` as `session_input` would, with the
+/// first call's `timeout_ms`.
+fn input_call(
+    session_id: &Value,
+    text: String,
+    enter: bool,
+    args: &JsonObject,
+) -> CallToolRequestParams {
+    let mut a = JsonObject::new();
+    a.insert("session_id".into(), session_id.clone());
+    a.insert("text".into(), Value::from(text));
+    a.insert("enter".into(), Value::from(enter));
+    if let Some(t) = args.get("timeout_ms") {
+        a.insert("timeout_ms".into(), t.clone());
+    }
+    CallToolRequestParams::new("session_input").with_arguments(a)
 }
 
 fn interrupt_request(session_id: &Value) -> CallToolRequestParams {
