@@ -458,7 +458,24 @@ impl Config {
             args.push("--python".into());
             args.push(python.into());
         }
-        for (flag, value) in [
+        for (flag, value) in self.valued_args() {
+            args.push(flag.into());
+            args.push(value.into());
+        }
+        self.push_choices(&mut args);
+        for (flag, value) in self.list_args() {
+            args.push(flag.into());
+            args.push(value);
+        }
+        args.extend(self.mcp.to_args());
+        args.extend(self.cluster.to_args());
+        args.extend(self.packages.to_args());
+        args
+    }
+
+    /// The flags that always carry a value: timeouts, limits, pools and the sandbox.
+    fn valued_args(&self) -> Vec<(&'static str, String)> {
+        vec![
             ("--default-timeout-ms", self.default_timeout_ms.to_string()),
             ("--max-timeout-ms", self.max_timeout_ms.to_string()),
             ("--output-cap", self.output_cap.to_string()),
@@ -498,10 +515,12 @@ impl Config {
             ("--keep-journals-s", self.keep_journals_s.to_string()),
             ("--task-keep-s", self.task_keep_s.to_string()),
             ("--task-stop-grace-ms", self.task_stop_grace_ms.to_string()),
-        ] {
-            args.push(flag.into());
-            args.push(value.into());
-        }
+        ]
+    }
+
+    /// The work and state dirs, switches and the required sandbox level, each given only
+    /// when set.
+    fn push_choices(&self, args: &mut Vec<OsString>) {
         if let Some(dir) = &self.work_dir {
             args.push("--work-dir".into());
             args.push(dir.into());
@@ -523,14 +542,6 @@ impl Config {
         if self.allow_network {
             args.push("--allow-network".into());
         }
-        for (flag, value) in self.list_args() {
-            args.push(flag.into());
-            args.push(value);
-        }
-        args.extend(self.mcp.to_args());
-        args.extend(self.cluster.to_args());
-        args.extend(self.packages.to_args());
-        args
     }
 
     /// The repeatable flags, one (flag, value) pair per value, and `--preload`.
