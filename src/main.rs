@@ -583,7 +583,7 @@ fn warn_unknown_variables() {
 
 /// `replbox install`: the entry written into (or printed for) the client's configuration.
 fn install(command: Command) -> ExitCode {
-    use replbox::api::clients::{self, Change, Client, Entry};
+    use replbox::api::clients::{self, Entry};
     let Command::Install {
         client,
         projects,
@@ -599,9 +599,48 @@ fn install(command: Command) -> ExitCode {
         eprintln!("replbox install: {msg}");
         ExitCode::FAILURE
     };
+    let exe = match install_exe() {
+        Ok(p) => p,
+        Err(msg) => return fail(msg),
+    };
+    let dirs = match project_dirs(&projects) {
+        Ok(d) => d,
+        Err(msg) => return fail(msg),
+    };
+    let ssh = match ssh_host(ssh, client) {
+        Ok(h) => h,
+        Err(msg) => return fail(msg),
+    };
+    let entry = Entry::new(&name, &exe, &dirs, ssh.as_deref());
+    let file = config.or_else(|| clients::default_file(client, &|k| std::env::var(k).ok()));
+    let file = match (print, file) {
+        (false, Some(f)) => f,
+        (true, _) | (false, None) => {
+            print_entry(client, &entry, print, ssh.as_deref());
+            return ExitCode::SUCCESS;
+        }
+    };
+    match clients::install(client, &file, &entry) {
+        Ok(done) => {
+            say_installed(
+                client,
+                &entry.name,
+                &done.file,
+                done.change,
+                done.backup.as_deref(),
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e.to_string()),
+    }
+}
+
+/// The replbox the entry starts: this one, with a note when it runs from a cache that goes.
+fn install_exe() -> Result<PathBuf, String> {
+    use replbox::api::clients;
     let exe = match std::env::current_exe().and_then(std::fs::canonicalize) {
         Ok(p) => p,
-        Err(e) => return fail(format!("cannot tell where this replbox is: {e}")),
+        Err(e) => return Err(format!("cannot tell where this replbox is: {e}")),
     };
     if let Some(launcher) = clients::transient_exe(&exe) {
         eprintln!(
@@ -611,17 +650,31 @@ fn install(command: Command) -> ExitCode {
             exe.display()
         );
     }
+    Ok(exe)
+}
+
+/// The `--project` directories, each resolved and checked to be a directory.
+fn project_dirs(projects: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
     let mut dirs = Vec::new();
-    for p in &projects {
+    for p in projects {
         match std::fs::canonicalize(p) {
             Ok(d) if d.is_dir() => dirs.push(d),
-            Ok(d) => return fail(format!("--project {}: not a directory", d.display())),
-            Err(e) => return fail(format!("--project {}: {e}", p.display())),
+            Ok(d) => return Err(format!("--project {}: not a directory", d.display())),
+            Err(e) => return Err(format!("--project {}: {e}", p.display())),
         }
     }
-    let ssh = match (ssh, client.runs_elsewhere()) {
+    Ok(dirs)
+}
+
+/// The host the entry reaches replbox on over SSH: `--ssh`, else this host's name for a
+/// client that runs elsewhere, else none.
+fn ssh_host(
+    ssh: Option<String>,
+    client: replbox::api::clients::Client,
+) -> Result<Option<String>, String> {
+    Ok(match (ssh, client.runs_elsewhere()) {
         (Some(h), _) if h.is_empty() || h.starts_with('-') => {
-            return fail(format!("--ssh {h:?}: give a host name (or user@host)"));
+            return Err(format!("--ssh {h:?}: give a host name (or user@host)"));
         }
         (Some(h), _) => Some(h),
         (None, true) => Some(
@@ -632,51 +685,57 @@ fn install(command: Command) -> ExitCode {
                 .unwrap_or_else(|| "localhost".into()),
         ),
         (None, false) => None,
+    })
+}
+
+/// The entry printed, with where to merge it when no file is written.
+fn print_entry(
+    client: replbox::api::clients::Client,
+    entry: &replbox::api::clients::Entry,
+    print: bool,
+    ssh: Option<&str>,
+) {
+    use replbox::api::clients::{self, Client};
+    print!("{}", clients::render(client, entry));
+    if client == Client::ClaudeDesktop {
+        eprintln!(
+            "replbox install: Claude Desktop runs on macOS or Windows: merge this into \
+             its claude_desktop_config.json there (macOS: ~/Library/Application \
+             Support/Claude/, Windows: %APPDATA%\\Claude\\); it starts replbox on \
+             this host over SSH (`ssh -T {}` must log in without a prompt)",
+            ssh.unwrap_or_default()
+        );
+    } else if !print {
+        eprintln!("replbox install: no HOME: merge this into the client's file by hand");
+    }
+}
+
+/// What an install did to `file`, and what the user does next.
+fn say_installed(
+    client: replbox::api::clients::Client,
+    name: &str,
+    file: &std::path::Path,
+    change: replbox::api::clients::Change,
+    backup: Option<&std::path::Path>,
+) {
+    use replbox::api::clients::Change;
+    let what = match change {
+        Change::Added => "added",
+        Change::Replaced => "replaced",
+        Change::Unchanged => "already there, unchanged",
     };
-    let entry = Entry::new(&name, &exe, &dirs, ssh.as_deref());
-    let file = config.or_else(|| clients::default_file(client, &|k| std::env::var(k).ok()));
-    let file = match (print, file) {
-        (false, Some(f)) => f,
-        (true, _) | (false, None) => {
-            print!("{}", clients::render(client, &entry));
-            if client == Client::ClaudeDesktop {
-                eprintln!(
-                    "replbox install: Claude Desktop runs on macOS or Windows: merge this into \
-                     its claude_desktop_config.json there (macOS: ~/Library/Application \
-                     Support/Claude/, Windows: %APPDATA%\\Claude\\); it starts replbox on \
-                     this host over SSH (`ssh -T {}` must log in without a prompt)",
-                    ssh.as_deref().unwrap_or_default()
-                );
-            } else if !print {
-                eprintln!("replbox install: no HOME: merge this into the client's file by hand");
-            }
-            return ExitCode::SUCCESS;
-        }
-    };
-    match clients::install(client, &file, &entry) {
-        Ok(done) => {
-            let what = match done.change {
-                Change::Added => "added",
-                Change::Replaced => "replaced",
-                Change::Unchanged => "already there, unchanged",
-            };
-            println!(
-                "{}: server \"{}\" {what} in {}",
-                client.name(),
-                entry.name,
-                done.file.display()
-            );
-            if let Some(b) = done.backup {
-                println!("the file as it was: {}", b.display());
-            }
-            if done.change != Change::Unchanged {
-                println!(
-                    "restart {} (or reload its MCP servers) to use it",
-                    client.name()
-                );
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => fail(e.to_string()),
+    println!(
+        "{}: server \"{name}\" {what} in {}",
+        client.name(),
+        file.display()
+    );
+    if let Some(b) = backup {
+        println!("the file as it was: {}", b.display());
+    }
+    if change != Change::Unchanged {
+        println!(
+            "restart {} (or reload its MCP servers) to use it",
+            client.name()
+        );
     }
 }
