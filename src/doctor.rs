@@ -86,33 +86,13 @@ fn sandbox_section(app: &App, out: &mut String, problems: &mut Vec<Problem>) {
     let userns_max = read_sysctl("/proc/sys/user/max_user_namespaces");
     let userns_clone = read_sysctl("/proc/sys/kernel/unprivileged_userns_clone");
     let apparmor = read_sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns");
-    let userns = match (&userns_max, &userns_clone, &apparmor) {
-        (Some(m), _, _) if m == "0" => "off (user.max_user_namespaces = 0)".to_string(),
-        (_, Some(c), _) if c == "0" => {
-            "off for unprivileged users (kernel.unprivileged_userns_clone = 0)".to_string()
-        }
-        (_, _, Some(a)) if a == "1" => {
-            "restricted by AppArmor (kernel.apparmor_restrict_unprivileged_userns = 1)".to_string()
-        }
-        (Some(m), _, _) => format!("available (user.max_user_namespaces = {m})"),
-        _ => "unknown (no /proc/sys/user/max_user_namespaces)".to_string(),
-    };
-    let _ = writeln!(out, "  user namespaces: {userns}");
-    let _ = writeln!(
-        out,
-        "  Landlock: {}",
-        match sb.landlock_abi {
-            0 => "not available in this kernel".to_string(),
-            n => format!(
-                "ABI {n}{}",
-                if n < 4 {
-                    " (no TCP rules before ABI 4)"
-                } else {
-                    ""
-                }
-            ),
-        }
+    let userns = userns_state(
+        userns_max.as_deref(),
+        userns_clone.as_deref(),
+        apparmor.as_deref(),
     );
+    let _ = writeln!(out, "  user namespaces: {userns}");
+    let _ = writeln!(out, "  Landlock: {}", landlock_state(sb.landlock_abi));
     match &bwrap {
         Some(b) => {
             let v = version_of(b, &["--version"]).unwrap_or_else(|| "version unknown".into());
@@ -131,9 +111,58 @@ fn sandbox_section(app: &App, out: &mut String, problems: &mut Vec<Problem>) {
             "an ordinary user: user code runs as this user"
         }
     );
-    let why = match sb.level {
+    let why = level_reason(
+        sb.level,
+        bwrap.is_none(),
+        apparmor.as_deref(),
+        userns_clone.as_deref(),
+        problems,
+    );
+    let _ = writeln!(out, "  why: {why}");
+}
+
+/// Whether unprivileged user namespaces (which bubblewrap needs) are available, from the
+/// three sysctls that can turn them off.
+fn userns_state(max: Option<&str>, clone: Option<&str>, apparmor: Option<&str>) -> String {
+    match (max, clone, apparmor) {
+        (Some("0"), _, _) => "off (user.max_user_namespaces = 0)".to_string(),
+        (_, Some("0"), _) => {
+            "off for unprivileged users (kernel.unprivileged_userns_clone = 0)".to_string()
+        }
+        (_, _, Some("1")) => {
+            "restricted by AppArmor (kernel.apparmor_restrict_unprivileged_userns = 1)".to_string()
+        }
+        (Some(m), _, _) => format!("available (user.max_user_namespaces = {m})"),
+        _ => "unknown (no /proc/sys/user/max_user_namespaces)".to_string(),
+    }
+}
+
+/// What Landlock this kernel offers.
+fn landlock_state(abi: i32) -> String {
+    match abi {
+        0 => "not available in this kernel".to_string(),
+        n => format!(
+            "ABI {n}{}",
+            if n < 4 {
+                " (no TCP rules before ABI 4)"
+            } else {
+                ""
+            }
+        ),
+    }
+}
+
+/// Why the sandbox is at `level`; below bwrap, the problem and its fix go to `problems`.
+fn level_reason(
+    level: Level,
+    no_bwrap: bool,
+    apparmor: Option<&str>,
+    userns_clone: Option<&str>,
+    problems: &mut Vec<Problem>,
+) -> String {
+    match level {
         Level::Bwrap => "bubblewrap works here: the strongest level".to_string(),
-        Level::Landlock if bwrap.is_none() => {
+        Level::Landlock if no_bwrap => {
             problems.push(Problem {
                 what: "bubblewrap is not installed: the sandbox is landlock, not bwrap".into(),
                 fix: "apt-get install bubblewrap   (or dnf install bubblewrap)".into(),
@@ -143,11 +172,11 @@ fn sandbox_section(app: &App, out: &mut String, problems: &mut Vec<Problem>) {
         Level::Landlock => {
             problems.push(Problem {
                 what: "bubblewrap is installed but cannot create its namespaces here".into(),
-                fix: if apparmor.as_deref() == Some("1") {
+                fix: if apparmor == Some("1") {
                     "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0   (or run the \
                      server as root)"
                         .into()
-                } else if userns_clone.as_deref() == Some("0") {
+                } else if userns_clone == Some("0") {
                     "sysctl -w kernel.unprivileged_userns_clone=1   (or run the server as root)"
                         .into()
                 } else {
@@ -167,8 +196,7 @@ fn sandbox_section(app: &App, out: &mut String, problems: &mut Vec<Problem>) {
             });
             "neither bubblewrap nor Landlock works here".to_string()
         }
-    };
-    let _ = writeln!(out, "  why: {why}");
+    }
 }
 
 fn languages_section(app: &App, out: &mut String, problems: &mut Vec<Problem>) {
