@@ -66,26 +66,12 @@ impl Packages {
         let fresh = layer_is_empty(&layer.dir);
         let pins = fresh.then(|| self.resolved.get(&key)).flatten();
         let known = pins.is_some();
-        let offline: Option<(Vec<&str>, Vec<String>)> = match pins {
-            Some(pins) => Some((vec!["--offline", "--no-deps"], pins)),
-            None if specs.iter().all(spec::Spec::is_exact_pin) => {
-                Some((vec!["--offline"], texts.clone()))
-            }
-            None => None,
-        };
-        if let Some((flags, reqs)) = offline {
+        if let Some((flags, reqs)) = offline_request(pins, specs, &texts) {
             let done = self
                 .run_uv(&uv, python, layer, &flags, &reqs, principal, cancel)
                 .await;
             if done.ok {
-                let mut out = parse_uv(&done.stderr);
-                out.duration_ms = started.elapsed().as_millis() as u64;
-                self.metrics.offline(out.installed.len());
-                // Exact pins resolved from the cache: what a repeat gets too.
-                if fresh && !known && !out.installed.is_empty() {
-                    self.resolved.put(key, out.pins.clone());
-                }
-                return Ok(out);
+                return Ok(self.installed_offline(&done, started, fresh && !known, key));
             }
             if done.stopped.is_some() && cancel.is_cancelled() {
                 return Err(Unmet::from(PackageError::Failed(
@@ -96,24 +82,38 @@ impl Packages {
         let done = self
             .run_uv(&uv, python, layer, &[], &texts, principal, cancel)
             .await;
-        let names: Vec<&str> = specs.iter().map(|s| s.text.as_str()).collect();
-        if let Some(why) = done.stopped {
-            return Err(Unmet::from(PackageError::Failed(format!(
-                "packages: could not install {}: {why}",
-                names.join(", ")
-            ))));
+        online_failure(specs, &done)?;
+        Ok(self.installed_online(&done, started, fresh, key))
+    }
+
+    /// What the offline run `done` installed, counted; its pins kept under `key` for a
+    /// repeat when `remember` (exact pins resolved from the cache into an empty layer).
+    fn installed_offline(
+        &self,
+        done: &install::Done,
+        started: Instant,
+        remember: bool,
+        key: String,
+    ) -> Installed {
+        let mut out = parse_uv(&done.stderr);
+        out.duration_ms = started.elapsed().as_millis() as u64;
+        self.metrics.offline(out.installed.len());
+        // Exact pins resolved from the cache: what a repeat gets too.
+        if remember && !out.installed.is_empty() {
+            self.resolved.put(key, out.pins.clone());
         }
-        if !done.ok {
-            let (reason, text) = install::uv_failure(&done.stderr);
-            return Err(Unmet {
-                error: PackageError::Failed(format!(
-                    "packages: could not install {}: {}.\n{text}",
-                    names.join(", "),
-                    reason.says()
-                )),
-                no_wheel: reason == install::Reason::NoWheel,
-            });
-        }
+        out
+    }
+
+    /// What the run from the index `done` installed, counted; what it resolved to kept
+    /// under `key` when the layer was `fresh` (so nothing in it weighed on the resolution).
+    fn installed_online(
+        &self,
+        done: &install::Done,
+        started: Instant,
+        fresh: bool,
+        key: String,
+    ) -> Installed {
         let mut out = parse_uv(&done.stderr);
         out.duration_ms = started.elapsed().as_millis() as u64;
         self.metrics.online(out.installed.len(), out.downloaded);
@@ -125,7 +125,7 @@ impl Packages {
                 .collect();
             self.resolved.put(key, pins);
         }
-        Ok(out)
+        out
     }
 
     /// One run of `uv pip install` into `layer` for `python`: `flags` of the server's
@@ -216,6 +216,46 @@ impl From<PackageError> for Unmet {
             no_wheel: false,
         }
     }
+}
+
+/// What may be installed from the cache alone (uv's flags, and the requirements): the
+/// `pins` this request resolved to lately, or `specs` that are all exact pins.
+fn offline_request(
+    pins: Option<Vec<String>>,
+    specs: &[spec::Spec],
+    texts: &[String],
+) -> Option<(Vec<&'static str>, Vec<String>)> {
+    match pins {
+        Some(pins) => Some((vec!["--offline", "--no-deps"], pins)),
+        None if specs.iter().all(spec::Spec::is_exact_pin) => {
+            Some((vec!["--offline"], texts.to_vec()))
+        }
+        None => None,
+    }
+}
+
+/// Why the installation of `specs` from the index (`done`) failed, if it did: stopped, or
+/// refused by uv (for want of a wheel, say).
+fn online_failure(specs: &[spec::Spec], done: &install::Done) -> Result<(), Unmet> {
+    let names: Vec<&str> = specs.iter().map(|s| s.text.as_str()).collect();
+    if let Some(why) = &done.stopped {
+        return Err(Unmet::from(PackageError::Failed(format!(
+            "packages: could not install {}: {why}",
+            names.join(", ")
+        ))));
+    }
+    if !done.ok {
+        let (reason, text) = install::uv_failure(&done.stderr);
+        return Err(Unmet {
+            error: PackageError::Failed(format!(
+                "packages: could not install {}: {}.\n{text}",
+                names.join(", "),
+                reason.says()
+            )),
+            no_wheel: reason == install::Reason::NoWheel,
+        });
+    }
+    Ok(())
 }
 
 /// What a set of exact pins (`name==version`, the installer's own output) installs.
