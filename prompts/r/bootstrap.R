@@ -736,12 +736,16 @@ local({
     invisible(last)
   }
 
-  # What runs between a cell's expressions, compiled now: left to R's JIT, it was compiled
-  # at its first call, between the first cell's first two expressions (0.14-0.21 s at load
-  # 10), inside the cell's deadline; a deadline a moment after the first could fall there,
-  # and stop the second before it started.
+  # What runs in every cell, compiled now. R's JIT compiles a function of this environment
+  # at its second call, and the resynchronising cell at start is the first: left to it, run
+  # itself was compiled after the first cell's line was typed and before its code started
+  # (0.16-0.43 s at load 13, inside the cell's deadline, which then could stop the code
+  # before its first expression), what runs between expressions between the first two, and
+  # finish after the code. A deadline meant to find the cell in its code could fall there.
   here <- environment()
-  for (name in c("set_last", "show", "publish", "print_warnings")) {
+  for (name in c("run", "finish", "drop_late", "set_last", "show", "publish",
+                 "print_warnings", "snapshot", "render", "discard_unread", "user_calls",
+                 "emit", "payload", "js")) {
     assign(name, compiler::cmpfun(get(name, envir = here)), envir = here)
   }
 
