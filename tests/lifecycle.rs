@@ -117,15 +117,12 @@ per_lang!(
         let id = start(&s, lang, json!({})).await;
         eval(&s, &id, c.set_x).await;
 
-        // Blocked on input: reported promptly, with the prompt printed so far.
-        let t = Instant::now();
+        // Blocked on input: reported as waiting, not left to run into its deadline (the
+        // default, 30 s), with the prompt printed so far. Not bounded by the test's clock:
+        // beside three CPU hogs on two cores the answer took 0.40-0.66 s, and a busier
+        // machine stretches that.
         let o = eval(&s, &id, c.ask).await;
         assert_eq!(status(&o), "awaiting_input", "{lang}: {}", o.text);
-        assert!(
-            t.elapsed() < Duration::from_secs(2),
-            "{lang}: took {:?}",
-            t.elapsed()
-        );
         assert!(!o.is_error, "{lang}: awaiting input is not an error");
         assert!(output(&o).ends_with(c.prompt), "{lang}: {:?}", output(&o));
         assert!(o.text.contains("session_input"), "{lang}: {}", o.text);
