@@ -376,29 +376,24 @@ it is back (another server may take its sessions over). Try again in a few secon
         caller: &Caller,
         id: &str,
     ) -> Result<Option<Record>, ToolError> {
-        Ok(Some(
-            match cluster.owner(id).await.map_err(unavailable)? {
-                Some(r) if r.principal != caller.principal => return Ok(None),
-                // Adopted eagerly by another node and not restored there: its owner's call
-                // reached this node, so the session comes here.
-                Some(r) if r.node != cluster.node && r.suspended => {
-                    take_over_suspended(cluster, id, &r).await?
+        match cluster.owner(id).await.map_err(unavailable)? {
+            Some(r) if r.principal != caller.principal => Ok(None),
+            // Adopted eagerly by another node and not restored there: its owner's call
+            // reached this node, so the session comes here.
+            Some(r) if r.node != cluster.node && r.suspended => {
+                Ok(Some(take_over_suspended(cluster, id, &r).await?))
+            }
+            Some(r) if r.node != cluster.node => Err(elsewhere(id)),
+            // Ours in the registry, not in the table: adopted from its journal below (and
+            // restored now, if it was adopted eagerly).
+            Some(r) => {
+                if r.suspended && !cluster.activate(id, &r).await.map_err(unavailable)? {
+                    return Err(taking_over(id));
                 }
-                Some(r) if r.node != cluster.node => return Err(elsewhere(id)),
-                // Ours in the registry, not in the table: adopted from its journal below (and
-                // restored now, if it was adopted eagerly).
-                Some(r) => {
-                    if r.suspended && !cluster.activate(id, &r).await.map_err(unavailable)? {
-                        return Err(taking_over(id));
-                    }
-                    r
-                }
-                None => match self.claim_orphan(cluster, caller, id).await? {
-                    Some(r) => r,
-                    None => return Ok(None),
-                },
-            },
-        ))
+                Ok(Some(r))
+            }
+            None => self.claim_orphan(cluster, caller, id).await,
+        }
     }
 
     /// `id`, in no node's registry, claimed for the caller if its journal is an orphan on
